@@ -1,0 +1,11 @@
+//! A chat run: validating and starting it (`service`), the model loop (`agent`), live runs
+//! and their fan-out (`runs`) and the batched event log (`log`).
+
+pub mod agent;
+pub mod log;
+pub mod runs;
+pub mod service;
+
+pub use log::EventLog;
+pub use runs::{Frame, LiveRun, Runs};
+pub use service::{ChatError, ChatRequest, ChatService};

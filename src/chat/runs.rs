@@ -1,0 +1,140 @@
+//! Live runs: each run has a trace id, a cancellation token and a fan-out of its events to
+//! any number of listeners. A run does not belong to the HTTP request that started it; a
+//! listener can join at any sequence number and gets every later event, then follows live.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures_util::Stream;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::log::EventLog;
+use crate::domain::now;
+use crate::events::Event;
+use crate::store::NewEvent;
+
+/// One event as sent: its sequence number and its JSON, serialized once for every listener.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub seq: u64,
+    pub data: Arc<str>,
+    /// Set on `done`, after which a run sends nothing.
+    pub last: bool,
+}
+
+pub struct LiveRun {
+    pub trace_id: Uuid,
+    pub message_id: Uuid,
+    pub user_id: String,
+    pub cancel: CancellationToken,
+    frames: Mutex<Vec<Frame>>,
+    sent: watch::Sender<usize>,
+}
+
+impl LiveRun {
+    /// The run's events with `seq > after`, then the live ones, until `done`.
+    pub fn follow(self: Arc<Self>, after: u64) -> impl Stream<Item = Frame> + Send + 'static {
+        async_stream::stream! {
+            let mut changed = self.sent.subscribe();
+            // seq n is at index n - 1, so the first frame after `after` is at index `after`.
+            let mut next = usize::try_from(after).unwrap_or(usize::MAX);
+            loop {
+                let batch: Vec<Frame> = {
+                    let frames = self.frames.lock().expect("frames lock");
+                    frames.get(next..).map(<[Frame]>::to_vec).unwrap_or_default()
+                };
+                next += batch.len();
+                let mut ended = false;
+                for frame in batch {
+                    ended |= frame.last;
+                    yield frame;
+                }
+                if ended || changed.changed().await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.frames.lock().expect("frames lock").last().is_some_and(|f| f.last)
+    }
+}
+
+/// The registry of runs in this process.
+#[derive(Clone, Default)]
+pub struct Runs {
+    live: Arc<Mutex<HashMap<Uuid, Arc<LiveRun>>>>,
+}
+
+impl Runs {
+    /// Registers a run and returns it with the emitter that feeds it.
+    pub fn register(&self, trace_id: Uuid, message_id: Uuid, user_id: &str, log: EventLog) -> (Arc<LiveRun>, Emitter) {
+        let run = Arc::new(LiveRun {
+            trace_id,
+            message_id,
+            user_id: user_id.to_owned(),
+            cancel: CancellationToken::new(),
+            frames: Mutex::new(Vec::new()),
+            sent: watch::Sender::new(0),
+        });
+        self.live.lock().expect("runs lock").insert(trace_id, run.clone());
+        (run.clone(), Emitter { run, log, seq: 0 })
+    }
+
+    pub fn get(&self, trace_id: Uuid) -> Option<Arc<LiveRun>> {
+        self.live.lock().expect("runs lock").get(&trace_id).cloned()
+    }
+
+    /// Forgets a run once its log is written; later listeners read the store.
+    pub fn remove(&self, trace_id: Uuid) {
+        self.live.lock().expect("runs lock").remove(&trace_id);
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.lock().expect("runs lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The only way events enter a run: numbers them, hands them to listeners and to the log.
+pub struct Emitter {
+    run: Arc<LiveRun>,
+    log: EventLog,
+    seq: u64,
+}
+
+impl Emitter {
+    pub fn emit(&mut self, event: Event) {
+        self.seq += 1;
+        let value = serde_json::to_value(&event).expect("events always serialize");
+        let frame = Frame {
+            seq: self.seq,
+            data: value.to_string().into(),
+            last: matches!(event, Event::Done { .. }),
+        };
+        self.run.frames.lock().expect("frames lock").push(frame);
+        self.run.sent.send_modify(|sent| *sent += 1);
+        self.log.append(NewEvent {
+            trace_id: self.run.trace_id,
+            seq: self.seq as i64,
+            at: now(),
+            kind: event.kind(),
+            data: value,
+        });
+    }
+
+    pub fn run(&self) -> &Arc<LiveRun> {
+        &self.run
+    }
+
+    /// Waits until every event emitted so far is in the database.
+    pub async fn flush(&self) -> Result<(), String> {
+        self.log.flush().await
+    }
+}

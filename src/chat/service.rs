@@ -1,0 +1,214 @@
+//! Starting a run: validate the request (everything that can fail with a status code fails
+//! here, before any stream opens), persist the user's message, then hand the run to a task
+//! of its own so it outlives the request that started it.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::agent::{self, RunPlan};
+use super::log::EventLog;
+use super::runs::{LiveRun, Runs};
+use crate::config::Settings;
+use crate::domain::{Conversation, Message, Role, Trace, TraceStatus, branch, new_id, now};
+use crate::providers::{ModelRequest, Providers};
+use crate::store::{RunStart, Store, StoreError};
+
+/// The body of `POST /api/chat/stream` (CONTRACT.md §4).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    pub message: String,
+    #[serde(default)]
+    pub conversation_id: Option<Uuid>,
+    #[serde(default)]
+    pub profile: Option<String>,
+    #[serde(default)]
+    pub parent_message_id: Option<Uuid>,
+    #[serde(default)]
+    pub context: Option<Value>,
+    #[serde(default)]
+    pub interaction_type: InteractionType,
+    #[serde(default)]
+    pub action: Option<Value>,
+    #[serde(default)]
+    pub diagnostics: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InteractionType {
+    #[default]
+    TextInput,
+    ValueSelected,
+    ActionExecuted,
+}
+
+/// Why a chat request was refused before its stream opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    #[error("{message}")]
+    Invalid { field: &'static str, message: String },
+    #[error("{message}")]
+    TooLarge { field: &'static str, message: String },
+    #[error("{message}")]
+    NotFound { field: &'static str, message: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Clone)]
+pub struct ChatService {
+    settings: Arc<Settings>,
+    store: Arc<dyn Store>,
+    providers: Providers,
+    runs: Runs,
+    log: EventLog,
+}
+
+impl ChatService {
+    pub fn new(settings: Arc<Settings>, store: Arc<dyn Store>, providers: Providers, runs: Runs, log: EventLog) -> Self {
+        Self { settings, store, providers, runs, log }
+    }
+
+    pub fn runs(&self) -> &Runs {
+        &self.runs
+    }
+
+    /// Validates and persists the request, then starts its run; returns the live run to follow.
+    pub async fn start(&self, user: &str, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
+        let text = request.message.trim();
+        if text.is_empty() {
+            return Err(ChatError::Invalid { field: "message", message: "Message cannot be empty".into() });
+        }
+        let max = self.settings.limits.max_message_chars;
+        if text.chars().count() > max {
+            return Err(ChatError::TooLarge {
+                field: "message",
+                message: format!("Message is longer than {max} characters"),
+            });
+        }
+        let existing = match request.conversation_id {
+            Some(id) => Some(self.store.get_conversation(user, id).await.map_err(|e| match e {
+                StoreError::NotFound => not_found("conversation_id", "Conversation not found"),
+                e => e.into(),
+            })?),
+            None => None,
+        };
+        let profile_name = request
+            .profile
+            .clone()
+            .or_else(|| existing.as_ref().and_then(|c| c.profile.clone()))
+            .unwrap_or_else(|| self.settings.chat.default_profile.clone());
+        let Some(profile) = self.settings.profiles.get(&profile_name) else {
+            return Err(not_found("profile", "Profile not found"));
+        };
+        let provider = self
+            .providers
+            .get(&profile.provider)
+            .ok_or_else(|| not_found("profile", "Profile not found"))?;
+
+        let history = match &existing {
+            Some(conversation) => self.store.messages(user, conversation.id).await?,
+            None => Vec::new(),
+        };
+        let parent = match request.parent_message_id {
+            Some(id) if history.iter().any(|m| m.id == id) => Some(id),
+            Some(_) => return Err(not_found("parent_message_id", "Parent message not found")),
+            None => existing.as_ref().and_then(|c| c.active_leaf_id),
+        };
+
+        let started = now();
+        let new_conversation = match &existing {
+            Some(_) => None,
+            None => Some(Conversation {
+                id: new_id(),
+                user_id: user.to_owned(),
+                title: title_from(text, self.settings.chat.title_max_chars),
+                profile: request.profile.clone(),
+                system_prompt: None,
+                metadata: Value::Object(Default::default()),
+                active_leaf_id: None,
+                message_count: 0,
+                created_at: started,
+                updated_at: started,
+                last_message_at: started,
+            }),
+        };
+        let conversation = existing.as_ref().or(new_conversation.as_ref()).expect("one of the two is set");
+        let user_message = Message::new(conversation.id, parent, Role::User, text.to_owned());
+        let trace = Trace {
+            trace_id: new_id(),
+            conversation_id: conversation.id,
+            user_message_id: user_message.id,
+            message_id: new_id(),
+            user_id: user.to_owned(),
+            status: TraceStatus::Running,
+            model: profile.model.clone(),
+            profile: profile_name.clone(),
+            started_at: started,
+            ended_at: None,
+            usage: None,
+            error: None,
+            spans: Vec::new(),
+            comparison_id: None,
+            variant: None,
+        };
+        let mut messages = branch(&history, parent);
+        messages.push(user_message.clone());
+        let request = ModelRequest {
+            model: profile.model.clone(),
+            system_prompt: conversation.system_prompt.clone().or_else(|| profile.system_prompt.clone()),
+            messages,
+            temperature: profile.temperature,
+            max_tokens: profile.max_tokens,
+            enable_thinking: profile.enable_thinking,
+            thinking_budget: profile.thinking_budget,
+            reasoning_effort: profile.reasoning_effort.clone(),
+            tools: Vec::new(),
+        };
+        let plan = RunPlan {
+            conversation_id: conversation.id,
+            user_message_id: user_message.id,
+            message_id: trace.message_id,
+            trace_id: trace.trace_id,
+            profile: profile_name,
+            provider,
+            request,
+        };
+
+        self.store.start_run(&RunStart { new_conversation, user_message, trace }).await?;
+        let (run, emitter) = self.runs.register(plan.trace_id, plan.message_id, user, self.log.clone());
+        tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone()));
+        Ok(run)
+    }
+}
+
+fn not_found(field: &'static str, message: &str) -> ChatError {
+    ChatError::NotFound { field, message: message.to_owned() }
+}
+
+/// A conversation's first title: the message's first line, cut to `max` characters.
+pub fn title_from(message: &str, max: usize) -> String {
+    let line = message.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("New conversation");
+    let collapsed = line.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() <= max {
+        return collapsed;
+    }
+    let cut: String = collapsed.chars().take(max.saturating_sub(1)).collect();
+    format!("{}…", cut.trim_end())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_come_from_the_first_line() {
+        assert_eq!(title_from("  Hello   world \nsecond", 60), "Hello world");
+        assert_eq!(title_from("abcdefghij", 5), "abcd…");
+        assert_eq!(title_from("\n\n", 5), "New c…");
+    }
+}

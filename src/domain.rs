@@ -1,0 +1,284 @@
+//! Domain types shared by the store, the run and the HTTP layer: conversations, messages,
+//! traces, and the small value types they carry. Enums parse from strings with a `Result`,
+//! so a bad value is refused where it enters.
+
+use chrono::{DateTime, SubsecRound, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// The current time, cut to microseconds: both databases then store and return it exactly,
+/// so a pagination cursor made from a returned time matches the stored one.
+pub fn now() -> DateTime<Utc> {
+    Utc::now().trunc_subsecs(6)
+}
+
+/// A new time-ordered id (UUID v7).
+pub fn new_id() -> Uuid {
+    Uuid::now_v7()
+}
+
+macro_rules! string_enum {
+    ($(#[$meta:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name { $($variant),+ }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+
+            pub fn parse(text: &str) -> Result<Self, UnknownValue> {
+                match text {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownValue { kind: stringify!($name), value: text.to_owned() }),
+                }
+            }
+        }
+    };
+}
+
+/// A stored string that names no variant: a corrupted row or a newer schema.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown {kind} value '{value}'")]
+pub struct UnknownValue {
+    pub kind: &'static str,
+    pub value: String,
+}
+
+string_enum!(Role { User = "user", Assistant = "assistant", System = "system", Tool = "tool" });
+string_enum!(Rating { Up = "up", Down = "down" });
+string_enum!(
+    /// A run's state in its trace (CONTRACT.md §9).
+    TraceStatus {
+        Running = "running",
+        Completed = "completed",
+        Cancelled = "cancelled",
+        Error = "error",
+        Interrupted = "interrupted",
+    }
+);
+
+/// Token counts of one model call, or summed over a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<u64>,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+            match (a, b) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+            }
+        }
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens = sum(self.cache_read_tokens, other.cache_read_tokens);
+        self.reasoning_tokens = sum(self.reasoning_tokens, other.reasoning_tokens);
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuggestedValue {
+    pub label: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuggestedAction {
+    pub label: String,
+    pub action: String,
+    #[serde(default = "client_handler")]
+    pub handler: String,
+    #[serde(default)]
+    pub data: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub style: Option<String>,
+}
+
+fn client_handler() -> String {
+    "client".to_owned()
+}
+
+/// One executed tool call as the client and the trace see it (`tool_history[N]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolRecord {
+    pub tool_call_id: String,
+    pub tool_name: String,
+    pub input: Value,
+    pub output: String,
+    pub is_error: bool,
+    pub duration_ms: u64,
+}
+
+/// A tool call as the model asked for it, kept to send back in later turns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub input: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Feedback {
+    pub rating: Option<Rating>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Conversation {
+    pub id: Uuid,
+    #[serde(skip)]
+    pub user_id: String,
+    pub title: String,
+    pub profile: Option<String>,
+    pub system_prompt: Option<String>,
+    pub metadata: Value,
+    /// The newest message of the branch that loading shows.
+    #[serde(skip)]
+    pub active_leaf_id: Option<Uuid>,
+    pub message_count: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub last_message_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Message {
+    pub id: Uuid,
+    pub conversation_id: Uuid,
+    pub parent_id: Option<Uuid>,
+    pub role: Role,
+    pub content: String,
+    pub thinking: Option<String>,
+    /// Thinking signatures and other provider state the next turn must send back.
+    #[serde(skip)]
+    pub provider_state: Option<Value>,
+    pub tool_calls: Vec<ToolCall>,
+    pub tool_history: Vec<ToolRecord>,
+    pub payloads: Vec<Value>,
+    pub suggested_values: Vec<SuggestedValue>,
+    pub suggested_actions: Vec<SuggestedAction>,
+    pub cancelled: bool,
+    pub model: Option<String>,
+    pub trace_id: Option<Uuid>,
+    pub usage: Option<Usage>,
+    pub feedback: Option<Feedback>,
+    pub comparison_id: Option<Uuid>,
+    pub variant: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Message {
+    /// A message with only the required parts set; the rest empty.
+    pub fn new(conversation_id: Uuid, parent_id: Option<Uuid>, role: Role, content: String) -> Self {
+        Self {
+            id: new_id(),
+            conversation_id,
+            parent_id,
+            role,
+            content,
+            thinking: None,
+            provider_state: None,
+            tool_calls: Vec::new(),
+            tool_history: Vec::new(),
+            payloads: Vec::new(),
+            suggested_values: Vec::new(),
+            suggested_actions: Vec::new(),
+            cancelled: false,
+            model: None,
+            trace_id: None,
+            usage: None,
+            feedback: None,
+            comparison_id: None,
+            variant: None,
+            created_at: now(),
+        }
+    }
+}
+
+/// Returns the branch that ends at `leaf`, oldest first, from all of a conversation's
+/// messages. Messages not on that branch (other regenerations) are left out.
+pub fn branch(messages: &[Message], leaf: Option<Uuid>) -> Vec<Message> {
+    let by_id: std::collections::HashMap<Uuid, &Message> =
+        messages.iter().map(|m| (m.id, m)).collect();
+    let mut path = Vec::new();
+    let mut next = leaf;
+    while let Some(id) = next {
+        let Some(message) = by_id.get(&id) else { break };
+        path.push((*message).clone());
+        next = message.parent_id;
+        if path.len() > messages.len() {
+            break; // a cycle would be a corrupt store; never loop forever on one
+        }
+    }
+    path.reverse();
+    path
+}
+
+/// One event of a run's log: what was sent to clients, with its sequence number.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoggedEvent {
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub data: Value,
+}
+
+/// A run as stored: its trace (CONTRACT.md §9), without the events.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Trace {
+    pub trace_id: Uuid,
+    pub conversation_id: Uuid,
+    pub user_message_id: Uuid,
+    pub message_id: Uuid,
+    pub user_id: String,
+    pub status: TraceStatus,
+    pub model: String,
+    pub profile: String,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub usage: Option<Usage>,
+    pub error: Option<Value>,
+    pub spans: Vec<Value>,
+    pub comparison_id: Option<Uuid>,
+    pub variant: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_round_trip_and_refuse_unknown_text() {
+        for role in [Role::User, Role::Assistant, Role::System, Role::Tool] {
+            assert_eq!(Role::parse(role.as_str()).unwrap(), role);
+        }
+        assert!(Rating::parse("meh").is_err());
+        assert_eq!(TraceStatus::parse("interrupted").unwrap(), TraceStatus::Interrupted);
+    }
+
+    #[test]
+    fn branch_follows_parents_from_the_leaf() {
+        let conversation = new_id();
+        let root = Message::new(conversation, None, Role::User, "q".into());
+        let first = Message::new(conversation, Some(root.id), Role::Assistant, "a1".into());
+        let second = Message::new(conversation, Some(root.id), Role::Assistant, "a2".into());
+        let all = vec![root.clone(), first, second.clone()];
+        let ids: Vec<_> = branch(&all, Some(second.id)).iter().map(|m| m.id).collect();
+        assert_eq!(ids, vec![root.id, second.id]);
+        assert!(branch(&all, None).is_empty());
+    }
+}

@@ -1,0 +1,171 @@
+//! The wire events of CONTRACT.md §5: one enum, serde-tagged by `"type"`. Everything a run
+//! tells a client goes through [`Event`]; nothing else is ever written to a stream.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::domain::{SuggestedAction, SuggestedValue, ToolRecord, Usage};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    Start {
+        conversation_id: Uuid,
+        user_message_id: Uuid,
+        message_id: Uuid,
+        trace_id: Uuid,
+        model: String,
+        profile: String,
+    },
+    Status {
+        message: String,
+    },
+    ThinkingDelta {
+        text: String,
+    },
+    TextDelta {
+        text: String,
+    },
+    ToolInputStart {
+        tool_call_id: String,
+        tool: String,
+        index: u32,
+    },
+    ToolInputDelta {
+        tool_call_id: String,
+        delta: String,
+    },
+    ToolStart {
+        tool_call_id: String,
+        tool: String,
+        input: Value,
+        index: u32,
+        timestamp: chrono::DateTime<chrono::Utc>,
+    },
+    ToolProgress {
+        tool_call_id: String,
+        tool: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        stage: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        progress: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<Value>,
+    },
+    ToolOutput {
+        tool_call_id: String,
+        output: String,
+        truncated: bool,
+        full_length: usize,
+    },
+    ToolComplete {
+        tool_call_id: String,
+        tool: String,
+        index: u32,
+        status: ToolStatus,
+        duration_ms: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        summary: Option<String>,
+    },
+    Usage(Usage),
+    Complete {
+        payload: Box<CompletePayload>,
+    },
+    Cancelled {
+        partial_text: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        partial_thinking: Option<String>,
+        message_id: Uuid,
+        trace_id: Uuid,
+        model: String,
+    },
+    Error {
+        code: String,
+        message: String,
+        retryable: bool,
+        message_id: Uuid,
+        trace_id: Uuid,
+    },
+    Done {
+        conversation_id: Uuid,
+        message_id: Uuid,
+        trace_id: Uuid,
+    },
+}
+
+impl Event {
+    /// The `type` tag, as written on the wire and in the trace's event log.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Start { .. } => "start",
+            Event::Status { .. } => "status",
+            Event::ThinkingDelta { .. } => "thinking_delta",
+            Event::TextDelta { .. } => "text_delta",
+            Event::ToolInputStart { .. } => "tool_input_start",
+            Event::ToolInputDelta { .. } => "tool_input_delta",
+            Event::ToolStart { .. } => "tool_start",
+            Event::ToolProgress { .. } => "tool_progress",
+            Event::ToolOutput { .. } => "tool_output",
+            Event::ToolComplete { .. } => "tool_complete",
+            Event::Usage(_) => "usage",
+            Event::Complete { .. } => "complete",
+            Event::Cancelled { .. } => "cancelled",
+            Event::Error { .. } => "error",
+            Event::Done { .. } => "done",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolStatus {
+    Success,
+    Error,
+    Cancelled,
+    Timeout,
+}
+
+/// The `complete` event's payload (CONTRACT.md §5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletePayload {
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    pub suggested_values: Vec<SuggestedValue>,
+    pub suggested_actions: Vec<SuggestedAction>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub custom_payload: Option<Value>,
+    pub tool_history: Vec<ToolRecord>,
+    pub conversation_id: Uuid,
+    pub message_id: Uuid,
+    pub trace_id: Uuid,
+    pub model: String,
+    pub finish_reason: String,
+    pub usage: Usage,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_tagged_by_type_and_kind_agrees() {
+        let events = [
+            Event::Status { message: "Thinking…".into() },
+            Event::TextDelta { text: "hi".into() },
+            Event::Usage(Usage { input_tokens: 3, output_tokens: 4, ..Usage::default() }),
+        ];
+        for event in events {
+            let json = serde_json::to_value(&event).unwrap();
+            assert_eq!(json["type"], event.kind());
+        }
+        let usage = serde_json::to_value(Event::Usage(Usage { input_tokens: 3, ..Usage::default() }))
+            .unwrap();
+        assert_eq!(usage, serde_json::json!({"type": "usage", "input_tokens": 3, "output_tokens": 0}));
+    }
+}

@@ -1,0 +1,183 @@
+//! Conversations and messages (CONTRACT.md §3, §8): create, list with a keyset cursor, load
+//! the active branch, patch, delete (cascading), and feedback on a message.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::AppError;
+use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
+use crate::domain::{Conversation, Feedback, Rating, branch, new_id, now};
+use crate::store::{ConversationPatch, PageCursor, StoreError};
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/conversations", get(list).post(create))
+        .route("/api/conversations/{id}", get(load).patch(patch).delete(delete))
+        .route("/api/messages/{id}/feedback", put(feedback))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    AppQuery(query): AppQuery<ListQuery>,
+) -> Result<Json<Value>, AppError> {
+    let limits = &state.settings.limits;
+    let limit = query.limit.unwrap_or(limits.default_page_size);
+    if limit == 0 || limit > limits.max_page_size {
+        return Err(AppError::validation(
+            "limit",
+            format!("limit must be between 1 and {}", limits.max_page_size),
+        ));
+    }
+    let cursor = match query.cursor.as_deref() {
+        Some(text) => Some(PageCursor::parse(text).ok_or_else(|| AppError::validation("cursor", "Invalid cursor"))?),
+        None => None,
+    };
+    let mut conversations = state.store.list_conversations(&user, limit + 1, cursor).await?;
+    let next_cursor = if conversations.len() > limit as usize {
+        conversations.truncate(limit as usize);
+        conversations.last().map(|c| PageCursor { last_message_at: c.last_message_at, id: c.id }.encode())
+    } else {
+        None
+    };
+    Ok(Json(json!({"conversations": conversations, "next_cursor": next_cursor})))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConversationBody {
+    title: Option<String>,
+    profile: Option<String>,
+    system_prompt: Option<String>,
+    metadata: Option<Value>,
+}
+
+impl ConversationBody {
+    /// Checks the fields both create and patch accept.
+    fn validate(&self, state: &AppState) -> Result<(), AppError> {
+        if self.title.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(AppError::validation("title", "Title cannot be empty"));
+        }
+        if let Some(profile) = &self.profile {
+            if !state.settings.profiles.contains_key(profile) {
+                return Err(AppError::NotFound { field: Some("profile".into()), message: "Profile not found".into() });
+            }
+        }
+        if self.metadata.as_ref().is_some_and(|m| !m.is_object()) {
+            return Err(AppError::validation("metadata", "metadata must be a JSON object"));
+        }
+        Ok(())
+    }
+}
+
+async fn create(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    AppJson(body): AppJson<ConversationBody>,
+) -> Result<(StatusCode, Json<Value>), AppError> {
+    body.validate(&state)?;
+    let at = now();
+    let conversation = Conversation {
+        id: new_id(),
+        user_id: user,
+        title: body.title.map_or_else(|| "New conversation".to_owned(), |t| t.trim().to_owned()),
+        profile: body.profile,
+        system_prompt: body.system_prompt,
+        metadata: body.metadata.unwrap_or_else(|| json!({})),
+        active_leaf_id: None,
+        message_count: 0,
+        created_at: at,
+        updated_at: at,
+        last_message_at: at,
+    };
+    state.store.create_conversation(&conversation).await?;
+    Ok((StatusCode::CREATED, Json(with_messages(&conversation, Vec::new()))))
+}
+
+fn with_messages(conversation: &Conversation, messages: Vec<crate::domain::Message>) -> Value {
+    let mut value = json!(conversation);
+    value["messages"] = json!(messages);
+    value
+}
+
+fn conversation_not_found(error: StoreError) -> AppError {
+    match error {
+        StoreError::NotFound => AppError::not_found("Conversation not found"),
+        e => e.into(),
+    }
+}
+
+async fn load(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+) -> Result<Json<Value>, AppError> {
+    let conversation = state.store.get_conversation(&user, id).await.map_err(conversation_not_found)?;
+    let messages = state.store.messages(&user, id).await?;
+    let active = branch(&messages, conversation.active_leaf_id);
+    Ok(Json(with_messages(&conversation, active)))
+}
+
+async fn patch(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+    AppJson(body): AppJson<ConversationBody>,
+) -> Result<Json<Value>, AppError> {
+    body.validate(&state)?;
+    let patch = ConversationPatch {
+        title: body.title.map(|t| t.trim().to_owned()),
+        profile: body.profile,
+        system_prompt: body.system_prompt,
+        metadata: body.metadata,
+    };
+    let conversation = state.store.update_conversation(&user, id, &patch).await.map_err(conversation_not_found)?;
+    Ok(Json(json!(conversation)))
+}
+
+async fn delete(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+) -> Result<StatusCode, AppError> {
+    state.store.delete_conversation(&user, id).await.map_err(conversation_not_found)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeedbackBody {
+    rating: Option<Rating>,
+    comment: Option<String>,
+}
+
+async fn feedback(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+    AppJson(body): AppJson<FeedbackBody>,
+) -> Result<Json<Value>, AppError> {
+    let comment = body.comment.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty());
+    let feedback = (body.rating.is_some() || comment.is_some()).then(|| Feedback {
+        rating: body.rating,
+        comment,
+        at: now(),
+    });
+    let message = state.store.set_feedback(&user, id, feedback).await.map_err(|e| match e {
+        StoreError::NotFound => AppError::not_found("Message not found"),
+        e => e.into(),
+    })?;
+    Ok(Json(json!({"message_id": message.id, "feedback": message.feedback})))
+}

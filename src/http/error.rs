@@ -1,0 +1,101 @@
+//! The one error type at the edge: every failure that is not inside an SSE stream becomes the
+//! contract's JSON envelope `{code, message, field?}` with its status. Internal causes are
+//! logged, never sent.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::chat::ChatError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("{message}")]
+    Validation { field: Option<String>, message: String },
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{message}")]
+    NotFound { field: Option<String>, message: String },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{message}")]
+    PayloadTooLarge { field: Option<String>, message: String },
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("internal error")]
+    Internal,
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    code: &'static str,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+}
+
+impl AppError {
+    pub fn validation(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Validation { field: Some(field.into()), message: message.into() }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::NotFound { field: None, message: message.into() }
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, Option<&str>) {
+        match self {
+            AppError::Validation { field, .. } => (StatusCode::BAD_REQUEST, "VALIDATION_ERROR", field.as_deref()),
+            AppError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED", None),
+            AppError::NotFound { field, .. } => (StatusCode::NOT_FOUND, "NOT_FOUND", field.as_deref()),
+            AppError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT", None),
+            AppError::PayloadTooLarge { field, .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE", field.as_deref())
+            }
+            AppError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE", None),
+            AppError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", None),
+        }
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let (status, code, field) = self.parts();
+        let message = self.to_string();
+        (status, Json(Envelope { code, message: &message, field })).into_response()
+    }
+}
+
+impl From<StoreError> for AppError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound => AppError::not_found("Not found"),
+            StoreError::Conflict(message) => AppError::Conflict(message),
+            StoreError::Database(
+                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed,
+            ) => {
+                tracing::error!(%error, "database unavailable");
+                AppError::Unavailable("Database unavailable".into())
+            }
+            error => {
+                tracing::error!(%error, "store error");
+                AppError::Internal
+            }
+        }
+    }
+}
+
+impl From<ChatError> for AppError {
+    fn from(error: ChatError) -> Self {
+        match error {
+            ChatError::Invalid { field, message } => AppError::validation(field, message),
+            ChatError::TooLarge { field, message } => {
+                AppError::PayloadTooLarge { field: Some(field.into()), message }
+            }
+            ChatError::NotFound { field, message } => AppError::NotFound { field: Some(field.into()), message },
+            ChatError::Store(e) => e.into(),
+        }
+    }
+}

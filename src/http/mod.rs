@@ -1,0 +1,60 @@
+//! Routers only: each file maps endpoints of CONTRACT.md §3 onto the chat service or the
+//! store. One cloneable [`AppState`]; one [`AppError`](error::AppError) envelope.
+
+mod chat;
+mod conversations;
+pub mod error;
+pub mod extract;
+mod health;
+mod traces;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, Request};
+use tokio_util::sync::CancellationToken;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::chat::ChatService;
+use crate::config::Settings;
+use crate::store::Store;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub settings: Arc<Settings>,
+    pub store: Arc<dyn Store>,
+    pub chat: ChatService,
+    /// Cancelled when the server shuts down; every open stream ends with it.
+    pub shutdown: CancellationToken,
+}
+
+impl AppState {
+    fn keepalive(&self) -> Duration {
+        Duration::from_secs(self.settings.stream.keepalive_secs.max(1))
+    }
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.settings.limits.max_body_bytes;
+    Router::new()
+        .merge(health::routes())
+        .merge(conversations::routes())
+        .merge(chat::routes())
+        .merge(traces::routes())
+        .fallback(|| async { error::AppError::not_found("No such endpoint") })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+                let id = request.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
+                tracing::info_span!("request", method = %request.method(), uri = %request.uri().path(), request_id = %id)
+            }),
+        )
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .with_state(state)
+}

@@ -1,0 +1,48 @@
+//! Traces (CONTRACT.md §9): a run's status, timings, spans and its logged events. Owner only.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::AppError;
+use super::extract::{CurrentUser, IdPath};
+use crate::domain::Trace;
+use crate::store::StoreError;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/trace/{id}", get(by_id))
+        .route("/api/trace/by_message/{id}", get(by_message))
+}
+
+async fn by_id(State(state): State<AppState>, CurrentUser(user): CurrentUser, IdPath(id): IdPath) -> Result<Json<Value>, AppError> {
+    let trace = state.store.get_trace(&user, id).await.map_err(trace_not_found)?;
+    render(&state, trace).await
+}
+
+async fn by_message(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+) -> Result<Json<Value>, AppError> {
+    let trace = state.store.trace_by_message(&user, id).await.map_err(trace_not_found)?;
+    render(&state, trace).await
+}
+
+fn trace_not_found(error: StoreError) -> AppError {
+    match error {
+        StoreError::NotFound => AppError::not_found("Trace not found"),
+        e => e.into(),
+    }
+}
+
+async fn render(state: &AppState, trace: Trace) -> Result<Json<Value>, AppError> {
+    let events = state.store.trace_events(trace.trace_id, 0).await?;
+    let duration_ms = trace.ended_at.map(|end| (end - trace.started_at).num_milliseconds());
+    let mut value = json!(trace);
+    value["duration_ms"] = json!(duration_ms);
+    value["events"] = json!(events);
+    Ok(Json(value))
+}

@@ -1,0 +1,71 @@
+//! chatd: a chat backend for LLM apps. [`App`] wires configuration, the store, the providers
+//! and the HTTP routers together, binds the listener and owns shutdown.
+
+pub mod chat;
+pub mod config;
+pub mod domain;
+pub mod events;
+pub mod http;
+pub mod providers;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::chat::{ChatService, EventLog, Runs};
+use crate::config::{MOCK_ID, ProviderKind, Settings};
+use crate::http::AppState;
+use crate::providers::Providers;
+
+/// A built server: bound, migrated, ready to [`run`](App::run).
+pub struct App {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl App {
+    /// Opens the store (running migrations), starts the event log writer and binds
+    /// `server.host:server.port` (port 0 picks a free one).
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let settings = Arc::new(settings);
+        let store = store::connect(settings.database.url.expose(), settings.database.max_connections).await?;
+        let log = EventLog::start(
+            store.clone(),
+            Duration::from_millis(settings.stream.flush_interval_ms),
+            settings.stream.flush_max_events,
+        );
+        let providers = Providers::from_settings(&settings);
+        let default = &settings.profiles[&settings.chat.default_profile];
+        if settings.providers.get(&default.provider).is_some_and(|p| p.kind == ProviderKind::Mock) {
+            tracing::info!(
+                provider = MOCK_ID,
+                "the default profile uses the built-in mock model; configure [providers] and [profiles] for a real one"
+            );
+        }
+        let chat = ChatService::new(settings.clone(), store.clone(), providers, Runs::default(), log);
+        let listener = TcpListener::bind((settings.server.host.as_str(), settings.server.port)).await?;
+        let state = AppState { settings, store, chat, shutdown: CancellationToken::new() };
+        Ok(Self { listener, state })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Cancelling this token stops the server: streams end, then the listener closes.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.state.shutdown.clone()
+    }
+
+    /// Serves until the shutdown token is cancelled.
+    pub async fn run(self) -> std::io::Result<()> {
+        let shutdown = self.state.shutdown.clone();
+        let router = http::router(self.state);
+        tracing::info!(addr = %self.listener.local_addr()?, "chatd listening");
+        axum::serve(self.listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+    }
+}

@@ -1,0 +1,73 @@
+//! The `chatd` binary: telemetry → config → App::build → run until SIGTERM / Ctrl-C.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use chatd::App;
+use chatd::config::Settings;
+
+#[derive(Parser)]
+#[command(name = "chatd", version, about = "A chat backend for LLM apps")]
+struct Cli {
+    /// A TOML file layered over config/default.toml and config/local.toml.
+    #[arg(long, env = "CHATD_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (the default).
+    Serve,
+    /// Run the database migrations and exit.
+    Migrate,
+    /// Validate the configuration and print the effective one, secrets masked.
+    CheckConfig,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    let cli = Cli::parse();
+    let settings = Settings::load(cli.config.as_deref())?;
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::CheckConfig => {
+            println!("{}", serde_json::to_string_pretty(&settings)?);
+        }
+        Command::Migrate => {
+            chatd::store::connect(settings.database.url.expose(), 1).await?;
+            tracing::info!("migrations applied");
+        }
+        Command::Serve => {
+            let app = App::build(settings).await?;
+            let shutdown = app.shutdown_token();
+            tokio::spawn(async move {
+                stop_signal().await;
+                tracing::info!("shutting down");
+                shutdown.cancel();
+            });
+            app.run().await?;
+        }
+    }
+    Ok(())
+}
+
+async fn stop_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

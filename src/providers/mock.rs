@@ -1,0 +1,204 @@
+//! The built-in mock model: deterministic and scriptable, so `cargo run` answers with no API
+//! key and tests know exactly what it will say.
+//!
+//! What it answers, for the newest user message:
+//! - the first configured rule whose `when` the message contains (its `text` and `thinking`);
+//! - else a short thinking line and `Mock reply: <message>`.
+//!
+//! Directives in the message script a run (they are not echoed):
+//! `[mock:words=N]` answer with N words; `[mock:delay=MS]` pause between chunks;
+//! `[mock:think=off]` no thinking; `[mock:error=KIND]` fail before any output, KIND one of
+//! `unauthorized`, `rate_limited`, `unavailable`, `network`, `parse`; `[mock:fail_after=N]`
+//! fail after N text chunks.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+
+use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use crate::config::MockSettings;
+use crate::domain::{Role, Usage};
+
+pub struct MockProvider {
+    settings: MockSettings,
+}
+
+/// What one call will do, decided before it streams.
+#[derive(Debug, Default, PartialEq)]
+struct Script {
+    thinking: Option<String>,
+    text: String,
+    delay: Duration,
+    error: Option<ProviderErrorKind>,
+    fail_after: Option<usize>,
+}
+
+const WORDS: [&str; 12] = [
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+    "kilo", "lima",
+];
+
+impl MockProvider {
+    pub fn new(settings: MockSettings) -> Self {
+        Self { settings }
+    }
+
+    fn script(&self, message: &str) -> Script {
+        let (said, directives) = split_directives(message);
+        let mut script = Script {
+            thinking: self.settings.thinking.then(|| {
+                format!("The user wrote {} characters; a short, direct answer fits.", said.chars().count())
+            }),
+            text: format!("Mock reply: {said}"),
+            delay: Duration::from_millis(self.settings.delay_ms),
+            ..Script::default()
+        };
+        if let Some(rule) = self.settings.rules.iter().find(|r| said.contains(&r.when)) {
+            script.text = rule.text.clone();
+            script.thinking = rule.thinking.clone();
+        }
+        for (key, value) in directives {
+            match (key.as_str(), value.as_str()) {
+                ("words", n) => {
+                    let n: usize = n.parse().unwrap_or(0);
+                    script.text = (0..n).map(|i| WORDS[i % WORDS.len()]).collect::<Vec<_>>().join(" ");
+                }
+                ("delay", ms) => script.delay = Duration::from_millis(ms.parse().unwrap_or(0)),
+                ("think", "off") => script.thinking = None,
+                ("fail_after", n) => script.fail_after = n.parse().ok(),
+                ("error", kind) => {
+                    script.error = Some(match kind {
+                        "unauthorized" => ProviderErrorKind::Unauthorized,
+                        "rate_limited" => ProviderErrorKind::RateLimited,
+                        "network" => ProviderErrorKind::Network,
+                        "parse" => ProviderErrorKind::Parse,
+                        _ => ProviderErrorKind::Unavailable,
+                    })
+                }
+                _ => {}
+            }
+        }
+        script
+    }
+}
+
+/// Splits `[mock:key=value]` directives out of a message; returns the rest, trimmed.
+fn split_directives(message: &str) -> (String, Vec<(String, String)>) {
+    let mut rest = String::with_capacity(message.len());
+    let mut directives = Vec::new();
+    let mut text = message;
+    while let Some(start) = text.find("[mock:") {
+        let Some(len) = text[start..].find(']') else { break };
+        rest.push_str(&text[..start]);
+        let body = &text[start + "[mock:".len()..start + len];
+        let (key, value) = body.split_once('=').unwrap_or((body, ""));
+        directives.push((key.trim().to_owned(), value.trim().to_owned()));
+        text = &text[start + len + 1..];
+    }
+    rest.push_str(text);
+    (rest.split_whitespace().collect::<Vec<_>>().join(" "), directives)
+}
+
+/// Cuts text into pieces of `size` characters (never inside a character).
+fn chunks(text: &str, size: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(size.max(1)).map(|c| c.iter().collect()).collect()
+}
+
+/// A rough token count: four characters a token.
+fn estimate_tokens(text: &str) -> u64 {
+    (text.chars().count() as u64).div_ceil(4)
+}
+
+fn error_message(kind: ProviderErrorKind) -> &'static str {
+    match kind {
+        ProviderErrorKind::Unauthorized => "Invalid API key",
+        ProviderErrorKind::RateLimited => "Rate limited, try again",
+        ProviderErrorKind::Network => "Connection failed",
+        ProviderErrorKind::Parse => "Failed to parse response",
+        ProviderErrorKind::Unavailable => "The mock model is unavailable",
+    }
+}
+
+#[async_trait]
+impl LlmProvider for MockProvider {
+    async fn stream(&self, request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
+        let last_user = request
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::User)
+            .map(|m| m.content.as_str())
+            .unwrap_or_default();
+        let script = self.script(last_user);
+        if let Some(kind) = script.error {
+            return Err(ProviderError::new(kind, error_message(kind)));
+        }
+        let input_tokens = request.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>()
+            + request.system_prompt.as_deref().map_or(0, estimate_tokens);
+        let size = self.settings.chunk_chars;
+        let stream = async_stream::stream! {
+            let mut output_tokens = 0;
+            if let Some(thinking) = &script.thinking {
+                output_tokens += estimate_tokens(thinking);
+                for piece in chunks(thinking, size) {
+                    pause(script.delay).await;
+                    yield Ok(ProviderEvent::Thinking(piece));
+                }
+            }
+            for (sent, piece) in chunks(&script.text, size).into_iter().enumerate() {
+                if script.fail_after == Some(sent) {
+                    yield Err(ProviderError::new(ProviderErrorKind::Unavailable, "The mock model failed mid-stream"));
+                    return;
+                }
+                pause(script.delay).await;
+                yield Ok(ProviderEvent::Text(piece));
+            }
+            output_tokens += estimate_tokens(&script.text);
+            yield Ok(ProviderEvent::Usage(Usage { input_tokens, output_tokens, ..Usage::default() }));
+            yield Ok(ProviderEvent::Finish("stop".to_owned()));
+        };
+        Ok(stream.boxed())
+    }
+}
+
+async fn pause(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directives_are_split_out() {
+        let (rest, directives) = split_directives("hello [mock:words=3] there [mock:think=off]");
+        assert_eq!(rest, "hello there");
+        assert_eq!(directives, vec![("words".into(), "3".into()), ("think".into(), "off".into())]);
+    }
+
+    #[test]
+    fn scripts_follow_rules_then_directives() {
+        let provider = MockProvider::new(MockSettings {
+            rules: vec![crate::config::MockRule {
+                when: "weather".into(),
+                text: "Sunny.".into(),
+                thinking: None,
+            }],
+            ..MockSettings::default()
+        });
+        assert_eq!(provider.script("the weather?").text, "Sunny.");
+        assert_eq!(provider.script("hi [mock:words=4]").text, "alpha bravo charlie delta");
+        assert_eq!(provider.script("hi").text, "Mock reply: hi");
+        assert_eq!(provider.script("[mock:error=network] x").error, Some(ProviderErrorKind::Network));
+    }
+
+    #[test]
+    fn chunks_keep_characters_whole() {
+        assert_eq!(chunks("héllo→wörld", 4).concat(), "héllo→wörld");
+        assert_eq!(chunks("ab", 0), vec!["a", "b"]);
+    }
+}

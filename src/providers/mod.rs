@@ -1,0 +1,155 @@
+//! Model providers behind one [`LlmProvider`] trait: a request in, a stream of
+//! [`ProviderEvent`]s out. One file per wire format. Providers know nothing of HTTP handlers,
+//! the store or the client's events; dropping the stream drops the provider connection.
+
+mod mock;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::stream::BoxStream;
+use serde_json::Value;
+
+use crate::config::{ProviderKind, Settings};
+use crate::domain::{Message, Usage};
+
+pub use mock::MockProvider;
+
+/// What a model call needs, in provider-neutral form; each adapter builds its own wire body.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    pub model: String,
+    pub system_prompt: Option<String>,
+    /// The conversation so far, oldest first, ending with the user's new message.
+    pub messages: Vec<Message>,
+    pub temperature: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub enable_thinking: bool,
+    pub thinking_budget: Option<u32>,
+    pub reasoning_effort: Option<String>,
+    pub tools: Vec<ToolSpec>,
+}
+
+/// A tool as offered to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// One thing a provider said, already decoded from its wire format.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderEvent {
+    Text(String),
+    Thinking(String),
+    /// Opaque proof of a thinking block, to be sent back in later turns (Anthropic).
+    ThinkingSignature(String),
+    ToolCallStart { index: u32, id: String, name: String },
+    ToolCallDelta { index: u32, arguments: String },
+    ToolCallEnd { index: u32 },
+    Usage(Usage),
+    /// The provider's terminal frame, with its reason (`stop`, `tool_calls`, `length`, …).
+    Finish(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderErrorKind {
+    /// The provider refused the credentials (HTTP 401/403).
+    Unauthorized,
+    /// HTTP 429 after retries.
+    RateLimited,
+    /// HTTP 5xx, an error frame, or a model error.
+    Unavailable,
+    /// Could not connect, or timed out.
+    Network,
+    /// A frame that does not parse, or a stream that ended without its terminal frame.
+    Parse,
+}
+
+/// A failed model call, mapped onto the contract's error codes.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ProviderError {
+    pub kind: ProviderErrorKind,
+    pub message: String,
+    pub retry_after: Option<Duration>,
+}
+
+impl ProviderError {
+    pub fn new(kind: ProviderErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), retry_after: None }
+    }
+
+    /// The contract §1 code a client sees.
+    pub fn code(&self) -> &'static str {
+        match self.kind {
+            ProviderErrorKind::Unauthorized => "UNAUTHORIZED",
+            ProviderErrorKind::RateLimited => "RATE_LIMITED",
+            ProviderErrorKind::Unavailable | ProviderErrorKind::Parse => "SERVICE_UNAVAILABLE",
+            ProviderErrorKind::Network => "NETWORK_ERROR",
+        }
+    }
+
+    /// Whether sending the same request again may succeed.
+    pub fn retryable(&self) -> bool {
+        !matches!(self.kind, ProviderErrorKind::Unauthorized | ProviderErrorKind::Parse)
+    }
+}
+
+pub type ProviderStream = BoxStream<'static, Result<ProviderEvent, ProviderError>>;
+
+#[async_trait]
+pub trait LlmProvider: Send + Sync {
+    /// Starts a model call. Errors before the first event come back here; later ones in
+    /// the stream.
+    async fn stream(&self, request: &ModelRequest) -> Result<ProviderStream, ProviderError>;
+}
+
+/// The configured providers by id.
+#[derive(Clone, Default)]
+pub struct Providers {
+    by_id: HashMap<String, Arc<dyn LlmProvider>>,
+}
+
+impl Providers {
+    pub fn from_settings(settings: &Settings) -> Self {
+        let by_id = settings
+            .providers
+            .iter()
+            .map(|(id, provider)| {
+                let adapter: Arc<dyn LlmProvider> = match provider.kind {
+                    ProviderKind::Mock => Arc::new(MockProvider::new(provider.mock.clone())),
+                    kind => Arc::new(NotYetSupported(kind)),
+                };
+                (id.clone(), adapter)
+            })
+            .collect();
+        Self { by_id }
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<dyn LlmProvider>> {
+        self.by_id.get(id).cloned()
+    }
+
+    /// Replaces or adds one provider (tests and embedders plug their own in this way).
+    pub fn insert(&mut self, id: impl Into<String>, provider: Arc<dyn LlmProvider>) {
+        self.by_id.insert(id.into(), provider);
+    }
+}
+
+/// Provider kinds whose adapters are not built yet: every call fails with a clear error
+/// (see README, "What is not done yet").
+struct NotYetSupported(ProviderKind);
+
+#[async_trait]
+impl LlmProvider for NotYetSupported {
+    async fn stream(&self, _request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
+        Err(ProviderError::new(
+            ProviderErrorKind::Unavailable,
+            format!("Provider kind {:?} is not supported by this build yet", self.0),
+        ))
+    }
+}

@@ -1,0 +1,168 @@
+//! Persistence behind one [`Store`] trait of domain methods (no SQL above this module), with
+//! one implementation per backend, chosen once from the `database.url` scheme: SQLite
+//! (`sqlite://…`) and Postgres (`postgres://…`). Each backend has its own migrations, run at
+//! start-up. Every row carries the user it belongs to; user-scoped methods answer
+//! [`StoreError::NotFound`] for another user's ids.
+
+mod postgres;
+mod rows;
+mod sql;
+mod sqlite;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use std::sync::Arc;
+use uuid::Uuid;
+
+use crate::domain::{Conversation, Feedback, LoggedEvent, Message, Trace, TraceStatus, Usage};
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration: {0}")]
+    Migration(#[from] sqlx::migrate::MigrateError),
+    #[error("stored data: {0}")]
+    Corrupt(String),
+    #[error("database url: {0}")]
+    Url(String),
+}
+
+/// Keyset position in the conversation list: the last row of the previous page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageCursor {
+    pub last_message_at: DateTime<Utc>,
+    pub id: Uuid,
+}
+
+impl PageCursor {
+    /// The opaque text form handed to clients as `next_cursor`.
+    pub fn encode(&self) -> String {
+        format!("{}_{}", self.last_message_at.timestamp_micros(), self.id.simple())
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        let (micros, id) = text.split_once('_')?;
+        Some(Self {
+            last_message_at: DateTime::from_timestamp_micros(micros.parse().ok()?)?,
+            id: Uuid::try_parse(id).ok()?,
+        })
+    }
+}
+
+/// The fields a PATCH may change; `None` leaves one as it is.
+#[derive(Debug, Clone, Default)]
+pub struct ConversationPatch {
+    pub title: Option<String>,
+    pub profile: Option<String>,
+    pub system_prompt: Option<String>,
+    pub metadata: Option<Value>,
+}
+
+/// Everything written when a run starts, in one transaction: a conversation that did not
+/// exist yet, the user's message (which becomes the active branch's leaf) and the trace.
+#[derive(Debug, Clone)]
+pub struct RunStart {
+    pub new_conversation: Option<Conversation>,
+    pub user_message: Message,
+    pub trace: Trace,
+}
+
+/// Everything written when a run ends, in one transaction.
+#[derive(Debug, Clone)]
+pub struct RunFinish {
+    pub trace_id: Uuid,
+    pub status: TraceStatus,
+    pub ended_at: DateTime<Utc>,
+    pub usage: Usage,
+    pub error: Option<Value>,
+    pub spans: Vec<Value>,
+    /// The assistant's answer; none for a failed run.
+    pub assistant_message: Option<Message>,
+}
+
+/// One event for the trace's log, already serialized as it was sent.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub trace_id: Uuid,
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    pub kind: &'static str,
+    pub data: Value,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Whether the database answers (for `/readyz`).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    async fn create_conversation(&self, conversation: &Conversation) -> Result<(), StoreError>;
+    /// The user's conversations, newest `last_message_at` first, after `cursor`.
+    async fn list_conversations(
+        &self,
+        user: &str,
+        limit: u32,
+        cursor: Option<PageCursor>,
+    ) -> Result<Vec<Conversation>, StoreError>;
+    async fn get_conversation(&self, user: &str, id: Uuid) -> Result<Conversation, StoreError>;
+    async fn update_conversation(
+        &self,
+        user: &str,
+        id: Uuid,
+        patch: &ConversationPatch,
+    ) -> Result<Conversation, StoreError>;
+    /// Deletes the conversation with its messages, traces, comparisons and context state.
+    async fn delete_conversation(&self, user: &str, id: Uuid) -> Result<(), StoreError>;
+
+    /// All messages of a conversation, every branch, oldest first.
+    async fn messages(&self, user: &str, conversation_id: Uuid) -> Result<Vec<Message>, StoreError>;
+    async fn set_feedback(
+        &self,
+        user: &str,
+        message_id: Uuid,
+        feedback: Option<Feedback>,
+    ) -> Result<Message, StoreError>;
+
+    async fn start_run(&self, start: &RunStart) -> Result<(), StoreError>;
+    /// Appends a batch of log events (one statement per batch, never one per event).
+    async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError>;
+    async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError>;
+    async fn get_trace(&self, user: &str, trace_id: Uuid) -> Result<Trace, StoreError>;
+    /// The trace whose run produced (or is producing) `message_id`.
+    async fn trace_by_message(&self, user: &str, message_id: Uuid) -> Result<Trace, StoreError>;
+    /// The run's logged events with `seq > after`, in order.
+    async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
+}
+
+/// Opens the store the URL names and runs its migrations.
+pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url, max_connections).await?))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(Arc::new(PostgresStore::connect(url, max_connections).await?))
+    } else {
+        Err(StoreError::Url("database.url must start with sqlite:// or postgres://".to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_and_refuses_garbage() {
+        let cursor = PageCursor { last_message_at: crate::domain::now(), id: crate::domain::new_id() };
+        assert_eq!(PageCursor::parse(&cursor.encode()), Some(cursor));
+        for bad in ["", "abc", "12_notauuid", "x_0192f0c1-7d7e-7cc5-8a5b-6c6f2d3b7a10"] {
+            assert_eq!(PageCursor::parse(bad), None, "{bad}");
+        }
+    }
+}

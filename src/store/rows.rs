@@ -1,0 +1,168 @@
+//! Row types read with runtime `query_as` + `FromRow`. The same Rust types decode on both
+//! backends (uuid ↔ blob/uuid, time ↔ text/timestamptz, `Json` ↔ text/jsonb), so one row
+//! type per table serves both; conversions into domain types live here too.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::domain::{
+    Conversation, Feedback, LoggedEvent, Message, Role, SuggestedAction, SuggestedValue, ToolCall,
+    ToolRecord, Trace, TraceStatus, Usage,
+};
+
+pub const CONVERSATION_COLUMNS: &str = "id, user_id, title, profile, system_prompt, metadata, \
+     active_leaf_id, message_count, created_at, updated_at, last_message_at";
+
+#[derive(sqlx::FromRow)]
+pub struct ConversationRow {
+    id: Uuid,
+    user_id: String,
+    title: String,
+    profile: Option<String>,
+    system_prompt: Option<String>,
+    metadata: Json<Value>,
+    active_leaf_id: Option<Uuid>,
+    message_count: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    last_message_at: DateTime<Utc>,
+}
+
+impl From<ConversationRow> for Conversation {
+    fn from(row: ConversationRow) -> Self {
+        Conversation {
+            id: row.id,
+            user_id: row.user_id,
+            title: row.title,
+            profile: row.profile,
+            system_prompt: row.system_prompt,
+            metadata: row.metadata.0,
+            active_leaf_id: row.active_leaf_id,
+            message_count: row.message_count,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            last_message_at: row.last_message_at,
+        }
+    }
+}
+
+pub const MESSAGE_COLUMNS: &str = "id, conversation_id, parent_id, role, content, thinking, \
+     provider_state, tool_calls, tool_history, payloads, suggested_values, suggested_actions, \
+     cancelled, model, trace_id, usage, feedback, comparison_id, variant, created_at";
+
+#[derive(sqlx::FromRow)]
+pub struct MessageRow {
+    id: Uuid,
+    conversation_id: Uuid,
+    parent_id: Option<Uuid>,
+    role: String,
+    content: String,
+    thinking: Option<String>,
+    provider_state: Option<Json<Value>>,
+    tool_calls: Json<Vec<ToolCall>>,
+    tool_history: Json<Vec<ToolRecord>>,
+    payloads: Json<Vec<Value>>,
+    suggested_values: Json<Vec<SuggestedValue>>,
+    suggested_actions: Json<Vec<SuggestedAction>>,
+    cancelled: bool,
+    model: Option<String>,
+    trace_id: Option<Uuid>,
+    usage: Option<Json<Usage>>,
+    feedback: Option<Json<Feedback>>,
+    comparison_id: Option<Uuid>,
+    variant: Option<String>,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<MessageRow> for Message {
+    type Error = StoreError;
+
+    fn try_from(row: MessageRow) -> Result<Self, StoreError> {
+        Ok(Message {
+            id: row.id,
+            conversation_id: row.conversation_id,
+            parent_id: row.parent_id,
+            role: Role::parse(&row.role).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            content: row.content,
+            thinking: row.thinking,
+            provider_state: row.provider_state.map(|j| j.0),
+            tool_calls: row.tool_calls.0,
+            tool_history: row.tool_history.0,
+            payloads: row.payloads.0,
+            suggested_values: row.suggested_values.0,
+            suggested_actions: row.suggested_actions.0,
+            cancelled: row.cancelled,
+            model: row.model,
+            trace_id: row.trace_id,
+            usage: row.usage.map(|j| j.0),
+            feedback: row.feedback.map(|j| j.0),
+            comparison_id: row.comparison_id,
+            variant: row.variant,
+            created_at: row.created_at,
+        })
+    }
+}
+
+pub const TRACE_COLUMNS: &str = "id, conversation_id, user_id, user_message_id, message_id, \
+     status, model, profile, started_at, ended_at, usage, error, spans, comparison_id, variant";
+
+#[derive(sqlx::FromRow)]
+pub struct TraceRow {
+    id: Uuid,
+    conversation_id: Uuid,
+    user_id: String,
+    user_message_id: Uuid,
+    message_id: Uuid,
+    status: String,
+    model: String,
+    profile: String,
+    started_at: DateTime<Utc>,
+    ended_at: Option<DateTime<Utc>>,
+    usage: Option<Json<Usage>>,
+    error: Option<Json<Value>>,
+    spans: Json<Vec<Value>>,
+    comparison_id: Option<Uuid>,
+    variant: Option<String>,
+}
+
+impl TryFrom<TraceRow> for Trace {
+    type Error = StoreError;
+
+    fn try_from(row: TraceRow) -> Result<Self, StoreError> {
+        Ok(Trace {
+            trace_id: row.id,
+            conversation_id: row.conversation_id,
+            user_message_id: row.user_message_id,
+            message_id: row.message_id,
+            user_id: row.user_id,
+            status: TraceStatus::parse(&row.status).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            model: row.model,
+            profile: row.profile,
+            started_at: row.started_at,
+            ended_at: row.ended_at,
+            usage: row.usage.map(|j| j.0),
+            error: row.error.map(|j| j.0),
+            spans: row.spans.0,
+            comparison_id: row.comparison_id,
+            variant: row.variant,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct EventRow {
+    seq: i64,
+    at: DateTime<Utc>,
+    #[sqlx(rename = "type")]
+    kind: String,
+    data: Json<Value>,
+}
+
+impl From<EventRow> for LoggedEvent {
+    fn from(row: EventRow) -> Self {
+        LoggedEvent { seq: row.seq, at: row.at, kind: row.kind, data: row.data.0 }
+    }
+}

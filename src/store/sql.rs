@@ -1,0 +1,313 @@
+//! The SQL both backends share. SQLite and Postgres accept the same statements here (`$n`
+//! parameters, `returning`, `on conflict`), and the row types in `rows.rs` decode on both, so
+//! the [`Store`](super::Store) methods are written once and expanded per backend by
+//! `impl_store!`. A backend keeps only what is its own (connecting, migrations) in its file.
+
+/// Implements `Store` for `$store` (a struct with a `pool: sqlx::Pool<$db>` field).
+macro_rules! impl_store {
+    ($store:ty, $db:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::Store for $store {
+            async fn ping(&self) -> Result<(), StoreError> {
+                sqlx::query("select 1").execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn create_conversation(&self, c: &Conversation) -> Result<(), StoreError> {
+                let mut conn = self.pool.acquire().await?;
+                Self::insert_conversation(&mut *conn, c).await
+            }
+
+            async fn list_conversations(
+                &self,
+                user: &str,
+                limit: u32,
+                cursor: Option<PageCursor>,
+            ) -> Result<Vec<Conversation>, StoreError> {
+                let rows: Vec<ConversationRow> = match cursor {
+                    None => {
+                        let sql = format!(
+                            "select {CONVERSATION_COLUMNS} from conversations where user_id = $1 \
+                             order by last_message_at desc, id desc limit $2"
+                        );
+                        sqlx::query_as(&sql).bind(user).bind(i64::from(limit)).fetch_all(&self.pool).await?
+                    }
+                    Some(cursor) => {
+                        let sql = format!(
+                            "select {CONVERSATION_COLUMNS} from conversations where user_id = $1 \
+                             and (last_message_at < $2 or (last_message_at = $2 and id < $3)) \
+                             order by last_message_at desc, id desc limit $4"
+                        );
+                        sqlx::query_as(&sql)
+                            .bind(user)
+                            .bind(cursor.last_message_at)
+                            .bind(cursor.id)
+                            .bind(i64::from(limit))
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                };
+                Ok(rows.into_iter().map(Conversation::from).collect())
+            }
+
+            async fn get_conversation(&self, user: &str, id: Uuid) -> Result<Conversation, StoreError> {
+                let sql = format!(
+                    "select {CONVERSATION_COLUMNS} from conversations where id = $1 and user_id = $2"
+                );
+                let row: Option<ConversationRow> =
+                    sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&self.pool).await?;
+                row.map(Conversation::from).ok_or(StoreError::NotFound)
+            }
+
+            async fn update_conversation(
+                &self,
+                user: &str,
+                id: Uuid,
+                patch: &ConversationPatch,
+            ) -> Result<Conversation, StoreError> {
+                let sql = format!(
+                    "update conversations set title = coalesce($3, title), \
+                     profile = coalesce($4, profile), system_prompt = coalesce($5, system_prompt), \
+                     metadata = coalesce($6, metadata), updated_at = $7 \
+                     where id = $1 and user_id = $2 returning {CONVERSATION_COLUMNS}"
+                );
+                let row: Option<ConversationRow> = sqlx::query_as(&sql)
+                    .bind(id)
+                    .bind(user)
+                    .bind(patch.title.as_deref())
+                    .bind(patch.profile.as_deref())
+                    .bind(patch.system_prompt.as_deref())
+                    .bind(patch.metadata.as_ref().map(Json))
+                    .bind(now())
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.map(Conversation::from).ok_or(StoreError::NotFound)
+            }
+
+            async fn delete_conversation(&self, user: &str, id: Uuid) -> Result<(), StoreError> {
+                let done = sqlx::query("delete from conversations where id = $1 and user_id = $2")
+                    .bind(id)
+                    .bind(user)
+                    .execute(&self.pool)
+                    .await?;
+                if done.rows_affected() == 0 {
+                    return Err(StoreError::NotFound);
+                }
+                Ok(())
+            }
+
+            async fn messages(&self, user: &str, conversation_id: Uuid) -> Result<Vec<Message>, StoreError> {
+                let sql = format!(
+                    "select {MESSAGE_COLUMNS} from messages where conversation_id = $1 and user_id = $2 \
+                     order by created_at, id"
+                );
+                let rows: Vec<MessageRow> =
+                    sqlx::query_as(&sql).bind(conversation_id).bind(user).fetch_all(&self.pool).await?;
+                rows.into_iter().map(Message::try_from).collect()
+            }
+
+            async fn set_feedback(
+                &self,
+                user: &str,
+                message_id: Uuid,
+                feedback: Option<Feedback>,
+            ) -> Result<Message, StoreError> {
+                let sql = format!(
+                    "update messages set feedback = $3 where id = $1 and user_id = $2 \
+                     returning {MESSAGE_COLUMNS}"
+                );
+                let row: Option<MessageRow> = sqlx::query_as(&sql)
+                    .bind(message_id)
+                    .bind(user)
+                    .bind(feedback.as_ref().map(Json))
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.ok_or(StoreError::NotFound)?.try_into()
+            }
+
+            async fn start_run(&self, start: &RunStart) -> Result<(), StoreError> {
+                let mut tx = self.pool.begin().await?;
+                if let Some(conversation) = &start.new_conversation {
+                    Self::insert_conversation(&mut *tx, conversation).await?;
+                }
+                Self::append_message(&mut *tx, &start.trace.user_id, &start.user_message).await?;
+                let t = &start.trace;
+                sqlx::query(
+                    "insert into traces (id, conversation_id, user_id, user_message_id, message_id, \
+                     status, model, profile, started_at, spans, comparison_id, variant) \
+                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                )
+                .bind(t.trace_id)
+                .bind(t.conversation_id)
+                .bind(&t.user_id)
+                .bind(t.user_message_id)
+                .bind(t.message_id)
+                .bind(t.status.as_str())
+                .bind(&t.model)
+                .bind(&t.profile)
+                .bind(t.started_at)
+                .bind(Json(&t.spans))
+                .bind(t.comparison_id)
+                .bind(t.variant.as_deref())
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+                // Five parameters a row; both backends take well over 5,000 in one statement.
+                for chunk in events.chunks(1000) {
+                    let mut query = sqlx::QueryBuilder::<$db>::new(
+                        "insert into trace_events (trace_id, seq, at, type, data) ",
+                    );
+                    query.push_values(chunk, |mut row, e| {
+                        row.push_bind(e.trace_id)
+                            .push_bind(e.seq)
+                            .push_bind(e.at)
+                            .push_bind(e.kind)
+                            .push_bind(Json(&e.data));
+                    });
+                    query.build().execute(&self.pool).await?;
+                }
+                Ok(())
+            }
+
+            async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
+                let mut tx = self.pool.begin().await?;
+                let owner: Option<(String,)> = sqlx::query_as("select user_id from traces where id = $1")
+                    .bind(finish.trace_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let (user,) = owner.ok_or(StoreError::NotFound)?;
+                if let Some(message) = &finish.assistant_message {
+                    Self::append_message(&mut *tx, &user, message).await?;
+                }
+                sqlx::query(
+                    "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6 \
+                     where id = $1",
+                )
+                .bind(finish.trace_id)
+                .bind(finish.status.as_str())
+                .bind(finish.ended_at)
+                .bind(Json(&finish.usage))
+                .bind(finish.error.as_ref().map(Json))
+                .bind(Json(&finish.spans))
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn get_trace(&self, user: &str, trace_id: Uuid) -> Result<Trace, StoreError> {
+                let sql = format!("select {TRACE_COLUMNS} from traces where id = $1 and user_id = $2");
+                let row: Option<TraceRow> =
+                    sqlx::query_as(&sql).bind(trace_id).bind(user).fetch_optional(&self.pool).await?;
+                row.ok_or(StoreError::NotFound)?.try_into()
+            }
+
+            async fn trace_by_message(&self, user: &str, message_id: Uuid) -> Result<Trace, StoreError> {
+                let sql = format!(
+                    "select {TRACE_COLUMNS} from traces where message_id = $1 and user_id = $2 \
+                     order by started_at desc limit 1"
+                );
+                let row: Option<TraceRow> =
+                    sqlx::query_as(&sql).bind(message_id).bind(user).fetch_optional(&self.pool).await?;
+                row.ok_or(StoreError::NotFound)?.try_into()
+            }
+
+            async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
+                let rows: Vec<EventRow> = sqlx::query_as(
+                    "select seq, at, type, data from trace_events where trace_id = $1 and seq > $2 \
+                     order by seq",
+                )
+                .bind(trace_id)
+                .bind(after)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(LoggedEvent::from).collect())
+            }
+        }
+
+        impl $store {
+            async fn insert_conversation(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                c: &Conversation,
+            ) -> Result<(), StoreError> {
+                sqlx::query(
+                    "insert into conversations (id, user_id, title, profile, system_prompt, metadata, \
+                     active_leaf_id, message_count, created_at, updated_at, last_message_at) \
+                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                )
+                .bind(c.id)
+                .bind(&c.user_id)
+                .bind(&c.title)
+                .bind(c.profile.as_deref())
+                .bind(c.system_prompt.as_deref())
+                .bind(Json(&c.metadata))
+                .bind(c.active_leaf_id)
+                .bind(c.message_count)
+                .bind(c.created_at)
+                .bind(c.updated_at)
+                .bind(c.last_message_at)
+                .execute(&mut *conn)
+                .await?;
+                Ok(())
+            }
+
+            /// Inserts a message and makes it the conversation's active leaf.
+            async fn append_message(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                user: &str,
+                m: &Message,
+            ) -> Result<(), StoreError> {
+                sqlx::query(
+                    "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
+                     thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
+                     suggested_actions, cancelled, model, trace_id, usage, feedback, comparison_id, \
+                     variant, created_at) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+                     $13, $14, $15, $16, $17, $18, $19, $20, $21)",
+                )
+                .bind(m.id)
+                .bind(m.conversation_id)
+                .bind(user)
+                .bind(m.parent_id)
+                .bind(m.role.as_str())
+                .bind(&m.content)
+                .bind(m.thinking.as_deref())
+                .bind(m.provider_state.as_ref().map(Json))
+                .bind(Json(&m.tool_calls))
+                .bind(Json(&m.tool_history))
+                .bind(Json(&m.payloads))
+                .bind(Json(&m.suggested_values))
+                .bind(Json(&m.suggested_actions))
+                .bind(m.cancelled)
+                .bind(m.model.as_deref())
+                .bind(m.trace_id)
+                .bind(m.usage.as_ref().map(Json))
+                .bind(m.feedback.as_ref().map(Json))
+                .bind(m.comparison_id)
+                .bind(m.variant.as_deref())
+                .bind(m.created_at)
+                .execute(&mut *conn)
+                .await?;
+                let updated = sqlx::query(
+                    "update conversations set active_leaf_id = $2, message_count = message_count + 1, \
+                     last_message_at = $3, updated_at = $3 where id = $1 and user_id = $4",
+                )
+                .bind(m.conversation_id)
+                .bind(m.id)
+                .bind(m.created_at)
+                .bind(user)
+                .execute(&mut *conn)
+                .await?;
+                if updated.rows_affected() == 0 {
+                    return Err(StoreError::NotFound);
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+pub(crate) use impl_store;

@@ -1,0 +1,44 @@
+//! The SQLite backend: one file (created with its folder on first run), WAL journal, a busy
+//! timeout so concurrent writers wait instead of failing. Single-process only.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::types::Json;
+use sqlx::{Sqlite, SqlitePool};
+use uuid::Uuid;
+
+use super::rows::*;
+use super::sql::impl_store;
+use super::{ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, StoreError};
+use crate::domain::{Conversation, Feedback, LoggedEvent, Message, Trace, now};
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `url` and runs the SQLite migrations.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // WAL makes NORMAL durable against application crashes; only a power cut can
+            // lose the last transactions.
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        if let Some(folder) = options.get_filename().parent() {
+            if !folder.as_os_str().is_empty() {
+                std::fs::create_dir_all(folder)
+                    .map_err(|e| StoreError::Url(format!("cannot create {}: {e}", folder.display())))?;
+            }
+        }
+        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options).await?;
+        sqlx::migrate!("migrations/sqlite").run(&pool).await?;
+        Ok(Self { pool })
+    }
+}
+
+impl_store!(SqliteStore, Sqlite);
