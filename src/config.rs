@@ -145,7 +145,12 @@ pub struct MockSettings {
 
 impl Default for MockSettings {
     fn default() -> Self {
-        Self { chunk_chars: 12, delay_ms: 15, thinking: true, rules: Vec::new() }
+        Self {
+            chunk_chars: 12,
+            delay_ms: 15,
+            thinking: true,
+            rules: Vec::new(),
+        }
     }
 }
 
@@ -253,7 +258,11 @@ impl Settings {
 
     /// The defaults alone, with `overrides` (TOML text) on top.
     pub fn with_overrides(overrides: &str) -> Result<Self, ConfigError> {
-        Self::from_figment(Figment::new().merge(Toml::string(DEFAULT_TOML)).merge(Toml::string(overrides)))
+        Self::from_figment(
+            Figment::new()
+                .merge(Toml::string(DEFAULT_TOML))
+                .merge(Toml::string(overrides)),
+        )
     }
 
     /// Fills secrets from the environment and files, adds the mock model when nothing is
@@ -298,7 +307,9 @@ impl Settings {
                 )));
             }
             if profile.model.trim().is_empty() {
-                return Err(ConfigError::Invalid(format!("profiles.{id}.model is empty")));
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{id}.model is empty"
+                )));
             }
         }
         if !self.profiles.contains_key(&self.chat.default_profile) {
@@ -311,7 +322,11 @@ impl Settings {
             let text = std::fs::read_to_string(path).map_err(|e| {
                 ConfigError::Invalid(format!("auth.tokens_file {}: {e}", path.display()))
             })?;
-            for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            for line in text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            {
                 let mut parts = line.split_whitespace();
                 match (parts.next(), parts.next(), parts.next()) {
                     (Some(token), Some(user), None) => {
@@ -343,7 +358,10 @@ impl Settings {
 fn read_api_key(id: &str, provider: &ProviderSettings) -> Result<Option<Secret>, ConfigError> {
     if let Some(path) = &provider.api_key_file {
         let key = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::Invalid(format!("providers.{id}.api_key_file {}: {e}", path.display()))
+            ConfigError::Invalid(format!(
+                "providers.{id}.api_key_file {}: {e}",
+                path.display()
+            ))
         })?;
         return Ok(Some(Secret::new(key.trim())));
     }
@@ -363,19 +381,28 @@ mod tests {
     fn secrets_never_print() {
         let mut settings =
             Settings::with_overrides("[database]\nurl = \"postgres://u:hunter2@db/chat\"").unwrap();
-        settings.auth.tokens.insert("tok-hunter2".into(), "alice".into());
+        settings
+            .auth
+            .tokens
+            .insert("tok-hunter2".into(), "alice".into());
         let debug = format!("{settings:?}");
         let json = serde_json::to_string(&settings).unwrap();
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(!json.contains("hunter2"), "{json}");
-        assert_eq!(settings.database.url.expose(), "postgres://u:hunter2@db/chat");
+        assert_eq!(
+            settings.database.url.expose(),
+            "postgres://u:hunter2@db/chat"
+        );
     }
 
     #[test]
     fn no_profiles_means_the_mock_default() {
         let settings = Settings::with_overrides("").unwrap();
         let profile = &settings.profiles["default"];
-        assert_eq!(settings.providers[&profile.provider].kind, ProviderKind::Mock);
+        assert_eq!(
+            settings.providers[&profile.provider].kind,
+            ProviderKind::Mock
+        );
     }
 
     #[test]
@@ -410,8 +437,9 @@ mod tests {
 
     #[test]
     fn a_profile_with_an_unknown_provider_is_refused() {
-        let err = Settings::with_overrides("[profiles.default]\nprovider = \"nope\"\nmodel = \"m\"")
-            .unwrap_err();
+        let err =
+            Settings::with_overrides("[profiles.default]\nprovider = \"nope\"\nmodel = \"m\"")
+                .unwrap_err();
         assert!(err.to_string().contains("unknown provider 'nope'"), "{err}");
     }
 

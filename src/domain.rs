@@ -182,7 +182,12 @@ pub struct Message {
 
 impl Message {
     /// A message with only the required parts set; the rest empty.
-    pub fn new(conversation_id: Uuid, parent_id: Option<Uuid>, role: Role, content: String) -> Self {
+    pub fn new(
+        conversation_id: Uuid,
+        parent_id: Option<Uuid>,
+        role: Role,
+        content: String,
+    ) -> Self {
         Self {
             id: new_id(),
             conversation_id,
@@ -267,7 +272,10 @@ mod tests {
             assert_eq!(Role::parse(role.as_str()).unwrap(), role);
         }
         assert!(Rating::parse("meh").is_err());
-        assert_eq!(TraceStatus::parse("interrupted").unwrap(), TraceStatus::Interrupted);
+        assert_eq!(
+            TraceStatus::parse("interrupted").unwrap(),
+            TraceStatus::Interrupted
+        );
     }
 
     #[test]

@@ -32,7 +32,11 @@ impl App {
     /// `server.host:server.port` (port 0 picks a free one).
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let settings = Arc::new(settings);
-        let store = store::connect(settings.database.url.expose(), settings.database.max_connections).await?;
+        let store = store::connect(
+            settings.database.url.expose(),
+            settings.database.max_connections,
+        )
+        .await?;
         let log = EventLog::start(
             store.clone(),
             Duration::from_millis(settings.stream.flush_interval_ms),
@@ -40,20 +44,38 @@ impl App {
         );
         let providers = Providers::from_settings(&settings);
         let default = &settings.profiles[&settings.chat.default_profile];
-        if settings.providers.get(&default.provider).is_some_and(|p| p.kind == ProviderKind::Mock) {
+        if settings
+            .providers
+            .get(&default.provider)
+            .is_some_and(|p| p.kind == ProviderKind::Mock)
+        {
             tracing::info!(
                 provider = MOCK_ID,
                 "the default profile uses the built-in mock model; configure [providers] and [profiles] for a real one"
             );
         }
-        let chat = ChatService::new(settings.clone(), store.clone(), providers, Runs::default(), log);
-        let listener = TcpListener::bind((settings.server.host.as_str(), settings.server.port)).await?;
-        let state = AppState { settings, store, chat, shutdown: CancellationToken::new() };
+        let chat = ChatService::new(
+            settings.clone(),
+            store.clone(),
+            providers,
+            Runs::default(),
+            log,
+        );
+        let listener =
+            TcpListener::bind((settings.server.host.as_str(), settings.server.port)).await?;
+        let state = AppState {
+            settings,
+            store,
+            chat,
+            shutdown: CancellationToken::new(),
+        };
         Ok(Self { listener, state })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("a bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
     }
 
     /// Cancelling this token stops the server: streams end, then the listener closes.
@@ -66,6 +88,8 @@ impl App {
         let shutdown = self.state.shutdown.clone();
         let router = http::router(self.state);
         tracing::info!(addr = %self.listener.local_addr()?, "chatd listening");
-        axum::serve(self.listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+        axum::serve(self.listener, router)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
     }
 }

@@ -47,8 +47,11 @@ enum Ending {
 /// Runs the plan in its own task and cleans up after it, even if the run panics: the trace
 /// is closed as an error and every listener still gets `error` then `done`.
 pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs) {
-    let (trace_id, conversation_id, message_id) = (plan.trace_id, plan.conversation_id, plan.message_id);
-    let run = AssertUnwindSafe(execute(plan, &mut emitter, &*store)).catch_unwind().await;
+    let (trace_id, conversation_id, message_id) =
+        (plan.trace_id, plan.conversation_id, plan.message_id);
+    let run = AssertUnwindSafe(execute(plan, &mut emitter, &*store))
+        .catch_unwind()
+        .await;
     if run.is_err() {
         tracing::error!(%trace_id, "run panicked");
         let failed = RunFinish {
@@ -71,7 +74,11 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
                 message_id,
                 trace_id,
             });
-            emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+            emitter.emit(Event::Done {
+                conversation_id,
+                message_id,
+                trace_id,
+            });
         }
     }
     if let Err(e) = emitter.flush().await {
@@ -99,9 +106,16 @@ async fn execute(plan: RunPlan, emitter: &mut Emitter, store: &dyn Store) {
 }
 
 /// One model call, streamed into `output` and out as events.
-async fn call_model(plan: &RunPlan, emitter: &mut Emitter, cancel: &CancellationToken, output: &mut Output) -> Ending {
+async fn call_model(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    cancel: &CancellationToken,
+    output: &mut Output,
+) -> Ending {
     let started_at = now();
-    emitter.emit(Event::Status { message: "Thinking…".to_owned() });
+    emitter.emit(Event::Status {
+        message: "Thinking…".to_owned(),
+    });
     let mut usage = Usage::default();
     let ending = tokio::select! {
         biased;
@@ -131,7 +145,12 @@ async fn call_model(plan: &RunPlan, emitter: &mut Emitter, cancel: &Cancellation
     ending
 }
 
-async fn stream_model(plan: &RunPlan, emitter: &mut Emitter, output: &mut Output, usage: &mut Usage) -> Ending {
+async fn stream_model(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    output: &mut Output,
+    usage: &mut Usage,
+) -> Ending {
     let mut stream = match plan.provider.stream(&plan.request).await {
         Ok(stream) => stream,
         Err(error) => return Ending::Failed(error),
@@ -166,9 +185,20 @@ async fn stream_model(plan: &RunPlan, emitter: &mut Emitter, output: &mut Output
     Ending::Completed
 }
 
-async fn finish(plan: &RunPlan, emitter: &mut Emitter, store: &dyn Store, ending: Ending, output: Output) {
+async fn finish(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    store: &dyn Store,
+    ending: Ending,
+    output: Output,
+) {
     let thinking = (!output.thinking.is_empty()).then(|| output.thinking.clone());
-    let mut message = Message::new(plan.conversation_id, Some(plan.user_message_id), Role::Assistant, String::new());
+    let mut message = Message::new(
+        plan.conversation_id,
+        Some(plan.user_message_id),
+        Role::Assistant,
+        String::new(),
+    );
     message.id = plan.message_id;
     message.thinking = thinking.clone();
     message.model = Some(plan.request.model.clone());
@@ -192,7 +222,9 @@ async fn finish(plan: &RunPlan, emitter: &mut Emitter, store: &dyn Store, ending
                 usage: output.usage,
                 diagnostics: None,
             };
-            let complete = Event::Complete { payload: Box::new(payload) };
+            let complete = Event::Complete {
+                payload: Box::new(payload),
+            };
             (TraceStatus::Completed, Some(message), None, complete)
         }
         Ending::Cancelled => {
@@ -232,7 +264,12 @@ async fn finish(plan: &RunPlan, emitter: &mut Emitter, store: &dyn Store, ending
         Ok(()) => terminal,
         Err(e) => {
             tracing::error!(error = %e, "could not persist the run's result");
-            error_event(plan, "SERVICE_UNAVAILABLE", "The answer could not be saved", true)
+            error_event(
+                plan,
+                "SERVICE_UNAVAILABLE",
+                "The answer could not be saved",
+                true,
+            )
         }
     };
     emitter.emit(terminal);

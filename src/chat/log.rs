@@ -42,8 +42,11 @@ impl EventLog {
     /// Writes everything appended so far; returns once it is in the database.
     pub async fn flush(&self) -> Result<(), String> {
         let (done, wait) = oneshot::channel();
-        self.tx.send(Entry::Flush(done)).map_err(|_| "event log writer stopped".to_owned())?;
-        wait.await.map_err(|_| "event log writer stopped".to_owned())?
+        self.tx
+            .send(Entry::Flush(done))
+            .map_err(|_| "event log writer stopped".to_owned())?;
+        wait.await
+            .map_err(|_| "event log writer stopped".to_owned())?
     }
 
     /// How many batches have been written since start (for tests and metrics).
@@ -102,7 +105,11 @@ enum Wake {
     Closed,
 }
 
-async fn write(store: &dyn Store, pending: &mut Vec<NewEvent>, batches: &AtomicU64) -> Result<(), Arc<StoreError>> {
+async fn write(
+    store: &dyn Store,
+    pending: &mut Vec<NewEvent>,
+    batches: &AtomicU64,
+) -> Result<(), Arc<StoreError>> {
     if pending.is_empty() {
         return Ok(());
     }

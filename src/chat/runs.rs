@@ -59,7 +59,11 @@ impl LiveRun {
     }
 
     pub fn is_finished(&self) -> bool {
-        self.frames.lock().expect("frames lock").last().is_some_and(|f| f.last)
+        self.frames
+            .lock()
+            .expect("frames lock")
+            .last()
+            .is_some_and(|f| f.last)
     }
 }
 
@@ -71,7 +75,13 @@ pub struct Runs {
 
 impl Runs {
     /// Registers a run and returns it with the emitter that feeds it.
-    pub fn register(&self, trace_id: Uuid, message_id: Uuid, user_id: &str, log: EventLog) -> (Arc<LiveRun>, Emitter) {
+    pub fn register(
+        &self,
+        trace_id: Uuid,
+        message_id: Uuid,
+        user_id: &str,
+        log: EventLog,
+    ) -> (Arc<LiveRun>, Emitter) {
         let run = Arc::new(LiveRun {
             trace_id,
             message_id,
@@ -80,7 +90,10 @@ impl Runs {
             frames: Mutex::new(Vec::new()),
             sent: watch::Sender::new(0),
         });
-        self.live.lock().expect("runs lock").insert(trace_id, run.clone());
+        self.live
+            .lock()
+            .expect("runs lock")
+            .insert(trace_id, run.clone());
         (run.clone(), Emitter { run, log, seq: 0 })
     }
 

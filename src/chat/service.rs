@@ -50,11 +50,20 @@ pub enum InteractionType {
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
     #[error("{message}")]
-    Invalid { field: &'static str, message: String },
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
     #[error("{message}")]
-    TooLarge { field: &'static str, message: String },
+    TooLarge {
+        field: &'static str,
+        message: String,
+    },
     #[error("{message}")]
-    NotFound { field: &'static str, message: String },
+    NotFound {
+        field: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -69,8 +78,20 @@ pub struct ChatService {
 }
 
 impl ChatService {
-    pub fn new(settings: Arc<Settings>, store: Arc<dyn Store>, providers: Providers, runs: Runs, log: EventLog) -> Self {
-        Self { settings, store, providers, runs, log }
+    pub fn new(
+        settings: Arc<Settings>,
+        store: Arc<dyn Store>,
+        providers: Providers,
+        runs: Runs,
+        log: EventLog,
+    ) -> Self {
+        Self {
+            settings,
+            store,
+            providers,
+            runs,
+            log,
+        }
     }
 
     pub fn runs(&self) -> &Runs {
@@ -81,7 +102,10 @@ impl ChatService {
     pub async fn start(&self, user: &str, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
         let text = request.message.trim();
         if text.is_empty() {
-            return Err(ChatError::Invalid { field: "message", message: "Message cannot be empty".into() });
+            return Err(ChatError::Invalid {
+                field: "message",
+                message: "Message cannot be empty".into(),
+            });
         }
         let max = self.settings.limits.max_message_chars;
         if text.chars().count() > max {
@@ -90,13 +114,18 @@ impl ChatService {
                 message: format!("Message is longer than {max} characters"),
             });
         }
-        let existing = match request.conversation_id {
-            Some(id) => Some(self.store.get_conversation(user, id).await.map_err(|e| match e {
-                StoreError::NotFound => not_found("conversation_id", "Conversation not found"),
-                e => e.into(),
-            })?),
-            None => None,
-        };
+        let existing =
+            match request.conversation_id {
+                Some(id) => Some(self.store.get_conversation(user, id).await.map_err(
+                    |e| match e {
+                        StoreError::NotFound => {
+                            not_found("conversation_id", "Conversation not found")
+                        }
+                        e => e.into(),
+                    },
+                )?),
+                None => None,
+            };
         let profile_name = request
             .profile
             .clone()
@@ -137,7 +166,10 @@ impl ChatService {
                 last_message_at: started,
             }),
         };
-        let conversation = existing.as_ref().or(new_conversation.as_ref()).expect("one of the two is set");
+        let conversation = existing
+            .as_ref()
+            .or(new_conversation.as_ref())
+            .expect("one of the two is set");
         let user_message = Message::new(conversation.id, parent, Role::User, text.to_owned());
         let trace = Trace {
             trace_id: new_id(),
@@ -160,7 +192,10 @@ impl ChatService {
         messages.push(user_message.clone());
         let request = ModelRequest {
             model: profile.model.clone(),
-            system_prompt: conversation.system_prompt.clone().or_else(|| profile.system_prompt.clone()),
+            system_prompt: conversation
+                .system_prompt
+                .clone()
+                .or_else(|| profile.system_prompt.clone()),
             messages,
             temperature: profile.temperature,
             max_tokens: profile.max_tokens,
@@ -179,20 +214,40 @@ impl ChatService {
             request,
         };
 
-        self.store.start_run(&RunStart { new_conversation, user_message, trace }).await?;
-        let (run, emitter) = self.runs.register(plan.trace_id, plan.message_id, user, self.log.clone());
-        tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone()));
+        self.store
+            .start_run(&RunStart {
+                new_conversation,
+                user_message,
+                trace,
+            })
+            .await?;
+        let (run, emitter) =
+            self.runs
+                .register(plan.trace_id, plan.message_id, user, self.log.clone());
+        tokio::spawn(agent::supervise(
+            plan,
+            emitter,
+            self.store.clone(),
+            self.runs.clone(),
+        ));
         Ok(run)
     }
 }
 
 fn not_found(field: &'static str, message: &str) -> ChatError {
-    ChatError::NotFound { field, message: message.to_owned() }
+    ChatError::NotFound {
+        field,
+        message: message.to_owned(),
+    }
 }
 
 /// A conversation's first title: the message's first line, cut to `max` characters.
 pub fn title_from(message: &str, max: usize) -> String {
-    let line = message.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("New conversation");
+    let line = message
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("New conversation");
     let collapsed = line.split_whitespace().collect::<Vec<_>>().join(" ");
     if collapsed.chars().count() <= max {
         return collapsed;
@@ -209,6 +264,6 @@ mod tests {
     fn titles_come_from_the_first_line() {
         assert_eq!(title_from("  Hello   world \nsecond", 60), "Hello world");
         assert_eq!(title_from("abcdefghij", 5), "abcd…");
-        assert_eq!(title_from("\n\n", 5), "New c…");
+        assert_eq!(title_from("\n\n", 7), "New co…");
     }
 }

@@ -3,11 +3,11 @@
 
 use std::convert::Infallible;
 
+use axum::Router;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::Router;
 use futures_util::{Stream, StreamExt};
 
 use super::AppState;
@@ -30,15 +30,29 @@ async fn stream(
 
 /// The SSE response that follows `run` from after `seq` until `done` or shutdown.
 pub fn sse(state: &AppState, run: std::sync::Arc<LiveRun>, after: u64) -> Response {
-    let frames = run.follow(after).take_until(state.shutdown.clone().cancelled_owned());
+    let frames = run
+        .follow(after)
+        .take_until(state.shutdown.clone().cancelled_owned());
     let keepalive = KeepAlive::new().interval(state.keepalive()).text("ping");
-    let mut response = Sse::new(to_sse(frames)).keep_alive(keepalive).into_response();
+    let mut response = Sse::new(to_sse(frames))
+        .keep_alive(keepalive)
+        .into_response();
     // Proxies such as nginx must pass each frame on at once.
-    response.headers_mut().insert("x-accel-buffering", axum::http::HeaderValue::from_static("no"));
-    response.headers_mut().insert(axum::http::header::CACHE_CONTROL, axum::http::HeaderValue::from_static("no-cache"));
+    response.headers_mut().insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
+    response.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-cache"),
+    );
     response
 }
 
 fn to_sse(frames: impl Stream<Item = Frame>) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    frames.map(|frame| Ok(SseEvent::default().id(frame.seq.to_string()).data(&*frame.data)))
+    frames.map(|frame| {
+        Ok(SseEvent::default()
+            .id(frame.seq.to_string())
+            .data(&*frame.data))
+    })
 }

@@ -17,7 +17,10 @@ use crate::store::{ConversationPatch, PageCursor, StoreError};
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/conversations", get(list).post(create))
-        .route("/api/conversations/{id}", get(load).patch(patch).delete(delete))
+        .route(
+            "/api/conversations/{id}",
+            get(load).patch(patch).delete(delete),
+        )
         .route("/api/messages/{id}/feedback", put(feedback))
 }
 
@@ -42,17 +45,31 @@ async fn list(
         ));
     }
     let cursor = match query.cursor.as_deref() {
-        Some(text) => Some(PageCursor::parse(text).ok_or_else(|| AppError::validation("cursor", "Invalid cursor"))?),
+        Some(text) => Some(
+            PageCursor::parse(text)
+                .ok_or_else(|| AppError::validation("cursor", "Invalid cursor"))?,
+        ),
         None => None,
     };
-    let mut conversations = state.store.list_conversations(&user, limit + 1, cursor).await?;
+    let mut conversations = state
+        .store
+        .list_conversations(&user, limit + 1, cursor)
+        .await?;
     let next_cursor = if conversations.len() > limit as usize {
         conversations.truncate(limit as usize);
-        conversations.last().map(|c| PageCursor { last_message_at: c.last_message_at, id: c.id }.encode())
+        conversations.last().map(|c| {
+            PageCursor {
+                last_message_at: c.last_message_at,
+                id: c.id,
+            }
+            .encode()
+        })
     } else {
         None
     };
-    Ok(Json(json!({"conversations": conversations, "next_cursor": next_cursor})))
+    Ok(Json(
+        json!({"conversations": conversations, "next_cursor": next_cursor}),
+    ))
 }
 
 #[derive(Deserialize, Default)]
@@ -72,11 +89,17 @@ impl ConversationBody {
         }
         if let Some(profile) = &self.profile {
             if !state.settings.profiles.contains_key(profile) {
-                return Err(AppError::NotFound { field: Some("profile".into()), message: "Profile not found".into() });
+                return Err(AppError::NotFound {
+                    field: Some("profile".into()),
+                    message: "Profile not found".into(),
+                });
             }
         }
         if self.metadata.as_ref().is_some_and(|m| !m.is_object()) {
-            return Err(AppError::validation("metadata", "metadata must be a JSON object"));
+            return Err(AppError::validation(
+                "metadata",
+                "metadata must be a JSON object",
+            ));
         }
         Ok(())
     }
@@ -92,7 +115,9 @@ async fn create(
     let conversation = Conversation {
         id: new_id(),
         user_id: user,
-        title: body.title.map_or_else(|| "New conversation".to_owned(), |t| t.trim().to_owned()),
+        title: body
+            .title
+            .map_or_else(|| "New conversation".to_owned(), |t| t.trim().to_owned()),
         profile: body.profile,
         system_prompt: body.system_prompt,
         metadata: body.metadata.unwrap_or_else(|| json!({})),
@@ -103,7 +128,10 @@ async fn create(
         last_message_at: at,
     };
     state.store.create_conversation(&conversation).await?;
-    Ok((StatusCode::CREATED, Json(with_messages(&conversation, Vec::new()))))
+    Ok((
+        StatusCode::CREATED,
+        Json(with_messages(&conversation, Vec::new())),
+    ))
 }
 
 fn with_messages(conversation: &Conversation, messages: Vec<crate::domain::Message>) -> Value {
@@ -124,7 +152,11 @@ async fn load(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let conversation = state.store.get_conversation(&user, id).await.map_err(conversation_not_found)?;
+    let conversation = state
+        .store
+        .get_conversation(&user, id)
+        .await
+        .map_err(conversation_not_found)?;
     let messages = state.store.messages(&user, id).await?;
     let active = branch(&messages, conversation.active_leaf_id);
     Ok(Json(with_messages(&conversation, active)))
@@ -143,7 +175,11 @@ async fn patch(
         system_prompt: body.system_prompt,
         metadata: body.metadata,
     };
-    let conversation = state.store.update_conversation(&user, id, &patch).await.map_err(conversation_not_found)?;
+    let conversation = state
+        .store
+        .update_conversation(&user, id, &patch)
+        .await
+        .map_err(conversation_not_found)?;
     Ok(Json(json!(conversation)))
 }
 
@@ -152,7 +188,11 @@ async fn delete(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<StatusCode, AppError> {
-    state.store.delete_conversation(&user, id).await.map_err(conversation_not_found)?;
+    state
+        .store
+        .delete_conversation(&user, id)
+        .await
+        .map_err(conversation_not_found)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -169,15 +209,24 @@ async fn feedback(
     IdPath(id): IdPath,
     AppJson(body): AppJson<FeedbackBody>,
 ) -> Result<Json<Value>, AppError> {
-    let comment = body.comment.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty());
+    let comment = body
+        .comment
+        .map(|c| c.trim().to_owned())
+        .filter(|c| !c.is_empty());
     let feedback = (body.rating.is_some() || comment.is_some()).then(|| Feedback {
         rating: body.rating,
         comment,
         at: now(),
     });
-    let message = state.store.set_feedback(&user, id, feedback).await.map_err(|e| match e {
-        StoreError::NotFound => AppError::not_found("Message not found"),
-        e => e.into(),
-    })?;
-    Ok(Json(json!({"message_id": message.id, "feedback": message.feedback})))
+    let message = state
+        .store
+        .set_feedback(&user, id, feedback)
+        .await
+        .map_err(|e| match e {
+            StoreError::NotFound => AppError::not_found("Message not found"),
+            e => e.into(),
+        })?;
+    Ok(Json(
+        json!({"message_id": message.id, "feedback": message.feedback}),
+    ))
 }

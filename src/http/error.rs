@@ -13,15 +13,24 @@ use crate::store::StoreError;
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error("{message}")]
-    Validation { field: Option<String>, message: String },
+    Validation {
+        field: Option<String>,
+        message: String,
+    },
     #[error("{0}")]
     Unauthorized(String),
     #[error("{message}")]
-    NotFound { field: Option<String>, message: String },
+    NotFound {
+        field: Option<String>,
+        message: String,
+    },
     #[error("{0}")]
     Conflict(String),
     #[error("{message}")]
-    PayloadTooLarge { field: Option<String>, message: String },
+    PayloadTooLarge {
+        field: Option<String>,
+        message: String,
+    },
     #[error("{0}")]
     Unavailable(String),
     #[error("internal error")]
@@ -38,23 +47,39 @@ struct Envelope<'a> {
 
 impl AppError {
     pub fn validation(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Validation { field: Some(field.into()), message: message.into() }
+        Self::Validation {
+            field: Some(field.into()),
+            message: message.into(),
+        }
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::NotFound { field: None, message: message.into() }
+        Self::NotFound {
+            field: None,
+            message: message.into(),
+        }
     }
 
     fn parts(&self) -> (StatusCode, &'static str, Option<&str>) {
         match self {
-            AppError::Validation { field, .. } => (StatusCode::BAD_REQUEST, "VALIDATION_ERROR", field.as_deref()),
+            AppError::Validation { field, .. } => (
+                StatusCode::BAD_REQUEST,
+                "VALIDATION_ERROR",
+                field.as_deref(),
+            ),
             AppError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED", None),
-            AppError::NotFound { field, .. } => (StatusCode::NOT_FOUND, "NOT_FOUND", field.as_deref()),
-            AppError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT", None),
-            AppError::PayloadTooLarge { field, .. } => {
-                (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE", field.as_deref())
+            AppError::NotFound { field, .. } => {
+                (StatusCode::NOT_FOUND, "NOT_FOUND", field.as_deref())
             }
-            AppError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE", None),
+            AppError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT", None),
+            AppError::PayloadTooLarge { field, .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "PAYLOAD_TOO_LARGE",
+                field.as_deref(),
+            ),
+            AppError::Unavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE", None)
+            }
             AppError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", None),
         }
     }
@@ -64,7 +89,15 @@ impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let (status, code, field) = self.parts();
         let message = self.to_string();
-        (status, Json(Envelope { code, message: &message, field })).into_response()
+        (
+            status,
+            Json(Envelope {
+                code,
+                message: &message,
+                field,
+            }),
+        )
+            .into_response()
     }
 }
 
@@ -91,10 +124,14 @@ impl From<ChatError> for AppError {
     fn from(error: ChatError) -> Self {
         match error {
             ChatError::Invalid { field, message } => AppError::validation(field, message),
-            ChatError::TooLarge { field, message } => {
-                AppError::PayloadTooLarge { field: Some(field.into()), message }
-            }
-            ChatError::NotFound { field, message } => AppError::NotFound { field: Some(field.into()), message },
+            ChatError::TooLarge { field, message } => AppError::PayloadTooLarge {
+                field: Some(field.into()),
+                message,
+            },
+            ChatError::NotFound { field, message } => AppError::NotFound {
+                field: Some(field.into()),
+                message,
+            },
             ChatError::Store(e) => e.into(),
         }
     }

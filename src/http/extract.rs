@@ -22,12 +22,22 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AppJson<T> {
     type Rejection = AppError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| match rejection {
-            BytesRejection::FailedToBufferBody(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                AppError::PayloadTooLarge { field: None, message: "Request body is too large".into() }
-            }
-            other => AppError::Validation { field: None, message: other.body_text() },
-        })?;
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|rejection| match rejection {
+                BytesRejection::FailedToBufferBody(e)
+                    if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+                {
+                    AppError::PayloadTooLarge {
+                        field: None,
+                        message: "Request body is too large".into(),
+                    }
+                }
+                other => AppError::Validation {
+                    field: None,
+                    message: other.body_text(),
+                },
+            })?;
         parse_json(&bytes).map(AppJson)
     }
 }
@@ -37,9 +47,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AppError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
     if parsed.is_ok() {
-        deserializer
-            .end()
-            .map_err(|e| AppError::Validation { field: None, message: format!("Invalid JSON: {e}") })?;
+        deserializer.end().map_err(|e| AppError::Validation {
+            field: None,
+            message: format!("Invalid JSON: {e}"),
+        })?;
     }
     parsed.map_err(|error| {
         let inner = error.inner();
@@ -49,7 +60,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AppError> {
         } else {
             // serde names a missing field only in its message: "missing field `message`".
             let text = inner.to_string();
-            text.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()).map(str::to_owned)
+            text.strip_prefix("missing field `")
+                .and_then(|rest| rest.split('`').next())
+                .map(str::to_owned)
         };
         let message = if inner.is_syntax() || inner.is_eof() {
             format!("Invalid JSON: {inner}")
@@ -70,7 +83,9 @@ impl<S: Send + Sync> FromRequestParts<S> for IdPath {
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e| AppError::validation("id", e.body_text()))?;
-        Uuid::try_parse(&raw).map(IdPath).map_err(|_| AppError::validation("id", "Invalid id: expected a UUID"))
+        Uuid::try_parse(&raw)
+            .map(IdPath)
+            .map_err(|_| AppError::validation("id", "Invalid id: expected a UUID"))
     }
 }
 
@@ -84,7 +99,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for AppQuery<T> {
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(value)| AppQuery(value))
-            .map_err(|e| AppError::Validation { field: None, message: e.body_text() })
+            .map_err(|e| AppError::Validation {
+                field: None,
+                message: e.body_text(),
+            })
     }
 }
 
@@ -103,12 +121,20 @@ impl FromRequestParts<AppState> for CurrentUser {
         let auth = &state.settings.auth;
         match auth.mode {
             AuthMode::None => {
-                let client = parts.headers.get("x-client-id").map(|v| v.to_str().map(str::trim));
+                let client = parts
+                    .headers
+                    .get("x-client-id")
+                    .map(|v| v.to_str().map(str::trim));
                 match client {
                     None => Ok(CurrentUser(LOCAL_USER.to_owned())),
                     Some(Ok("")) => Ok(CurrentUser(LOCAL_USER.to_owned())),
-                    Some(Ok(id)) if id.chars().count() <= MAX_USER_ID_CHARS => Ok(CurrentUser(id.to_owned())),
-                    _ => Err(AppError::validation("X-Client-Id", "X-Client-Id must be visible ASCII, at most 200 characters")),
+                    Some(Ok(id)) if id.chars().count() <= MAX_USER_ID_CHARS => {
+                        Ok(CurrentUser(id.to_owned()))
+                    }
+                    _ => Err(AppError::validation(
+                        "X-Client-Id",
+                        "X-Client-Id must be visible ASCII, at most 200 characters",
+                    )),
                 }
             }
             AuthMode::Token => {

@@ -17,8 +17,16 @@ pub fn routes() -> Router<AppState> {
         .route("/api/trace/by_message/{id}", get(by_message))
 }
 
-async fn by_id(State(state): State<AppState>, CurrentUser(user): CurrentUser, IdPath(id): IdPath) -> Result<Json<Value>, AppError> {
-    let trace = state.store.get_trace(&user, id).await.map_err(trace_not_found)?;
+async fn by_id(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+) -> Result<Json<Value>, AppError> {
+    let trace = state
+        .store
+        .get_trace(&user, id)
+        .await
+        .map_err(trace_not_found)?;
     render(&state, trace).await
 }
 
@@ -27,7 +35,11 @@ async fn by_message(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let trace = state.store.trace_by_message(&user, id).await.map_err(trace_not_found)?;
+    let trace = state
+        .store
+        .trace_by_message(&user, id)
+        .await
+        .map_err(trace_not_found)?;
     render(&state, trace).await
 }
 
@@ -40,7 +52,9 @@ fn trace_not_found(error: StoreError) -> AppError {
 
 async fn render(state: &AppState, trace: Trace) -> Result<Json<Value>, AppError> {
     let events = state.store.trace_events(trace.trace_id, 0).await?;
-    let duration_ms = trace.ended_at.map(|end| (end - trace.started_at).num_milliseconds());
+    let duration_ms = trace
+        .ended_at
+        .map(|end| (end - trace.started_at).num_milliseconds());
     let mut value = json!(trace);
     value["duration_ms"] = json!(duration_ms);
     value["events"] = json!(events);

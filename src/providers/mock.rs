@@ -16,7 +16,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 
-use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use super::{
+    LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream,
+};
 use crate::config::MockSettings;
 use crate::domain::{Role, Usage};
 
@@ -48,7 +50,10 @@ impl MockProvider {
         let (said, directives) = split_directives(message);
         let mut script = Script {
             thinking: self.settings.thinking.then(|| {
-                format!("The user wrote {} characters; a short, direct answer fits.", said.chars().count())
+                format!(
+                    "The user wrote {} characters; a short, direct answer fits.",
+                    said.chars().count()
+                )
             }),
             text: format!("Mock reply: {said}"),
             delay: Duration::from_millis(self.settings.delay_ms),
@@ -62,7 +67,10 @@ impl MockProvider {
             match (key.as_str(), value.as_str()) {
                 ("words", n) => {
                     let n: usize = n.parse().unwrap_or(0);
-                    script.text = (0..n).map(|i| WORDS[i % WORDS.len()]).collect::<Vec<_>>().join(" ");
+                    script.text = (0..n)
+                        .map(|i| WORDS[i % WORDS.len()])
+                        .collect::<Vec<_>>()
+                        .join(" ");
                 }
                 ("delay", ms) => script.delay = Duration::from_millis(ms.parse().unwrap_or(0)),
                 ("think", "off") => script.thinking = None,
@@ -89,7 +97,9 @@ fn split_directives(message: &str) -> (String, Vec<(String, String)>) {
     let mut directives = Vec::new();
     let mut text = message;
     while let Some(start) = text.find("[mock:") {
-        let Some(len) = text[start..].find(']') else { break };
+        let Some(len) = text[start..].find(']') else {
+            break;
+        };
         rest.push_str(&text[..start]);
         let body = &text[start + "[mock:".len()..start + len];
         let (key, value) = body.split_once('=').unwrap_or((body, ""));
@@ -97,13 +107,19 @@ fn split_directives(message: &str) -> (String, Vec<(String, String)>) {
         text = &text[start + len + 1..];
     }
     rest.push_str(text);
-    (rest.split_whitespace().collect::<Vec<_>>().join(" "), directives)
+    (
+        rest.split_whitespace().collect::<Vec<_>>().join(" "),
+        directives,
+    )
 }
 
 /// Cuts text into pieces of `size` characters (never inside a character).
 fn chunks(text: &str, size: usize) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
-    chars.chunks(size.max(1)).map(|c| c.iter().collect()).collect()
+    chars
+        .chunks(size.max(1))
+        .map(|c| c.iter().collect())
+        .collect()
 }
 
 /// A rough token count: four characters a token.
@@ -135,7 +151,11 @@ impl LlmProvider for MockProvider {
         if let Some(kind) = script.error {
             return Err(ProviderError::new(kind, error_message(kind)));
         }
-        let input_tokens = request.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>()
+        let input_tokens = request
+            .messages
+            .iter()
+            .map(|m| estimate_tokens(&m.content))
+            .sum::<u64>()
             + request.system_prompt.as_deref().map_or(0, estimate_tokens);
         let size = self.settings.chunk_chars;
         let stream = async_stream::stream! {
@@ -177,7 +197,10 @@ mod tests {
     fn directives_are_split_out() {
         let (rest, directives) = split_directives("hello [mock:words=3] there [mock:think=off]");
         assert_eq!(rest, "hello there");
-        assert_eq!(directives, vec![("words".into(), "3".into()), ("think".into(), "off".into())]);
+        assert_eq!(
+            directives,
+            vec![("words".into(), "3".into()), ("think".into(), "off".into())]
+        );
     }
 
     #[test]
@@ -191,9 +214,15 @@ mod tests {
             ..MockSettings::default()
         });
         assert_eq!(provider.script("the weather?").text, "Sunny.");
-        assert_eq!(provider.script("hi [mock:words=4]").text, "alpha bravo charlie delta");
+        assert_eq!(
+            provider.script("hi [mock:words=4]").text,
+            "alpha bravo charlie delta"
+        );
         assert_eq!(provider.script("hi").text, "Mock reply: hi");
-        assert_eq!(provider.script("[mock:error=network] x").error, Some(ProviderErrorKind::Network));
+        assert_eq!(
+            provider.script("[mock:error=network] x").error,
+            Some(ProviderErrorKind::Network)
+        );
     }
 
     #[test]

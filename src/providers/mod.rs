@@ -47,9 +47,18 @@ pub enum ProviderEvent {
     Thinking(String),
     /// Opaque proof of a thinking block, to be sent back in later turns (Anthropic).
     ThinkingSignature(String),
-    ToolCallStart { index: u32, id: String, name: String },
-    ToolCallDelta { index: u32, arguments: String },
-    ToolCallEnd { index: u32 },
+    ToolCallStart {
+        index: u32,
+        id: String,
+        name: String,
+    },
+    ToolCallDelta {
+        index: u32,
+        arguments: String,
+    },
+    ToolCallEnd {
+        index: u32,
+    },
     Usage(Usage),
     /// The provider's terminal frame, with its reason (`stop`, `tool_calls`, `length`, …).
     Finish(String),
@@ -80,7 +89,11 @@ pub struct ProviderError {
 
 impl ProviderError {
     pub fn new(kind: ProviderErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into(), retry_after: None }
+        Self {
+            kind,
+            message: message.into(),
+            retry_after: None,
+        }
     }
 
     /// The contract §1 code a client sees.
@@ -95,7 +108,10 @@ impl ProviderError {
 
     /// Whether sending the same request again may succeed.
     pub fn retryable(&self) -> bool {
-        !matches!(self.kind, ProviderErrorKind::Unauthorized | ProviderErrorKind::Parse)
+        !matches!(
+            self.kind,
+            ProviderErrorKind::Unauthorized | ProviderErrorKind::Parse
+        )
     }
 }
 
@@ -149,7 +165,10 @@ impl LlmProvider for NotYetSupported {
     async fn stream(&self, _request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
         Err(ProviderError::new(
             ProviderErrorKind::Unavailable,
-            format!("Provider kind {:?} is not supported by this build yet", self.0),
+            format!(
+                "Provider kind {:?} is not supported by this build yet",
+                self.0
+            ),
         ))
     }
 }

@@ -46,7 +46,11 @@ pub struct PageCursor {
 impl PageCursor {
     /// The opaque text form handed to clients as `next_cursor`.
     pub fn encode(&self) -> String {
-        format!("{}_{}", self.last_message_at.timestamp_micros(), self.id.simple())
+        format!(
+            "{}_{}",
+            self.last_message_at.timestamp_micros(),
+            self.id.simple()
+        )
     }
 
     pub fn parse(text: &str) -> Option<Self> {
@@ -123,7 +127,8 @@ pub trait Store: Send + Sync + 'static {
     async fn delete_conversation(&self, user: &str, id: Uuid) -> Result<(), StoreError>;
 
     /// All messages of a conversation, every branch, oldest first.
-    async fn messages(&self, user: &str, conversation_id: Uuid) -> Result<Vec<Message>, StoreError>;
+    async fn messages(&self, user: &str, conversation_id: Uuid)
+    -> Result<Vec<Message>, StoreError>;
     async fn set_feedback(
         &self,
         user: &str,
@@ -139,7 +144,11 @@ pub trait Store: Send + Sync + 'static {
     /// The trace whose run produced (or is producing) `message_id`.
     async fn trace_by_message(&self, user: &str, message_id: Uuid) -> Result<Trace, StoreError>;
     /// The run's logged events with `seq > after`, in order.
-    async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
+    async fn trace_events(
+        &self,
+        trace_id: Uuid,
+        after: i64,
+    ) -> Result<Vec<LoggedEvent>, StoreError>;
 }
 
 /// Opens the store the URL names and runs its migrations.
@@ -147,9 +156,13 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>, 
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::connect(url, max_connections).await?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Ok(Arc::new(PostgresStore::connect(url, max_connections).await?))
+        Ok(Arc::new(
+            PostgresStore::connect(url, max_connections).await?,
+        ))
     } else {
-        Err(StoreError::Url("database.url must start with sqlite:// or postgres://".to_owned()))
+        Err(StoreError::Url(
+            "database.url must start with sqlite:// or postgres://".to_owned(),
+        ))
     }
 }
 
@@ -159,9 +172,17 @@ mod tests {
 
     #[test]
     fn cursor_round_trips_and_refuses_garbage() {
-        let cursor = PageCursor { last_message_at: crate::domain::now(), id: crate::domain::new_id() };
+        let cursor = PageCursor {
+            last_message_at: crate::domain::now(),
+            id: crate::domain::new_id(),
+        };
         assert_eq!(PageCursor::parse(&cursor.encode()), Some(cursor));
-        for bad in ["", "abc", "12_notauuid", "x_0192f0c1-7d7e-7cc5-8a5b-6c6f2d3b7a10"] {
+        for bad in [
+            "",
+            "abc",
+            "12_notauuid",
+            "x_0192f0c1-7d7e-7cc5-8a5b-6c6f2d3b7a10",
+        ] {
             assert_eq!(PageCursor::parse(bad), None, "{bad}");
         }
     }

@@ -138,7 +138,8 @@ impl TryFrom<TraceRow> for Trace {
             user_message_id: row.user_message_id,
             message_id: row.message_id,
             user_id: row.user_id,
-            status: TraceStatus::parse(&row.status).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            status: TraceStatus::parse(&row.status)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
             model: row.model,
             profile: row.profile,
             started_at: row.started_at,
@@ -163,6 +164,11 @@ pub struct EventRow {
 
 impl From<EventRow> for LoggedEvent {
     fn from(row: EventRow) -> Self {
-        LoggedEvent { seq: row.seq, at: row.at, kind: row.kind, data: row.data.0 }
+        LoggedEvent {
+            seq: row.seq,
+            at: row.at,
+            kind: row.kind,
+            data: row.data.0,
+        }
     }
 }

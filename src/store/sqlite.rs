@@ -31,11 +31,15 @@ impl SqliteStore {
             .foreign_keys(true);
         if let Some(folder) = options.get_filename().parent() {
             if !folder.as_os_str().is_empty() {
-                std::fs::create_dir_all(folder)
-                    .map_err(|e| StoreError::Url(format!("cannot create {}: {e}", folder.display())))?;
+                std::fs::create_dir_all(folder).map_err(|e| {
+                    StoreError::Url(format!("cannot create {}: {e}", folder.display()))
+                })?;
             }
         }
-        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options).await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(options)
+            .await?;
         sqlx::migrate!("migrations/sqlite").run(&pool).await?;
         Ok(Self { pool })
     }

@@ -1,0 +1,253 @@
+//! POST /api/chat/stream: events per CONTRACT.md §5, persistence, validation, failures.
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::helpers::*;
+
+both_backends! {
+    async fn a_first_message_streams_every_event_in_order(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let frames = app.chat("ann", json!({"message": "Hello there"})).await;
+
+        let ids: Vec<u64> = frames.iter().map(|f| f.id).collect();
+        assert_eq!(ids, (1..=frames.len() as u64).collect::<Vec<_>>(), "seq starts at 1 and grows by 1");
+        let kinds: Vec<&str> = frames.iter().map(Frame::kind).collect();
+        assert_eq!(kinds[..2], ["start", "status"]);
+        assert_eq!(kinds[kinds.len() - 3..], ["usage", "complete", "done"]);
+        let first_text = kinds.iter().position(|k| *k == "text_delta").expect("text streamed");
+        let last_thinking = kinds.iter().rposition(|k| *k == "thinking_delta").expect("thinking streamed");
+        assert!(last_thinking < first_text, "the mock thinks before it answers: {kinds:?}");
+        assert_eq!(frames[1].data["message"], "Thinking…");
+
+        let start = &frames[0].data;
+        assert_eq!(start["model"], "mock-1");
+        assert_eq!(start["profile"], "default");
+        let complete = &frames[frames.len() - 2].data["payload"];
+        let done = &frames[frames.len() - 1].data;
+        for key in ["conversation_id", "message_id", "trace_id"] {
+            assert_eq!(complete[key], start[key], "{key}");
+            assert_eq!(done[key], start[key], "{key}");
+        }
+        assert_eq!(complete["message"], "Mock reply: Hello there");
+        assert_eq!(joined(&frames, "text_delta"), "Mock reply: Hello there");
+        assert_eq!(complete["thinking"].as_str().unwrap(), joined(&frames, "thinking_delta"));
+        assert_eq!(complete["finish_reason"], "stop");
+        assert_eq!(complete["tool_history"], json!([]));
+        assert_eq!(complete["suggested_values"], json!([]));
+        let usage = &frames[frames.len() - 3].data;
+        assert!(usage["input_tokens"].as_u64().unwrap() > 0);
+        assert_eq!(complete["usage"]["output_tokens"], usage["output_tokens"]);
+        assert!(complete.get("diagnostics").is_none());
+    }
+
+    async fn the_answer_is_persisted_and_loads_back(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let frames = app.chat("ann", json!({"message": "  What is up?\nSecond line"})).await;
+        let start = frames[0].data.clone();
+        let conversation = start["conversation_id"].as_str().unwrap();
+
+        let (status, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
+        assert_eq!(status, 200);
+        assert_eq!(loaded["title"], "What is up?");
+        assert_eq!(loaded["message_count"], 2);
+        let messages = loaded["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[0]["id"], start["user_message_id"]);
+        assert_eq!(messages[0]["role"], "user");
+        assert_eq!(messages[0]["content"], "What is up?\nSecond line");
+        assert_eq!(messages[1]["id"], start["message_id"]);
+        assert_eq!(messages[1]["role"], "assistant");
+        assert_eq!(messages[1]["parent_id"], start["user_message_id"]);
+        assert_eq!(messages[1]["content"], "Mock reply: What is up? Second line");
+        assert_eq!(messages[1]["thinking"], frames[frames.len() - 2].data["payload"]["thinking"]);
+        assert_eq!(messages[1]["model"], "mock-1");
+        assert_eq!(messages[1]["trace_id"], start["trace_id"]);
+        assert_eq!(messages[1]["cancelled"], false);
+
+        // A second turn continues the same conversation and branch.
+        let again = app.chat("ann", json!({"message": "And now?", "conversation_id": conversation})).await;
+        assert_eq!(again[0].data["conversation_id"], conversation);
+        let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
+        let messages = loaded["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 4);
+        assert_eq!(messages[2]["parent_id"], messages[1]["id"]);
+        assert_eq!(messages[3]["content"], "Mock reply: And now?");
+        assert_eq!(loaded["title"], "What is up?", "the title stays the first message's");
+    }
+
+    async fn the_run_is_traced_with_its_event_log(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let frames = app.chat("ann", json!({"message": "trace me"})).await;
+        let trace_id = frames[0].data["trace_id"].as_str().unwrap();
+        let (status, trace) = app.get(&format!("/api/trace/{trace_id}"), "ann").await;
+        assert_eq!(status, 200);
+        assert_eq!(trace["status"], "completed");
+        assert!(trace["duration_ms"].as_i64().unwrap() >= 0);
+        let logged: Vec<(u64, serde_json::Value)> = trace["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["seq"].as_u64().unwrap(), e["data"].clone()))
+            .collect();
+        let sent: Vec<(u64, serde_json::Value)> = frames.iter().map(|f| (f.id, f.data.clone())).collect();
+        assert_eq!(logged, sent, "the log holds exactly what was sent");
+        let span = &trace["spans"][0];
+        assert_eq!(span["kind"], "llm");
+        assert_eq!(span["attributes"]["gen_ai.request.model"], "mock-1");
+        assert!(span["attributes"]["gen_ai.usage.output_tokens"].as_u64().unwrap() > 0);
+
+        let message_id = frames[0].data["message_id"].as_str().unwrap();
+        let (status, by_message) = app.get(&format!("/api/trace/by_message/{message_id}"), "ann").await;
+        assert_eq!(status, 200);
+        assert_eq!(by_message["trace_id"], trace_id);
+        let (status, _) = app.get(&format!("/api/trace/{trace_id}"), "bob").await;
+        assert_eq!(status, 404, "another user's trace does not exist for them");
+    }
+
+    async fn a_provider_error_ends_the_run_and_keeps_the_user_message(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let frames = app.chat("ann", json!({"message": "fail please [mock:error=unauthorized]"})).await;
+        let kinds: Vec<&str> = frames.iter().map(Frame::kind).collect();
+        assert_eq!(kinds, ["start", "status", "error", "done"]);
+        let error = &frames[2].data;
+        assert_eq!(error["code"], "UNAUTHORIZED");
+        assert_eq!(error["message"], "Invalid API key");
+        assert_eq!(error["retryable"], false);
+        assert_eq!(error["trace_id"], frames[0].data["trace_id"]);
+
+        let conversation = frames[0].data["conversation_id"].as_str().unwrap();
+        let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
+        let messages = loaded["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 1, "no assistant message for an error run");
+        assert_eq!(messages[0]["role"], "user");
+        let (_, trace) = app.get(&format!("/api/trace/{}", frames[0].data["trace_id"].as_str().unwrap()), "ann").await;
+        assert_eq!(trace["status"], "error");
+        assert_eq!(trace["error"]["code"], "UNAUTHORIZED");
+    }
+
+    async fn a_failure_mid_stream_keeps_the_partial_text_in_the_trace(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let frames = app.chat("ann", json!({"message": "[mock:words=10] [mock:fail_after=2] [mock:think=off]"})).await;
+        let kinds: Vec<&str> = frames.iter().map(Frame::kind).collect();
+        assert_eq!(kinds, ["start", "status", "text_delta", "text_delta", "error", "done"]);
+        assert_eq!(frames[4].data["code"], "SERVICE_UNAVAILABLE");
+        assert_eq!(frames[4].data["retryable"], true);
+        let (_, trace) = app.get(&format!("/api/trace/{}", frames[0].data["trace_id"].as_str().unwrap()), "ann").await;
+        assert_eq!(trace["error"]["partial_text"], joined(&frames, "text_delta"));
+    }
+
+    async fn validation_fails_before_the_stream_and_writes_nothing(backend: Backend) {
+        let app = TestApp::spawn(backend, "[limits]\nmax_message_chars = 50\nmax_body_bytes = 4096").await;
+        let unknown = uuid::Uuid::now_v7();
+        let cases = [
+            (json!({"message": "   \n "}), 400, "VALIDATION_ERROR", Some("message")),
+            (json!({"message": 42}), 400, "VALIDATION_ERROR", Some("message")),
+            (json!({}), 400, "VALIDATION_ERROR", Some("message")),
+            (json!({"message": "hi", "conversation_id": "not-a-uuid"}), 400, "VALIDATION_ERROR", Some("conversation_id")),
+            (json!({"message": "hi", "interaction_type": "shout"}), 400, "VALIDATION_ERROR", Some("interaction_type")),
+            (json!({"message": "hi", "conversation_id": unknown}), 404, "NOT_FOUND", Some("conversation_id")),
+            (json!({"message": "hi", "profile": "nope"}), 404, "NOT_FOUND", Some("profile")),
+            (json!({"message": "x".repeat(51)}), 413, "PAYLOAD_TOO_LARGE", Some("message")),
+            (json!({"message": "x".repeat(5000)}), 413, "PAYLOAD_TOO_LARGE", None),
+        ];
+        for (body, status, code, field) in cases {
+            let (got, error) = app.post("/api/chat/stream", "ann", body.clone()).await;
+            assert_eq!(got.as_u16(), status, "{body}: {error}");
+            assert_eq!(error["code"], code, "{body}");
+            assert_eq!(error["field"].as_str(), field, "{body}: {error}");
+            assert!(!error["message"].as_str().unwrap().is_empty());
+        }
+        let response = app
+            .client
+            .post(app.url("/api/chat/stream"))
+            .header("content-type", "application/json")
+            .body("{\"message\": \"hi\"")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400);
+        let error: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(error["code"], "VALIDATION_ERROR");
+        assert!(error["message"].as_str().unwrap().starts_with("Invalid JSON"), "{error}");
+
+        let (_, list) = app.get("/api/conversations", "ann").await;
+        assert_eq!(list["conversations"], json!([]), "a refused request leaves nothing behind");
+    }
+
+    async fn a_parent_from_elsewhere_is_not_found(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let one = app.chat("ann", json!({"message": "one"})).await;
+        let two = app.chat("ann", json!({"message": "two"})).await;
+        let conversation = one[0].data["conversation_id"].clone();
+        let foreign_parent = two[0].data["message_id"].clone();
+        let (status, error) = app
+            .post("/api/chat/stream", "ann", json!({"message": "x", "conversation_id": conversation, "parent_message_id": foreign_parent}))
+            .await;
+        assert_eq!(status, 404);
+        assert_eq!(error["field"], "parent_message_id");
+        let (_, loaded) = app.get(&format!("/api/conversations/{}", conversation.as_str().unwrap()), "ann").await;
+        assert_eq!(loaded["message_count"], 2, "nothing was added");
+    }
+
+    async fn another_users_conversation_cannot_be_continued(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let frames = app.chat("ann", json!({"message": "mine"})).await;
+        let conversation = frames[0].data["conversation_id"].clone();
+        let (status, error) = app.post("/api/chat/stream", "bob", json!({"message": "yours?", "conversation_id": conversation})).await;
+        assert_eq!(status, 404);
+        assert_eq!(error["code"], "NOT_FOUND");
+    }
+
+    async fn the_profile_is_remembered_by_the_conversation(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let (status, created) = app.post("/api/conversations", "ann", json!({"profile": "other"})).await;
+        assert_eq!(status, 201);
+        let frames = app.chat("ann", json!({"message": "hi", "conversation_id": created["id"]})).await;
+        assert_eq!(frames[0].data["profile"], "other");
+        assert_eq!(frames[0].data["model"], "mock-2");
+        let frames = app.chat("ann", json!({"message": "hi", "conversation_id": created["id"], "profile": "default"})).await;
+        assert_eq!(frames[0].data["model"], "mock-1", "the request's profile wins");
+    }
+}
+
+#[tokio::test]
+async fn idle_streams_get_keepalive_comments() {
+    let app = TestApp::spawn(Backend::Sqlite, "[stream]\nkeepalive_secs = 1").await;
+    let response = app
+        .client
+        .post(app.url("/api/chat/stream"))
+        .json(&json!({"message": "slow [mock:delay=1400] [mock:think=off]"}))
+        .send()
+        .await
+        .unwrap();
+    let body = response.text().await.unwrap();
+    assert!(
+        body.contains("\n: ping\n") || body.starts_with(": ping\n"),
+        "{body}"
+    );
+    assert!(body.contains("\"type\":\"done\""));
+}
+
+#[tokio::test]
+async fn unknown_routes_and_bad_ids_get_the_envelope() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let (status, error) = app.get("/api/nothing-here", "ann").await;
+    assert_eq!(status, 404);
+    assert_eq!(error["code"], "NOT_FOUND");
+    let (status, error) = app.call(Method::GET, "/api/trace/12345", "ann", None).await;
+    assert_eq!(status, 400);
+    assert_eq!(error["field"], "id");
+}
+
+#[tokio::test]
+async fn health_and_readiness_answer() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    assert_eq!(app.get("/healthz", "x").await.0, 200);
+    let (status, ready) = app.get("/readyz", "x").await;
+    assert_eq!(status, 200);
+    assert_eq!(ready["status"], "ready");
+    let (_, profiles) = app.get("/api/profiles", "x").await;
+    assert_eq!(profiles["default_profile"], "default");
+    assert_eq!(profiles["profiles"].as_array().unwrap().len(), 2);
+}

@@ -1,0 +1,272 @@
+//! Test harness: a real chatd on port 0 over a fresh database (a temporary SQLite file, or a
+//! uniquely named Postgres database dropped afterwards), a real HTTP client, and SSE parsed
+//! with eventsource-stream.
+
+use std::time::Duration;
+
+use chatd::App;
+use chatd::config::Settings;
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A database for one test; removed when dropped, even if the test panicked.
+pub struct TestDb {
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+    postgres: Option<(String, String)>,
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend) -> Self {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                // A folder that does not exist yet: chatd must create it.
+                let url = format!("sqlite://{}/nested/chatd.db", dir.path().display());
+                Self {
+                    url,
+                    _dir: Some(dir),
+                    postgres: None,
+                }
+            }
+            Backend::Postgres => {
+                let admin = std::env::var("CHATD_TEST_POSTGRES_URL")
+                    .expect("Postgres tests run only with CHATD_TEST_POSTGRES_URL set");
+                let name = format!("chatd_test_{}", uuid::Uuid::now_v7().simple());
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+                    .await
+                    .expect("CHATD_TEST_POSTGRES_URL must reach a Postgres server");
+                sqlx::query(&format!("create database {name}"))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create database");
+                let url = replace_database(&admin, &name);
+                Self {
+                    url,
+                    _dir: None,
+                    postgres: Some((admin, name)),
+                }
+            }
+        }
+    }
+}
+
+/// The same server URL with another database name.
+fn replace_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let root = match base.rfind('/') {
+        Some(slash) if slash > "postgres://".len() => &base[..slash],
+        _ => base,
+    };
+    match query {
+        Some(q) => format!("{root}/{name}?{q}"),
+        None => format!("{root}/{name}"),
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let Some((admin, name)) = self.postgres.take() else {
+            return;
+        };
+        // Drop runs inside the test's runtime, which cannot block: use a thread of its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await?;
+                sqlx::query(&format!("drop database if exists {name} with (force)"))
+                    .execute(&mut conn)
+                    .await?;
+                Ok::<_, sqlx::Error>(())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop test database: {dropped:?}");
+        }
+    }
+}
+
+/// Test config: a mock model without delays, so tests run fast and know every word.
+pub const FAST_MOCK: &str = r#"
+[providers.mock]
+kind = "mock"
+delay_ms = 0
+chunk_chars = 5
+[profiles.default]
+provider = "mock"
+model = "mock-1"
+system_prompt = "You are a test assistant."
+[profiles.other]
+provider = "mock"
+model = "mock-2"
+"#;
+
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    shutdown: CancellationToken,
+    _db: TestDb,
+}
+
+impl TestApp {
+    /// Starts chatd on `backend` with `FAST_MOCK` and `overrides` (TOML) on the defaults.
+    pub async fn spawn(backend: Backend, overrides: &str) -> Self {
+        let db = TestDb::new(backend).await;
+        let mut settings =
+            Settings::with_overrides(&format!("{FAST_MOCK}\n{overrides}")).expect("test config");
+        settings.database.url = chatd::config::Secret::new(db.url.clone());
+        settings.server.port = 0;
+        let app = App::build(settings).await.expect("app builds");
+        let base = format!("http://{}", app.local_addr());
+        let shutdown = app.shutdown_token();
+        // The listener is bound already: requests queue until `run` accepts them.
+        tokio::spawn(app.run());
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("client");
+        Self {
+            base,
+            client,
+            shutdown,
+            _db: db,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Sends a request as `user` (auth mode none: the X-Client-Id header).
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        user: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self
+            .client
+            .request(method, self.url(path))
+            .header("x-client-id", user);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("request sent");
+        let status = response.status();
+        let text = response.text().await.expect("body");
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).expect("JSON body")
+        };
+        (status, value)
+    }
+
+    pub async fn get(&self, path: &str, user: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, path, user, None).await
+    }
+
+    pub async fn post(&self, path: &str, user: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, user, Some(body)).await
+    }
+
+    /// Posts a chat message and reads the whole SSE stream.
+    pub async fn chat(&self, user: &str, body: Value) -> Vec<Frame> {
+        let response = self
+            .client
+            .post(self.url("/api/chat/stream"))
+            .header("x-client-id", user)
+            .json(&body)
+            .send()
+            .await
+            .expect("request sent");
+        assert_eq!(response.status(), StatusCode::OK, "chat stream refused");
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        read_frames(response).await
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// One SSE frame: its `id:` and its JSON data.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub id: u64,
+    pub data: Value,
+}
+
+impl Frame {
+    pub fn kind(&self) -> &str {
+        self.data["type"].as_str().expect("every event has a type")
+    }
+}
+
+pub async fn read_frames(response: reqwest::Response) -> Vec<Frame> {
+    let mut events = response.bytes_stream().eventsource();
+    let mut frames = Vec::new();
+    while let Some(event) = events.next().await {
+        let event = event.expect("well-formed SSE");
+        frames.push(Frame {
+            id: event.id.parse().expect("numeric id"),
+            data: serde_json::from_str(&event.data).expect("JSON data"),
+        });
+    }
+    frames
+}
+
+/// The concatenated `text` of all events of one type.
+pub fn joined(frames: &[Frame], kind: &str) -> String {
+    frames
+        .iter()
+        .filter(|f| f.kind() == kind)
+        .map(|f| f.data["text"].as_str().unwrap_or_default())
+        .collect()
+}
+
+/// Declares an async test once per backend: `name::sqlite` and `name::postgres`. The
+/// Postgres one is reported ignored unless `CHATD_TEST_POSTGRES_URL` was set at build time.
+macro_rules! both_backends {
+    ($(async fn $name:ident($backend:ident: Backend) $body:block)+) => {
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+
+                async fn run($backend: Backend) $body
+
+                #[tokio::test]
+                async fn sqlite() {
+                    run(Backend::Sqlite).await
+                }
+
+                #[tokio::test]
+                #[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+                async fn postgres() {
+                    run(Backend::Postgres).await
+                }
+            }
+        )+
+    };
+}
+
+pub(crate) use both_backends;

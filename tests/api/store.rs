@@ -1,0 +1,172 @@
+//! The shared store suite: the same cases against SQLite and Postgres, through the `Store`
+//! trait alone.
+
+use std::sync::Arc;
+
+use chatd::domain::{Conversation, Message, Role, Trace, TraceStatus, Usage, new_id, now};
+use chatd::store::{self, NewEvent, PageCursor, RunFinish, RunStart, Store, StoreError};
+use serde_json::json;
+
+use crate::helpers::*;
+
+async fn open(backend: Backend) -> (Arc<dyn Store>, TestDb) {
+    let db = TestDb::new(backend).await;
+    let store = store::connect(&db.url, 4)
+        .await
+        .expect("store opens and migrates");
+    (store, db)
+}
+
+fn conversation(user: &str, title: &str) -> Conversation {
+    let at = now();
+    Conversation {
+        id: new_id(),
+        user_id: user.into(),
+        title: title.into(),
+        profile: None,
+        system_prompt: None,
+        metadata: json!({}),
+        active_leaf_id: None,
+        message_count: 0,
+        created_at: at,
+        updated_at: at,
+        last_message_at: at,
+    }
+}
+
+fn run_start(conversation: &Conversation, new: bool) -> RunStart {
+    let user_message = Message::new(
+        conversation.id,
+        conversation.active_leaf_id,
+        Role::User,
+        "question".into(),
+    );
+    RunStart {
+        new_conversation: new.then(|| conversation.clone()),
+        trace: Trace {
+            trace_id: new_id(),
+            conversation_id: conversation.id,
+            user_message_id: user_message.id,
+            message_id: new_id(),
+            user_id: conversation.user_id.clone(),
+            status: TraceStatus::Running,
+            model: "m".into(),
+            profile: "p".into(),
+            started_at: now(),
+            ended_at: None,
+            usage: None,
+            error: None,
+            spans: vec![],
+            comparison_id: None,
+            variant: None,
+        },
+        user_message,
+    }
+}
+
+both_backends! {
+    async fn a_run_is_written_whole_or_not_at_all(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let first = conversation("ann", "first");
+        let start = run_start(&first, true);
+        store.start_run(&start).await.unwrap();
+
+        // Reusing the trace id makes the last statement of the transaction fail.
+        let second = conversation("ann", "second");
+        let mut clash = run_start(&second, true);
+        clash.trace.trace_id = start.trace.trace_id;
+        assert!(store.start_run(&clash).await.is_err());
+        assert!(matches!(store.get_conversation("ann", second.id).await, Err(StoreError::NotFound)));
+        assert_eq!(store.list_conversations("ann", 10, None).await.unwrap().len(), 1);
+
+        let mut answer = Message::new(first.id, Some(start.user_message.id), Role::Assistant, "answer".into());
+        answer.id = start.trace.message_id;
+        answer.usage = Some(Usage { input_tokens: 1, output_tokens: 2, ..Usage::default() });
+        store
+            .finish_run(&RunFinish {
+                trace_id: start.trace.trace_id,
+                status: TraceStatus::Completed,
+                ended_at: now(),
+                usage: Usage { input_tokens: 1, output_tokens: 2, ..Usage::default() },
+                error: None,
+                spans: vec![json!({"kind": "llm"})],
+                assistant_message: Some(answer.clone()),
+            })
+            .await
+            .unwrap();
+        let loaded = store.get_conversation("ann", first.id).await.unwrap();
+        assert_eq!(loaded.message_count, 2);
+        assert_eq!(loaded.active_leaf_id, Some(answer.id));
+        let messages = store.messages("ann", first.id).await.unwrap();
+        assert_eq!(messages, vec![start.user_message.clone(), answer]);
+        let trace = store.get_trace("ann", start.trace.trace_id).await.unwrap();
+        assert_eq!(trace.status, TraceStatus::Completed);
+        assert_eq!(trace.spans, vec![json!({"kind": "llm"})]);
+        assert_eq!(store.trace_by_message("ann", trace.message_id).await.unwrap().trace_id, trace.trace_id);
+    }
+
+    async fn events_append_in_batches_and_read_back_after_a_seq(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let c = conversation("ann", "log");
+        let start = run_start(&c, true);
+        store.start_run(&start).await.unwrap();
+        let events: Vec<NewEvent> = (1..=2500)
+            .map(|seq| NewEvent {
+                trace_id: start.trace.trace_id,
+                seq,
+                at: now(),
+                kind: "text_delta",
+                data: json!({"type": "text_delta", "text": format!("t{seq}")}),
+            })
+            .collect();
+        store.append_events(&events).await.unwrap();
+        let after = store.trace_events(start.trace.trace_id, 2490).await.unwrap();
+        let seqs: Vec<i64> = after.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (2491..=2500).collect::<Vec<_>>());
+        assert_eq!(after[0].data["text"], "t2491");
+        assert_eq!(after[0].kind, "text_delta");
+        assert_eq!(store.trace_events(start.trace.trace_id, 0).await.unwrap().len(), 2500);
+    }
+
+    async fn every_read_and_write_is_scoped_to_its_user(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let c = conversation("ann", "mine");
+        let start = run_start(&c, true);
+        store.start_run(&start).await.unwrap();
+        assert!(matches!(store.get_conversation("bob", c.id).await, Err(StoreError::NotFound)));
+        assert!(store.messages("bob", c.id).await.unwrap().is_empty());
+        assert!(matches!(store.set_feedback("bob", start.user_message.id, None).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.get_trace("bob", start.trace.trace_id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.trace_by_message("bob", start.trace.message_id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.delete_conversation("bob", c.id).await, Err(StoreError::NotFound)));
+        let patch = chatd::store::ConversationPatch { title: Some("stolen".into()), ..Default::default() };
+        assert!(matches!(store.update_conversation("bob", c.id, &patch).await, Err(StoreError::NotFound)));
+        assert_eq!(store.get_conversation("ann", c.id).await.unwrap().title, "mine");
+        store.delete_conversation("ann", c.id).await.unwrap();
+        assert!(store.trace_events(start.trace.trace_id, 0).await.unwrap().is_empty());
+        assert!(matches!(store.get_trace("ann", start.trace.trace_id).await, Err(StoreError::NotFound)));
+    }
+
+    async fn the_cursor_breaks_ties_on_equal_times(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let at = now();
+        let mut made = Vec::new();
+        for n in 0..4 {
+            let mut c = conversation("ann", &format!("c{n}"));
+            (c.created_at, c.updated_at, c.last_message_at) = (at, at, at);
+            store.create_conversation(&c).await.unwrap();
+            made.push(c.id);
+        }
+        let first = store.list_conversations("ann", 2, None).await.unwrap();
+        let last = &first[1];
+        let cursor = PageCursor { last_message_at: last.last_message_at, id: last.id };
+        assert_eq!(last.last_message_at, at, "times come back exactly as written");
+        let second = store.list_conversations("ann", 2, Some(cursor)).await.unwrap();
+        let mut seen: Vec<_> = first.iter().chain(&second).map(|c| c.id).collect();
+        made.sort();
+        made.reverse();
+        assert_eq!(seen, made, "ids break the tie, newest first");
+        seen.dedup();
+        assert_eq!(seen.len(), 4);
+    }
+}
