@@ -124,6 +124,24 @@ pub struct ProviderSettings {
     /// Filled at load time from `api_key_env` / `api_key_file`; never read from config text.
     #[serde(skip)]
     pub api_key: Option<Secret>,
+    /// Seconds to establish the connection.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_secs: f64,
+    /// Seconds from sending a request to its answer and first frame.
+    #[serde(default = "default_stream_timeout")]
+    pub first_byte_timeout_secs: f64,
+    /// Seconds allowed between two frames before the stream counts as stalled.
+    #[serde(default = "default_stream_timeout")]
+    pub idle_timeout_secs: f64,
+    /// Retries of a failed request (connect error, 408, 429, 5xx) before any output.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    /// First backoff, doubled each retry, with jitter.
+    #[serde(default = "default_retry_base")]
+    pub retry_base_secs: f64,
+    /// The longest wait between two tries, `Retry-After` included.
+    #[serde(default = "default_retry_max")]
+    pub retry_max_secs: f64,
     /// Options of the built-in mock model (`kind = "mock"` only).
     #[serde(flatten)]
     pub mock: MockSettings,
@@ -186,6 +204,26 @@ pub struct ProfileSettings {
     pub max_iterations: u32,
     #[serde(default = "all_tools")]
     pub tools: Vec<String>,
+}
+
+fn default_connect_timeout() -> f64 {
+    10.0
+}
+
+fn default_stream_timeout() -> f64 {
+    120.0
+}
+
+fn default_max_retries() -> u32 {
+    2
+}
+
+fn default_retry_base() -> f64 {
+    0.5
+}
+
+fn default_retry_max() -> f64 {
+    20.0
 }
 
 fn default_max_iterations() -> u32 {
@@ -277,6 +315,12 @@ impl Settings {
                     api_key_env: None,
                     api_key_file: None,
                     api_key: None,
+                    connect_timeout_secs: default_connect_timeout(),
+                    first_byte_timeout_secs: default_stream_timeout(),
+                    idle_timeout_secs: default_stream_timeout(),
+                    max_retries: default_max_retries(),
+                    retry_base_secs: default_retry_base(),
+                    retry_max_secs: default_retry_max(),
                     mock: MockSettings::default(),
                 });
             self.profiles.insert(

@@ -12,9 +12,12 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::runs::{Emitter, Runs};
-use crate::domain::{Message, Role, TraceStatus, Usage, now};
+use std::collections::BTreeMap;
+
+use super::clean::{Cleaner, Piece};
+use crate::domain::{Message, Role, ToolCall, TraceStatus, Usage, new_id, now};
 use crate::events::{CompletePayload, Event};
-use crate::providers::{LlmProvider, ModelRequest, ProviderError, ProviderEvent};
+use crate::providers::{LlmProvider, ModelRequest, ProviderError, ProviderEvent, transport};
 use crate::store::{RunFinish, Store};
 
 /// Everything a started run needs; built by the service once validation passed.
@@ -31,11 +34,23 @@ pub struct RunPlan {
 /// What the model calls produced, however the run ended.
 #[derive(Debug, Default)]
 struct Output {
+    /// The answer and the thinking exactly as the client received them.
     text: String,
     thinking: String,
     usage: Usage,
     finish_reason: String,
     spans: Vec<serde_json::Value>,
+    /// Signed thinking blocks, raw, to send back to the provider in later turns.
+    thinking_blocks: Vec<serde_json::Value>,
+    /// Tool calls the model asked for, in the order they began.
+    tool_calls: Vec<ToolCall>,
+}
+
+/// A tool call while its arguments stream in.
+struct PendingCall {
+    id: String,
+    name: String,
+    arguments: String,
 }
 
 enum Ending {
@@ -155,34 +170,99 @@ async fn stream_model(
         Ok(stream) => stream,
         Err(error) => return Ending::Failed(error),
     };
+    let mut cleaner = Cleaner::default();
+    let mut pieces = Vec::new();
+    let mut raw_thinking = String::new();
+    let mut calls: BTreeMap<u32, PendingCall> = BTreeMap::new();
     let mut finished = false;
     while let Some(event) = stream.next().await {
         match event {
-            Ok(ProviderEvent::Text(text)) => {
-                output.text.push_str(&text);
-                emitter.emit(Event::TextDelta { text });
-            }
+            Ok(ProviderEvent::Text(text)) => cleaner.text(&text, &mut pieces),
             Ok(ProviderEvent::Thinking(text)) => {
-                output.thinking.push_str(&text);
-                emitter.emit(Event::ThinkingDelta { text });
+                raw_thinking.push_str(&text);
+                cleaner.thinking(&text, &mut pieces);
+            }
+            Ok(ProviderEvent::ThinkingSignature(signature)) => {
+                let thinking = std::mem::take(&mut raw_thinking);
+                output.thinking_blocks.push(
+                    json!({"type": "thinking", "thinking": thinking, "signature": signature}),
+                );
+            }
+            Ok(ProviderEvent::ToolCallStart { index, id, name }) => {
+                let id = if id.is_empty() {
+                    format!("call_{}", new_id().simple())
+                } else {
+                    id
+                };
+                emitter.emit(Event::ToolInputStart {
+                    tool_call_id: id.clone(),
+                    tool: name.clone(),
+                    index: (output.tool_calls.len() + calls.len()) as u32,
+                });
+                calls.insert(
+                    index,
+                    PendingCall {
+                        id,
+                        name,
+                        arguments: String::new(),
+                    },
+                );
+            }
+            Ok(ProviderEvent::ToolCallDelta { index, arguments }) => {
+                if let Some(call) = calls.get_mut(&index) {
+                    call.arguments.push_str(&arguments);
+                    emitter.emit(Event::ToolInputDelta {
+                        tool_call_id: call.id.clone(),
+                        delta: arguments,
+                    });
+                }
+            }
+            Ok(ProviderEvent::ToolCallEnd { index }) => {
+                if let Some(call) = calls.remove(&index) {
+                    let input = if call.arguments.trim().is_empty() {
+                        json!({})
+                    } else {
+                        match serde_json::from_str(&call.arguments) {
+                            Ok(input) => input,
+                            Err(_) => return Ending::Failed(transport::parse_error()),
+                        }
+                    };
+                    output.tool_calls.push(ToolCall {
+                        id: call.id,
+                        name: call.name,
+                        input,
+                    });
+                }
             }
             Ok(ProviderEvent::Usage(u)) => usage.add(&u),
             Ok(ProviderEvent::Finish(reason)) => {
                 output.finish_reason = reason;
                 finished = true;
             }
-            // Tool calls and thinking signatures are handled with the tool loop.
-            Ok(_) => {}
             Err(error) => return Ending::Failed(error),
         }
+        if finished {
+            cleaner.finish(&mut pieces);
+        }
+        for piece in pieces.drain(..) {
+            match piece {
+                Piece::Text(text) => {
+                    output.text.push_str(&text);
+                    emitter.emit(Event::TextDelta { text });
+                }
+                Piece::Thinking(text) => {
+                    output.thinking.push_str(&text);
+                    emitter.emit(Event::ThinkingDelta { text });
+                }
+            }
+        }
+        if finished {
+            return Ending::Completed;
+        }
     }
-    if !finished {
-        return Ending::Failed(ProviderError::new(
-            crate::providers::ProviderErrorKind::Parse,
-            "Failed to parse response",
-        ));
-    }
-    Ending::Completed
+    // Adapters end their streams with an error when the terminal frame is missing; a
+    // provider that simply stops is one more case of the same.
+    Ending::Failed(transport::network_error())
 }
 
 async fn finish(
@@ -204,6 +284,10 @@ async fn finish(
     message.model = Some(plan.request.model.clone());
     message.trace_id = Some(plan.trace_id);
     message.usage = Some(output.usage);
+    message.tool_calls = output.tool_calls.clone();
+    if !output.thinking_blocks.is_empty() {
+        message.provider_state = Some(json!({"anthropic": {"thinking": output.thinking_blocks}}));
+    }
     let (status, assistant, error, terminal) = match ending {
         Ending::Completed => {
             message.content = output.text.clone();
@@ -245,7 +329,7 @@ async fn finish(
         }
         Ending::Failed(error) => {
             tracing::warn!(code = error.code(), error = %error.message, "model call failed");
-            let event = error_event(plan, error.code(), &error.message, error.retryable());
+            let event = error_event(plan, error.code(), &error.message, error.retryable);
             let detail = json!({"code": error.code(), "message": error.message, "partial_text": output.text});
             (TraceStatus::Error, None, Some(detail), event)
         }

@@ -2,6 +2,7 @@
 //! and their fan-out (`runs`) and the batched event log (`log`).
 
 pub mod agent;
+pub mod clean;
 pub mod log;
 pub mod runs;
 pub mod service;

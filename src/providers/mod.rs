@@ -2,7 +2,11 @@
 //! [`ProviderEvent`]s out. One file per wire format. Providers know nothing of HTTP handlers,
 //! the store or the client's events; dropping the stream drops the provider connection.
 
+mod anthropic;
+mod google;
 mod mock;
+mod openai;
+pub mod transport;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +19,10 @@ use serde_json::Value;
 use crate::config::{ProviderKind, Settings};
 use crate::domain::{Message, Usage};
 
+pub use anthropic::AnthropicProvider;
+pub use google::GoogleProvider;
 pub use mock::MockProvider;
+pub use openai::OpenAiProvider;
 
 /// What a model call needs, in provider-neutral form; each adapter builds its own wire body.
 #[derive(Debug, Clone)]
@@ -84,14 +91,21 @@ pub enum ProviderErrorKind {
 pub struct ProviderError {
     pub kind: ProviderErrorKind,
     pub message: String,
+    /// Whether sending the same request again may succeed.
+    pub retryable: bool,
     pub retry_after: Option<Duration>,
 }
 
 impl ProviderError {
     pub fn new(kind: ProviderErrorKind, message: impl Into<String>) -> Self {
+        let retryable = !matches!(
+            kind,
+            ProviderErrorKind::Unauthorized | ProviderErrorKind::Parse
+        );
         Self {
             kind,
             message: message.into(),
+            retryable,
             retry_after: None,
         }
     }
@@ -104,14 +118,6 @@ impl ProviderError {
             ProviderErrorKind::Unavailable | ProviderErrorKind::Parse => "SERVICE_UNAVAILABLE",
             ProviderErrorKind::Network => "NETWORK_ERROR",
         }
-    }
-
-    /// Whether sending the same request again may succeed.
-    pub fn retryable(&self) -> bool {
-        !matches!(
-            self.kind,
-            ProviderErrorKind::Unauthorized | ProviderErrorKind::Parse
-        )
     }
 }
 
@@ -138,7 +144,11 @@ impl Providers {
             .map(|(id, provider)| {
                 let adapter: Arc<dyn LlmProvider> = match provider.kind {
                     ProviderKind::Mock => Arc::new(MockProvider::new(provider.mock.clone())),
-                    kind => Arc::new(NotYetSupported(kind)),
+                    ProviderKind::Anthropic => Arc::new(AnthropicProvider::new(provider)),
+                    ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
+                        Arc::new(OpenAiProvider::new(provider))
+                    }
+                    ProviderKind::Google => Arc::new(GoogleProvider::new(provider)),
                 };
                 (id.clone(), adapter)
             })
@@ -156,19 +166,34 @@ impl Providers {
     }
 }
 
-/// Provider kinds whose adapters are not built yet: every call fails with a clear error
-/// (see README, "What is not done yet").
-struct NotYetSupported(ProviderKind);
+/// The three streaming wire formats chatd speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireFormat {
+    OpenAi,
+    Anthropic,
+    Google,
+}
 
-#[async_trait]
-impl LlmProvider for NotYetSupported {
-    async fn stream(&self, _request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
-        Err(ProviderError::new(
-            ProviderErrorKind::Unavailable,
-            format!(
-                "Provider kind {:?} is not supported by this build yet",
-                self.0
-            ),
-        ))
+/// Decodes a raw SSE body of `format`, split into chunks anywhere (for tests and benchmarks;
+/// the adapters do the same on their HTTP responses).
+pub fn decode_sse<S, E>(format: WireFormat, bytes: S) -> ProviderStream
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let forever = Duration::from_secs(3600);
+    match format {
+        WireFormat::OpenAi => {
+            transport::decode(bytes, openai::ChunkDecoder::default(), forever, forever)
+        }
+        WireFormat::Anthropic => transport::decode(
+            bytes,
+            anthropic::MessageDecoder::default(),
+            forever,
+            forever,
+        ),
+        WireFormat::Google => {
+            transport::decode(bytes, google::ResponseDecoder::default(), forever, forever)
+        }
     }
 }

@@ -1,0 +1,292 @@
+//! Cleaning what a model streams into what a client may see, whatever the chunking:
+//! control characters and `␄` are dropped (`\n` and `\t` stay), inline `<think>…</think>`
+//! (models served by Ollama, vLLM, llama.cpp) goes to the thinking channel, a tag split
+//! across chunks is held back until it is whole, and whitespace at the edges of the answer
+//! and of the thinking is trimmed. The output depends only on the concatenated input, never
+//! on where it was cut; the property tests below prove it.
+
+const OPEN: &str = "<think>";
+const CLOSE: &str = "</think>";
+
+/// A cleaned piece, ready to append on the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    Thinking(String),
+}
+
+#[derive(Debug, Default)]
+pub struct Cleaner {
+    in_think: bool,
+    /// The end of the answer channel so far that may be the start of a tag.
+    held: String,
+    /// The same for the reasoning channel, where tags are dropped.
+    held_thinking: String,
+    text: Edge,
+    thinking: Edge,
+}
+
+/// Trims one channel's edges: nothing before its first visible character, and whitespace
+/// waits until a visible character follows it (so trailing whitespace is never sent).
+#[derive(Debug, Default)]
+struct Edge {
+    started: bool,
+    pending: String,
+}
+
+impl Edge {
+    fn push(&mut self, text: &str, out: &mut String) {
+        for c in text.chars() {
+            if c.is_whitespace() {
+                if self.started {
+                    self.pending.push(c);
+                }
+            } else {
+                out.push_str(&self.pending);
+                self.pending.clear();
+                out.push(c);
+                self.started = true;
+            }
+        }
+    }
+
+    /// Ends a block: whitespace waiting at its end is dropped.
+    fn close(&mut self) {
+        self.pending.clear();
+    }
+}
+
+impl Cleaner {
+    /// Cleans a chunk of the answer channel, which may carry `<think>` tags.
+    pub fn text(&mut self, chunk: &str, out: &mut Vec<Piece>) {
+        let mut buffer = std::mem::take(&mut self.held);
+        push_visible(&mut buffer, chunk);
+        let mut rest = buffer.as_str();
+        // Either tag switches the channel; a stray one (a `</think>` with no opening, as
+        // some chat templates produce) is dropped, so no tag ever reaches a client.
+        while let Some((at, tag)) = first_tag(rest) {
+            self.emit(&rest[..at], out);
+            rest = &rest[at + tag.len()..];
+            if self.in_think {
+                self.thinking.close();
+            }
+            self.in_think = tag == OPEN;
+        }
+        let keep = partial_tag_len(rest, OPEN).max(partial_tag_len(rest, CLOSE));
+        let (now, later) = rest.split_at(rest.len() - keep);
+        self.emit(now, out);
+        self.held = later.to_owned();
+    }
+
+    /// Cleans a chunk of the provider's own reasoning channel; tags in it are dropped.
+    pub fn thinking(&mut self, chunk: &str, out: &mut Vec<Piece>) {
+        let mut buffer = std::mem::take(&mut self.held_thinking);
+        push_visible(&mut buffer, chunk);
+        let mut rest = buffer.as_str();
+        while let Some((at, tag)) = first_tag(rest) {
+            self.push_thinking(&rest[..at], out);
+            rest = &rest[at + tag.len()..];
+        }
+        let keep = partial_tag_len(rest, OPEN).max(partial_tag_len(rest, CLOSE));
+        let (now, later) = rest.split_at(rest.len() - keep);
+        self.push_thinking(now, out);
+        self.held_thinking = later.to_owned();
+    }
+
+    /// Ends the stream: a held-back fragment that never became a tag is text after all.
+    pub fn finish(&mut self, out: &mut Vec<Piece>) {
+        let held = std::mem::take(&mut self.held);
+        self.emit(&held, out);
+        let held = std::mem::take(&mut self.held_thinking);
+        self.push_thinking(&held, out);
+    }
+
+    /// Emits answer-channel text to whichever channel the tags have selected.
+    fn emit(&mut self, text: &str, out: &mut Vec<Piece>) {
+        if self.in_think {
+            self.push_thinking(text, out);
+        } else {
+            let mut cleaned = String::with_capacity(text.len());
+            self.text.push(text, &mut cleaned);
+            append(out, Piece::Text(cleaned));
+        }
+    }
+
+    fn push_thinking(&mut self, text: &str, out: &mut Vec<Piece>) {
+        let mut cleaned = String::with_capacity(text.len());
+        self.thinking.push(text, &mut cleaned);
+        append(out, Piece::Thinking(cleaned));
+    }
+}
+
+/// Appends a non-empty piece. Pieces are never merged across a removed tag, so no piece can
+/// hold a tag that the removal of another one put together (`<</think>think>`).
+fn append(out: &mut Vec<Piece>, piece: Piece) {
+    let (Piece::Text(t) | Piece::Thinking(t)) = &piece;
+    if !t.is_empty() {
+        out.push(piece);
+    }
+}
+
+/// Whether a character may reach a client: no control characters but `\n` and `\t`, no `␄`.
+fn visible(c: char) -> bool {
+    (!c.is_control() || c == '\n' || c == '\t') && c != '\u{2404}'
+}
+
+fn push_visible(out: &mut String, text: &str) {
+    if text.chars().all(visible) {
+        out.push_str(text);
+    } else {
+        out.extend(text.chars().filter(|c| visible(*c)));
+    }
+}
+
+/// The first `<think>` or `</think>` in `text`, with its position.
+fn first_tag(text: &str) -> Option<(usize, &'static str)> {
+    let open = text.find(OPEN).map(|at| (at, OPEN));
+    let close = text.find(CLOSE).map(|at| (at, CLOSE));
+    match (open, close) {
+        (Some(o), Some(c)) => Some(if o.0 < c.0 { o } else { c }),
+        (o, c) => o.or(c),
+    }
+}
+
+/// The length of the longest end of `text` that is a proper beginning of `tag`.
+fn partial_tag_len(text: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&n| text.ends_with(&tag[..n]))
+        .unwrap_or(0)
+}
+
+/// Runs chunks (`true` for the reasoning channel) through one cleaner; returns its pieces.
+pub fn clean_chunks(chunks: &[(bool, &str)]) -> Vec<Piece> {
+    let mut cleaner = Cleaner::default();
+    let mut out = Vec::new();
+    for (thinking, chunk) in chunks {
+        if *thinking {
+            cleaner.thinking(chunk, &mut out);
+        } else {
+            cleaner.text(chunk, &mut out);
+        }
+    }
+    cleaner.finish(&mut out);
+    out
+}
+
+/// The concatenated (text, thinking) of chunks run through one cleaner.
+pub fn clean_all(chunks: &[(bool, &str)]) -> (String, String) {
+    join(&clean_chunks(chunks))
+}
+
+/// The concatenated (text, thinking) of some pieces.
+pub fn join(pieces: &[Piece]) -> (String, String) {
+    let (mut text, mut thinking) = (String::new(), String::new());
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => text.push_str(t),
+            Piece::Thinking(t) => thinking.push_str(t),
+        }
+    }
+    (text, thinking)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn think_tags_split_into_thinking() {
+        let (text, thinking) =
+            clean_all(&[(false, "<think>\nWeigh it.\n</think>\n\nThe answer␄\u{4}.")]);
+        assert_eq!(thinking, "Weigh it.");
+        assert_eq!(text, "The answer.");
+    }
+
+    #[test]
+    fn a_stray_closing_tag_is_dropped() {
+        assert_eq!(
+            clean_all(&[(false, "reasoned</think>\n\nAnswer")]),
+            ("reasoned\n\nAnswer".to_owned(), String::new())
+        );
+    }
+
+    #[test]
+    fn a_lone_angle_bracket_is_text() {
+        assert_eq!(clean_all(&[(false, "a <b> c <thi")]).0, "a <b> c <thi");
+        assert_eq!(clean_all(&[(false, "x < y"), (false, "<")]).0, "x < y<");
+    }
+
+    #[test]
+    fn tabs_and_newlines_stay_other_controls_go() {
+        assert_eq!(
+            clean_all(&[(false, "a\tb\r\nc\u{1b}[0m\u{0}")]).0,
+            "a\tb\nc[0m"
+        );
+    }
+
+    #[test]
+    fn no_piece_holds_half_a_tag() {
+        let mut cleaner = Cleaner::default();
+        let mut out = Vec::new();
+        for c in "ok <think>hm</think> done".chars() {
+            cleaner.text(&c.to_string(), &mut out);
+        }
+        cleaner.finish(&mut out);
+        for piece in &out {
+            let (Piece::Text(t) | Piece::Thinking(t)) = piece;
+            assert!(!t.contains('<') && !t.contains('>'), "{out:?}");
+        }
+        assert_eq!(join(&out), ("ok  done".to_owned(), "hm".to_owned()));
+    }
+
+    /// Text made of the pieces that make cleaning hard.
+    fn tricky() -> impl Strategy<Value = String> {
+        let atoms = prop::sample::select(vec![
+            "<think>", "</think>", "<", "</", "<th", "think>", ">", " ", "\n", "\t", "\r", "␄",
+            "\u{4}", "a", "é", "→", "word", "😀",
+        ]);
+        prop::collection::vec(atoms, 0..40).prop_map(|v| v.concat())
+    }
+
+    /// Splits `text` at the given character positions.
+    fn split(text: &str, cuts: &[usize]) -> Vec<String> {
+        let chars: Vec<char> = text.chars().collect();
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (chars.len() + 1)).collect();
+        points.sort_unstable();
+        points.dedup();
+        let mut pieces = Vec::new();
+        let mut from = 0;
+        for to in points.into_iter().chain([chars.len()]) {
+            pieces.push(chars[from..to].iter().collect());
+            from = to;
+        }
+        pieces
+    }
+
+    proptest! {
+        #[test]
+        fn the_output_does_not_depend_on_the_chunking(
+            text in tricky(),
+            reasoning in tricky(),
+            cuts in prop::collection::vec(0usize..200, 0..12),
+        ) {
+            let whole = clean_all(&[(true, &reasoning), (false, &text)]);
+            let mut chunks: Vec<(bool, String)> = split(&reasoning, &cuts).into_iter().map(|c| (true, c)).collect();
+            chunks.extend(split(&text, &cuts).into_iter().map(|c| (false, c)));
+            let borrowed: Vec<(bool, &str)> = chunks.iter().map(|(t, c)| (*t, c.as_str())).collect();
+            let pieces = clean_chunks(&borrowed);
+            let chunked = join(&pieces);
+            prop_assert_eq!(&chunked, &whole);
+            for piece in &pieces {
+                let (Piece::Text(t) | Piece::Thinking(t)) = piece;
+                prop_assert!(!t.contains("<think>") && !t.contains("</think>"), "{:?}", piece);
+            }
+            for out in [&chunked.0, &chunked.1] {
+                prop_assert!(out.chars().all(visible));
+                prop_assert_eq!(out.trim(), out.as_str());
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Anthropic Messages streaming (`POST {base_url}/v1/messages`, `stream: true`).
+//!
+//! Wire format: named SSE events `message_start` (input usage), `content_block_start`
+//! (`text`, `thinking`, `redacted_thinking` or `tool_use`), `content_block_delta`
+//! (`text_delta`, `thinking_delta`, `signature_delta`, `input_json_delta`),
+//! `content_block_stop`, `message_delta` (`stop_reason`, output usage), `message_stop` (the
+//! terminal frame), `ping`, and `error` (e.g. `overloaded_error`) at any point. Thinking
+//! blocks go back to the API in later turns with their signatures, as it requires.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use eventsource_stream::Event as SseFrame;
+use serde_json::{Value, json};
+
+use super::transport::{Decoder, Transport, join, json as frame_json, parse_error};
+use super::{
+    LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream,
+};
+use crate::config::{ProviderSettings, Secret};
+use crate::domain::{Role, Usage};
+
+const API_VERSION: &str = "2023-06-01";
+/// Anthropic requires `max_tokens`; used when the profile sets none.
+const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// The smallest thinking budget the API accepts.
+const MIN_THINKING_BUDGET: u32 = 1024;
+
+pub struct AnthropicProvider {
+    transport: Transport,
+    url: String,
+    api_key: Option<Secret>,
+}
+
+impl AnthropicProvider {
+    pub fn new(settings: &ProviderSettings) -> Self {
+        let base = settings
+            .base_url
+            .as_deref()
+            .unwrap_or("https://api.anthropic.com");
+        Self {
+            transport: Transport::new(settings),
+            url: join(base, "v1/messages"),
+            api_key: settings.api_key.clone(),
+        }
+    }
+
+    fn body(request: &ModelRequest) -> Value {
+        let messages: Vec<Value> = request
+            .messages
+            .iter()
+            .filter_map(|message| match message.role {
+                Role::User => Some(
+                    json!({"role": "user", "content": [{"type": "text", "text": message.content}]}),
+                ),
+                Role::Assistant => {
+                    let mut content = thinking_blocks(message.provider_state.as_ref());
+                    if !message.content.is_empty() {
+                        content.push(json!({"type": "text", "text": message.content}));
+                    }
+                    (!content.is_empty()).then(|| json!({"role": "assistant", "content": content}))
+                }
+                Role::System | Role::Tool => None,
+            })
+            .collect();
+        let thinking_budget = request.enable_thinking.then(|| {
+            request
+                .thinking_budget
+                .unwrap_or(MIN_THINKING_BUDGET)
+                .max(MIN_THINKING_BUDGET)
+        });
+        let mut max_tokens = request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        if let Some(budget) = thinking_budget {
+            // The answer needs room beyond the thinking budget.
+            max_tokens = max_tokens.max(budget + 1024);
+        }
+        let mut body = json!({"model": request.model, "max_tokens": max_tokens, "messages": messages, "stream": true});
+        if let Some(system) = &request.system_prompt {
+            body["system"] = json!(system);
+        }
+        match thinking_budget {
+            Some(budget) => body["thinking"] = json!({"type": "enabled", "budget_tokens": budget}),
+            // Thinking does not allow a temperature other than the default.
+            None => {
+                if let Some(t) = request.temperature {
+                    body["temperature"] = json!(t);
+                }
+            }
+        }
+        if !request.tools.is_empty() {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
+                .collect();
+        }
+        body
+    }
+}
+
+/// The signed thinking blocks an assistant message carried, in the API's shape.
+fn thinking_blocks(state: Option<&Value>) -> Vec<Value> {
+    state
+        .and_then(|s| s["anthropic"]["thinking"].as_array())
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|b| {
+                    b["signature"].as_str().is_some_and(|s| !s.is_empty())
+                        || b["type"] == "redacted_thinking"
+                })
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[async_trait]
+impl LlmProvider for AnthropicProvider {
+    async fn stream(&self, request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
+        let body = Self::body(request);
+        let response = self
+            .transport
+            .send(|| {
+                let builder = self
+                    .transport
+                    .client()
+                    .post(&self.url)
+                    .header("anthropic-version", API_VERSION)
+                    .json(&body);
+                match &self.api_key {
+                    Some(key) => builder.header("x-api-key", key.expose()),
+                    None => builder,
+                }
+            })
+            .await?;
+        Ok(self.transport.decode(response, MessageDecoder::default()))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    Thinking,
+    ToolUse,
+    Other,
+}
+
+/// Decodes the Messages stream's named events.
+#[derive(Default)]
+pub struct MessageDecoder {
+    blocks: HashMap<u64, Block>,
+    usage: Usage,
+    stop_reason: Option<String>,
+    done: bool,
+}
+
+impl Decoder for MessageDecoder {
+    fn frame(
+        &mut self,
+        frame: &SseFrame,
+        out: &mut Vec<ProviderEvent>,
+    ) -> Result<(), ProviderError> {
+        // The `type` in the data is authoritative; the SSE event name repeats it.
+        let data = frame_json(frame)?;
+        match data["type"].as_str().unwrap_or(frame.event.as_str()) {
+            "message_start" => {
+                let usage = &data["message"]["usage"];
+                self.usage.input_tokens = usage["input_tokens"].as_u64().unwrap_or(0);
+                self.usage.cache_read_tokens = usage["cache_read_input_tokens"].as_u64();
+                self.usage.output_tokens = usage["output_tokens"].as_u64().unwrap_or(0);
+            }
+            "content_block_start" => {
+                let index = data["index"].as_u64().ok_or_else(parse_error)?;
+                let block = &data["content_block"];
+                let kind = match block["type"].as_str() {
+                    Some("text") => Block::Text,
+                    Some("thinking") => Block::Thinking,
+                    Some("tool_use") => {
+                        out.push(ProviderEvent::ToolCallStart {
+                            index: index as u32,
+                            id: block["id"].as_str().unwrap_or_default().to_owned(),
+                            name: block["name"].as_str().unwrap_or_default().to_owned(),
+                        });
+                        Block::ToolUse
+                    }
+                    _ => Block::Other,
+                };
+                if let Some(text) = block["text"].as_str().filter(|t| !t.is_empty()) {
+                    out.push(ProviderEvent::Text(text.to_owned()));
+                }
+                self.blocks.insert(index, kind);
+            }
+            "content_block_delta" => {
+                let index = data["index"].as_u64().ok_or_else(parse_error)?;
+                let delta = &data["delta"];
+                let text = |key: &str| {
+                    delta[key]
+                        .as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(parse_error)
+                };
+                match delta["type"].as_str() {
+                    Some("text_delta") => out.push(ProviderEvent::Text(text("text")?)),
+                    Some("thinking_delta") => out.push(ProviderEvent::Thinking(text("thinking")?)),
+                    Some("signature_delta") => {
+                        out.push(ProviderEvent::ThinkingSignature(text("signature")?))
+                    }
+                    Some("input_json_delta") => out.push(ProviderEvent::ToolCallDelta {
+                        index: index as u32,
+                        arguments: text("partial_json")?,
+                    }),
+                    // Deltas of block types this version does not know (e.g. citations).
+                    _ => {}
+                }
+            }
+            "content_block_stop" => {
+                let index = data["index"].as_u64().ok_or_else(parse_error)?;
+                if self.blocks.remove(&index) == Some(Block::ToolUse) {
+                    out.push(ProviderEvent::ToolCallEnd {
+                        index: index as u32,
+                    });
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = data["delta"]["stop_reason"].as_str() {
+                    self.stop_reason = Some(reason.to_owned());
+                }
+                if let Some(output) = data["usage"]["output_tokens"].as_u64() {
+                    self.usage.output_tokens = output;
+                }
+            }
+            "message_stop" => {
+                out.push(ProviderEvent::Usage(self.usage));
+                out.push(ProviderEvent::Finish(finish_reason(
+                    self.stop_reason.as_deref(),
+                )));
+                self.done = true;
+            }
+            "error" => {
+                let error = &data["error"];
+                let message = error["message"].as_str().unwrap_or("Model error");
+                return Err(match error["type"].as_str() {
+                    Some("authentication_error" | "permission_error") => {
+                        ProviderError::new(ProviderErrorKind::Unauthorized, "Invalid API key")
+                    }
+                    Some("rate_limit_error") => ProviderError::new(
+                        ProviderErrorKind::RateLimited,
+                        "Rate limited, try again",
+                    ),
+                    _ => ProviderError::new(
+                        ProviderErrorKind::Unavailable,
+                        format!("Model error: {message}"),
+                    ),
+                });
+            }
+            // `ping` and event types added after this was written.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+}
+
+/// Anthropic's stop reasons in the contract's vocabulary.
+fn finish_reason(reason: Option<&str>) -> String {
+    match reason {
+        None | Some("end_turn" | "stop_sequence") => "stop",
+        Some("max_tokens") => "length",
+        Some("tool_use") => "tool_calls",
+        Some(other) => other,
+    }
+    .to_owned()
+}

@@ -1,0 +1,187 @@
+//! Google Gemini streaming (`POST {base_url}/models/{model}:streamGenerateContent?alt=sse`).
+//!
+//! Wire format: each `data:` frame is a whole `GenerateContentResponse`: `candidates[0]
+//! .content.parts[]` with `text` (a `thought: true` part is thinking) or `functionCall
+//! {name, args}` (whole, never split), `finishReason` on the last candidate, and
+//! `usageMetadata` (cumulative). There is no `[DONE]`: the frame carrying `finishReason` is
+//! the terminal one. Errors arrive as HTTP statuses, or as `{"error": …}` in a frame.
+
+use async_trait::async_trait;
+use eventsource_stream::Event as SseFrame;
+use serde_json::{Value, json};
+
+use super::transport::{Decoder, Transport, join, json as frame_json};
+use super::{
+    LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream,
+};
+use crate::config::{ProviderSettings, Secret};
+use crate::domain::{Role, Usage};
+
+pub struct GoogleProvider {
+    transport: Transport,
+    base: String,
+    api_key: Option<Secret>,
+}
+
+impl GoogleProvider {
+    pub fn new(settings: &ProviderSettings) -> Self {
+        let base = settings
+            .base_url
+            .clone()
+            .unwrap_or_else(|| "https://generativelanguage.googleapis.com/v1beta".to_owned());
+        Self {
+            transport: Transport::new(settings),
+            base,
+            api_key: settings.api_key.clone(),
+        }
+    }
+
+    fn body(request: &ModelRequest) -> Value {
+        let contents: Vec<Value> = request
+            .messages
+            .iter()
+            .filter_map(|message| {
+                let role = match message.role {
+                    Role::User => "user",
+                    Role::Assistant => "model",
+                    Role::System | Role::Tool => return None,
+                };
+                (!message.content.is_empty())
+                    .then(|| json!({"role": role, "parts": [{"text": message.content}]}))
+            })
+            .collect();
+        let mut generation = json!({});
+        if let Some(t) = request.temperature {
+            generation["temperature"] = json!(t);
+        }
+        if let Some(max) = request.max_tokens {
+            generation["maxOutputTokens"] = json!(max);
+        }
+        if request.enable_thinking {
+            let mut thinking = json!({"includeThoughts": true});
+            if let Some(budget) = request.thinking_budget {
+                thinking["thinkingBudget"] = json!(budget);
+            }
+            generation["thinkingConfig"] = thinking;
+        }
+        let mut body = json!({"contents": contents, "generationConfig": generation});
+        if let Some(system) = &request.system_prompt {
+            body["systemInstruction"] = json!({"parts": [{"text": system}]});
+        }
+        if !request.tools.is_empty() {
+            let declarations: Vec<Value> = request
+                .tools
+                .iter()
+                .map(|t| json!({"name": t.name, "description": t.description, "parameters": t.input_schema}))
+                .collect();
+            body["tools"] = json!([{"functionDeclarations": declarations}]);
+        }
+        body
+    }
+}
+
+#[async_trait]
+impl LlmProvider for GoogleProvider {
+    async fn stream(&self, request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
+        let url = join(
+            &self.base,
+            &format!("models/{}:streamGenerateContent?alt=sse", request.model),
+        );
+        let body = Self::body(request);
+        let response = self
+            .transport
+            .send(|| {
+                let builder = self.transport.client().post(&url).json(&body);
+                match &self.api_key {
+                    Some(key) => builder.header("x-goog-api-key", key.expose()),
+                    None => builder,
+                }
+            })
+            .await?;
+        Ok(self.transport.decode(response, ResponseDecoder::default()))
+    }
+}
+
+/// Decodes `GenerateContentResponse` frames.
+#[derive(Default)]
+pub struct ResponseDecoder {
+    calls: u32,
+    done: bool,
+}
+
+impl Decoder for ResponseDecoder {
+    fn frame(
+        &mut self,
+        frame: &SseFrame,
+        out: &mut Vec<ProviderEvent>,
+    ) -> Result<(), ProviderError> {
+        let response = frame_json(frame)?;
+        if let Some(error) = response.get("error") {
+            let message = error["message"].as_str().unwrap_or("Model error");
+            return Err(match error["code"].as_u64() {
+                Some(401 | 403) => {
+                    ProviderError::new(ProviderErrorKind::Unauthorized, "Invalid API key")
+                }
+                Some(429) => {
+                    ProviderError::new(ProviderErrorKind::RateLimited, "Rate limited, try again")
+                }
+                _ => ProviderError::new(
+                    ProviderErrorKind::Unavailable,
+                    format!("Model error: {message}"),
+                ),
+            });
+        }
+        let candidate = &response["candidates"][0];
+        for part in candidate["content"]["parts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(call) = part.get("functionCall") {
+                let index = self.calls;
+                self.calls += 1;
+                let name = call["name"].as_str().unwrap_or_default().to_owned();
+                let id = call["id"]
+                    .as_str()
+                    .map_or_else(|| format!("call_{index}"), str::to_owned);
+                out.push(ProviderEvent::ToolCallStart { index, id, name });
+                let args = call.get("args").cloned().unwrap_or_else(|| json!({}));
+                out.push(ProviderEvent::ToolCallDelta {
+                    index,
+                    arguments: args.to_string(),
+                });
+                out.push(ProviderEvent::ToolCallEnd { index });
+            } else if let Some(text) = part["text"].as_str().filter(|t| !t.is_empty()) {
+                let text = text.to_owned();
+                out.push(if part["thought"] == true {
+                    ProviderEvent::Thinking(text)
+                } else {
+                    ProviderEvent::Text(text)
+                });
+            }
+        }
+        if let Some(reason) = candidate["finishReason"].as_str() {
+            if let Some(usage) = response.get("usageMetadata") {
+                out.push(ProviderEvent::Usage(Usage {
+                    input_tokens: usage["promptTokenCount"].as_u64().unwrap_or(0),
+                    output_tokens: usage["candidatesTokenCount"].as_u64().unwrap_or(0)
+                        + usage["thoughtsTokenCount"].as_u64().unwrap_or(0),
+                    cache_read_tokens: usage["cachedContentTokenCount"].as_u64(),
+                    reasoning_tokens: usage["thoughtsTokenCount"].as_u64(),
+                }));
+            }
+            out.push(ProviderEvent::Finish(match reason {
+                "STOP" if self.calls > 0 => "tool_calls".to_owned(),
+                "STOP" => "stop".to_owned(),
+                "MAX_TOKENS" => "length".to_owned(),
+                other => other.to_ascii_lowercase(),
+            }));
+            self.done = true;
+        }
+        Ok(())
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+}
