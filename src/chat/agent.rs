@@ -12,12 +12,10 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::runs::{Emitter, Runs};
-use std::collections::BTreeMap;
-
-use super::clean::{Cleaner, Piece};
-use crate::domain::{Message, Role, ToolCall, TraceStatus, Usage, new_id, now};
+use super::turn::Turn;
+use crate::domain::{Message, Role, ToolCall, TraceStatus, Usage, now};
 use crate::events::{CompletePayload, Event};
-use crate::providers::{LlmProvider, ModelRequest, ProviderError, ProviderEvent, transport};
+use crate::providers::{LlmProvider, ModelRequest, ProviderError, transport};
 use crate::store::{RunFinish, Store};
 
 /// Everything a started run needs; built by the service once validation passed.
@@ -44,13 +42,6 @@ struct Output {
     thinking_blocks: Vec<serde_json::Value>,
     /// Tool calls the model asked for, in the order they began.
     tool_calls: Vec<ToolCall>,
-}
-
-/// A tool call while its arguments stream in.
-struct PendingCall {
-    id: String,
-    name: String,
-    arguments: String,
 }
 
 enum Ending {
@@ -120,7 +111,7 @@ async fn execute(plan: RunPlan, emitter: &mut Emitter, store: &dyn Store) {
     finish(&plan, emitter, store, ending, output).await;
 }
 
-/// One model call, streamed into `output` and out as events.
+/// One model call, streamed out as events and into `output`.
 async fn call_model(
     plan: &RunPlan,
     emitter: &mut Emitter,
@@ -131,14 +122,22 @@ async fn call_model(
     emitter.emit(Event::Status {
         message: "Thinking…".to_owned(),
     });
-    let mut usage = Usage::default();
+    let mut turn = Turn::new(output.tool_calls.len() as u32);
     let ending = tokio::select! {
         biased;
         () = cancel.cancelled() => Ending::Cancelled,
-        ending = stream_model(plan, emitter, output, &mut usage) => ending,
+        ending = stream_turn(plan, emitter, &mut turn) => ending,
     };
     let ended_at = now();
-    output.usage.add(&usage);
+    let turn = turn.output;
+    output.text.push_str(&turn.text);
+    output.thinking.push_str(&turn.thinking);
+    output.usage.add(&turn.usage);
+    output.thinking_blocks.extend(turn.thinking_blocks);
+    output.tool_calls.extend(turn.tool_calls);
+    if let Some(reason) = &turn.finish_reason {
+        output.finish_reason.clone_from(reason);
+    }
     output.spans.push(json!({
         "kind": "llm",
         "name": format!("chat {}", plan.request.model),
@@ -149,114 +148,32 @@ async fn call_model(
         "attributes": {
             "gen_ai.operation.name": "chat",
             "gen_ai.request.model": plan.request.model,
-            "gen_ai.usage.input_tokens": usage.input_tokens,
-            "gen_ai.usage.output_tokens": usage.output_tokens,
-            "gen_ai.response.finish_reasons": [output.finish_reason],
+            "gen_ai.usage.input_tokens": turn.usage.input_tokens,
+            "gen_ai.usage.output_tokens": turn.usage.output_tokens,
+            "gen_ai.response.finish_reasons": turn.finish_reason.into_iter().collect::<Vec<_>>(),
         },
     }));
-    if usage != Usage::default() {
-        emitter.emit(Event::Usage(usage));
+    if turn.usage != Usage::default() {
+        emitter.emit(Event::Usage(turn.usage));
     }
     ending
 }
 
-async fn stream_model(
-    plan: &RunPlan,
-    emitter: &mut Emitter,
-    output: &mut Output,
-    usage: &mut Usage,
-) -> Ending {
+async fn stream_turn(plan: &RunPlan, emitter: &mut Emitter, turn: &mut Turn) -> Ending {
     let mut stream = match plan.provider.stream(&plan.request).await {
         Ok(stream) => stream,
         Err(error) => return Ending::Failed(error),
     };
-    let mut cleaner = Cleaner::default();
-    let mut pieces = Vec::new();
-    let mut raw_thinking = String::new();
-    let mut calls: BTreeMap<u32, PendingCall> = BTreeMap::new();
-    let mut finished = false;
+    let mut events = Vec::new();
     while let Some(event) = stream.next().await {
-        match event {
-            Ok(ProviderEvent::Text(text)) => cleaner.text(&text, &mut pieces),
-            Ok(ProviderEvent::Thinking(text)) => {
-                raw_thinking.push_str(&text);
-                cleaner.thinking(&text, &mut pieces);
-            }
-            Ok(ProviderEvent::ThinkingSignature(signature)) => {
-                let thinking = std::mem::take(&mut raw_thinking);
-                output.thinking_blocks.push(
-                    json!({"type": "thinking", "thinking": thinking, "signature": signature}),
-                );
-            }
-            Ok(ProviderEvent::ToolCallStart { index, id, name }) => {
-                let id = if id.is_empty() {
-                    format!("call_{}", new_id().simple())
-                } else {
-                    id
-                };
-                emitter.emit(Event::ToolInputStart {
-                    tool_call_id: id.clone(),
-                    tool: name.clone(),
-                    index: (output.tool_calls.len() + calls.len()) as u32,
-                });
-                calls.insert(
-                    index,
-                    PendingCall {
-                        id,
-                        name,
-                        arguments: String::new(),
-                    },
-                );
-            }
-            Ok(ProviderEvent::ToolCallDelta { index, arguments }) => {
-                if let Some(call) = calls.get_mut(&index) {
-                    call.arguments.push_str(&arguments);
-                    emitter.emit(Event::ToolInputDelta {
-                        tool_call_id: call.id.clone(),
-                        delta: arguments,
-                    });
-                }
-            }
-            Ok(ProviderEvent::ToolCallEnd { index }) => {
-                if let Some(call) = calls.remove(&index) {
-                    let input = if call.arguments.trim().is_empty() {
-                        json!({})
-                    } else {
-                        match serde_json::from_str(&call.arguments) {
-                            Ok(input) => input,
-                            Err(_) => return Ending::Failed(transport::parse_error()),
-                        }
-                    };
-                    output.tool_calls.push(ToolCall {
-                        id: call.id,
-                        name: call.name,
-                        input,
-                    });
-                }
-            }
-            Ok(ProviderEvent::Usage(u)) => usage.add(&u),
-            Ok(ProviderEvent::Finish(reason)) => {
-                output.finish_reason = reason;
-                finished = true;
-            }
-            Err(error) => return Ending::Failed(error),
+        let applied = event.and_then(|event| turn.apply(event, &mut events));
+        for event in events.drain(..) {
+            emitter.emit(event);
         }
-        if finished {
-            cleaner.finish(&mut pieces);
+        if let Err(error) = applied {
+            return Ending::Failed(error);
         }
-        for piece in pieces.drain(..) {
-            match piece {
-                Piece::Text(text) => {
-                    output.text.push_str(&text);
-                    emitter.emit(Event::TextDelta { text });
-                }
-                Piece::Thinking(text) => {
-                    output.thinking.push_str(&text);
-                    emitter.emit(Event::ThinkingDelta { text });
-                }
-            }
-        }
-        if finished {
+        if turn.finished() {
             return Ending::Completed;
         }
     }

@@ -6,6 +6,7 @@ pub mod clean;
 pub mod log;
 pub mod runs;
 pub mod service;
+pub mod turn;
 
 pub use log::EventLog;
 pub use runs::{Frame, LiveRun, Runs};

@@ -1,0 +1,150 @@
+//! One model call's worth of provider events turned into client events: text and thinking
+//! through the [`Cleaner`], tool calls as `tool_input_*` events with their arguments
+//! assembled, thinking signatures kept for the next turn, usage summed. Pure: no I/O, so the
+//! agent and the chunking property tests run exactly the same code.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::clean::{Cleaner, Piece};
+use crate::domain::{ToolCall, Usage, new_id};
+use crate::events::Event;
+use crate::providers::{ProviderError, ProviderEvent, transport};
+
+/// What a model call produced, as the client saw it.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct TurnOutput {
+    pub text: String,
+    pub thinking: String,
+    pub usage: Usage,
+    /// Set once the provider's terminal frame arrived.
+    pub finish_reason: Option<String>,
+    /// Signed thinking blocks, raw, to send back to the provider in later turns.
+    pub thinking_blocks: Vec<Value>,
+    /// The tool calls the model asked for, in the order they began.
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A tool call while its arguments stream in.
+struct PendingCall {
+    id: String,
+    /// Its place in `TurnOutput::tool_calls`, filled when the call ends.
+    slot: usize,
+    arguments: String,
+}
+
+pub struct Turn {
+    cleaner: Cleaner,
+    pieces: Vec<Piece>,
+    raw_thinking: String,
+    calls: BTreeMap<u32, PendingCall>,
+    /// The run-wide index the next tool call gets (`index` counts a run's calls from 0).
+    next_index: u32,
+    pub output: TurnOutput,
+}
+
+impl Turn {
+    /// A turn whose first tool call gets run-wide index `next_index`.
+    pub fn new(next_index: u32) -> Self {
+        Self {
+            cleaner: Cleaner::default(),
+            pieces: Vec::new(),
+            raw_thinking: String::new(),
+            calls: BTreeMap::new(),
+            next_index,
+            output: TurnOutput::default(),
+        }
+    }
+
+    /// Applies one provider event, pushing the client events it makes onto `out`.
+    pub fn apply(
+        &mut self,
+        event: ProviderEvent,
+        out: &mut Vec<Event>,
+    ) -> Result<(), ProviderError> {
+        match event {
+            ProviderEvent::Text(text) => self.cleaner.text(&text, &mut self.pieces),
+            ProviderEvent::Thinking(text) => {
+                self.raw_thinking.push_str(&text);
+                self.cleaner.thinking(&text, &mut self.pieces);
+            }
+            ProviderEvent::ThinkingSignature(signature) => {
+                let thinking = std::mem::take(&mut self.raw_thinking);
+                self.output.thinking_blocks.push(
+                    json!({"type": "thinking", "thinking": thinking, "signature": signature}),
+                );
+            }
+            ProviderEvent::ToolCallStart { index, id, name } => {
+                let id = if id.is_empty() {
+                    format!("call_{}", new_id().simple())
+                } else {
+                    id
+                };
+                let run_index = self.next_index;
+                self.next_index += 1;
+                out.push(Event::ToolInputStart {
+                    tool_call_id: id.clone(),
+                    tool: name.clone(),
+                    index: run_index,
+                });
+                let slot = self.output.tool_calls.len();
+                self.output.tool_calls.push(ToolCall {
+                    id: id.clone(),
+                    name,
+                    input: Value::Null,
+                });
+                self.calls.insert(
+                    index,
+                    PendingCall {
+                        id,
+                        slot,
+                        arguments: String::new(),
+                    },
+                );
+            }
+            ProviderEvent::ToolCallDelta { index, arguments } => {
+                if let Some(call) = self.calls.get_mut(&index) {
+                    call.arguments.push_str(&arguments);
+                    out.push(Event::ToolInputDelta {
+                        tool_call_id: call.id.clone(),
+                        delta: arguments,
+                    });
+                }
+            }
+            ProviderEvent::ToolCallEnd { index } => {
+                if let Some(call) = self.calls.remove(&index) {
+                    let input = if call.arguments.trim().is_empty() {
+                        json!({})
+                    } else {
+                        serde_json::from_str(&call.arguments)
+                            .map_err(|_| transport::parse_error())?
+                    };
+                    self.output.tool_calls[call.slot].input = input;
+                }
+            }
+            ProviderEvent::Usage(usage) => self.output.usage.add(&usage),
+            ProviderEvent::Finish(reason) => {
+                self.cleaner.finish(&mut self.pieces);
+                self.output.finish_reason = Some(reason);
+            }
+        }
+        for piece in self.pieces.drain(..) {
+            match piece {
+                Piece::Text(text) => {
+                    self.output.text.push_str(&text);
+                    out.push(Event::TextDelta { text });
+                }
+                Piece::Thinking(text) => {
+                    self.output.thinking.push_str(&text);
+                    out.push(Event::ThinkingDelta { text });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn finished(&self) -> bool {
+        self.output.finish_reason.is_some()
+    }
+}

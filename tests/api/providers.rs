@@ -1,0 +1,733 @@
+//! Real HTTP between chatd and fake providers that replay each provider's exact SSE wire
+//! format: text, thinking, tool calls split across deltas, usage, errors mid-stream, dropped
+//! connections, 401, 429 with Retry-After, 500 then success, stalls, and what is persisted.
+
+use serde_json::{Value, json};
+
+use crate::fixture::*;
+use crate::helpers::*;
+
+const KEY: &str = "sk-test-not-a-real-key-42";
+
+struct Run {
+    app: TestApp,
+    fixture: Fixture,
+    frames: Vec<Frame>,
+    _key: tempfile::NamedTempFile,
+}
+
+impl Run {
+    fn kinds(&self) -> Vec<&str> {
+        self.frames.iter().map(Frame::kind).collect()
+    }
+
+    fn last(&self, kind: &str) -> &Value {
+        &self
+            .frames
+            .iter()
+            .rev()
+            .find(|f| f.kind() == kind)
+            .unwrap_or_else(|| panic!("no {kind} in {:?}", self.kinds()))
+            .data
+    }
+
+    async fn conversation(&self) -> Value {
+        let id = self.frames[0].data["conversation_id"].as_str().unwrap();
+        self.app
+            .get(&format!("/api/conversations/{id}"), "ann")
+            .await
+            .1
+    }
+
+    async fn trace(&self) -> Value {
+        let id = self.frames[0].data["trace_id"].as_str().unwrap();
+        self.app.get(&format!("/api/trace/{id}"), "ann").await.1
+    }
+}
+
+/// Starts a fixture with `script`, and chatd with a profile `fx` on it; sends `message`.
+async fn run(kind: &str, script: Vec<Scripted>, extra: &str, message: &str) -> Run {
+    let fixture = Fixture::start(script).await;
+    let key = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(key.path(), format!("{KEY}\n")).unwrap();
+    let base = match kind {
+        "anthropic" => fixture.base.clone(),
+        "google" => format!("{}/v1beta", fixture.base),
+        _ => format!("{}/v1", fixture.base),
+    };
+    let config = format!(
+        r#"
+        [chat]
+        default_profile = "fx"
+        [providers.fx]
+        kind = "{kind}"
+        base_url = "{base}"
+        api_key_file = "{key}"
+        max_retries = 2
+        retry_base_secs = 0.01
+        retry_max_secs = 0.05
+        first_byte_timeout_secs = 5
+        idle_timeout_secs = 0.4
+        [profiles.fx]
+        provider = "fx"
+        model = "fx-model"
+        system_prompt = "Be brief."
+        {extra}
+        "#,
+        key = key.path().display(),
+    );
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let frames = app.chat("ann", json!({"message": message})).await;
+    Run {
+        app,
+        fixture,
+        frames,
+        _key: key,
+    }
+}
+
+fn openai_chunk(delta: Value, finish: Option<&str>) -> String {
+    data(json!({
+        "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "fx-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }))
+}
+
+fn openai_usage(prompt: u64, completion: u64) -> String {
+    data(json!({
+        "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "fx-model",
+        "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+        "total_tokens": prompt + completion, "completion_tokens_details": {"reasoning_tokens": 3}},
+    }))
+}
+
+const DONE: &str = "data: [DONE]\n\n";
+
+fn openai_text(pieces: &[&str]) -> Vec<String> {
+    let mut frames = vec![openai_chunk(
+        json!({"role": "assistant", "content": ""}),
+        None,
+    )];
+    frames.extend(
+        pieces
+            .iter()
+            .map(|p| openai_chunk(json!({"content": p}), None)),
+    );
+    frames.push(openai_chunk(json!({}), Some("stop")));
+    frames.push(openai_usage(9, 12));
+    frames.push(DONE.to_owned());
+    frames
+}
+
+fn anthropic_start() -> Vec<String> {
+    vec![event(
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+        "content": [], "model": "fx-model", "stop_reason": null, "stop_sequence": null,
+        "usage": {"input_tokens": 25, "cache_read_input_tokens": 5, "output_tokens": 1}}}),
+    )]
+}
+
+fn anthropic_end(reason: &str, output_tokens: u64) -> Vec<String> {
+    vec![
+        event(
+            json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": null}, "usage": {"output_tokens": output_tokens}}),
+        ),
+        event(json!({"type": "message_stop"})),
+    ]
+}
+
+fn anthropic_block(index: u64, block: Value, deltas: &[Value]) -> Vec<String> {
+    let mut frames = vec![event(
+        json!({"type": "content_block_start", "index": index, "content_block": block}),
+    )];
+    frames.extend(
+        deltas
+            .iter()
+            .map(|d| event(json!({"type": "content_block_delta", "index": index, "delta": d}))),
+    );
+    frames.push(event(json!({"type": "content_block_stop", "index": index})));
+    frames
+}
+
+/// Gemini separates its SSE frames with CRLF.
+fn gemini(parts: Value, finish: Option<&str>) -> String {
+    let mut candidate = json!({"content": {"parts": parts, "role": "model"}, "index": 0});
+    if let Some(reason) = finish {
+        candidate["finishReason"] = json!(reason);
+    }
+    let usage = if finish.is_some() {
+        json!({"promptTokenCount": 8, "candidatesTokenCount": 6, "thoughtsTokenCount": 4, "totalTokenCount": 18})
+    } else {
+        json!({"promptTokenCount": 8, "totalTokenCount": 8})
+    };
+    format!(
+        "data: {}\r\n\r\n",
+        json!({"candidates": [candidate], "usageMetadata": usage, "modelVersion": "fx-model"})
+    )
+}
+
+// ---- OpenAI Chat Completions (and compatible servers) ----
+
+#[tokio::test]
+async fn openai_text_streams_with_usage_and_a_correct_request() {
+    let r = run(
+        "openai",
+        vec![Scripted::sse(&openai_text(&["Hel", "lo", " wor", "ld."]))],
+        "temperature = 0.2\nmax_tokens = 300",
+        "Say hello",
+    )
+    .await;
+    assert_eq!(
+        r.kinds(),
+        [
+            "start",
+            "status",
+            "text_delta",
+            "text_delta",
+            "text_delta",
+            "text_delta",
+            "usage",
+            "complete",
+            "done"
+        ]
+    );
+    assert_eq!(joined(&r.frames, "text_delta"), "Hello world.");
+    let usage = r.last("usage");
+    assert_eq!(
+        (
+            usage["input_tokens"].as_u64(),
+            usage["output_tokens"].as_u64()
+        ),
+        (Some(9), Some(12))
+    );
+    assert_eq!(usage["reasoning_tokens"], 3);
+    let complete = &r.last("complete")["payload"];
+    assert_eq!(complete["message"], "Hello world.");
+    assert_eq!(complete["finish_reason"], "stop");
+    assert_eq!(complete["model"], "fx-model");
+
+    let got = r.fixture.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].path, "/v1/chat/completions");
+    assert_eq!(got[0].headers["authorization"], format!("Bearer {KEY}"));
+    let body = &got[0].body;
+    assert_eq!(body["model"], "fx-model");
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"]["include_usage"], true);
+    assert_eq!(body["max_completion_tokens"], 300);
+    assert!((body["temperature"].as_f64().unwrap() - 0.2).abs() < 1e-6);
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}])
+    );
+
+    let conversation = r.conversation().await;
+    assert_eq!(conversation["messages"][1]["content"], "Hello world.");
+    assert_eq!(conversation["messages"][1]["usage"]["output_tokens"], 12);
+}
+
+#[tokio::test]
+async fn openai_compatible_reasoning_fields_and_inline_think_tags_become_thinking() {
+    let frames = vec![
+        ": OPENROUTER PROCESSING\n\n".to_owned(),
+        openai_chunk(
+            json!({"role": "assistant", "reasoning_content": "Deep"}),
+            None,
+        ),
+        openai_chunk(json!({"reasoning": "Seek."}), None),
+        openai_chunk(json!({"content": "<thi"}), None),
+        openai_chunk(json!({"content": "nk>inline</th"}), None),
+        openai_chunk(json!({"content": "ink>\n\nAnswer\u{2404}"}), None),
+        openai_chunk(json!({}), Some("stop")),
+        DONE.to_owned(),
+    ];
+    let r = run(
+        "openai_compatible",
+        vec![Scripted::sse(&frames)],
+        "max_tokens = 50",
+        "why?",
+    )
+    .await;
+    assert_eq!(joined(&r.frames, "thinking_delta"), "DeepSeek.inline");
+    assert_eq!(joined(&r.frames, "text_delta"), "Answer");
+    for frame in &r.frames {
+        let text = frame.data.to_string();
+        assert!(
+            !text.contains("think>") && !text.contains('\u{2404}'),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        r.fixture.received()[0].body["max_tokens"],
+        50,
+        "compatible servers get max_tokens"
+    );
+    let message = &r.conversation().await["messages"][1];
+    assert_eq!(message["thinking"], "DeepSeek.inline");
+    assert_eq!(message["content"], "Answer");
+}
+
+#[tokio::test]
+async fn openai_tool_call_arguments_stream_across_many_deltas() {
+    let mut frames = vec![openai_chunk(
+        json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": "call_abc", "type": "function", "function": {"name": "search_articles", "arguments": ""}}]}),
+        None,
+    )];
+    let arguments = r#"{"query": "CRISPR reviews", "limit": 5}"#;
+    for piece in arguments.as_bytes().chunks(4) {
+        let piece = std::str::from_utf8(piece).unwrap();
+        frames.push(openai_chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+            None,
+        ));
+    }
+    frames.push(openai_chunk(json!({}), Some("tool_calls")));
+    frames.push(DONE.to_owned());
+    let r = run("openai", vec![Scripted::sse(&frames)], "", "find reviews").await;
+    let start = r
+        .frames
+        .iter()
+        .find(|f| f.kind() == "tool_input_start")
+        .unwrap();
+    assert_eq!(
+        start.data,
+        json!({"type": "tool_input_start", "tool_call_id": "call_abc", "tool": "search_articles", "index": 0})
+    );
+    let deltas: String = r
+        .frames
+        .iter()
+        .filter(|f| f.kind() == "tool_input_delta")
+        .map(|f| f.data["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, arguments);
+    assert_eq!(r.last("complete")["payload"]["finish_reason"], "tool_calls");
+    let message = &r.conversation().await["messages"][1];
+    assert_eq!(
+        message["tool_calls"],
+        json!([{"id": "call_abc", "name": "search_articles", "input": {"query": "CRISPR reviews", "limit": 5}}])
+    );
+}
+
+#[tokio::test]
+async fn an_error_frame_on_http_200_fails_the_run_and_keeps_the_partial_text() {
+    let frames = vec![
+        openai_chunk(json!({"role": "assistant", "content": "Partial"}), None),
+        data(json!({"error": {"code": 502, "message": "Upstream provider crashed"}})),
+    ];
+    let r = run("openai_compatible", vec![Scripted::sse(&frames)], "", "go").await;
+    assert_eq!(
+        r.kinds(),
+        ["start", "status", "text_delta", "error", "done"]
+    );
+    let error = r.last("error");
+    assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
+    assert_eq!(error["retryable"], true);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("Upstream provider crashed")
+    );
+    let conversation = r.conversation().await;
+    assert_eq!(
+        conversation["messages"].as_array().unwrap().len(),
+        1,
+        "no assistant message"
+    );
+    assert_eq!(r.trace().await["error"]["partial_text"], "Partial");
+}
+
+#[tokio::test]
+async fn a_dropped_connection_is_a_network_error() {
+    let script = Scripted::sse(&[openai_chunk(json!({"content": "Half an ans"}), None)])
+        .then(Part::Pause(std::time::Duration::from_millis(50)))
+        .then(Part::Drop);
+    let r = run("openai", vec![script], "", "go").await;
+    assert_eq!(joined(&r.frames, "text_delta"), "Half an ans");
+    assert_eq!(
+        r.fixture.received().len(),
+        1,
+        "never retried once output started"
+    );
+    let error = r.last("error");
+    assert_eq!(error["code"], "NETWORK_ERROR");
+    assert_eq!(error["message"], "Connection failed");
+    assert_eq!(error["retryable"], true);
+    assert_eq!(r.kinds().last(), Some(&"done"));
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_without_its_terminal_frame_is_not_a_success() {
+    let frames = vec![
+        openai_chunk(json!({"content": "Cut"}), None),
+        openai_chunk(json!({}), Some("stop")),
+    ];
+    let r = run("openai", vec![Scripted::sse(&frames)], "", "go").await;
+    assert_eq!(r.last("error")["code"], "NETWORK_ERROR");
+    assert!(r.frames.iter().all(|f| f.kind() != "complete"));
+}
+
+#[tokio::test]
+async fn a_stalled_stream_ends_with_an_error_instead_of_hanging() {
+    let script =
+        Scripted::sse(&[openai_chunk(json!({"content": "Then silence"}), None)]).then(Part::Stall);
+    let r = run("openai", vec![script], "", "go").await;
+    assert_eq!(r.last("error")["code"], "NETWORK_ERROR");
+    assert_eq!(r.trace().await["status"], "error");
+}
+
+#[tokio::test]
+async fn an_unparsable_frame_fails_with_failed_to_parse() {
+    let frames = vec![
+        openai_chunk(json!({"content": "ok"}), None),
+        "data: {not json\n\n".to_owned(),
+    ];
+    let r = run("openai", vec![Scripted::sse(&frames)], "", "go").await;
+    let error = r.last("error");
+    assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
+    assert_eq!(error["message"], "Failed to parse response");
+    assert_eq!(error["retryable"], false);
+}
+
+#[tokio::test]
+async fn a_401_is_unauthorized_and_never_retried() {
+    let script = Scripted::error(
+        401,
+        json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}),
+    );
+    let r = run("openai", vec![script], "", "go").await;
+    assert_eq!(r.kinds(), ["start", "status", "error", "done"]);
+    let error = r.last("error");
+    assert_eq!(error["code"], "UNAUTHORIZED");
+    assert_eq!(error["message"], "Invalid API key");
+    assert_eq!(error["retryable"], false);
+    assert_eq!(r.fixture.received().len(), 1);
+    assert!(
+        !r.frames.iter().any(|f| f.data.to_string().contains(KEY)),
+        "the key never reaches a client"
+    );
+}
+
+#[tokio::test]
+async fn a_429_is_retried_after_retry_after_then_succeeds() {
+    let limited =
+        Scripted::error(429, json!({"error": {"message": "slow down"}})).header("retry-after", "0");
+    let r = run(
+        "openai",
+        vec![limited, Scripted::sse(&openai_text(&["fine"]))],
+        "",
+        "go",
+    )
+    .await;
+    assert_eq!(joined(&r.frames, "text_delta"), "fine");
+    assert_eq!(r.fixture.received().len(), 2);
+}
+
+#[tokio::test]
+async fn persistent_429s_end_as_rate_limited_after_the_configured_retries() {
+    let limited =
+        Scripted::error(429, json!({"error": {"message": "slow down"}})).header("retry-after", "0");
+    let r = run(
+        "openai",
+        vec![limited.clone(), limited.clone(), limited],
+        "",
+        "go",
+    )
+    .await;
+    let error = r.last("error");
+    assert_eq!(error["code"], "RATE_LIMITED");
+    assert_eq!(error["message"], "Rate limited, try again");
+    assert_eq!(error["retryable"], true);
+    assert_eq!(
+        r.fixture.received().len(),
+        3,
+        "one try and max_retries = 2 retries"
+    );
+}
+
+#[tokio::test]
+async fn a_500_then_success_is_retried_before_any_output() {
+    let failing = Scripted::error(500, json!({"error": {"message": "internal"}}));
+    let r = run(
+        "openai",
+        vec![failing, Scripted::sse(&openai_text(&["recovered"]))],
+        "",
+        "go",
+    )
+    .await;
+    assert_eq!(joined(&r.frames, "text_delta"), "recovered");
+    assert!(r.frames.iter().all(|f| f.kind() != "error"));
+    assert_eq!(r.fixture.received().len(), 2);
+}
+
+#[tokio::test]
+async fn an_unreachable_provider_is_a_network_error() {
+    // A port that was just free: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = format!(
+        "[chat]\ndefault_profile = \"fx\"\n[providers.fx]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 1\nretry_base_secs = 0.01\n[profiles.fx]\nprovider = \"fx\"\nmodel = \"m\"\n"
+    );
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let frames = app.chat("ann", json!({"message": "anyone?"})).await;
+    let error = &frames.iter().find(|f| f.kind() == "error").unwrap().data;
+    assert_eq!(error["code"], "NETWORK_ERROR");
+    assert_eq!(error["message"], "Connection failed");
+}
+
+// ---- Anthropic Messages ----
+
+#[tokio::test]
+async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() {
+    let mut frames = anthropic_start();
+    frames.extend(anthropic_block(
+        0,
+        json!({"type": "thinking", "thinking": ""}),
+        &[
+            json!({"type": "thinking_delta", "thinking": "Let me think"}),
+            json!({"type": "thinking_delta", "thinking": " carefully."}),
+            json!({"type": "signature_delta", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3h"}),
+        ],
+    ));
+    frames.push(event(json!({"type": "ping"})));
+    frames.extend(anthropic_block(
+        1,
+        json!({"type": "text", "text": ""}),
+        &[
+            json!({"type": "text_delta", "text": "Twenty"}),
+            json!({"type": "text_delta", "text": "-seven."}),
+        ],
+    ));
+    frames.extend(anthropic_end("end_turn", 42));
+    let second = {
+        let mut f = anthropic_start();
+        f.extend(anthropic_block(
+            0,
+            json!({"type": "text", "text": ""}),
+            &[json!({"type": "text_delta", "text": "Sure."})],
+        ));
+        f.extend(anthropic_end("end_turn", 2));
+        f
+    };
+    let r = run(
+        "anthropic",
+        vec![Scripted::sse(&frames), Scripted::sse(&second)],
+        "enable_thinking = true\nthinking_budget = 2000\ntemperature = 0.5",
+        "27?",
+    )
+    .await;
+    assert_eq!(
+        joined(&r.frames, "thinking_delta"),
+        "Let me think carefully."
+    );
+    assert_eq!(joined(&r.frames, "text_delta"), "Twenty-seven.");
+    let usage = r.last("usage");
+    assert_eq!(
+        (
+            usage["input_tokens"].as_u64(),
+            usage["output_tokens"].as_u64()
+        ),
+        (Some(25), Some(42))
+    );
+    assert_eq!(usage["cache_read_tokens"], 5);
+
+    let got = r.fixture.received();
+    assert_eq!(got[0].path, "/v1/messages");
+    assert_eq!(got[0].headers["x-api-key"], KEY);
+    assert_eq!(got[0].headers["anthropic-version"], "2023-06-01");
+    let body = &got[0].body;
+    assert_eq!(body["system"], "Be brief.");
+    assert_eq!(
+        body["thinking"],
+        json!({"type": "enabled", "budget_tokens": 2000})
+    );
+    assert!(
+        body.get("temperature").is_none(),
+        "thinking forbids a custom temperature"
+    );
+    assert!(body["max_tokens"].as_u64().unwrap() > 2000);
+
+    // The next turn sends the signed thinking block back before the text.
+    let conversation = r.frames[0].data["conversation_id"].clone();
+    r.app
+        .chat(
+            "ann",
+            json!({"message": "and?", "conversation_id": conversation}),
+        )
+        .await;
+    let body = &r.fixture.received()[1].body;
+    assert_eq!(
+        body["messages"][1],
+        json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Let me think carefully.", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3h"},
+            {"type": "text", "text": "Twenty-seven."},
+        ]})
+    );
+    assert_eq!(
+        body["messages"][2],
+        json!({"role": "user", "content": [{"type": "text", "text": "and?"}]})
+    );
+}
+
+#[tokio::test]
+async fn anthropic_tool_use_input_json_streams_in_pieces() {
+    let mut frames = anthropic_start();
+    frames.extend(anthropic_block(
+        0,
+        json!({"type": "text", "text": ""}),
+        &[json!({"type": "text_delta", "text": "Searching."})],
+    ));
+    let pieces = ["{\"que", "ry\": \"CRI", "SPR\", \"li", "mit\": 3}"];
+    let deltas: Vec<Value> = pieces
+        .iter()
+        .map(|p| json!({"type": "input_json_delta", "partial_json": p}))
+        .collect();
+    frames.extend(anthropic_block(
+        1,
+        json!({"type": "tool_use", "id": "toolu_01", "name": "search_articles", "input": {}}),
+        &deltas,
+    ));
+    frames.extend(anthropic_end("tool_use", 30));
+    let r = run("anthropic", vec![Scripted::sse(&frames)], "", "search").await;
+    let kinds = r.kinds();
+    let start = kinds.iter().position(|k| *k == "tool_input_start").unwrap();
+    assert_eq!(kinds[start + 1..start + 5], ["tool_input_delta"; 4]);
+    assert_eq!(r.frames[start].data["tool_call_id"], "toolu_01");
+    assert_eq!(r.last("complete")["payload"]["finish_reason"], "tool_calls");
+    let message = &r.conversation().await["messages"][1];
+    assert_eq!(
+        message["tool_calls"][0]["input"],
+        json!({"query": "CRISPR", "limit": 3})
+    );
+    assert_eq!(message["content"], "Searching.");
+}
+
+#[tokio::test]
+async fn anthropic_overloaded_error_mid_stream_is_service_unavailable() {
+    let mut frames = anthropic_start();
+    frames.push(event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+    frames.push(event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Start"}})));
+    frames.push(event(
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    ));
+    let r = run("anthropic", vec![Scripted::sse(&frames)], "", "go").await;
+    assert_eq!(
+        r.kinds(),
+        ["start", "status", "text_delta", "error", "done"]
+    );
+    let error = r.last("error");
+    assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
+    assert_eq!(error["message"], "Model error: Overloaded");
+    assert_eq!(error["retryable"], true);
+    assert_eq!(r.trace().await["error"]["partial_text"], "Start");
+}
+
+#[tokio::test]
+async fn anthropic_401_and_529() {
+    let r = run("anthropic", vec![Scripted::error(401, json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}))], "", "go").await;
+    assert_eq!(r.last("error")["code"], "UNAUTHORIZED");
+    let overloaded = Scripted::error(
+        529,
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    );
+    let r = run(
+        "anthropic",
+        vec![overloaded.clone(), overloaded.clone(), overloaded],
+        "",
+        "go",
+    )
+    .await;
+    let error = r.last("error");
+    assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
+    assert_eq!(error["retryable"], true);
+    assert_eq!(r.fixture.received().len(), 3);
+}
+
+// ---- Google Gemini ----
+
+#[tokio::test]
+async fn gemini_thoughts_text_and_usage_stream() {
+    let frames = vec![
+        gemini(
+            json!([{"text": "Considering the sky.", "thought": true}]),
+            None,
+        ),
+        gemini(json!([{"text": "It is "}]), None),
+        gemini(json!([{"text": "blue."}]), Some("STOP")),
+    ];
+    let r = run(
+        "google",
+        vec![Scripted::sse(&frames)],
+        "enable_thinking = true\nthinking_budget = 512\nmax_tokens = 100",
+        "Sky colour?",
+    )
+    .await;
+    assert_eq!(joined(&r.frames, "thinking_delta"), "Considering the sky.");
+    assert_eq!(joined(&r.frames, "text_delta"), "It is blue.");
+    let usage = r.last("usage");
+    assert_eq!(
+        (
+            usage["input_tokens"].as_u64(),
+            usage["output_tokens"].as_u64()
+        ),
+        (Some(8), Some(10))
+    );
+    assert_eq!(usage["reasoning_tokens"], 4);
+    let got = &r.fixture.received()[0];
+    assert_eq!(
+        got.path,
+        "/v1beta/models/fx-model:streamGenerateContent?alt=sse"
+    );
+    assert_eq!(got.headers["x-goog-api-key"], KEY);
+    assert_eq!(
+        got.body["systemInstruction"],
+        json!({"parts": [{"text": "Be brief."}]})
+    );
+    assert_eq!(
+        got.body["contents"],
+        json!([{"role": "user", "parts": [{"text": "Sky colour?"}]}])
+    );
+    assert_eq!(
+        got.body["generationConfig"]["thinkingConfig"],
+        json!({"includeThoughts": true, "thinkingBudget": 512})
+    );
+    assert_eq!(got.body["generationConfig"]["maxOutputTokens"], 100);
+}
+
+#[tokio::test]
+async fn gemini_function_calls_arrive_whole() {
+    let frames = vec![gemini(
+        json!([{"functionCall": {"name": "get_weather", "args": {"city": "Oslo"}}}]),
+        Some("STOP"),
+    )];
+    let r = run("google", vec![Scripted::sse(&frames)], "", "weather").await;
+    let start = r
+        .frames
+        .iter()
+        .find(|f| f.kind() == "tool_input_start")
+        .unwrap();
+    assert_eq!(start.data["tool"], "get_weather");
+    assert_eq!(r.last("complete")["payload"]["finish_reason"], "tool_calls");
+    let message = &r.conversation().await["messages"][1];
+    assert_eq!(message["tool_calls"][0]["input"], json!({"city": "Oslo"}));
+}
+
+#[tokio::test]
+async fn gemini_errors_map_to_the_contract() {
+    let r = run("google", vec![Scripted::error(403, json!({"error": {"code": 403, "message": "API key not valid", "status": "PERMISSION_DENIED"}}))], "", "go").await;
+    assert_eq!(r.last("error")["code"], "UNAUTHORIZED");
+    let frames = vec![
+        gemini(json!([{"text": "par"}]), None),
+        format!(
+            "data: {}\r\n\r\n",
+            json!({"error": {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}})
+        ),
+    ];
+    let r = run("google", vec![Scripted::sse(&frames)], "", "go").await;
+    let error = r.last("error");
+    assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
+    assert_eq!(r.trace().await["error"]["partial_text"], "par");
+}
