@@ -28,6 +28,117 @@ pub struct Settings {
     pub providers: BTreeMap<String, ProviderSettings>,
     #[serde(default)]
     pub profiles: BTreeMap<String, ProfileSettings>,
+    pub tools: ToolSettings,
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerSettings>,
+    #[serde(default)]
+    pub http_tools: BTreeMap<String, HttpToolSettings>,
+    #[serde(default)]
+    pub pages: BTreeMap<String, PageSettings>,
+    #[serde(default)]
+    pub payload_types: BTreeMap<String, PayloadTypeSettings>,
+    #[serde(default)]
+    pub actions: BTreeMap<String, ActionSettings>,
+}
+
+/// Limits and built-ins shared by every tool.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ToolSettings {
+    /// Built-in tools to offer: `current_time`, `calculator`.
+    pub builtins: Vec<String>,
+    /// Seconds one tool call may take before it ends with status `timeout`.
+    pub timeout_secs: f64,
+    /// Characters of a tool's output sent in `tool_output` (the model gets all of it).
+    pub max_output_chars: usize,
+    /// Retries of a call that failed in a way worth retrying (a 5xx, a lost MCP server).
+    pub max_retries: u32,
+}
+
+/// An MCP server: a child process over stdio (`command` + `args`), or streamable HTTP (`url`).
+/// Started once at start-up and shared by all conversations; restarted with backoff.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct McpServerSettings {
+    #[serde(default)]
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment for the child process.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Offered on every page (true), or only where a page lists its tools.
+    #[serde(default = "yes")]
+    pub global: bool,
+}
+
+/// A tool chatd calls by POSTing the model's arguments as JSON to `url`. The answer is the
+/// result: any JSON or text, or `{"text": …, "payload": …}` to hand the client a payload.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct HttpToolSettings {
+    pub url: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default = "object_schema")]
+    pub input_schema: serde_json::Value,
+    #[serde(default = "yes")]
+    pub global: bool,
+    #[serde(default)]
+    pub timeout_secs: Option<f64>,
+}
+
+/// What a page (and its tabs, and their subtabs) adds to a request: who the assistant is
+/// there, its tools and the payload types it may produce.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct PageSettings {
+    pub identity: Option<String>,
+    pub instructions: Option<String>,
+    pub tools: Vec<String>,
+    pub payload_types: Vec<String>,
+    pub tabs: BTreeMap<String, PageSettings>,
+    pub subtabs: BTreeMap<String, PageSettings>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadSource {
+    Tool,
+    Llm,
+}
+
+/// A structured payload: produced by a tool, or written by the model after `parse_marker`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct PayloadTypeSettings {
+    pub source: PayloadSource,
+    #[serde(default)]
+    pub parse_marker: Option<String>,
+    #[serde(default)]
+    pub llm_instructions: Option<String>,
+    /// A JSON schema the payload's data must match.
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
+    #[serde(default)]
+    pub is_global: bool,
+}
+
+/// The server side of a `handler: "server"` action: an HTTP URL or a tool.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ActionSettings {
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub tool: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn object_schema() -> serde_json::Value {
+    serde_json::json!({"type": "object"})
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

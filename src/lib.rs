@@ -8,6 +8,7 @@ pub mod events;
 pub mod http;
 pub mod providers;
 pub mod store;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,0 +1,1 @@
+//! MCP servers (being written).
