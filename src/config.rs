@@ -209,6 +209,9 @@ pub struct StreamSettings {
 pub struct ChatSettings {
     pub default_profile: String,
     pub title_max_chars: usize,
+    /// Whether a request's `diagnostics: true` is honoured (system prompt, messages, tools
+    /// and the raw model output in `complete`).
+    pub allow_diagnostics: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -403,6 +406,15 @@ impl Settings {
         let mut settings: Settings = figment.extract().map_err(Box::new)?;
         settings.resolve()?;
         Ok(settings)
+    }
+
+    /// The defaults with each TOML text layered on top, in order.
+    pub fn from_layers(layers: &[&str]) -> Result<Self, ConfigError> {
+        let figment = layers.iter().fold(
+            Figment::new().merge(Toml::string(DEFAULT_TOML)),
+            |f, layer| f.merge(Toml::string(layer)),
+        );
+        Self::from_figment(figment)
     }
 
     /// The defaults alone, with `overrides` (TOML text) on top.

@@ -128,6 +128,30 @@ pub struct ToolCall {
     pub input: Value,
 }
 
+/// A tool's answer as the model gets it back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub tool_call_id: String,
+    pub tool_name: String,
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// One model call of an assistant message: what the model said and asked for, and what
+/// its tools answered. Stored with the message so later turns send the exchange back to
+/// the provider in its own format.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AssistantTurn {
+    pub text: String,
+    /// Signed thinking blocks (Anthropic), sent back as received.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thinking_blocks: Vec<Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_results: Vec<ToolResult>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Feedback {
     pub rating: Option<Rating>,
@@ -181,6 +205,21 @@ pub struct Message {
 }
 
 impl Message {
+    /// The model calls of an assistant message, oldest first. A message stored without
+    /// them (written by hand, or by another version) is one turn of its content.
+    pub fn turns(&self) -> Vec<AssistantTurn> {
+        self.provider_state
+            .as_ref()
+            .and_then(|state| state.get("turns"))
+            .and_then(|turns| serde_json::from_value(turns.clone()).ok())
+            .unwrap_or_else(|| {
+                vec![AssistantTurn {
+                    text: self.content.clone(),
+                    ..AssistantTurn::default()
+                }]
+            })
+    }
+
     /// A message with only the required parts set; the rest empty.
     pub fn new(
         conversation_id: Uuid,

@@ -21,6 +21,7 @@ use crate::chat::{ChatService, EventLog, Runs};
 use crate::config::{MOCK_ID, ProviderKind, Settings};
 use crate::http::AppState;
 use crate::providers::Providers;
+use crate::tools::{NoMcp, Registry};
 
 /// A built server: bound, migrated, ready to [`run`](App::run).
 pub struct App {
@@ -55,10 +56,14 @@ impl App {
                 "the default profile uses the built-in mock model; configure [providers] and [profiles] for a real one"
             );
         }
+        let shutdown = CancellationToken::new();
+        let tools =
+            Arc::new(Registry::new(&settings, Arc::new(NoMcp)).map_err(anyhow::Error::msg)?);
         let chat = ChatService::new(
             settings.clone(),
             store.clone(),
             providers,
+            tools.clone(),
             Runs::default(),
             log,
         );
@@ -68,7 +73,8 @@ impl App {
             settings,
             store,
             chat,
-            shutdown: CancellationToken::new(),
+            tools,
+            shutdown,
         };
         Ok(Self { listener, state })
     }

@@ -1,22 +1,31 @@
-//! The run itself, from `start` to `done`: call the model, turn what it streams into clean
-//! events, then persist the result and end the stream with exactly one terminal event.
-//! Tool calls and the multi-step loop arrive with the tools (see README, "not done yet").
+//! The run, from `start` to `done`: the agent loop. Call the model; if it asked for tools,
+//! run them (concurrently, each with a timeout and bounded retries), feed the results back
+//! and call it again, up to `max_iterations` model calls. Then persist the result and end
+//! the stream with exactly one terminal event.
 
-use std::sync::Arc;
-
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
-use serde_json::json;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::markers::Captured;
+use super::payloads::{self, LlmPayloadType};
 use super::runs::{Emitter, Runs};
 use super::turn::Turn;
-use crate::domain::{Message, Role, ToolCall, TraceStatus, Usage, now};
-use crate::events::{CompletePayload, Event};
+use crate::domain::{
+    AssistantTurn, Message, Role, ToolCall, ToolRecord, ToolResult, TraceStatus, Usage, now,
+};
+use crate::events::{CompletePayload, Event, ToolStatus};
 use crate::providers::{LlmProvider, ModelRequest, ProviderError, transport};
 use crate::store::{RunFinish, Store};
+use crate::tools::{Tool, ToolCallContext, ToolError, ToolProgress};
 
 /// Everything a started run needs; built by the service once validation passed.
 pub struct RunPlan {
@@ -27,9 +36,23 @@ pub struct RunPlan {
     pub profile: String,
     pub provider: Arc<dyn LlmProvider>,
     pub request: ModelRequest,
+    pub tools: Vec<Arc<dyn Tool>>,
+    pub max_iterations: u32,
+    pub payload_types: Vec<LlmPayloadType>,
+    pub limits: ToolLimits,
+    /// The diagnostics of the request, when it asked and config allows; the agent adds the
+    /// raw model output.
+    pub diagnostics: Option<Value>,
 }
 
-/// What the model calls produced, however the run ended.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolLimits {
+    pub timeout: Duration,
+    pub max_output_chars: usize,
+    pub max_retries: u32,
+}
+
+/// What the run produced, however it ended.
 #[derive(Debug, Default)]
 struct Output {
     /// The answer and the thinking exactly as the client received them.
@@ -37,11 +60,15 @@ struct Output {
     thinking: String,
     usage: Usage,
     finish_reason: String,
-    spans: Vec<serde_json::Value>,
-    /// Signed thinking blocks, raw, to send back to the provider in later turns.
-    thinking_blocks: Vec<serde_json::Value>,
-    /// Tool calls the model asked for, in the order they began.
-    tool_calls: Vec<ToolCall>,
+    spans: Vec<Value>,
+    turns: Vec<AssistantTurn>,
+    tool_history: Vec<ToolRecord>,
+    payloads: Vec<Value>,
+    captured: Vec<Captured>,
+    warnings: Vec<String>,
+    raw_text: String,
+    /// A `[[tool:N]]` marker was the last text: the next text starts a new paragraph.
+    after_marker: bool,
 }
 
 enum Ending {
@@ -96,7 +123,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
 /// Runs the plan to its end. Every path emits exactly one of `complete`, `cancelled`,
 /// `error`, then `done`, and persists what it must.
 #[tracing::instrument(skip_all, fields(trace_id = %plan.trace_id, conversation_id = %plan.conversation_id))]
-async fn execute(plan: RunPlan, emitter: &mut Emitter, store: &dyn Store) {
+async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &dyn Store) {
     let cancel = emitter.run().cancel.clone();
     emitter.emit(Event::Start {
         conversation_id: plan.conversation_id,
@@ -107,7 +134,44 @@ async fn execute(plan: RunPlan, emitter: &mut Emitter, store: &dyn Store) {
         profile: plan.profile.clone(),
     });
     let mut output = Output::default();
-    let ending = call_model(&plan, emitter, &cancel, &mut output).await;
+    let markers: Vec<String> = [payloads::SUGGESTED_VALUES, payloads::SUGGESTED_ACTIONS]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(plan.payload_types.iter().map(|t| t.marker.clone()))
+        .collect();
+    let mut ending = Ending::Completed;
+    for iteration in 1..=plan.max_iterations.max(1) {
+        ending = call_model(&plan, emitter, &cancel, &mut output, markers.clone()).await;
+        let Some(turn) = output.turns.last_mut() else {
+            break;
+        };
+        if !matches!(ending, Ending::Completed) || turn.tool_calls.is_empty() {
+            break;
+        }
+        let calls = turn.tool_calls.clone();
+        let results = run_tools(&plan, emitter, &cancel, &calls, &mut output).await;
+        let turn = output
+            .turns
+            .last_mut()
+            .expect("the turn that asked for the tools");
+        turn.tool_results = results;
+        if cancel.is_cancelled() {
+            ending = Ending::Cancelled;
+            break;
+        }
+        // The next call sees this turn and its results, in the provider's own format.
+        let mut exchange = Message::new(
+            plan.conversation_id,
+            None,
+            Role::Assistant,
+            turn.text.clone(),
+        );
+        exchange.provider_state = Some(json!({"turns": [turn]}));
+        plan.request.messages.push(exchange);
+        if iteration == plan.max_iterations {
+            output.finish_reason = "max_iterations".to_owned();
+        }
+    }
     finish(&plan, emitter, store, ending, output).await;
 }
 
@@ -117,24 +181,28 @@ async fn call_model(
     emitter: &mut Emitter,
     cancel: &CancellationToken,
     output: &mut Output,
+    markers: Vec<String>,
 ) -> Ending {
     let started_at = now();
     emitter.emit(Event::Status {
         message: "Thinking…".to_owned(),
     });
-    let mut turn = Turn::new(output.tool_calls.len() as u32);
+    let mut turn = Turn::new(output.tool_history.len() as u32, markers);
     let ending = tokio::select! {
         biased;
         () = cancel.cancelled() => Ending::Cancelled,
-        ending = stream_turn(plan, emitter, &mut turn) => ending,
+        ending = stream_turn(plan, emitter, &mut turn, output) => ending,
     };
     let ended_at = now();
     let turn = turn.output;
-    output.text.push_str(&turn.text);
-    output.thinking.push_str(&turn.thinking);
     output.usage.add(&turn.usage);
-    output.thinking_blocks.extend(turn.thinking_blocks);
-    output.tool_calls.extend(turn.tool_calls);
+    output.raw_text.push_str(&turn.raw_text);
+    output.captured.extend(turn.captured);
+    output.warnings.extend(
+        turn.invalid_markers
+            .into_iter()
+            .map(|m| format!("marker left in the text, its JSON did not parse: {m}")),
+    );
     if let Some(reason) = &turn.finish_reason {
         output.finish_reason.clone_from(reason);
     }
@@ -144,22 +212,41 @@ async fn call_model(
         "started_at": started_at,
         "ended_at": ended_at,
         "duration_ms": (ended_at - started_at).num_milliseconds(),
-        "status": match &ending { Ending::Completed => "ok", Ending::Cancelled => "cancelled", Ending::Failed(_) => "error" },
+        "status": status_of(&ending),
         "attributes": {
             "gen_ai.operation.name": "chat",
             "gen_ai.request.model": plan.request.model,
             "gen_ai.usage.input_tokens": turn.usage.input_tokens,
             "gen_ai.usage.output_tokens": turn.usage.output_tokens,
-            "gen_ai.response.finish_reasons": turn.finish_reason.into_iter().collect::<Vec<_>>(),
+            "gen_ai.response.finish_reasons": turn.finish_reason.iter().collect::<Vec<_>>(),
         },
     }));
     if turn.usage != Usage::default() {
         emitter.emit(Event::Usage(turn.usage));
     }
+    output.turns.push(AssistantTurn {
+        text: turn.text,
+        thinking_blocks: turn.thinking_blocks,
+        tool_calls: turn.tool_calls,
+        tool_results: Vec::new(),
+    });
     ending
 }
 
-async fn stream_turn(plan: &RunPlan, emitter: &mut Emitter, turn: &mut Turn) -> Ending {
+fn status_of(ending: &Ending) -> &'static str {
+    match ending {
+        Ending::Completed => "ok",
+        Ending::Cancelled => "cancelled",
+        Ending::Failed(_) => "error",
+    }
+}
+
+async fn stream_turn(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    turn: &mut Turn,
+    output: &mut Output,
+) -> Ending {
     let mut stream = match plan.provider.stream(&plan.request).await {
         Ok(stream) => stream,
         Err(error) => return Ending::Failed(error),
@@ -168,7 +255,7 @@ async fn stream_turn(plan: &RunPlan, emitter: &mut Emitter, turn: &mut Turn) -> 
     while let Some(event) = stream.next().await {
         let applied = event.and_then(|event| turn.apply(event, &mut events));
         for event in events.drain(..) {
-            emitter.emit(event);
+            emit_content(emitter, output, event);
         }
         if let Err(error) = applied {
             return Ending::Failed(error);
@@ -182,13 +269,282 @@ async fn stream_turn(plan: &RunPlan, emitter: &mut Emitter, turn: &mut Turn) -> 
     Ending::Failed(transport::network_error())
 }
 
+/// Emits a turn's event, keeping `output` equal to what the client assembles.
+fn emit_content(emitter: &mut Emitter, output: &mut Output, event: Event) {
+    match event {
+        Event::TextDelta { mut text } => {
+            if std::mem::take(&mut output.after_marker) {
+                text.insert_str(0, "\n\n");
+            }
+            output.text.push_str(&text);
+            emitter.emit(Event::TextDelta { text });
+        }
+        Event::ThinkingDelta { text } => {
+            output.thinking.push_str(&text);
+            emitter.emit(Event::ThinkingDelta { text });
+        }
+        other => emitter.emit(other),
+    }
+}
+
+/// What one tool call came to.
+struct Finished {
+    slot: usize,
+    status: ToolStatus,
+    text: String,
+    payload: Option<Value>,
+    started_at: chrono::DateTime<chrono::Utc>,
+    duration: Duration,
+}
+
+/// Runs one model turn's tool calls concurrently; events interleave by `tool_call_id`.
+/// Returns each call's result for the model, in the order the calls were made.
+async fn run_tools(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    cancel: &CancellationToken,
+    calls: &[ToolCall],
+    output: &mut Output,
+) -> Vec<ToolResult> {
+    let first = output.tool_history.len();
+    let by_name: HashMap<String, &Arc<dyn Tool>> =
+        plan.tools.iter().map(|t| (t.spec().name, t)).collect();
+    for (slot, call) in calls.iter().enumerate() {
+        emitter.emit(Event::ToolStart {
+            tool_call_id: call.id.clone(),
+            tool: call.name.clone(),
+            input: call.input.clone(),
+            index: (first + slot) as u32,
+            timestamp: now(),
+        });
+    }
+    let names: Vec<&str> = calls.iter().map(|c| c.name.as_str()).collect();
+    emitter.emit(Event::Status {
+        message: format!("Running {}…", names.join(", ")),
+    });
+
+    let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<(usize, ToolProgress)>();
+    let mut running = FuturesUnordered::new();
+    for (slot, call) in calls.iter().enumerate() {
+        let tool = by_name.get(&call.name).map(|t| Arc::clone(t));
+        // Its own token: a timeout stops this call only; cancelling the run stops them all.
+        let (input, token, limits) = (call.input.clone(), cancel.child_token(), plan.limits);
+        let (forward, mut reports) = mpsc::unbounded_channel();
+        let progress = progress_tx.clone();
+        running.push(async move {
+            let started_at = now();
+            let started = Instant::now();
+            let relay = async move {
+                while let Some(report) = reports.recv().await {
+                    let _ = progress.send((slot, report));
+                }
+            };
+            let ctx = ToolCallContext {
+                progress: forward,
+                cancel: token,
+            };
+            let ((status, text, payload), ()) =
+                tokio::join!(call_tool(tool, input, ctx, limits), relay);
+            Finished {
+                slot,
+                status,
+                text,
+                payload,
+                started_at,
+                duration: started.elapsed(),
+            }
+        });
+    }
+    drop(progress_tx);
+
+    let mut finished: Vec<Option<Finished>> = calls.iter().map(|_| None).collect();
+    while !running.is_empty() {
+        tokio::select! {
+            Some((slot, report)) = progress_rx.recv() => {
+                emitter.emit(Event::ToolProgress {
+                    tool_call_id: calls[slot].id.clone(),
+                    tool: calls[slot].name.clone(),
+                    stage: report.stage,
+                    message: report.message,
+                    progress: report.progress,
+                    data: report.data,
+                });
+            }
+            Some(done) = running.next() => {
+                let slot = done.slot;
+                tool_done(plan, emitter, output, &calls[slot], first + slot, &done);
+                finished[slot] = Some(done);
+            }
+        }
+    }
+    calls
+        .iter()
+        .zip(finished)
+        .map(|(call, done)| {
+            let done = done.expect("every call finishes");
+            let content = match done.status {
+                ToolStatus::Success => done.text,
+                _ => format!("Error: {}", done.text),
+            };
+            ToolResult {
+                tool_call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                content,
+                is_error: done.status != ToolStatus::Success,
+            }
+        })
+        .collect()
+}
+
+/// Calls a tool with its timeout and bounded retries; never fails the run.
+async fn call_tool(
+    tool: Option<Arc<dyn Tool>>,
+    input: Value,
+    ctx: ToolCallContext,
+    limits: ToolLimits,
+) -> (ToolStatus, String, Option<Value>) {
+    let Some(tool) = tool else {
+        return (
+            ToolStatus::Error,
+            "No such tool is available".to_owned(),
+            None,
+        );
+    };
+    let mut attempt = 0;
+    loop {
+        let call = tool.call(input.clone(), ctx.clone());
+        let outcome = tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => Err(None),
+            outcome = tokio::time::timeout(limits.timeout, call) => outcome.map_err(|_| Some(())),
+        };
+        match outcome {
+            Ok(Ok(output)) => return (ToolStatus::Success, output.text, output.payload),
+            Ok(Err(ToolError {
+                message,
+                retryable: true,
+            })) if attempt < limits.max_retries => {
+                attempt += 1;
+                tracing::info!(tool = %tool.spec().name, attempt, error = %message, "retrying tool call");
+                tokio::time::sleep(Duration::from_millis(100 * 2u64.pow(attempt))).await;
+            }
+            Ok(Err(error)) => return (ToolStatus::Error, error.message, None),
+            Err(None) => return (ToolStatus::Cancelled, "cancelled".to_owned(), None),
+            Err(Some(())) => {
+                // Tell the tool to stop (an MCP server gets notifications/cancelled).
+                ctx.cancel.cancel();
+                let secs = limits.timeout.as_secs_f64();
+                return (
+                    ToolStatus::Timeout,
+                    format!("the tool did not answer within {secs} s"),
+                    None,
+                );
+            }
+        }
+    }
+}
+
+/// Reports a finished call: `tool_output`, `tool_complete`, then the `[[tool:N]]` marker.
+fn tool_done(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    output: &mut Output,
+    call: &ToolCall,
+    index: usize,
+    done: &Finished,
+) {
+    let full_length = done.text.chars().count();
+    let truncated = full_length > plan.limits.max_output_chars;
+    let shown: String = if truncated {
+        done.text
+            .chars()
+            .take(plan.limits.max_output_chars)
+            .collect()
+    } else {
+        done.text.clone()
+    };
+    emitter.emit(Event::ToolOutput {
+        tool_call_id: call.id.clone(),
+        output: shown,
+        truncated,
+        full_length,
+    });
+    let duration_ms = done.duration.as_millis() as u64;
+    let summary = done
+        .text
+        .lines()
+        .next()
+        .map(|l| l.chars().take(120).collect::<String>())
+        .filter(|s| !s.is_empty());
+    emitter.emit(Event::ToolComplete {
+        tool_call_id: call.id.clone(),
+        tool: call.name.clone(),
+        index: index as u32,
+        status: done.status,
+        duration_ms,
+        summary,
+    });
+    let separator = if output.text.is_empty() { "" } else { "\n\n" };
+    let marker = format!("{separator}[[tool:{index}]]");
+    output.text.push_str(&marker);
+    output.after_marker = true;
+    emitter.emit(Event::TextDelta { text: marker });
+
+    if let Some(payload) = &done.payload {
+        let kind = payload
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or(&call.name)
+            .to_owned();
+        let data = payload
+            .get("data")
+            .cloned()
+            .unwrap_or_else(|| payload.clone());
+        let summary = payload.get("summary").and_then(Value::as_str);
+        output
+            .payloads
+            .push(payloads::custom_payload(&kind, data, summary));
+    }
+    output.tool_history.push(ToolRecord {
+        tool_call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        input: call.input.clone(),
+        output: done.text.clone(),
+        is_error: done.status != ToolStatus::Success,
+        duration_ms,
+    });
+    let ended_at = done.started_at + chrono::Duration::milliseconds(duration_ms as i64);
+    output.spans.push(json!({
+        "kind": "tool",
+        "name": format!("execute_tool {}", call.name),
+        "started_at": done.started_at,
+        "ended_at": ended_at,
+        "duration_ms": duration_ms,
+        "status": done.status,
+        "attributes": {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+        },
+    }));
+}
+
 async fn finish(
     plan: &RunPlan,
     emitter: &mut Emitter,
     store: &dyn Store,
     ending: Ending,
-    output: Output,
+    mut output: Output,
 ) {
+    let extracted = payloads::extract(&output.captured, &plan.payload_types);
+    output.warnings.extend(extracted.warnings);
+    output.payloads.extend(extracted.payloads);
+    if !output.warnings.is_empty() {
+        tracing::warn!(warnings = ?output.warnings, "the answer's markers had problems");
+        if let Some(span) = output.spans.iter_mut().rev().find(|s| s["kind"] == "llm") {
+            span["attributes"]["chatd.warnings"] = json!(output.warnings);
+        }
+    }
     let thinking = (!output.thinking.is_empty()).then(|| output.thinking.clone());
     let mut message = Message::new(
         plan.conversation_id,
@@ -201,32 +557,50 @@ async fn finish(
     message.model = Some(plan.request.model.clone());
     message.trace_id = Some(plan.trace_id);
     message.usage = Some(output.usage);
-    message.tool_calls = output.tool_calls.clone();
-    if !output.thinking_blocks.is_empty() {
-        message.provider_state = Some(json!({"anthropic": {"thinking": output.thinking_blocks}}));
-    }
+    message.tool_calls = output
+        .turns
+        .iter()
+        .flat_map(|t| t.tool_calls.clone())
+        .collect();
+    message.tool_history = output.tool_history.clone();
+    message.payloads = output.payloads.clone();
+    message.suggested_values = extracted.suggested_values.clone();
+    message.suggested_actions = extracted.suggested_actions.clone();
+    message.provider_state = Some(json!({"turns": output.turns}));
     let (status, assistant, error, terminal) = match ending {
         Ending::Completed => {
             message.content = output.text.clone();
+            let diagnostics = plan.diagnostics.clone().map(|mut d| {
+                d["raw_llm_response"] = json!(output.raw_text);
+                d
+            });
             let payload = CompletePayload {
                 message: output.text,
                 thinking,
-                suggested_values: Vec::new(),
-                suggested_actions: Vec::new(),
-                custom_payload: None,
-                tool_history: Vec::new(),
+                suggested_values: extracted.suggested_values,
+                suggested_actions: extracted.suggested_actions,
+                custom_payload: output.payloads.last().cloned(),
+                tool_history: output.tool_history,
                 conversation_id: plan.conversation_id,
                 message_id: plan.message_id,
                 trace_id: plan.trace_id,
                 model: plan.request.model.clone(),
-                finish_reason: output.finish_reason,
+                finish_reason: if output.finish_reason.is_empty() {
+                    "stop".to_owned()
+                } else {
+                    output.finish_reason
+                },
                 usage: output.usage,
-                diagnostics: None,
+                diagnostics,
             };
-            let complete = Event::Complete {
-                payload: Box::new(payload),
-            };
-            (TraceStatus::Completed, Some(message), None, complete)
+            (
+                TraceStatus::Completed,
+                Some(message),
+                None,
+                Event::Complete {
+                    payload: Box::new(payload),
+                },
+            )
         }
         Ending::Cancelled => {
             message.cancelled = true;

@@ -2,8 +2,11 @@
 //! control characters and `␄` are dropped (`\n` and `\t` stay), inline `<think>…</think>`
 //! (models served by Ollama, vLLM, llama.cpp) goes to the thinking channel, a tag split
 //! across chunks is held back until it is whole, and whitespace at the edges of the answer
-//! and of the thinking is trimmed. The output depends only on the concatenated input, never
-//! on where it was cut; the property tests below prove it.
+//! and of the thinking is trimmed, and marker blocks (`SUGGESTED_VALUES: […]`, …) are cut
+//! out of the answer ([`MarkerFilter`]). The output depends only on the concatenated input,
+//! never on where it was cut; the property tests below prove it.
+
+use super::markers::{Captured, MarkerFilter};
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -17,6 +20,7 @@ pub enum Piece {
 
 #[derive(Debug, Default)]
 pub struct Cleaner {
+    markers: MarkerFilter,
     in_think: bool,
     /// The end of the answer channel so far that may be the start of a tag.
     held: String,
@@ -57,6 +61,19 @@ impl Edge {
 }
 
 impl Cleaner {
+    /// A cleaner that also cuts out blocks that start with one of `markers`.
+    pub fn with_markers(markers: Vec<String>) -> Self {
+        Self {
+            markers: MarkerFilter::new(markers),
+            ..Self::default()
+        }
+    }
+
+    /// The marker blocks cut out so far, and those left in the text as invalid.
+    pub fn markers(&self) -> (&[Captured], &[String]) {
+        (&self.markers.captured, &self.markers.invalid)
+    }
+
     /// Cleans a chunk of the answer channel, which may carry `<think>` tags.
     pub fn text(&mut self, chunk: &str, out: &mut Vec<Piece>) {
         let mut buffer = std::mem::take(&mut self.held);
@@ -97,6 +114,9 @@ impl Cleaner {
     pub fn finish(&mut self, out: &mut Vec<Piece>) {
         let held = std::mem::take(&mut self.held);
         self.emit(&held, out);
+        let mut rest = String::new();
+        self.markers.finish(&mut rest);
+        self.push_text(&rest, out);
         let held = std::mem::take(&mut self.held_thinking);
         self.push_thinking(&held, out);
     }
@@ -106,10 +126,16 @@ impl Cleaner {
         if self.in_think {
             self.push_thinking(text, out);
         } else {
-            let mut cleaned = String::with_capacity(text.len());
-            self.text.push(text, &mut cleaned);
-            append(out, Piece::Text(cleaned));
+            let mut shown = String::with_capacity(text.len());
+            self.markers.push(text, &mut shown);
+            self.push_text(&shown, out);
         }
+    }
+
+    fn push_text(&mut self, text: &str, out: &mut Vec<Piece>) {
+        let mut cleaned = String::with_capacity(text.len());
+        self.text.push(text, &mut cleaned);
+        append(out, Piece::Text(cleaned));
     }
 
     fn push_thinking(&mut self, text: &str, out: &mut Vec<Piece>) {

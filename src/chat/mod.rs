@@ -4,6 +4,9 @@
 pub mod agent;
 pub mod clean;
 pub mod log;
+pub mod markers;
+pub mod payloads;
+pub mod prompt;
 pub mod runs;
 pub mod service;
 pub mod turn;

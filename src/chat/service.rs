@@ -8,13 +8,21 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::agent::{self, RunPlan};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::agent::{self, RunPlan, ToolLimits};
 use super::log::EventLog;
+use super::payloads::LlmPayloadType;
+use super::prompt::{self, PromptParts};
 use super::runs::{LiveRun, Runs};
-use crate::config::Settings;
+use crate::config::{PayloadSource, Settings};
 use crate::domain::{Conversation, Message, Role, Trace, TraceStatus, branch, new_id, now};
-use crate::providers::{ModelRequest, Providers};
+use crate::providers::{ModelRequest, Providers, ToolSpec};
 use crate::store::{RunStart, Store, StoreError};
+use crate::tools::{PageScope, Registry, ToolCallContext};
 
 /// The body of `POST /api/chat/stream` (CONTRACT.md §4).
 #[derive(Debug, Clone, Deserialize)]
@@ -73,8 +81,11 @@ pub struct ChatService {
     settings: Arc<Settings>,
     store: Arc<dyn Store>,
     providers: Providers,
+    tools: Arc<Registry>,
     runs: Runs,
     log: EventLog,
+    /// For server-side action handlers given as URLs.
+    http: reqwest::Client,
 }
 
 impl ChatService {
@@ -82,15 +93,24 @@ impl ChatService {
         settings: Arc<Settings>,
         store: Arc<dyn Store>,
         providers: Providers,
+        tools: Arc<Registry>,
         runs: Runs,
         log: EventLog,
     ) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs_f64(
+                settings.tools.timeout_secs.max(0.001),
+            ))
+            .build()
+            .expect("the TLS backend initialises");
         Self {
             settings,
             store,
             providers,
+            tools,
             runs,
             log,
+            http,
         }
     }
 
@@ -188,22 +208,55 @@ impl ChatService {
             comparison_id: None,
             variant: None,
         };
-        let mut messages = branch(&history, parent);
+        let earlier = branch(&history, parent);
+        let scope = PageScope::resolve(&self.settings, request.context.as_ref());
+        let tools = self.tools.for_request(&scope, &profile.tools);
+        let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec()).collect();
+        let payload_types = self.payload_types(&scope);
+        let mut system_prompt = prompt::system_prompt(&PromptParts {
+            base: conversation
+                .system_prompt
+                .as_deref()
+                .or(profile.system_prompt.as_deref()),
+            scope: &scope,
+            context: request.context.as_ref(),
+            history: &earlier,
+            tools: &specs,
+            payload_types: &payload_types,
+            actions: &self.settings.actions,
+        });
+        if request.interaction_type == InteractionType::ActionExecuted {
+            let outcome = self
+                .run_action(request.action.as_ref(), request.context.as_ref())
+                .await;
+            system_prompt.push_str(&format!("\n\n## Action result\n{outcome}"));
+        }
+        let mut messages = earlier;
         messages.push(user_message.clone());
+        let diagnostics = (request.diagnostics && self.settings.chat.allow_diagnostics).then(|| {
+            json!({
+                "model": profile.model,
+                "max_tokens": profile.max_tokens,
+                "max_iterations": profile.max_iterations,
+                "temperature": profile.temperature,
+                "tools": specs.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+                "system_prompt": system_prompt,
+                "messages": messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect::<Vec<_>>(),
+                "context": request.context,
+            })
+        });
         let request = ModelRequest {
             model: profile.model.clone(),
-            system_prompt: conversation
-                .system_prompt
-                .clone()
-                .or_else(|| profile.system_prompt.clone()),
+            system_prompt: Some(system_prompt),
             messages,
             temperature: profile.temperature,
             max_tokens: profile.max_tokens,
             enable_thinking: profile.enable_thinking,
             thinking_budget: profile.thinking_budget,
             reasoning_effort: profile.reasoning_effort.clone(),
-            tools: Vec::new(),
+            tools: specs,
         };
+        let limits = &self.settings.tools;
         let plan = RunPlan {
             conversation_id: conversation.id,
             user_message_id: user_message.id,
@@ -212,6 +265,15 @@ impl ChatService {
             profile: profile_name,
             provider,
             request,
+            tools,
+            max_iterations: profile.max_iterations,
+            payload_types,
+            limits: ToolLimits {
+                timeout: Duration::from_secs_f64(limits.timeout_secs.max(0.001)),
+                max_output_chars: limits.max_output_chars,
+                max_retries: limits.max_retries,
+            },
+            diagnostics,
         };
 
         self.store
@@ -231,6 +293,89 @@ impl ChatService {
             self.runs.clone(),
         ));
         Ok(run)
+    }
+}
+
+impl ChatService {
+    /// The payload types the model may write here: global ones and the page's, with a marker.
+    fn payload_types(&self, scope: &PageScope) -> Vec<LlmPayloadType> {
+        self.settings
+            .payload_types
+            .iter()
+            .filter(|(name, t)| {
+                t.source == PayloadSource::Llm
+                    && (t.is_global || scope.payload_types.contains(name))
+            })
+            .filter_map(|(name, t)| {
+                let marker = t.parse_marker.clone()?;
+                Some(LlmPayloadType {
+                    name: name.clone(),
+                    marker,
+                    settings: t.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Runs the server handler of an executed action (an HTTP URL or a tool) and describes
+    /// the outcome for the model. A failure is described, not raised: the turn goes on.
+    async fn run_action(&self, action: Option<&Value>, context: Option<&Value>) -> String {
+        let name = action
+            .and_then(|a| a.get("action"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let data = action
+            .and_then(|a| a.get("data"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let Some(handler) = self.settings.actions.get(name) else {
+            return format!("The user executed the client action `{name}` with data {data}.");
+        };
+        let result = if let Some(url) = &handler.url {
+            let body = json!({"action": name, "data": data, "context": context});
+            match self.http.post(url).json(&body).send().await {
+                Ok(response) if response.status().is_success() => {
+                    response.text().await.map_err(|e| e.to_string())
+                }
+                Ok(response) => Err(format!("the handler answered {}", response.status())),
+                Err(e) => Err(format!("the handler could not be reached: {e}")),
+            }
+        } else if let Some(tool_name) = &handler.tool {
+            match self
+                .tools
+                .all()
+                .into_iter()
+                .find(|t| t.tool.spec().name == *tool_name)
+            {
+                Some(available) => {
+                    let (progress, _) = tokio::sync::mpsc::unbounded_channel();
+                    let ctx = ToolCallContext {
+                        progress,
+                        cancel: CancellationToken::new(),
+                    };
+                    available
+                        .tool
+                        .call(data.clone(), ctx)
+                        .await
+                        .map(|o| o.text)
+                        .map_err(|e| e.message)
+                }
+                None => Err(format!("its tool `{tool_name}` is not available")),
+            }
+        } else {
+            Err("it has no handler configured".to_owned())
+        };
+        match result {
+            Ok(text) => format!(
+                "The user executed the action `{name}` with data {data}. Its result:\n{text}"
+            ),
+            Err(problem) => {
+                tracing::warn!(action = name, %problem, "server action failed");
+                format!(
+                    "The user executed the action `{name}` with data {data}, but it failed: {problem}."
+                )
+            }
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::clean::{Cleaner, Piece};
+use super::markers::Captured;
 use crate::domain::{ToolCall, Usage, new_id};
 use crate::events::Event;
 use crate::providers::{ProviderError, ProviderEvent, transport};
@@ -24,6 +25,11 @@ pub struct TurnOutput {
     pub thinking_blocks: Vec<Value>,
     /// The tool calls the model asked for, in the order they began.
     pub tool_calls: Vec<ToolCall>,
+    /// The answer as the provider sent it, before cleaning (for diagnostics).
+    pub raw_text: String,
+    /// Marker blocks cut out of the answer, and those left in because they did not parse.
+    pub captured: Vec<Captured>,
+    pub invalid_markers: Vec<String>,
 }
 
 /// A tool call while its arguments stream in.
@@ -45,10 +51,11 @@ pub struct Turn {
 }
 
 impl Turn {
-    /// A turn whose first tool call gets run-wide index `next_index`.
-    pub fn new(next_index: u32) -> Self {
+    /// A turn whose first tool call gets run-wide index `next_index`, cutting out blocks
+    /// that start with one of `markers`.
+    pub fn new(next_index: u32, markers: Vec<String>) -> Self {
         Self {
-            cleaner: Cleaner::default(),
+            cleaner: Cleaner::with_markers(markers),
             pieces: Vec::new(),
             raw_thinking: String::new(),
             calls: BTreeMap::new(),
@@ -64,7 +71,10 @@ impl Turn {
         out: &mut Vec<Event>,
     ) -> Result<(), ProviderError> {
         match event {
-            ProviderEvent::Text(text) => self.cleaner.text(&text, &mut self.pieces),
+            ProviderEvent::Text(text) => {
+                self.output.raw_text.push_str(&text);
+                self.cleaner.text(&text, &mut self.pieces);
+            }
             ProviderEvent::Thinking(text) => {
                 self.raw_thinking.push_str(&text);
                 self.cleaner.thinking(&text, &mut self.pieces);
@@ -126,6 +136,9 @@ impl Turn {
             ProviderEvent::Usage(usage) => self.output.usage.add(&usage),
             ProviderEvent::Finish(reason) => {
                 self.cleaner.finish(&mut self.pieces);
+                let (captured, invalid) = self.cleaner.markers();
+                self.output.captured = captured.to_vec();
+                self.output.invalid_markers = invalid.to_vec();
                 self.output.finish_reason = Some(reason);
             }
         }

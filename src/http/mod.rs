@@ -6,6 +6,7 @@ mod conversations;
 pub mod error;
 pub mod extract;
 mod health;
+mod tools;
 mod traces;
 
 use std::sync::Arc;
@@ -21,12 +22,14 @@ use tower_http::trace::TraceLayer;
 use crate::chat::ChatService;
 use crate::config::Settings;
 use crate::store::Store;
+use crate::tools::Registry;
 
 #[derive(Clone)]
 pub struct AppState {
     pub settings: Arc<Settings>,
     pub store: Arc<dyn Store>,
     pub chat: ChatService,
+    pub tools: Arc<Registry>,
     /// Cancelled when the server shuts down; every open stream ends with it.
     pub shutdown: CancellationToken,
 }
@@ -46,6 +49,7 @@ pub fn router(state: AppState) -> Router {
         .merge(conversations::routes())
         .merge(chat::routes())
         .merge(traces::routes())
+        .merge(tools::routes())
         .fallback(|| async { error::AppError::not_found("No such endpoint") })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(

@@ -46,23 +46,39 @@ impl AnthropicProvider {
     }
 
     fn body(request: &ModelRequest) -> Value {
-        let messages: Vec<Value> = request
-            .messages
-            .iter()
-            .filter_map(|message| match message.role {
-                Role::User => Some(
-                    json!({"role": "user", "content": [{"type": "text", "text": message.content}]}),
+        let mut messages: Vec<Value> = Vec::new();
+        for message in &request.messages {
+            match message.role {
+                Role::User => push(
+                    &mut messages,
+                    "user",
+                    vec![json!({"type": "text", "text": message.content})],
                 ),
                 Role::Assistant => {
-                    let mut content = thinking_blocks(message.provider_state.as_ref());
-                    if !message.content.is_empty() {
-                        content.push(json!({"type": "text", "text": message.content}));
+                    for turn in message.turns() {
+                        let mut content: Vec<Value> = turn
+                            .thinking_blocks
+                            .iter()
+                            .filter(|b| b["signature"].as_str().is_some_and(|s| !s.is_empty()))
+                            .cloned()
+                            .collect();
+                        if !turn.text.is_empty() {
+                            content.push(json!({"type": "text", "text": turn.text}));
+                        }
+                        content.extend(turn.tool_calls.iter().map(|call| {
+                            json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.input})
+                        }));
+                        push(&mut messages, "assistant", content);
+                        let results = turn.tool_results.iter().map(|result| {
+                            json!({"type": "tool_result", "tool_use_id": result.tool_call_id,
+                                   "content": result.content, "is_error": result.is_error})
+                        });
+                        push(&mut messages, "user", results.collect());
                     }
-                    (!content.is_empty()).then(|| json!({"role": "assistant", "content": content}))
                 }
-                Role::System | Role::Tool => None,
-            })
-            .collect();
+                Role::System | Role::Tool => {}
+            }
+        }
         let thinking_budget = request.enable_thinking.then(|| {
             request
                 .thinking_budget
@@ -98,21 +114,19 @@ impl AnthropicProvider {
     }
 }
 
-/// The signed thinking blocks an assistant message carried, in the API's shape.
-fn thinking_blocks(state: Option<&Value>) -> Vec<Value> {
-    state
-        .and_then(|s| s["anthropic"]["thinking"].as_array())
-        .map(|blocks| {
-            blocks
-                .iter()
-                .filter(|b| {
-                    b["signature"].as_str().is_some_and(|s| !s.is_empty())
-                        || b["type"] == "redacted_thinking"
-                })
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
+/// Appends content blocks as a message of `role`, merged into the previous message when it
+/// has the same role (the API wants user and assistant to alternate).
+fn push(messages: &mut Vec<Value>, role: &str, content: Vec<Value>) {
+    if content.is_empty() {
+        return;
+    }
+    if let Some(last) = messages.last_mut().filter(|m| m["role"] == role) {
+        if let Some(blocks) = last["content"].as_array_mut() {
+            blocks.extend(content);
+            return;
+        }
+    }
+    messages.push(json!({"role": role, "content": content}));
 }
 
 #[async_trait]

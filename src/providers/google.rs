@@ -37,19 +37,35 @@ impl GoogleProvider {
     }
 
     fn body(request: &ModelRequest) -> Value {
-        let contents: Vec<Value> = request
-            .messages
-            .iter()
-            .filter_map(|message| {
-                let role = match message.role {
-                    Role::User => "user",
-                    Role::Assistant => "model",
-                    Role::System | Role::Tool => return None,
-                };
-                (!message.content.is_empty())
-                    .then(|| json!({"role": role, "parts": [{"text": message.content}]}))
-            })
-            .collect();
+        let mut contents: Vec<Value> = Vec::new();
+        for message in &request.messages {
+            match message.role {
+                Role::User => push(
+                    &mut contents,
+                    "user",
+                    vec![json!({"text": message.content})],
+                ),
+                Role::Assistant => {
+                    for turn in message.turns() {
+                        let mut parts = Vec::new();
+                        if !turn.text.is_empty() {
+                            parts.push(json!({"text": turn.text}));
+                        }
+                        parts.extend(
+                            turn.tool_calls.iter().map(
+                                |c| json!({"functionCall": {"name": c.name, "args": c.input}}),
+                            ),
+                        );
+                        push(&mut contents, "model", parts);
+                        let responses = turn.tool_results.iter().map(|r| {
+                            json!({"functionResponse": {"name": r.tool_name, "response": {"content": r.content, "is_error": r.is_error}}})
+                        });
+                        push(&mut contents, "user", responses.collect());
+                    }
+                }
+                Role::System | Role::Tool => {}
+            }
+        }
         let mut generation = json!({});
         if let Some(t) = request.temperature {
             generation["temperature"] = json!(t);
@@ -78,6 +94,20 @@ impl GoogleProvider {
         }
         body
     }
+}
+
+/// Appends parts as a content of `role`, merged into the previous one of the same role.
+fn push(contents: &mut Vec<Value>, role: &str, parts: Vec<Value>) {
+    if parts.is_empty() {
+        return;
+    }
+    if let Some(last) = contents.last_mut().filter(|c| c["role"] == role) {
+        if let Some(existing) = last["parts"].as_array_mut() {
+            existing.extend(parts);
+            return;
+        }
+    }
+    contents.push(json!({"role": role, "parts": parts}));
 }
 
 #[async_trait]

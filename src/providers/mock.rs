@@ -9,7 +9,9 @@
 //! `[mock:words=N]` answer with N words; `[mock:delay=MS]` pause between chunks;
 //! `[mock:think=off]` no thinking; `[mock:error=KIND]` fail before any output, KIND one of
 //! `unauthorized`, `rate_limited`, `unavailable`, `network`, `parse`; `[mock:fail_after=N]`
-//! fail after N text chunks.
+//! fail after N text chunks; `[mock:tool=NAME {"arg": …}]` call a tool (several of them: a
+//! parallel turn), then, once the results are back, answer with what the tools said;
+//! `[mock:loop]` call the tools again on every turn (to reach `max_iterations`).
 
 use std::time::Duration;
 
@@ -34,6 +36,8 @@ struct Script {
     delay: Duration,
     error: Option<ProviderErrorKind>,
     fail_after: Option<usize>,
+    tools: Vec<(String, String)>,
+    repeat_tools: bool,
 }
 
 const WORDS: [&str; 12] = [
@@ -75,6 +79,11 @@ impl MockProvider {
                 ("delay", ms) => script.delay = Duration::from_millis(ms.parse().unwrap_or(0)),
                 ("think", "off") => script.thinking = None,
                 ("fail_after", n) => script.fail_after = n.parse().ok(),
+                ("tool", call) => {
+                    let (name, args) = call.split_once(char::is_whitespace).unwrap_or((call, "{}"));
+                    script.tools.push((name.to_owned(), args.trim().to_owned()));
+                }
+                ("loop", _) => script.repeat_tools = true,
                 ("error", kind) => {
                     script.error = Some(match kind {
                         "unauthorized" => ProviderErrorKind::Unauthorized,
@@ -147,9 +156,31 @@ impl LlmProvider for MockProvider {
             .find(|m| m.role == Role::User)
             .map(|m| m.content.as_str())
             .unwrap_or_default();
-        let script = self.script(last_user);
+        let mut script = self.script(last_user);
         if let Some(kind) = script.error {
             return Err(ProviderError::new(kind, error_message(kind)));
+        }
+        // After the user's message, the exchanges of this run: the tools were called already.
+        let results: Vec<String> = request
+            .messages
+            .iter()
+            .rev()
+            .take_while(|m| m.role != Role::User)
+            .flat_map(|m| m.turns())
+            .flat_map(|t| t.tool_results)
+            .map(|r| format!("{} said {}", r.tool_name, r.content))
+            .collect();
+        let round = request
+            .messages
+            .iter()
+            .rev()
+            .take_while(|m| m.role != Role::User)
+            .count();
+        if !results.is_empty() {
+            script.text = format!("The tools answered: {}.", results.join("; "));
+            if !script.repeat_tools {
+                script.tools.clear();
+            }
         }
         let input_tokens = request
             .messages
@@ -176,8 +207,17 @@ impl LlmProvider for MockProvider {
                 yield Ok(ProviderEvent::Text(piece));
             }
             output_tokens += estimate_tokens(&script.text);
+            for (index, (name, args)) in script.tools.iter().enumerate() {
+                let index = index as u32;
+                yield Ok(ProviderEvent::ToolCallStart { index, id: format!("mock_call_{round}_{index}"), name: name.clone() });
+                for piece in chunks(args, size) {
+                    yield Ok(ProviderEvent::ToolCallDelta { index, arguments: piece });
+                }
+                yield Ok(ProviderEvent::ToolCallEnd { index });
+            }
             yield Ok(ProviderEvent::Usage(Usage { input_tokens, output_tokens, ..Usage::default() }));
-            yield Ok(ProviderEvent::Finish("stop".to_owned()));
+            let reason = if script.tools.is_empty() { "stop" } else { "tool_calls" };
+            yield Ok(ProviderEvent::Finish(reason.to_owned()));
         };
         Ok(stream.boxed())
     }

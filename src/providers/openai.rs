@@ -51,13 +51,32 @@ impl OpenAiProvider {
             messages.push(json!({"role": "system", "content": system}));
         }
         for message in &request.messages {
-            let role = match message.role {
-                Role::User => "user",
-                Role::Assistant => "assistant",
-                Role::System => "system",
-                Role::Tool => continue,
-            };
-            messages.push(json!({"role": role, "content": message.content}));
+            match message.role {
+                Role::User => messages.push(json!({"role": "user", "content": message.content})),
+                Role::System => {
+                    messages.push(json!({"role": "system", "content": message.content}))
+                }
+                Role::Assistant => {
+                    for turn in message.turns() {
+                        let mut assistant = json!({"role": "assistant", "content": turn.text});
+                        if !turn.tool_calls.is_empty() {
+                            assistant["tool_calls"] = turn
+                                .tool_calls
+                                .iter()
+                                .map(|call| {
+                                    json!({"id": call.id, "type": "function",
+                                           "function": {"name": call.name, "arguments": call.input.to_string()}})
+                                })
+                                .collect();
+                        }
+                        messages.push(assistant);
+                        messages.extend(turn.tool_results.iter().map(|result| {
+                            json!({"role": "tool", "tool_call_id": result.tool_call_id, "content": result.content})
+                        }));
+                    }
+                }
+                Role::Tool => {}
+            }
         }
         let mut body = json!({
             "model": request.model,

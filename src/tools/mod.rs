@@ -2,14 +2,48 @@
 //! Every kind implements [`Tool`]; the [`Registry`] decides which a request gets. Tools know
 //! nothing of HTTP handlers, the store or the client's events.
 
+pub mod builtin;
+pub mod http;
 pub mod mcp;
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::{PageSettings, Settings};
 pub use crate::providers::ToolSpec;
+
+/// The MCP side of the registry: the tools of the servers that are ready now.
+pub trait McpTools: Send + Sync {
+    /// (server id, tool) for every ready server's tools, under the servers' own names.
+    fn tools(&self) -> Vec<(String, Arc<dyn Tool>)>;
+    /// Whether a server's tools are offered on every page.
+    fn is_global(&self, server: &str) -> bool;
+    /// Each server's state, for `GET /api/tools`.
+    fn status(&self) -> Value;
+}
+
+/// No MCP servers (tests, or a build without them).
+pub struct NoMcp;
+
+impl McpTools for NoMcp {
+    fn tools(&self) -> Vec<(String, Arc<dyn Tool>)> {
+        Vec::new()
+    }
+
+    fn is_global(&self, _server: &str) -> bool {
+        false
+    }
+
+    fn status(&self) -> Value {
+        Value::Array(Vec::new())
+    }
+}
 
 /// What a tool reports while it runs (MCP `notifications/progress`, streaming HTTP tools).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -64,4 +98,171 @@ impl ToolError {
 pub trait Tool: Send + Sync {
     fn spec(&self) -> ToolSpec;
     async fn call(&self, input: Value, ctx: ToolCallContext) -> Result<ToolOutput, ToolError>;
+}
+
+/// A tool under another name (an MCP tool whose name another tool already has).
+struct Renamed {
+    name: String,
+    inner: Arc<dyn Tool>,
+}
+
+#[async_trait]
+impl Tool for Renamed {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name.clone(),
+            ..self.inner.spec()
+        }
+    }
+
+    async fn call(&self, input: Value, ctx: ToolCallContext) -> Result<ToolOutput, ToolError> {
+        self.inner.call(input, ctx).await
+    }
+}
+
+/// Where a tool comes from, for `GET /api/tools`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ToolSource {
+    Builtin,
+    Http,
+    Mcp { server: String },
+}
+
+/// A tool as a request may get it: final (unique) name, origin, and whether it is global.
+#[derive(Clone)]
+pub struct Available {
+    pub tool: Arc<dyn Tool>,
+    pub source: ToolSource,
+    pub global: bool,
+}
+
+/// Every tool chatd knows: built-ins and HTTP tools (fixed at start-up) and the tools of the
+/// MCP servers that are ready now.
+pub struct Registry {
+    fixed: Vec<Available>,
+    mcp: Arc<dyn McpTools>,
+}
+
+impl Registry {
+    /// Builds the fixed tools; `mcp` supplies the MCP servers' tools as they come and go.
+    pub fn new(settings: &Settings, mcp: Arc<dyn McpTools>) -> Result<Self, String> {
+        let mut fixed = Vec::new();
+        for name in &settings.tools.builtins {
+            let tool = builtin::builtin(name)
+                .ok_or_else(|| format!("tools.builtins: unknown built-in tool '{name}'"))?;
+            fixed.push(Available {
+                tool,
+                source: ToolSource::Builtin,
+                global: true,
+            });
+        }
+        // No overall timeout here: the agent times every call and reports `timeout` itself.
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .build()
+            .map_err(|e| e.to_string())?;
+        for (name, http) in &settings.http_tools {
+            if fixed.iter().any(|t| t.tool.spec().name == *name) {
+                return Err(format!("http_tools.{name}: a built-in tool has that name"));
+            }
+            let tool = Arc::new(http::HttpTool::new(name, http.clone(), client.clone()));
+            fixed.push(Available {
+                tool,
+                source: ToolSource::Http,
+                global: http.global,
+            });
+        }
+        Ok(Self { fixed, mcp })
+    }
+
+    pub fn mcp(&self) -> &Arc<dyn McpTools> {
+        &self.mcp
+    }
+
+    /// Every tool available now, each under a unique name: an MCP tool whose name is taken
+    /// gets its server id in front (`server_name`).
+    pub fn all(&self) -> Vec<Available> {
+        let mut tools = self.fixed.clone();
+        let mut names: HashSet<String> = tools.iter().map(|t| t.tool.spec().name).collect();
+        for (server, tool) in self.mcp.tools() {
+            let name = tool.spec().name;
+            let tool: Arc<dyn Tool> = if names.contains(&name) {
+                Arc::new(Renamed {
+                    name: format!("{server}_{name}"),
+                    inner: tool,
+                })
+            } else {
+                tool
+            };
+            names.insert(tool.spec().name);
+            let global = self.mcp.is_global(&server);
+            tools.push(Available {
+                tool,
+                source: ToolSource::Mcp { server },
+                global,
+            });
+        }
+        tools
+    }
+
+    /// The tools one request gets: the global ones plus those its page, tab and subtab name,
+    /// kept only if the profile allows them (`*` allows all).
+    pub fn for_request(&self, scope: &PageScope, allowed: &[String]) -> Vec<Arc<dyn Tool>> {
+        let all_allowed = allowed.iter().any(|a| a == "*");
+        self.all()
+            .into_iter()
+            .filter(|t| {
+                let name = t.tool.spec().name;
+                (t.global || scope.tools.contains(&name))
+                    && (all_allowed || allowed.contains(&name))
+            })
+            .map(|t| t.tool)
+            .collect()
+    }
+}
+
+/// What the request's `context.current_page` / `active_tab` / `active_subtab` select from
+/// `pages.*`: the deepest identity and instructions, and the tools and payload types of
+/// every level.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PageScope {
+    pub identity: Option<String>,
+    pub instructions: Vec<String>,
+    pub tools: Vec<String>,
+    pub payload_types: Vec<String>,
+}
+
+impl PageScope {
+    pub fn resolve(settings: &Settings, context: Option<&Value>) -> Self {
+        let mut scope = PageScope::default();
+        let field = |key: &str| context.and_then(|c| c.get(key)).and_then(Value::as_str);
+        let Some(page) = field("current_page").and_then(|p| settings.pages.get(p)) else {
+            return scope;
+        };
+        scope.add(page);
+        let tab = field("active_tab").and_then(|t| page.tabs.get(t));
+        if let Some(tab) = tab {
+            scope.add(tab);
+        }
+        let subtab = field("active_subtab");
+        let subtab = subtab.and_then(|s| {
+            tab.and_then(|t| t.subtabs.get(s))
+                .or_else(|| page.subtabs.get(s))
+        });
+        if let Some(subtab) = subtab {
+            scope.add(subtab);
+        }
+        scope
+    }
+
+    fn add(&mut self, level: &PageSettings) {
+        if level.identity.is_some() {
+            self.identity.clone_from(&level.identity);
+        }
+        self.instructions.extend(level.instructions.iter().cloned());
+        self.tools.extend(level.tools.iter().cloned());
+        self.payload_types
+            .extend(level.payload_types.iter().cloned());
+    }
 }

@@ -85,7 +85,10 @@ fn replay(format: WireFormat, body: &str, cuts: &[usize]) -> (Vec<Event>, TurnOu
         .unwrap();
     runtime.block_on(async {
         let mut stream = decode_sse(format, futures_util::stream::iter(chunks));
-        let mut turn = Turn::new(0);
+        let mut turn = Turn::new(
+            0,
+            vec!["SUGGESTED_VALUES:".into(), "SUGGESTED_ACTIONS:".into()],
+        );
         let mut events = Vec::new();
         while let Some(event) = stream.next().await {
             turn.apply(event.expect("the recording decodes"), &mut events)

@@ -44,6 +44,11 @@ impl Scripted {
 
     /// A JSON error answer.
     pub fn error(status: u16, body: Value) -> Self {
+        Self::json(status, body)
+    }
+
+    /// A JSON answer.
+    pub fn json(status: u16, body: Value) -> Self {
         Self {
             status,
             headers: vec![("content-type", "application/json".into())],

@@ -127,8 +127,7 @@ impl TestApp {
     /// Starts chatd on `backend` with `FAST_MOCK` and `overrides` (TOML) on the defaults.
     pub async fn spawn(backend: Backend, overrides: &str) -> Self {
         let db = TestDb::new(backend).await;
-        let mut settings =
-            Settings::with_overrides(&format!("{FAST_MOCK}\n{overrides}")).expect("test config");
+        let mut settings = Settings::from_layers(&[FAST_MOCK, overrides]).expect("test config");
         settings.database.url = chatd::config::Secret::new(db.url.clone());
         settings.server.port = 0;
         let app = App::build(settings).await.expect("app builds");

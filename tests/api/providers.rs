@@ -216,10 +216,24 @@ async fn openai_text_streams_with_usage_and_a_correct_request() {
     assert_eq!(body["stream_options"]["include_usage"], true);
     assert_eq!(body["max_completion_tokens"], 300);
     assert!((body["temperature"].as_f64().unwrap() - 0.2).abs() < 1e-6);
-    assert_eq!(
-        body["messages"],
-        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}])
+    assert!(
+        body["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("## Identity\nBe brief.")
     );
+    assert_eq!(body["messages"][0]["role"], "system");
+    assert_eq!(
+        body["messages"][1],
+        json!({"role": "user", "content": "Say hello"})
+    );
+    let tools: Vec<&str> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["current_time", "calculator"]);
 
     let conversation = r.conversation().await;
     assert_eq!(conversation["messages"][1]["content"], "Hello world.");
@@ -268,12 +282,16 @@ async fn openai_compatible_reasoning_fields_and_inline_think_tags_become_thinkin
 }
 
 #[tokio::test]
-async fn openai_tool_call_arguments_stream_across_many_deltas() {
+async fn openai_tool_calls_stream_run_and_go_back_in_openai_format() {
     let mut frames = vec![openai_chunk(
-        json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": "call_abc", "type": "function", "function": {"name": "search_articles", "arguments": ""}}]}),
+        json!({"role": "assistant", "content": "Let me compute."}),
         None,
     )];
-    let arguments = r#"{"query": "CRISPR reviews", "limit": 5}"#;
+    frames.push(openai_chunk(
+        json!({"tool_calls": [{"index": 0, "id": "call_abc", "type": "function", "function": {"name": "calculator", "arguments": ""}}]}),
+        None,
+    ));
+    let arguments = r#"{"expression": "6 * 7"}"#;
     for piece in arguments.as_bytes().chunks(4) {
         let piece = std::str::from_utf8(piece).unwrap();
         frames.push(openai_chunk(
@@ -283,7 +301,11 @@ async fn openai_tool_call_arguments_stream_across_many_deltas() {
     }
     frames.push(openai_chunk(json!({}), Some("tool_calls")));
     frames.push(DONE.to_owned());
-    let r = run("openai", vec![Scripted::sse(&frames)], "", "find reviews").await;
+    let script = vec![
+        Scripted::sse(&frames),
+        Scripted::sse(&openai_text(&["It is ", "42."])),
+    ];
+    let r = run("openai", script, "", "what is 6 times 7?").await;
     let start = r
         .frames
         .iter()
@@ -291,7 +313,7 @@ async fn openai_tool_call_arguments_stream_across_many_deltas() {
         .unwrap();
     assert_eq!(
         start.data,
-        json!({"type": "tool_input_start", "tool_call_id": "call_abc", "tool": "search_articles", "index": 0})
+        json!({"type": "tool_input_start", "tool_call_id": "call_abc", "tool": "calculator", "index": 0})
     );
     let deltas: String = r
         .frames
@@ -300,12 +322,43 @@ async fn openai_tool_call_arguments_stream_across_many_deltas() {
         .map(|f| f.data["delta"].as_str().unwrap())
         .collect();
     assert_eq!(deltas, arguments);
-    assert_eq!(r.last("complete")["payload"]["finish_reason"], "tool_calls");
+    assert_eq!(
+        r.last("tool_start")["input"],
+        json!({"expression": "6 * 7"})
+    );
+    assert_eq!(r.last("tool_output")["output"], "42");
+    assert_eq!(r.last("tool_complete")["status"], "success");
+    let complete = &r.last("complete")["payload"];
+    assert_eq!(
+        complete["message"],
+        "Let me compute.\n\n[[tool:0]]\n\nIt is 42."
+    );
+    assert_eq!(
+        joined(&r.frames, "text_delta"),
+        "Let me compute.\n\n[[tool:0]]\n\nIt is 42."
+    );
+    assert_eq!(complete["tool_history"][0]["output"], "42");
+    assert_eq!(complete["finish_reason"], "stop");
+
+    // The second call carries the call and its result in OpenAI's format.
+    let second = &r.fixture.received()[1].body["messages"];
+    assert_eq!(
+        second[2],
+        json!({"role": "assistant", "content": "Let me compute.", "tool_calls": [
+        {"id": "call_abc", "type": "function", "function": {"name": "calculator", "arguments": "{\"expression\":\"6 * 7\"}"}}]})
+    );
+    assert_eq!(
+        second[3],
+        json!({"role": "tool", "tool_call_id": "call_abc", "content": "42"})
+    );
+
     let message = &r.conversation().await["messages"][1];
     assert_eq!(
         message["tool_calls"],
-        json!([{"id": "call_abc", "name": "search_articles", "input": {"query": "CRISPR reviews", "limit": 5}}])
+        json!([{"id": "call_abc", "name": "calculator", "input": {"expression": "6 * 7"}}])
     );
+    assert_eq!(message["tool_history"][0]["tool_name"], "calculator");
+    assert_eq!(message["content"], complete["message"]);
 }
 
 #[tokio::test]
@@ -539,7 +592,14 @@ async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() 
     assert_eq!(got[0].headers["x-api-key"], KEY);
     assert_eq!(got[0].headers["anthropic-version"], "2023-06-01");
     let body = &got[0].body;
-    assert_eq!(body["system"], "Be brief.");
+    assert!(
+        body["system"]
+            .as_str()
+            .unwrap()
+            .starts_with("## Identity\nBe brief.")
+    );
+    assert_eq!(body["tools"][1]["name"], "calculator");
+    assert!(body["tools"][1]["input_schema"]["properties"]["expression"].is_object());
     assert_eq!(
         body["thinking"],
         json!({"type": "enabled", "budget_tokens": 2000})
@@ -573,36 +633,64 @@ async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() 
 }
 
 #[tokio::test]
-async fn anthropic_tool_use_input_json_streams_in_pieces() {
+async fn anthropic_tool_use_streams_in_pieces_and_results_go_back_as_tool_result() {
     let mut frames = anthropic_start();
     frames.extend(anthropic_block(
         0,
         json!({"type": "text", "text": ""}),
-        &[json!({"type": "text_delta", "text": "Searching."})],
+        &[json!({"type": "text_delta", "text": "Computing."})],
     ));
-    let pieces = ["{\"que", "ry\": \"CRI", "SPR\", \"li", "mit\": 3}"];
+    let pieces = ["{\"expr", "ession\": \"2", " ^ 1", "0\"}"];
     let deltas: Vec<Value> = pieces
         .iter()
         .map(|p| json!({"type": "input_json_delta", "partial_json": p}))
         .collect();
     frames.extend(anthropic_block(
         1,
-        json!({"type": "tool_use", "id": "toolu_01", "name": "search_articles", "input": {}}),
+        json!({"type": "tool_use", "id": "toolu_01", "name": "calculator", "input": {}}),
         &deltas,
     ));
     frames.extend(anthropic_end("tool_use", 30));
-    let r = run("anthropic", vec![Scripted::sse(&frames)], "", "search").await;
+    let mut answer = anthropic_start();
+    answer.extend(anthropic_block(
+        0,
+        json!({"type": "text", "text": ""}),
+        &[json!({"type": "text_delta", "text": "1024."})],
+    ));
+    answer.extend(anthropic_end("end_turn", 3));
+    let r = run(
+        "anthropic",
+        vec![Scripted::sse(&frames), Scripted::sse(&answer)],
+        "",
+        "2^10?",
+    )
+    .await;
     let kinds = r.kinds();
     let start = kinds.iter().position(|k| *k == "tool_input_start").unwrap();
     assert_eq!(kinds[start + 1..start + 5], ["tool_input_delta"; 4]);
     assert_eq!(r.frames[start].data["tool_call_id"], "toolu_01");
-    assert_eq!(r.last("complete")["payload"]["finish_reason"], "tool_calls");
+    assert_eq!(r.last("tool_output")["output"], "1024");
+    assert_eq!(
+        r.last("complete")["payload"]["message"],
+        "Computing.\n\n[[tool:0]]\n\n1024."
+    );
+    let second = &r.fixture.received()[1].body["messages"];
+    assert_eq!(
+        second[1],
+        json!({"role": "assistant", "content": [
+        {"type": "text", "text": "Computing."},
+        {"type": "tool_use", "id": "toolu_01", "name": "calculator", "input": {"expression": "2 ^ 10"}}]})
+    );
+    assert_eq!(
+        second[2],
+        json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_01", "content": "1024", "is_error": false}]})
+    );
     let message = &r.conversation().await["messages"][1];
     assert_eq!(
         message["tool_calls"][0]["input"],
-        json!({"query": "CRISPR", "limit": 3})
+        json!({"expression": "2 ^ 10"})
     );
-    assert_eq!(message["content"], "Searching.");
 }
 
 #[tokio::test]
@@ -682,9 +770,15 @@ async fn gemini_thoughts_text_and_usage_stream() {
         "/v1beta/models/fx-model:streamGenerateContent?alt=sse"
     );
     assert_eq!(got.headers["x-goog-api-key"], KEY);
+    assert!(
+        got.body["systemInstruction"]["parts"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("## Identity\nBe brief.")
+    );
     assert_eq!(
-        got.body["systemInstruction"],
-        json!({"parts": [{"text": "Be brief."}]})
+        got.body["tools"][0]["functionDeclarations"][1]["name"],
+        "calculator"
     );
     assert_eq!(
         got.body["contents"],
@@ -698,21 +792,39 @@ async fn gemini_thoughts_text_and_usage_stream() {
 }
 
 #[tokio::test]
-async fn gemini_function_calls_arrive_whole() {
+async fn gemini_function_calls_arrive_whole_and_go_back_as_function_responses() {
     let frames = vec![gemini(
-        json!([{"functionCall": {"name": "get_weather", "args": {"city": "Oslo"}}}]),
+        json!([{"functionCall": {"name": "calculator", "args": {"expression": "1 + 1"}}}]),
         Some("STOP"),
     )];
-    let r = run("google", vec![Scripted::sse(&frames)], "", "weather").await;
+    let answer = vec![gemini(json!([{"text": "Two."}]), Some("STOP"))];
+    let r = run(
+        "google",
+        vec![Scripted::sse(&frames), Scripted::sse(&answer)],
+        "",
+        "1+1",
+    )
+    .await;
     let start = r
         .frames
         .iter()
         .find(|f| f.kind() == "tool_input_start")
         .unwrap();
-    assert_eq!(start.data["tool"], "get_weather");
-    assert_eq!(r.last("complete")["payload"]["finish_reason"], "tool_calls");
-    let message = &r.conversation().await["messages"][1];
-    assert_eq!(message["tool_calls"][0]["input"], json!({"city": "Oslo"}));
+    assert_eq!(start.data["tool"], "calculator");
+    assert_eq!(r.last("tool_output")["output"], "2");
+    assert_eq!(
+        r.last("complete")["payload"]["message"],
+        "[[tool:0]]\n\nTwo."
+    );
+    let contents = &r.fixture.received()[1].body["contents"];
+    assert_eq!(
+        contents[1],
+        json!({"role": "model", "parts": [{"functionCall": {"name": "calculator", "args": {"expression": "1 + 1"}}}]})
+    );
+    assert_eq!(
+        contents[2],
+        json!({"role": "user", "parts": [{"functionResponse": {"name": "calculator", "response": {"content": "2", "is_error": false}}}]})
+    );
 }
 
 #[tokio::test]

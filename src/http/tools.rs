@@ -1,0 +1,68 @@
+//! `GET /api/tools`: every tool a request could get, where it comes from, and the state of
+//! each MCP server. `?page=&tab=&subtab=&profile=` shows what such a request would get.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::AppError;
+use super::extract::AppQuery;
+use crate::tools::PageScope;
+
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/api/tools", get(list))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Scope {
+    page: Option<String>,
+    tab: Option<String>,
+    subtab: Option<String>,
+    profile: Option<String>,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    AppQuery(scope): AppQuery<Scope>,
+) -> Result<Json<Value>, AppError> {
+    let tools: Vec<Value> = state
+        .tools
+        .all()
+        .into_iter()
+        .map(|t| {
+            let spec = t.tool.spec();
+            json!({"name": spec.name, "description": spec.description, "input_schema": spec.input_schema,
+                   "source": t.source, "global": t.global})
+        })
+        .collect();
+    let mut body = json!({"tools": tools, "mcp_servers": state.tools.mcp().status()});
+    if scope.page.is_some() || scope.profile.is_some() {
+        let profile_name = scope
+            .profile
+            .as_deref()
+            .unwrap_or(&state.settings.chat.default_profile);
+        let profile =
+            state
+                .settings
+                .profiles
+                .get(profile_name)
+                .ok_or_else(|| AppError::NotFound {
+                    field: Some("profile".into()),
+                    message: "Profile not found".into(),
+                })?;
+        let context = json!({"current_page": scope.page, "active_tab": scope.tab, "active_subtab": scope.subtab});
+        let page_scope = PageScope::resolve(&state.settings, Some(&context));
+        let names: Vec<String> = state
+            .tools
+            .for_request(&page_scope, &profile.tools)
+            .iter()
+            .map(|t| t.spec().name)
+            .collect();
+        body["for_request"] = json!(names);
+    }
+    Ok(Json(body))
+}
