@@ -9,3 +9,4 @@ mod chunking;
 mod conversations;
 mod providers;
 mod store;
+mod tools;
