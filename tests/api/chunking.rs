@@ -23,7 +23,8 @@ fn recorded(format: WireFormat) -> String {
                 ": OPENROUTER PROCESSING\n\n".to_owned(),
                 chunk(json!({"role": "assistant", "reasoning_content": "Résumé → plan\u{1}"}), None),
                 chunk(json!({"content": "<think>inner 😀</think>\n\nHéllo "}), None),
-                chunk(json!({"content": "wörld\u{2404}, 3 < 4"}), None),
+                chunk(json!({"content": "wörld\u{2404}, 3 < 4\n\nSUGGESTED_VALUES: [{\"label\": \"Oui ]\", "}), None),
+                chunk(json!({"content": "\"value\": \"y\"}]"}), None),
                 chunk(json!({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "calc", "arguments": "{\"x\": \"é"}}]}), None),
                 chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "→\"}"}}]}), None),
                 chunk(json!({}), Some("tool_calls")),
@@ -116,6 +117,7 @@ fn assembled(events: &[Event]) -> (String, String, String) {
 fn the_recordings_decode_to_what_they_say() {
     let (events, output) = replay(WireFormat::OpenAi, &recorded(WireFormat::OpenAi), &[]);
     assert_eq!(output.text, "Héllo wörld, 3 < 4");
+    assert_eq!(output.captured[0].json, r#"[{"label": "Oui ]", "value": "y"}]"#);
     assert_eq!(output.thinking, "Résumé → planinner 😀");
     assert_eq!(output.tool_calls[0].input, json!({"x": "é→"}));
     assert_eq!(output.finish_reason.as_deref(), Some("tool_calls"));
