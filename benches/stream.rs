@@ -82,7 +82,10 @@ async fn relay(format: WireFormat, chunks: Vec<Bytes>) -> usize {
         format,
         futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>)),
     );
-    let mut turn = Turn::new(0, vec!["SUGGESTED_VALUES:".into(), "SUGGESTED_ACTIONS:".into()]);
+    let mut turn = Turn::new(
+        0,
+        vec!["SUGGESTED_VALUES:".into(), "SUGGESTED_ACTIONS:".into()],
+    );
     let mut events = Vec::new();
     let mut sent = 0;
     while let Some(event) = stream.next().await {

@@ -17,11 +17,12 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::chat::{ChatService, EventLog, Runs};
+use crate::chat::{ChatService, EventLog, Runs, lifecycle};
 use crate::config::{MOCK_ID, ProviderKind, Settings};
 use crate::http::AppState;
 use crate::providers::Providers;
-use crate::tools::{NoMcp, Registry};
+use crate::tools::Registry;
+use crate::tools::mcp::McpManager;
 
 /// A built server: bound, migrated, ready to [`run`](App::run).
 pub struct App {
@@ -57,15 +58,25 @@ impl App {
             );
         }
         let shutdown = CancellationToken::new();
-        let tools =
-            Arc::new(Registry::new(&settings, Arc::new(NoMcp)).map_err(anyhow::Error::msg)?);
+        let mcp = McpManager::start(&settings.mcp_servers, shutdown.clone());
+        let tools = Arc::new(Registry::new(&settings, mcp).map_err(anyhow::Error::msg)?);
+        let runs = Runs::default();
+        // Before this process starts runs of its own: whatever is left `running` here lost
+        // its process (on a shared store, only those whose heartbeat went stale).
+        lifecycle::recover_orphans(&*store, &runs).await;
         let chat = ChatService::new(
             settings.clone(),
             store.clone(),
             providers,
             tools.clone(),
-            Runs::default(),
+            runs.clone(),
             log,
+        );
+        lifecycle::spawn_background(
+            store.clone(),
+            runs,
+            chat.replica_id().to_owned(),
+            shutdown.clone(),
         );
         let listener =
             TcpListener::bind((settings.server.host.as_str(), settings.server.port)).await?;
@@ -90,6 +101,18 @@ impl App {
         self.state.shutdown.clone()
     }
 
+    /// The event log writer shared by all runs.
+    pub fn event_log(&self) -> EventLog {
+        self.state.chat.event_log().clone()
+    }
+
+    /// Stops the server gracefully: see [`Shutdown::graceful`].
+    pub fn shutdown_handle(&self) -> Shutdown {
+        Shutdown {
+            state: self.state.clone(),
+        }
+    }
+
     /// Serves until the shutdown token is cancelled.
     pub async fn run(self) -> std::io::Result<()> {
         let shutdown = self.state.shutdown.clone();
@@ -98,5 +121,22 @@ impl App {
         axum::serve(self.listener, router)
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await
+    }
+}
+
+/// Stops a running [`App`] the way SIGTERM does.
+#[derive(Clone)]
+pub struct Shutdown {
+    state: AppState,
+}
+
+impl Shutdown {
+    /// Refuses new runs, gives running ones `server.shutdown_grace_secs` to finish, cancels
+    /// (and persists) the rest, then ends every stream and stops the listener.
+    pub async fn graceful(&self) {
+        let grace = Duration::from_secs(self.state.settings.server.shutdown_grace_secs);
+        self.state.chat.start_draining();
+        lifecycle::drain(self.state.chat.runs(), grace).await;
+        self.state.shutdown.cancel();
     }
 }

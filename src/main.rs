@@ -47,11 +47,11 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Serve => {
             let app = App::build(settings).await?;
-            let shutdown = app.shutdown_token();
+            let shutdown = app.shutdown_handle();
             tokio::spawn(async move {
                 stop_signal().await;
-                tracing::info!("shutting down");
-                shutdown.cancel();
+                tracing::info!("draining: no new runs; running ones may finish");
+                shutdown.graceful().await;
             });
             app.run().await?;
         }

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod clean;
+pub mod lifecycle;
 pub mod log;
 pub mod markers;
 pub mod payloads;
@@ -13,4 +14,4 @@ pub mod turn;
 
 pub use log::EventLog;
 pub use runs::{Frame, LiveRun, Runs};
-pub use service::{ChatError, ChatRequest, ChatService};
+pub use service::{CancelOutcome, ChatError, ChatRequest, ChatService};

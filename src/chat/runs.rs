@@ -58,6 +58,16 @@ impl LiveRun {
         }
     }
 
+    /// Waits until the run has sent `done`.
+    pub async fn finished(&self) {
+        let mut changed = self.sent.subscribe();
+        while !self.is_finished() {
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     pub fn is_finished(&self) -> bool {
         self.frames
             .lock()
@@ -112,6 +122,16 @@ impl Runs {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Every run in this process now.
+    pub fn all(&self) -> Vec<Arc<LiveRun>> {
+        self.live
+            .lock()
+            .expect("runs lock")
+            .values()
+            .cloned()
+            .collect()
     }
 }
 

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
@@ -72,9 +73,14 @@ pub enum ChatError {
         field: &'static str,
         message: String,
     },
+    #[error("{0}")]
+    Unavailable(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+/// How long a cancel waits for another process to stop its run.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 pub struct ChatService {
@@ -86,6 +92,20 @@ pub struct ChatService {
     log: EventLog,
     /// For server-side action handlers given as URLs.
     http: reqwest::Client,
+    /// This process, as the owner of the runs it starts.
+    replica_id: String,
+    /// Set when the server drains for shutdown: no new runs.
+    draining: Arc<AtomicBool>,
+}
+
+/// How a cancel request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    Cancelled,
+    /// The run ended some other way first.
+    AlreadyEnded,
+    /// No process answered in time.
+    NoAnswer,
 }
 
 impl ChatService {
@@ -111,6 +131,8 @@ impl ChatService {
             runs,
             log,
             http,
+            replica_id: new_id().to_string(),
+            draining: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -118,8 +140,55 @@ impl ChatService {
         &self.runs
     }
 
+    /// The event log writer (its batch count shows how often runs write).
+    pub fn event_log(&self) -> &EventLog {
+        &self.log
+    }
+
+    pub fn replica_id(&self) -> &str {
+        &self.replica_id
+    }
+
+    /// Refuses new runs from now on (shutdown).
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Cancels a running run wherever it runs, and waits (bounded) to learn how it ended:
+    /// a run that completed first is `AlreadyEnded`, so exactly one terminal event is sent.
+    pub async fn cancel(&self, user: &str, trace_id: Uuid) -> Result<CancelOutcome, ChatError> {
+        if let Some(run) = self.runs.get(trace_id) {
+            run.cancel.cancel();
+            run.finished().await;
+        } else {
+            self.store.notify_cancel(trace_id).await?;
+            let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
+            loop {
+                let status = self.store.get_trace(user, trace_id).await?.status;
+                if status != TraceStatus::Running {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(CancelOutcome::NoAnswer);
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+        let trace = self.store.get_trace(user, trace_id).await?;
+        Ok(match trace.status {
+            TraceStatus::Cancelled => CancelOutcome::Cancelled,
+            TraceStatus::Running => CancelOutcome::NoAnswer,
+            _ => CancelOutcome::AlreadyEnded,
+        })
+    }
+
     /// Validates and persists the request, then starts its run; returns the live run to follow.
     pub async fn start(&self, user: &str, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ChatError::Unavailable(
+                "The server is shutting down; try again shortly".into(),
+            ));
+        }
         let text = request.message.trim();
         if text.is_empty() {
             return Err(ChatError::Invalid {
@@ -281,6 +350,7 @@ impl ChatService {
                 new_conversation,
                 user_message,
                 trace,
+                replica_id: self.replica_id.clone(),
             })
             .await?;
         let (run, emitter) =

@@ -1,22 +1,36 @@
-//! `POST /api/chat/stream`: validate (JSON errors), then answer with the run's events as SSE,
-//! each frame `id: <seq>` + `data: <json>`, with `: ping` keep-alives when idle.
+//! The chat stream and what a client can do with a run: start it (`POST /api/chat/stream`),
+//! resume it (`GET /api/chat/stream/{trace_id}` with `Last-Event-ID` or `?after=`) and cancel
+//! it (`POST /api/cancel_stream`). Each SSE frame is `id: <seq>` + `data: <json>`, with
+//! `: ping` keep-alives when idle.
 
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
 
-use axum::Router;
 use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use futures_util::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
 
 use super::AppState;
 use super::error::AppError;
-use super::extract::{AppJson, CurrentUser};
-use crate::chat::{ChatRequest, Frame, LiveRun};
+use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
+use crate::chat::{CancelOutcome, ChatRequest, Frame, LiveRun};
+use crate::config::OnDisconnect;
+use crate::domain::{Trace, TraceStatus};
+use crate::store::{Store, StoreError};
 
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/chat/stream", post(stream))
+    Router::new()
+        .route("/api/chat/stream", post(stream))
+        .route("/api/chat/stream/{id}", get(resume))
+        .route("/api/cancel_stream", post(cancel))
 }
 
 async fn stream(
@@ -25,34 +39,189 @@ async fn stream(
     AppJson(request): AppJson<ChatRequest>,
 ) -> Result<Response, AppError> {
     let run = state.chat.start(&user, request).await?;
-    Ok(sse(&state, run, 0))
+    let cancel_on_drop = state.settings.stream.on_disconnect == OnDisconnect::Cancel;
+    let frames = DisconnectGuard {
+        run: run.clone(),
+        cancel_on_drop,
+        done: false,
+    }
+    .watch(run.follow(0));
+    Ok(sse(&state, frames))
 }
 
-/// The SSE response that follows `run` from after `seq` until `done` or shutdown.
-pub fn sse(state: &AppState, run: std::sync::Arc<LiveRun>, after: u64) -> Response {
-    let frames = run
-        .follow(after)
-        .take_until(state.shutdown.clone().cancelled_owned());
+/// The SSE response for a stream of frames; ends at `done` or when the server stops.
+fn sse(state: &AppState, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
+    let frames = frames.take_until(state.shutdown.clone().cancelled_owned());
+    let events = frames.map(|frame| {
+        Ok::<_, Infallible>(
+            SseEvent::default()
+                .id(frame.seq.to_string())
+                .data(&*frame.data),
+        )
+    });
     let keepalive = KeepAlive::new().interval(state.keepalive()).text("ping");
-    let mut response = Sse::new(to_sse(frames))
-        .keep_alive(keepalive)
-        .into_response();
+    let mut response = Sse::new(events).keep_alive(keepalive).into_response();
     // Proxies such as nginx must pass each frame on at once.
-    response.headers_mut().insert(
-        "x-accel-buffering",
-        axum::http::HeaderValue::from_static("no"),
-    );
-    response.headers_mut().insert(
-        axum::http::header::CACHE_CONTROL,
-        axum::http::HeaderValue::from_static("no-cache"),
-    );
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
 
-fn to_sse(frames: impl Stream<Item = Frame>) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    frames.map(|frame| {
-        Ok(SseEvent::default()
-            .id(frame.seq.to_string())
-            .data(&*frame.data))
+/// Cancels the run if the client goes away before `done` (with `on_disconnect = "cancel"`).
+struct DisconnectGuard {
+    run: Arc<LiveRun>,
+    cancel_on_drop: bool,
+    done: bool,
+}
+
+impl DisconnectGuard {
+    fn watch(
+        self,
+        frames: impl Stream<Item = Frame> + Send + 'static,
+    ) -> impl Stream<Item = Frame> + Send + 'static {
+        let mut guard = self;
+        frames.map(move |frame| {
+            // Borrowing the whole guard makes the closure own all of it (not just `done`),
+            // so the guard lives, and drops, with the stream.
+            let guard = &mut guard;
+            guard.done |= frame.last;
+            frame
+        })
+    }
+}
+
+impl Drop for DisconnectGuard {
+    fn drop(&mut self) {
+        if self.cancel_on_drop && !self.done && !self.run.is_finished() {
+            tracing::info!(trace_id = %self.run.trace_id, "client left; cancelling its run");
+            self.run.cancel.cancel();
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResumeQuery {
+    after: Option<u64>,
+}
+
+async fn resume(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(trace_id): IdPath,
+    AppQuery(query): AppQuery<ResumeQuery>,
+    headers: HeaderMap,
+) -> Result<Response, AppError> {
+    let after = match headers.get("last-event-id") {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                AppError::validation("Last-Event-ID", "Last-Event-ID must be an event's seq")
+            })?,
+        None => query.after.unwrap_or(0),
+    };
+    let trace = owned_trace(&*state.store, &user, trace_id).await?;
+    if let Some(run) = state.chat.runs().get(trace.trace_id) {
+        return Ok(sse(&state, run.follow(after)));
+    }
+    let poll = Duration::from_millis(state.settings.stream.flush_interval_ms.max(10));
+    Ok(sse(
+        &state,
+        from_log(state.store.clone(), trace, after, poll),
+    ))
+}
+
+/// Replays a run's logged events after `after`, then follows the log (a run on another
+/// replica writes it every flush interval) until `done`, or until the run is over.
+fn from_log(
+    store: Arc<dyn Store>,
+    trace: Trace,
+    mut after: u64,
+    poll: Duration,
+) -> impl Stream<Item = Frame> + Send + 'static {
+    let trace_id = trace.trace_id;
+    async_stream::stream! {
+        loop {
+            let events = match store.trace_events(trace_id, after as i64).await {
+                Ok(events) => events,
+                Err(e) => {
+                    tracing::warn!(error = %e, %trace_id, "resume could not read the log");
+                    return;
+                }
+            };
+            let read_any = !events.is_empty();
+            for event in events {
+                after = event.seq as u64;
+                let last = event.kind == "done";
+                yield Frame { seq: after, data: event.data.to_string().into(), last };
+                if last {
+                    return;
+                }
+            }
+            if !read_any {
+                // Nothing new: a run that is over has nothing more to say.
+                match store.get_trace(&trace.user_id, trace_id).await {
+                    Ok(now) if now.status == TraceStatus::Running => {}
+                    _ => return,
+                }
+                tokio::time::sleep(poll).await;
+            }
+        }
+    }
+}
+
+async fn owned_trace(store: &dyn Store, user: &str, trace_id: Uuid) -> Result<Trace, AppError> {
+    store.get_trace(user, trace_id).await.map_err(|e| match e {
+        StoreError::NotFound => AppError::not_found("Trace not found"),
+        e => e.into(),
     })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    trace_id: Option<Uuid>,
+    message_id: Option<Uuid>,
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    AppJson(body): AppJson<CancelBody>,
+) -> Result<Json<Value>, AppError> {
+    let trace = match (body.trace_id, body.message_id) {
+        (Some(trace_id), _) => owned_trace(&*state.store, &user, trace_id).await?,
+        (None, Some(message_id)) => state
+            .store
+            .trace_by_message(&user, message_id)
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound => AppError::not_found("Trace not found"),
+                e => e.into(),
+            })?,
+        (None, None) => {
+            return Err(AppError::validation(
+                "trace_id",
+                "trace_id or message_id is required",
+            ));
+        }
+    };
+    if trace.status != TraceStatus::Running {
+        return Err(AppError::Conflict("The run has already ended".into()));
+    }
+    match state.chat.cancel(&user, trace.trace_id).await? {
+        CancelOutcome::Cancelled => Ok(Json(
+            json!({"status": "cancelled", "trace_id": trace.trace_id, "message_id": trace.message_id}),
+        )),
+        CancelOutcome::AlreadyEnded => Err(AppError::Conflict("The run has already ended".into())),
+        CancelOutcome::NoAnswer => Err(AppError::Unavailable(
+            "The run did not answer the cancel; try again".into(),
+        )),
+    }
 }

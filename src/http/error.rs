@@ -132,6 +132,7 @@ impl From<ChatError> for AppError {
                 field: Some(field.into()),
                 message,
             },
+            ChatError::Unavailable(message) => AppError::Unavailable(message),
             ChatError::Store(e) => e.into(),
         }
     }

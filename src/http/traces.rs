@@ -51,6 +51,23 @@ fn trace_not_found(error: StoreError) -> AppError {
 }
 
 async fn render(state: &AppState, trace: Trace) -> Result<Json<Value>, AppError> {
+    // A run that has just sent `done` writes its last events a moment later: wait for that
+    // (bounded), so a trace read right after the stream ends is whole.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    while let Some(run) = state.chat.runs().get(trace.trace_id) {
+        if !run.is_finished() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let trace = if trace.status == crate::domain::TraceStatus::Running {
+        state
+            .store
+            .get_trace(&trace.user_id, trace.trace_id)
+            .await?
+    } else {
+        trace
+    };
     let events = state.store.trace_events(trace.trace_id, 0).await?;
     let duration_ms = trace
         .ended_at

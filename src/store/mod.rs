@@ -11,6 +11,7 @@ mod sqlite;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use futures_util::stream::BoxStream;
 use serde_json::Value;
 use std::sync::Arc;
 use uuid::Uuid;
@@ -78,6 +79,16 @@ pub struct RunStart {
     pub new_conversation: Option<Conversation>,
     pub user_message: Message,
     pub trace: Trace,
+    /// The chatd process that runs it; it keeps the trace's heartbeat fresh.
+    pub replica_id: String,
+}
+
+/// A run found `running` in the store, with the last sign of life of its process.
+#[derive(Debug, Clone)]
+pub struct RunningTrace {
+    pub trace: Trace,
+    pub replica_id: Option<String>,
+    pub heartbeat_at: Option<DateTime<Utc>>,
 }
 
 /// Everything written when a run ends, in one transaction.
@@ -107,6 +118,10 @@ pub struct NewEvent {
 pub trait Store: Send + Sync + 'static {
     /// Whether the database answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Whether several chatd processes may share this store (Postgres), so that a running
+    /// trace may belong to another live process.
+    fn is_shared(&self) -> bool;
 
     async fn create_conversation(&self, conversation: &Conversation) -> Result<(), StoreError>;
     /// The user's conversations, newest `last_message_at` first, after `cursor`.
@@ -149,6 +164,23 @@ pub trait Store: Send + Sync + 'static {
         trace_id: Uuid,
         after: i64,
     ) -> Result<Vec<LoggedEvent>, StoreError>;
+
+    /// Every run still marked running, of any user and any process.
+    async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;
+    /// Refreshes the heartbeat of the runs this process is running.
+    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
+
+    /// Asks every chatd process on this database to cancel the run (Postgres NOTIFY; a
+    /// no-op on SQLite, where there is only one process).
+    async fn notify_cancel(&self, trace_id: Uuid) -> Result<(), StoreError>;
+    /// The cancellations other processes ask for, as they come (`None` where there are no
+    /// other processes).
+    async fn cancel_requests(&self) -> Result<Option<BoxStream<'static, Uuid>>, StoreError>;
+}
+
+/// Whether a backend's database is shared by several chatd processes.
+trait Shared {
+    const SHARED: bool;
 }
 
 /// Opens the store the URL names and runs its migrations.

@@ -3,14 +3,20 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{PgPool, Postgres};
 use uuid::Uuid;
 
 use super::rows::*;
 use super::sql::impl_store;
-use super::{ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, StoreError};
+use super::{
+    ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, RunningTrace, StoreError,
+};
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+
 use crate::domain::{Conversation, Feedback, LoggedEvent, Message, Trace, now};
 
 pub struct PostgresStore {
@@ -30,4 +36,39 @@ impl PostgresStore {
     }
 }
 
+impl crate::store::Shared for PostgresStore {
+    const SHARED: bool = true;
+}
+
 impl_store!(PostgresStore, Postgres);
+
+/// The channel on which replicas ask each other to cancel a run; the payload is its trace id.
+const CANCEL_CHANNEL: &str = "chatd_cancel";
+
+impl PostgresStore {
+    async fn notify_cancel_impl(&self, trace_id: Uuid) -> Result<(), StoreError> {
+        sqlx::query("select pg_notify($1, $2)")
+            .bind(CANCEL_CHANNEL)
+            .bind(trace_id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// LISTENs on its own connection; sqlx reconnects it after a drop (notifications sent
+    /// meanwhile are lost, and a cancel asked then is answered by the caller's timeout).
+    async fn cancel_requests_impl(&self) -> Result<Option<BoxStream<'static, Uuid>>, StoreError> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(CANCEL_CHANNEL).await?;
+        let ids = listener.into_stream().filter_map(|notification| async move {
+            match notification {
+                Ok(n) => Uuid::try_parse(n.payload()).ok(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cancel listener lost its connection; reconnecting");
+                    None
+                }
+            }
+        });
+        Ok(Some(ids.boxed()))
+    }
+}

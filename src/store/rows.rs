@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::StoreError;
+use super::{RunningTrace, StoreError};
 use crate::domain::{
     Conversation, Feedback, LoggedEvent, Message, Role, SuggestedAction, SuggestedValue, ToolCall,
     ToolRecord, Trace, TraceStatus, Usage,
@@ -149,6 +149,26 @@ impl TryFrom<TraceRow> for Trace {
             spans: row.spans.0,
             comparison_id: row.comparison_id,
             variant: row.variant,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct RunningRow {
+    #[sqlx(flatten)]
+    trace: TraceRow,
+    replica_id: Option<String>,
+    heartbeat_at: Option<DateTime<Utc>>,
+}
+
+impl TryFrom<RunningRow> for RunningTrace {
+    type Error = StoreError;
+
+    fn try_from(row: RunningRow) -> Result<Self, StoreError> {
+        Ok(RunningTrace {
+            trace: row.trace.try_into()?,
+            replica_id: row.replica_id,
+            heartbeat_at: row.heartbeat_at,
         })
     }
 }

@@ -8,6 +8,10 @@ macro_rules! impl_store {
     ($store:ty, $db:ty) => {
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {
+            fn is_shared(&self) -> bool {
+                <Self as $crate::store::Shared>::SHARED
+            }
+
             async fn ping(&self) -> Result<(), StoreError> {
                 sqlx::query("select 1").execute(&self.pool).await?;
                 Ok(())
@@ -134,8 +138,8 @@ macro_rules! impl_store {
                 let t = &start.trace;
                 sqlx::query(
                     "insert into traces (id, conversation_id, user_id, user_message_id, message_id, \
-                     status, model, profile, started_at, spans, comparison_id, variant) \
-                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                     status, model, profile, started_at, spans, comparison_id, variant, replica_id, \
+                     heartbeat_at) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $9)",
                 )
                 .bind(t.trace_id)
                 .bind(t.conversation_id)
@@ -149,6 +153,7 @@ macro_rules! impl_store {
                 .bind(Json(&t.spans))
                 .bind(t.comparison_id)
                 .bind(t.variant.as_deref())
+                .bind(&start.replica_id)
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;
@@ -156,7 +161,9 @@ macro_rules! impl_store {
             }
 
             async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-                // Five parameters a row; both backends take well over 5,000 in one statement.
+                // One transaction per batch; five parameters a row, and both backends take
+                // well over 5,000 parameters in one statement.
+                let mut tx = self.pool.begin().await?;
                 for chunk in events.chunks(1000) {
                     let mut query = sqlx::QueryBuilder::<$db>::new(
                         "insert into trace_events (trace_id, seq, at, type, data) ",
@@ -168,8 +175,9 @@ macro_rules! impl_store {
                             .push_bind(e.kind)
                             .push_bind(Json(&e.data));
                     });
-                    query.build().execute(&self.pool).await?;
+                    query.build().execute(&mut *tx).await?;
                 }
+                tx.commit().await?;
                 Ok(())
             }
 
@@ -214,6 +222,31 @@ macro_rules! impl_store {
                 let row: Option<TraceRow> =
                     sqlx::query_as(&sql).bind(message_id).bind(user).fetch_optional(&self.pool).await?;
                 row.ok_or(StoreError::NotFound)?.try_into()
+            }
+
+            async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError> {
+                let sql = format!(
+                    "select {TRACE_COLUMNS}, replica_id, heartbeat_at from traces where status = 'running'"
+                );
+                let rows: Vec<RunningRow> = sqlx::query_as(&sql).fetch_all(&self.pool).await?;
+                rows.into_iter().map(RunningTrace::try_from).collect()
+            }
+
+            async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+                sqlx::query("update traces set heartbeat_at = $2 where replica_id = $1 and status = 'running'")
+                    .bind(replica_id)
+                    .bind(at)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn notify_cancel(&self, trace_id: Uuid) -> Result<(), StoreError> {
+                self.notify_cancel_impl(trace_id).await
+            }
+
+            async fn cancel_requests(&self) -> Result<Option<BoxStream<'static, Uuid>>, StoreError> {
+                self.cancel_requests_impl().await
             }
 
             async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {

@@ -11,7 +11,12 @@ use uuid::Uuid;
 
 use super::rows::*;
 use super::sql::impl_store;
-use super::{ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, StoreError};
+use super::{
+    ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, RunningTrace, StoreError,
+};
+use chrono::{DateTime, Utc};
+use futures_util::stream::BoxStream;
+
 use crate::domain::{Conversation, Feedback, LoggedEvent, Message, Trace, now};
 
 pub struct SqliteStore {
@@ -45,4 +50,19 @@ impl SqliteStore {
     }
 }
 
+impl crate::store::Shared for SqliteStore {
+    const SHARED: bool = false;
+}
+
 impl_store!(SqliteStore, Sqlite);
+
+impl SqliteStore {
+    /// One process per SQLite file: there is nobody else to tell.
+    async fn notify_cancel_impl(&self, _trace_id: Uuid) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn cancel_requests_impl(&self) -> Result<Option<BoxStream<'static, Uuid>>, StoreError> {
+        Ok(None)
+    }
+}

@@ -117,7 +117,10 @@ fn assembled(events: &[Event]) -> (String, String, String) {
 fn the_recordings_decode_to_what_they_say() {
     let (events, output) = replay(WireFormat::OpenAi, &recorded(WireFormat::OpenAi), &[]);
     assert_eq!(output.text, "Héllo wörld, 3 < 4");
-    assert_eq!(output.captured[0].json, r#"[{"label": "Oui ]", "value": "y"}]"#);
+    assert_eq!(
+        output.captured[0].json,
+        r#"[{"label": "Oui ]", "value": "y"}]"#
+    );
     assert_eq!(output.thinking, "Résumé → planinner 😀");
     assert_eq!(output.tool_calls[0].input, json!({"x": "é→"}));
     assert_eq!(output.finish_reason.as_deref(), Some("tool_calls"));

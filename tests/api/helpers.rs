@@ -118,21 +118,31 @@ model = "mock-2"
 
 pub struct TestApp {
     pub base: String,
+    pub db_url: String,
     pub client: reqwest::Client,
+    pub log: chatd::chat::EventLog,
+    pub stop: chatd::Shutdown,
     shutdown: CancellationToken,
-    _db: TestDb,
+    _db: Option<TestDb>,
 }
 
 impl TestApp {
     /// Starts chatd on `backend` with `FAST_MOCK` and `overrides` (TOML) on the defaults.
     pub async fn spawn(backend: Backend, overrides: &str) -> Self {
         let db = TestDb::new(backend).await;
+        let mut app = Self::on(&db.url, overrides).await;
+        app._db = Some(db);
+        app
+    }
+
+    /// Starts chatd on an existing database (several replicas may share one).
+    pub async fn on(url: &str, overrides: &str) -> Self {
         let mut settings = Settings::from_layers(&[FAST_MOCK, overrides]).expect("test config");
-        settings.database.url = chatd::config::Secret::new(db.url.clone());
+        settings.database.url = chatd::config::Secret::new(url);
         settings.server.port = 0;
         let app = App::build(settings).await.expect("app builds");
         let base = format!("http://{}", app.local_addr());
-        let shutdown = app.shutdown_token();
+        let (shutdown, stop, log) = (app.shutdown_token(), app.shutdown_handle(), app.event_log());
         // The listener is bound already: requests queue until `run` accepts them.
         tokio::spawn(app.run());
         let client = reqwest::Client::builder()
@@ -141,9 +151,12 @@ impl TestApp {
             .expect("client");
         Self {
             base,
+            db_url: url.to_owned(),
             client,
+            log,
+            stop,
             shutdown,
-            _db: db,
+            _db: None,
         }
     }
 

@@ -7,6 +7,8 @@ mod auth;
 mod chat;
 mod chunking;
 mod conversations;
+mod mcp;
 mod providers;
+mod runs;
 mod store;
 mod tools;

@@ -61,6 +61,7 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
             variant: None,
         },
         user_message,
+        replica_id: "replica-a".into(),
     }
 }
 
@@ -145,6 +146,23 @@ both_backends! {
         store.delete_conversation("ann", c.id).await.unwrap();
         assert!(store.trace_events(start.trace.trace_id, 0).await.unwrap().is_empty());
         assert!(matches!(store.get_trace("ann", start.trace.trace_id).await, Err(StoreError::NotFound)));
+    }
+
+    async fn running_traces_carry_their_replica_and_heartbeat(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let c = conversation("ann", "live");
+        let start = run_start(&c, true);
+        store.start_run(&start).await.unwrap();
+        let running = store.running_traces().await.unwrap();
+        assert_eq!(running.len(), 1);
+        assert_eq!(running[0].replica_id.as_deref(), Some("replica-a"));
+        assert_eq!(running[0].heartbeat_at, Some(start.trace.started_at));
+        let later = start.trace.started_at + chrono::Duration::seconds(7);
+        store.heartbeat("replica-b", later).await.unwrap();
+        assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(start.trace.started_at), "another replica's beat");
+        store.heartbeat("replica-a", later).await.unwrap();
+        assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(later));
+        assert_eq!(store.is_shared(), backend == Backend::Postgres);
     }
 
     async fn the_cursor_breaks_ties_on_equal_times(backend: Backend) {

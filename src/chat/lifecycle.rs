@@ -1,0 +1,174 @@
+//! What keeps runs honest across processes and crashes: a heartbeat on this process's running
+//! traces, the recovery of runs whose process died (marked `interrupted`, their logged text
+//! kept as a partial message), cancels asked by other replicas, and the shutdown drain.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::runs::Runs;
+use crate::domain::{Message, Role, TraceStatus, now};
+use crate::store::{RunFinish, RunningTrace, Store};
+
+/// How often this process says its runs are alive.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// A shared store's running trace whose heartbeat is older than this has lost its process.
+pub const STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// Marks runs whose process is gone as `interrupted`, keeping what they had logged as a
+/// partial assistant message. On a store only this process uses (SQLite) that is every run
+/// still `running` at start-up; on a shared one, those whose heartbeat went stale.
+pub async fn recover_orphans(store: &dyn Store, runs: &Runs) -> usize {
+    let running = match store.running_traces().await {
+        Ok(running) => running,
+        Err(e) => {
+            tracing::error!(error = %e, "could not look for interrupted runs");
+            return 0;
+        }
+    };
+    let stale = chrono::Duration::from_std(STALE_AFTER).expect("a small duration");
+    let orphans = running.into_iter().filter(|r| {
+        runs.get(r.trace.trace_id).is_none()
+            && (!store.is_shared() || r.heartbeat_at.is_none_or(|at| now() - at > stale))
+    });
+    let mut recovered = 0;
+    for orphan in orphans {
+        match interrupt(store, &orphan).await {
+            Ok(()) => recovered += 1,
+            Err(e) => {
+                tracing::error!(error = %e, trace_id = %orphan.trace.trace_id, "could not mark a run interrupted")
+            }
+        }
+    }
+    if recovered > 0 {
+        tracing::warn!(
+            runs = recovered,
+            "marked runs of a stopped process as interrupted"
+        );
+    }
+    recovered
+}
+
+async fn interrupt(
+    store: &dyn Store,
+    orphan: &RunningTrace,
+) -> Result<(), crate::store::StoreError> {
+    let trace = &orphan.trace;
+    let events = store.trace_events(trace.trace_id, 0).await?;
+    let (mut text, mut thinking) = (String::new(), String::new());
+    for event in &events {
+        let piece = event.data["text"].as_str().unwrap_or_default();
+        match event.kind.as_str() {
+            "text_delta" => text.push_str(piece),
+            "thinking_delta" => thinking.push_str(piece),
+            _ => {}
+        }
+    }
+    let mut message = Message::new(
+        trace.conversation_id,
+        Some(trace.user_message_id),
+        Role::Assistant,
+        String::new(),
+    );
+    message.id = trace.message_id;
+    message.content = if text.is_empty() {
+        "[interrupted]".to_owned()
+    } else {
+        format!("{text}\n\n[interrupted]")
+    };
+    message.thinking = (!thinking.is_empty()).then_some(thinking);
+    message.cancelled = true;
+    message.model = Some(trace.model.clone());
+    message.trace_id = Some(trace.trace_id);
+    store
+        .finish_run(&RunFinish {
+            trace_id: trace.trace_id,
+            status: TraceStatus::Interrupted,
+            ended_at: now(),
+            usage: trace.usage.unwrap_or_default(),
+            error: Some(json!({"code": "INTERRUPTED", "message": "The server stopped during the run", "partial_text": text})),
+            spans: trace.spans.clone(),
+            assistant_message: Some(message),
+        })
+        .await
+}
+
+/// Keeps this process's runs alive in the store, recovers other processes' orphans (shared
+/// stores), and cancels local runs that other replicas ask to cancel; until `shutdown`.
+pub fn spawn_background(
+    store: Arc<dyn Store>,
+    runs: Runs,
+    replica_id: String,
+    shutdown: CancellationToken,
+) {
+    let (beat_store, beat_runs, beat_stop) = (store.clone(), runs.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        loop {
+            tokio::select! {
+                () = beat_stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if !beat_runs.is_empty() {
+                if let Err(e) = beat_store.heartbeat(&replica_id, now()).await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+            }
+            if beat_store.is_shared() {
+                recover_orphans(&*beat_store, &beat_runs).await;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let requests = match store.cancel_requests().await {
+            Ok(Some(requests)) => requests,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot hear cancels from other replicas");
+                return;
+            }
+        };
+        let mut requests = Box::pin(requests.take_until(shutdown.cancelled_owned()));
+        while let Some(trace_id) = requests.next().await {
+            if let Some(run) = runs.get(trace_id) {
+                tracing::info!(%trace_id, "cancel asked by another replica");
+                run.cancel.cancel();
+            }
+        }
+    });
+}
+
+/// Drains for shutdown: no new runs; running ones get up to `grace` to finish; the rest
+/// are cancelled (and persist their partial answers); returns once all have ended or a
+/// last bounded wait passed.
+pub async fn drain(runs: &Runs, grace: Duration) {
+    let all_done = async {
+        for run in runs.all() {
+            run.finished().await;
+        }
+    };
+    if tokio::time::timeout(grace, all_done).await.is_err() {
+        let left = runs.all();
+        tracing::warn!(
+            runs = left.len(),
+            "grace period over; cancelling the remaining runs"
+        );
+        for run in &left {
+            run.cancel.cancel();
+        }
+        let cancelled = async {
+            for run in &left {
+                run.finished().await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), cancelled).await;
+    }
+    // Runs leave the registry once their log is written; give the last ones that moment.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !runs.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
