@@ -212,6 +212,9 @@ pub struct ChatSettings {
     /// Whether a request's `diagnostics: true` is honoured (system prompt, messages, tools
     /// and the raw model output in `complete`).
     pub allow_diagnostics: bool,
+    /// After a new conversation's first answer, ask the default profile's model for a
+    /// short title (in the background; the stream never waits for it).
+    pub refine_titles: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]

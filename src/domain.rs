@@ -51,6 +51,10 @@ pub struct UnknownValue {
 string_enum!(Role { User = "user", Assistant = "assistant", System = "system", Tool = "tool" });
 string_enum!(Rating { Up = "up", Down = "down" });
 string_enum!(
+    /// A vote on an A/B comparison.
+    Preference { A = "a", B = "b", Tie = "tie", BothBad = "both_bad" }
+);
+string_enum!(
     /// A run's state in its trace (CONTRACT.md §9).
     TraceStatus {
         Running = "running",
@@ -269,6 +273,33 @@ pub fn branch(messages: &[Message], leaf: Option<Uuid>) -> Vec<Message> {
     }
     path.reverse();
     path
+}
+
+/// One vote, as kept in a comparison's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Vote {
+    pub preference: Preference,
+    pub at: DateTime<Utc>,
+}
+
+/// Two answers to one user message, by two profiles, and the user's vote.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub comparison_id: Uuid,
+    pub conversation_id: Uuid,
+    #[serde(skip)]
+    pub user_id: String,
+    pub user_message_id: Uuid,
+    pub trace_a: Uuid,
+    pub trace_b: Uuid,
+    pub profile_a: String,
+    pub profile_b: String,
+    pub model_a: String,
+    pub model_b: String,
+    pub preference: Option<Preference>,
+    pub voted_at: Option<DateTime<Utc>>,
+    pub vote_history: Vec<Vote>,
+    pub created_at: DateTime<Utc>,
 }
 
 /// One event of a run's log: what was sent to clients, with its sequence number.

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::context::{self, ContextKeeper};
 use super::markers::Captured;
 use super::payloads::{self, LlmPayloadType};
 use super::runs::{Emitter, Runs};
@@ -43,6 +44,10 @@ pub struct RunPlan {
     /// The diagnostics of the request, when it asked and config allows; the agent adds the
     /// raw model output.
     pub diagnostics: Option<Value>,
+    /// The comparison and side (`a` or `b`) this run answers for, if any.
+    pub comparison: Option<(Uuid, String)>,
+    pub context_limit: Option<u32>,
+    pub context: ContextKeeper,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -187,11 +192,20 @@ async fn call_model(
     emitter.emit(Event::Status {
         message: "Thinking…".to_owned(),
     });
+    let messages = &plan.request.messages;
+    let protected = messages
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .map_or(messages.len(), |i| messages.len() - i);
+    let fitted = context::fit(&plan.request, plan.context_limit, protected);
+    if output.spans.is_empty() || fitted.state.is_some() {
+        plan.context.record(fitted.state.as_ref()).await;
+    }
     let mut turn = Turn::new(output.tool_history.len() as u32, markers);
     let ending = tokio::select! {
         biased;
         () = cancel.cancelled() => Ending::Cancelled,
-        ending = stream_turn(plan, emitter, &mut turn, output) => ending,
+        ending = stream_turn(plan, &fitted.request, emitter, &mut turn, output) => ending,
     };
     let ended_at = now();
     let turn = turn.output;
@@ -219,6 +233,7 @@ async fn call_model(
             "gen_ai.usage.input_tokens": turn.usage.input_tokens,
             "gen_ai.usage.output_tokens": turn.usage.output_tokens,
             "gen_ai.response.finish_reasons": turn.finish_reason.iter().collect::<Vec<_>>(),
+            "chatd.context": fitted.state,
         },
     }));
     if turn.usage != Usage::default() {
@@ -243,11 +258,12 @@ fn status_of(ending: &Ending) -> &'static str {
 
 async fn stream_turn(
     plan: &RunPlan,
+    request: &ModelRequest,
     emitter: &mut Emitter,
     turn: &mut Turn,
     output: &mut Output,
 ) -> Ending {
-    let mut stream = match plan.provider.stream(&plan.request).await {
+    let mut stream = match plan.provider.stream(request).await {
         Ok(stream) => stream,
         Err(error) => return Ending::Failed(error),
     };
@@ -360,17 +376,12 @@ async fn run_tools(
     let mut finished: Vec<Option<Finished>> = calls.iter().map(|_| None).collect();
     while !running.is_empty() {
         tokio::select! {
-            Some((slot, report)) = progress_rx.recv() => {
-                emitter.emit(Event::ToolProgress {
-                    tool_call_id: calls[slot].id.clone(),
-                    tool: calls[slot].name.clone(),
-                    stage: report.stage,
-                    message: report.message,
-                    progress: report.progress,
-                    data: report.data,
-                });
-            }
+            Some((slot, report)) = progress_rx.recv() => emit_progress(emitter, &calls[slot], report),
             Some(done) = running.next() => {
+                // A call's progress reports are all queued before its result: send them first.
+                while let Ok((slot, report)) = progress_rx.try_recv() {
+                    emit_progress(emitter, &calls[slot], report);
+                }
                 let slot = done.slot;
                 tool_done(plan, emitter, output, &calls[slot], first + slot, &done);
                 finished[slot] = Some(done);
@@ -394,6 +405,17 @@ async fn run_tools(
             }
         })
         .collect()
+}
+
+fn emit_progress(emitter: &mut Emitter, call: &ToolCall, report: ToolProgress) {
+    emitter.emit(Event::ToolProgress {
+        tool_call_id: call.id.clone(),
+        tool: call.name.clone(),
+        stage: report.stage,
+        message: report.message,
+        progress: report.progress,
+        data: report.data,
+    });
 }
 
 /// Calls a tool with its timeout and bounded retries; never fails the run.
@@ -567,6 +589,10 @@ async fn finish(
     message.suggested_values = extracted.suggested_values.clone();
     message.suggested_actions = extracted.suggested_actions.clone();
     message.provider_state = Some(json!({"turns": output.turns}));
+    if let Some((comparison_id, variant)) = &plan.comparison {
+        message.comparison_id = Some(*comparison_id);
+        message.variant = Some(variant.clone());
+    }
     let (status, assistant, error, terminal) = match ending {
         Ending::Completed => {
             message.content = output.text.clone();

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod clean;
+pub mod context;
 pub mod lifecycle;
 pub mod log;
 pub mod markers;

@@ -15,14 +15,17 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::agent::{self, RunPlan, ToolLimits};
+use super::context::ContextKeeper;
 use super::log::EventLog;
 use super::payloads::LlmPayloadType;
 use super::prompt::{self, PromptParts};
 use super::runs::{LiveRun, Runs};
 use crate::config::{PayloadSource, Settings};
-use crate::domain::{Conversation, Message, Role, Trace, TraceStatus, branch, new_id, now};
+use crate::domain::{
+    Comparison, Conversation, Message, Role, Trace, TraceStatus, branch, new_id, now,
+};
 use crate::providers::{ModelRequest, Providers, ToolSpec};
-use crate::store::{RunStart, Store, StoreError};
+use crate::store::{ConversationPatch, RunStart, Store, StoreError};
 use crate::tools::{PageScope, Registry, ToolCallContext};
 
 /// The body of `POST /api/chat/stream` (CONTRACT.md §4).
@@ -78,6 +81,9 @@ pub enum ChatError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+const TITLE_PROMPT: &str = "Write a title of at most six words for a conversation that starts with the \
+     user's message below. Answer with the title only, without quotes or a final period.";
 
 /// How long a cancel waits for another process to stop its run.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
@@ -184,6 +190,57 @@ impl ChatService {
 
     /// Validates and persists the request, then starts its run; returns the live run to follow.
     pub async fn start(&self, user: &str, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
+        let turn = self.prepare(user, &request).await?;
+        let profile = request
+            .profile
+            .clone()
+            .or_else(|| turn.existing_profile.clone())
+            .unwrap_or_else(|| self.settings.chat.default_profile.clone());
+        let side = self.plan(user, &request, &turn, &profile, None)?;
+        let mut runs = self.launch(user, turn, vec![side], None).await?;
+        Ok(runs.remove(0))
+    }
+
+    /// Starts one message answered by two profiles side by side (CONTRACT.md §10): two full
+    /// runs, two traces, one comparison; both answers become siblings under the message.
+    pub async fn start_comparison(
+        &self,
+        user: &str,
+        request: &ChatRequest,
+        profile_a: &str,
+        profile_b: &str,
+    ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
+        let turn = self.prepare(user, request).await?;
+        let comparison_id = new_id();
+        let a = self.plan(user, request, &turn, profile_a, Some((comparison_id, "a")))?;
+        let b = self.plan(user, request, &turn, profile_b, Some((comparison_id, "b")))?;
+        let comparison = Comparison {
+            comparison_id,
+            conversation_id: turn.conversation_id,
+            user_id: user.to_owned(),
+            user_message_id: turn.user_message.id,
+            trace_a: a.trace.trace_id,
+            trace_b: b.trace.trace_id,
+            profile_a: profile_a.to_owned(),
+            profile_b: profile_b.to_owned(),
+            model_a: a.trace.model.clone(),
+            model_b: b.trace.model.clone(),
+            preference: None,
+            voted_at: None,
+            vote_history: Vec::new(),
+            created_at: now(),
+        };
+        let mut runs = self
+            .launch(user, turn, vec![a, b], Some(comparison.clone()))
+            .await?;
+        let run_b = runs.pop().expect("two runs");
+        let run_a = runs.pop().expect("two runs");
+        Ok((comparison, run_a, run_b))
+    }
+
+    /// Everything about a request that does not depend on the profile: the message checked,
+    /// the conversation found (or made), the parent, the history, an executed action's result.
+    async fn prepare(&self, user: &str, request: &ChatRequest) -> Result<Prepared, ChatError> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(ChatError::Unavailable(
                 "The server is shutting down; try again shortly".into(),
@@ -215,19 +272,11 @@ impl ChatService {
                 )?),
                 None => None,
             };
-        let profile_name = request
-            .profile
-            .clone()
-            .or_else(|| existing.as_ref().and_then(|c| c.profile.clone()))
-            .unwrap_or_else(|| self.settings.chat.default_profile.clone());
-        let Some(profile) = self.settings.profiles.get(&profile_name) else {
-            return Err(not_found("profile", "Profile not found"));
-        };
-        let provider = self
-            .providers
-            .get(&profile.provider)
-            .ok_or_else(|| not_found("profile", "Profile not found"))?;
-
+        for profile in request.profile.iter() {
+            if !self.settings.profiles.contains_key(profile) {
+                return Err(not_found("profile", "Profile not found"));
+            }
+        }
         let history = match &existing {
             Some(conversation) => self.store.messages(user, conversation.id).await?,
             None => Vec::new(),
@@ -237,7 +286,6 @@ impl ChatService {
             Some(_) => return Err(not_found("parent_message_id", "Parent message not found")),
             None => existing.as_ref().and_then(|c| c.active_leaf_id),
         };
-
         let started = now();
         let new_conversation = match &existing {
             Some(_) => None,
@@ -259,49 +307,85 @@ impl ChatService {
             .as_ref()
             .or(new_conversation.as_ref())
             .expect("one of the two is set");
-        let user_message = Message::new(conversation.id, parent, Role::User, text.to_owned());
+        let action_result = match request.interaction_type {
+            InteractionType::ActionExecuted => Some(
+                self.run_action(request.action.as_ref(), request.context.as_ref())
+                    .await,
+            ),
+            _ => None,
+        };
+        Ok(Prepared {
+            conversation_id: conversation.id,
+            system_prompt: conversation.system_prompt.clone(),
+            existing_profile: existing.as_ref().and_then(|c| c.profile.clone()),
+            user_message: Message::new(conversation.id, parent, Role::User, text.to_owned()),
+            earlier: branch(&history, parent),
+            new_conversation,
+            action_result,
+        })
+    }
+
+    /// One side of a request: the trace and the run plan for `profile_name`.
+    fn plan(
+        &self,
+        user: &str,
+        request: &ChatRequest,
+        turn: &Prepared,
+        profile_name: &str,
+        comparison: Option<(Uuid, &str)>,
+    ) -> Result<Side, ChatError> {
+        let field = match comparison {
+            Some((_, "a")) => "profile_a",
+            Some(_) => "profile_b",
+            None => "profile",
+        };
+        let profile = self
+            .settings
+            .profiles
+            .get(profile_name)
+            .ok_or_else(|| not_found(field, "Profile not found"))?;
+        let provider = self
+            .providers
+            .get(&profile.provider)
+            .ok_or_else(|| not_found(field, "Profile not found"))?;
         let trace = Trace {
             trace_id: new_id(),
-            conversation_id: conversation.id,
-            user_message_id: user_message.id,
+            conversation_id: turn.conversation_id,
+            user_message_id: turn.user_message.id,
             message_id: new_id(),
             user_id: user.to_owned(),
             status: TraceStatus::Running,
             model: profile.model.clone(),
-            profile: profile_name.clone(),
-            started_at: started,
+            profile: profile_name.to_owned(),
+            started_at: now(),
             ended_at: None,
             usage: None,
             error: None,
             spans: Vec::new(),
-            comparison_id: None,
-            variant: None,
+            comparison_id: comparison.map(|(id, _)| id),
+            variant: comparison.map(|(_, v)| v.to_owned()),
         };
-        let earlier = branch(&history, parent);
         let scope = PageScope::resolve(&self.settings, request.context.as_ref());
         let tools = self.tools.for_request(&scope, &profile.tools);
         let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec()).collect();
         let payload_types = self.payload_types(&scope);
         let mut system_prompt = prompt::system_prompt(&PromptParts {
-            base: conversation
+            base: turn
                 .system_prompt
                 .as_deref()
                 .or(profile.system_prompt.as_deref()),
             scope: &scope,
             context: request.context.as_ref(),
-            history: &earlier,
+            history: &turn.earlier,
             tools: &specs,
             payload_types: &payload_types,
             actions: &self.settings.actions,
         });
-        if request.interaction_type == InteractionType::ActionExecuted {
-            let outcome = self
-                .run_action(request.action.as_ref(), request.context.as_ref())
-                .await;
+        if let Some(outcome) = &turn.action_result {
             system_prompt.push_str(&format!("\n\n## Action result\n{outcome}"));
         }
-        let mut messages = earlier;
-        messages.push(user_message.clone());
+        let mut messages = turn.earlier.clone();
+        messages.push(turn.user_message.clone());
         let diagnostics = (request.diagnostics && self.settings.chat.allow_diagnostics).then(|| {
             json!({
                 "model": profile.model,
@@ -314,26 +398,25 @@ impl ChatService {
                 "context": request.context,
             })
         });
-        let request = ModelRequest {
-            model: profile.model.clone(),
-            system_prompt: Some(system_prompt),
-            messages,
-            temperature: profile.temperature,
-            max_tokens: profile.max_tokens,
-            enable_thinking: profile.enable_thinking,
-            thinking_budget: profile.thinking_budget,
-            reasoning_effort: profile.reasoning_effort.clone(),
-            tools: specs,
-        };
         let limits = &self.settings.tools;
         let plan = RunPlan {
-            conversation_id: conversation.id,
-            user_message_id: user_message.id,
+            conversation_id: turn.conversation_id,
+            user_message_id: turn.user_message.id,
             message_id: trace.message_id,
             trace_id: trace.trace_id,
-            profile: profile_name,
+            profile: profile_name.to_owned(),
             provider,
-            request,
+            request: ModelRequest {
+                model: profile.model.clone(),
+                system_prompt: Some(system_prompt),
+                messages,
+                temperature: profile.temperature,
+                max_tokens: profile.max_tokens,
+                enable_thinking: profile.enable_thinking,
+                thinking_budget: profile.thinking_budget,
+                reasoning_effort: profile.reasoning_effort.clone(),
+                tools: specs,
+            },
             tools,
             max_iterations: profile.max_iterations,
             payload_types,
@@ -343,30 +426,156 @@ impl ChatService {
                 max_retries: limits.max_retries,
             },
             diagnostics,
+            comparison: comparison.map(|(id, variant)| (id, variant.to_owned())),
+            context_limit: profile.context_limit,
+            context: ContextKeeper::new(self.store.clone(), user, turn.conversation_id),
         };
+        Ok(Side { trace, plan })
+    }
 
-        self.store
-            .start_run(&RunStart {
-                new_conversation,
-                user_message,
-                trace,
-                replica_id: self.replica_id.clone(),
-            })
-            .await?;
-        let (run, emitter) =
-            self.runs
-                .register(plan.trace_id, plan.message_id, user, self.log.clone());
-        tokio::spawn(agent::supervise(
-            plan,
-            emitter,
-            self.store.clone(),
-            self.runs.clone(),
-        ));
-        Ok(run)
+    /// Persists the message and the traces in one transaction, then starts each run in a
+    /// task of its own.
+    async fn launch(
+        &self,
+        user: &str,
+        turn: Prepared,
+        sides: Vec<Side>,
+        comparison: Option<Comparison>,
+    ) -> Result<Vec<Arc<LiveRun>>, ChatError> {
+        let (traces, plans): (Vec<Trace>, Vec<RunPlan>) =
+            sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
+        let start = RunStart {
+            new_conversation: turn.new_conversation,
+            user_message: turn.user_message,
+            traces,
+            comparison,
+            replica_id: self.replica_id.clone(),
+        };
+        self.store.start_run(&start).await?;
+        let mut runs = Vec::new();
+        for plan in plans {
+            let (run, emitter) =
+                self.runs
+                    .register(plan.trace_id, plan.message_id, user, self.log.clone());
+            tokio::spawn(agent::supervise(
+                plan,
+                emitter,
+                self.store.clone(),
+                self.runs.clone(),
+            ));
+            runs.push(run);
+        }
+        if start.new_conversation.is_some() && self.settings.chat.refine_titles {
+            if let Some(run) = runs.first() {
+                self.refine_title(
+                    user,
+                    start.user_message.conversation_id,
+                    &start.user_message.content,
+                    run.clone(),
+                );
+            }
+        }
+        Ok(runs)
     }
 }
 
+/// The profile-independent part of a request, ready to persist.
+struct Prepared {
+    conversation_id: Uuid,
+    system_prompt: Option<String>,
+    existing_profile: Option<String>,
+    user_message: Message,
+    /// The active branch up to the new message's parent.
+    earlier: Vec<Message>,
+    new_conversation: Option<Conversation>,
+    action_result: Option<String>,
+}
+
+/// One run of a request (a comparison has two).
+struct Side {
+    trace: Trace,
+    plan: RunPlan,
+}
+
 impl ChatService {
+    /// Replaces the first-message title by a short one the default profile's model writes,
+    /// after the first answer, unless the user renamed the conversation meanwhile. Never
+    /// blocks or fails a stream.
+    fn refine_title(
+        &self,
+        user: &str,
+        conversation_id: Uuid,
+        first_message: &str,
+        run: Arc<LiveRun>,
+    ) {
+        let (store, settings, providers) = (
+            self.store.clone(),
+            self.settings.clone(),
+            self.providers.clone(),
+        );
+        let (user, first_message) = (user.to_owned(), first_message.to_owned());
+        tokio::spawn(async move {
+            run.finished().await;
+            let profile = &settings.profiles[&settings.chat.default_profile];
+            let Some(provider) = providers.get(&profile.provider) else {
+                return;
+            };
+            let mut message =
+                Message::new(conversation_id, None, Role::User, first_message.clone());
+            message.content = first_message.clone();
+            let request = ModelRequest {
+                model: profile.model.clone(),
+                system_prompt: Some(TITLE_PROMPT.to_owned()),
+                messages: vec![message],
+                temperature: Some(0.2),
+                max_tokens: Some(30),
+                enable_thinking: false,
+                thinking_budget: None,
+                reasoning_effort: None,
+                tools: Vec::new(),
+            };
+            let mut turn = super::turn::Turn::new(0, Vec::new());
+            let mut events = Vec::new();
+            let Ok(mut stream) = provider.stream(&request).await else {
+                return;
+            };
+            while let Some(Ok(event)) = futures_util::StreamExt::next(&mut stream).await {
+                if turn.apply(event, &mut events).is_err() || turn.finished() {
+                    break;
+                }
+            }
+            let title: String = turn
+                .output
+                .text
+                .trim()
+                .trim_matches('"')
+                .chars()
+                .take(settings.chat.title_max_chars)
+                .collect();
+            if !turn.finished() || title.is_empty() {
+                return;
+            }
+            let unchanged = store
+                .get_conversation(&user, conversation_id)
+                .await
+                .is_ok_and(|c| {
+                    c.title == title_from(&first_message, settings.chat.title_max_chars)
+                });
+            if unchanged {
+                let patch = ConversationPatch {
+                    title: Some(title),
+                    ..ConversationPatch::default()
+                };
+                if let Err(e) = store
+                    .update_conversation(&user, conversation_id, &patch)
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not store the refined title");
+                }
+            }
+        });
+    }
+
     /// The payload types the model may write here: global ones and the page's, with a marker.
     fn payload_types(&self, scope: &PageScope) -> Vec<LlmPayloadType> {
         self.settings

@@ -103,6 +103,9 @@ impl Drop for DisconnectGuard {
     }
 }
 
+/// How long a resume waits for an ended run's last events to be logged.
+const LAST_EVENTS_WAIT: Duration = Duration::from_secs(2);
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResumeQuery {
@@ -146,6 +149,7 @@ fn from_log(
     poll: Duration,
 ) -> impl Stream<Item = Frame> + Send + 'static {
     let trace_id = trace.trace_id;
+    let mut ended_at: Option<tokio::time::Instant> = None;
     async_stream::stream! {
         loop {
             let events = match store.trace_events(trace_id, after as i64).await {
@@ -165,10 +169,15 @@ fn from_log(
                 }
             }
             if !read_any {
-                // Nothing new: a run that is over has nothing more to say.
-                match store.get_trace(&trace.user_id, trace_id).await {
-                    Ok(now) if now.status == TraceStatus::Running => {}
-                    _ => return,
+                // A run is marked over before its last events are logged (they follow within
+                // a flush interval): after it ends, wait a little for `done`, then stop (a
+                // crashed run never logs one).
+                let over = !matches!(store.get_trace(&trace.user_id, trace_id).await, Ok(now) if now.status == TraceStatus::Running);
+                if over {
+                    let deadline = *ended_at.get_or_insert_with(|| tokio::time::Instant::now() + LAST_EVENTS_WAIT);
+                    if tokio::time::Instant::now() >= deadline {
+                        return;
+                    }
                 }
                 tokio::time::sleep(poll).await;
             }

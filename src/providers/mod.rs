@@ -25,7 +25,7 @@ pub use mock::MockProvider;
 pub use openai::OpenAiProvider;
 
 /// What a model call needs, in provider-neutral form; each adapter builds its own wire body.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelRequest {
     pub model: String,
     pub system_prompt: Option<String>,

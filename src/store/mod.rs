@@ -16,7 +16,9 @@ use serde_json::Value;
 use std::sync::Arc;
 use uuid::Uuid;
 
-use crate::domain::{Conversation, Feedback, LoggedEvent, Message, Trace, TraceStatus, Usage};
+use crate::domain::{
+    Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, TraceStatus, Usage,
+};
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
@@ -78,7 +80,9 @@ pub struct ConversationPatch {
 pub struct RunStart {
     pub new_conversation: Option<Conversation>,
     pub user_message: Message,
-    pub trace: Trace,
+    /// One trace, or two for an A/B comparison.
+    pub traces: Vec<Trace>,
+    pub comparison: Option<Comparison>,
     /// The chatd process that runs it; it keeps the trace's heartbeat fresh.
     pub replica_id: String,
 }
@@ -164,6 +168,42 @@ pub trait Store: Send + Sync + 'static {
         trace_id: Uuid,
         after: i64,
     ) -> Result<Vec<LoggedEvent>, StoreError>;
+
+    /// Makes `leaf` the end of the conversation's active branch.
+    async fn set_active_leaf(
+        &self,
+        user: &str,
+        conversation_id: Uuid,
+        leaf: Uuid,
+    ) -> Result<(), StoreError>;
+
+    async fn get_comparison(&self, user: &str, id: Uuid) -> Result<Comparison, StoreError>;
+    /// Records a vote. Without `change`, a different vote than the one recorded is a
+    /// conflict (the same one again is fine); with it, the vote is replaced and the
+    /// history keeps the earlier ones. The preferred answer becomes the active branch.
+    async fn vote(
+        &self,
+        user: &str,
+        id: Uuid,
+        preference: Preference,
+        change: bool,
+    ) -> Result<Comparison, StoreError>;
+    /// Every comparison with a vote, oldest vote first, of all users (for the leaderboard).
+    async fn voted_comparisons(&self) -> Result<Vec<Comparison>, StoreError>;
+
+    /// The conversation's stored context state, if any.
+    async fn context_state(
+        &self,
+        user: &str,
+        conversation_id: Uuid,
+    ) -> Result<Option<Value>, StoreError>;
+    /// Stores (`Some`) or clears (`None`) the conversation's context state.
+    async fn set_context_state(
+        &self,
+        user: &str,
+        conversation_id: Uuid,
+        state: Option<&Value>,
+    ) -> Result<(), StoreError>;
 
     /// Every run still marked running, of any user and any process.
     async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;

@@ -9,8 +9,8 @@ use uuid::Uuid;
 
 use super::{RunningTrace, StoreError};
 use crate::domain::{
-    Conversation, Feedback, LoggedEvent, Message, Role, SuggestedAction, SuggestedValue, ToolCall,
-    ToolRecord, Trace, TraceStatus, Usage,
+    Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Role, SuggestedAction,
+    SuggestedValue, ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
 };
 
 pub const CONVERSATION_COLUMNS: &str = "id, user_id, title, profile, system_prompt, metadata, \
@@ -190,5 +190,54 @@ impl From<EventRow> for LoggedEvent {
             kind: row.kind,
             data: row.data.0,
         }
+    }
+}
+
+pub const COMPARISON_COLUMNS: &str = "id, conversation_id, user_id, user_message_id, trace_a, trace_b, \
+     profile_a, profile_b, model_a, model_b, preference, voted_at, vote_history, created_at";
+
+#[derive(sqlx::FromRow)]
+pub struct ComparisonRow {
+    id: Uuid,
+    conversation_id: Uuid,
+    user_id: String,
+    user_message_id: Uuid,
+    trace_a: Uuid,
+    trace_b: Uuid,
+    profile_a: String,
+    profile_b: String,
+    model_a: String,
+    model_b: String,
+    preference: Option<String>,
+    voted_at: Option<DateTime<Utc>>,
+    vote_history: Json<Vec<Vote>>,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<ComparisonRow> for Comparison {
+    type Error = StoreError;
+
+    fn try_from(row: ComparisonRow) -> Result<Self, StoreError> {
+        let preference = row
+            .preference
+            .map(|p| Preference::parse(&p))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(Comparison {
+            comparison_id: row.id,
+            conversation_id: row.conversation_id,
+            user_id: row.user_id,
+            user_message_id: row.user_message_id,
+            trace_a: row.trace_a,
+            trace_b: row.trace_b,
+            profile_a: row.profile_a,
+            profile_b: row.profile_b,
+            model_a: row.model_a,
+            model_b: row.model_b,
+            preference,
+            voted_at: row.voted_at,
+            vote_history: row.vote_history.0,
+            created_at: row.created_at,
+        })
     }
 }

@@ -134,28 +134,50 @@ macro_rules! impl_store {
                 if let Some(conversation) = &start.new_conversation {
                     Self::insert_conversation(&mut *tx, conversation).await?;
                 }
-                Self::append_message(&mut *tx, &start.trace.user_id, &start.user_message).await?;
-                let t = &start.trace;
-                sqlx::query(
-                    "insert into traces (id, conversation_id, user_id, user_message_id, message_id, \
-                     status, model, profile, started_at, spans, comparison_id, variant, replica_id, \
-                     heartbeat_at) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $9)",
-                )
-                .bind(t.trace_id)
-                .bind(t.conversation_id)
-                .bind(&t.user_id)
-                .bind(t.user_message_id)
-                .bind(t.message_id)
-                .bind(t.status.as_str())
-                .bind(&t.model)
-                .bind(&t.profile)
-                .bind(t.started_at)
-                .bind(Json(&t.spans))
-                .bind(t.comparison_id)
-                .bind(t.variant.as_deref())
-                .bind(&start.replica_id)
-                .execute(&mut *tx)
-                .await?;
+                let user = &start.traces.first().ok_or(StoreError::Conflict("a run needs a trace".into()))?.user_id;
+                Self::append_message(&mut *tx, user, &start.user_message).await?;
+                if let Some(c) = &start.comparison {
+                    sqlx::query(
+                        "insert into comparisons (id, conversation_id, user_id, user_message_id, trace_a, trace_b, \
+                         profile_a, profile_b, model_a, model_b, created_at) \
+                         values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                    )
+                    .bind(c.comparison_id)
+                    .bind(c.conversation_id)
+                    .bind(&c.user_id)
+                    .bind(c.user_message_id)
+                    .bind(c.trace_a)
+                    .bind(c.trace_b)
+                    .bind(&c.profile_a)
+                    .bind(&c.profile_b)
+                    .bind(&c.model_a)
+                    .bind(&c.model_b)
+                    .bind(c.created_at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                for t in &start.traces {
+                    sqlx::query(
+                        "insert into traces (id, conversation_id, user_id, user_message_id, message_id, \
+                         status, model, profile, started_at, spans, comparison_id, variant, replica_id, \
+                         heartbeat_at) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $9)",
+                    )
+                    .bind(t.trace_id)
+                    .bind(t.conversation_id)
+                    .bind(&t.user_id)
+                    .bind(t.user_message_id)
+                    .bind(t.message_id)
+                    .bind(t.status.as_str())
+                    .bind(&t.model)
+                    .bind(&t.profile)
+                    .bind(t.started_at)
+                    .bind(Json(&t.spans))
+                    .bind(t.comparison_id)
+                    .bind(t.variant.as_deref())
+                    .bind(&start.replica_id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
                 tx.commit().await?;
                 Ok(())
             }
@@ -222,6 +244,125 @@ macro_rules! impl_store {
                 let row: Option<TraceRow> =
                     sqlx::query_as(&sql).bind(message_id).bind(user).fetch_optional(&self.pool).await?;
                 row.ok_or(StoreError::NotFound)?.try_into()
+            }
+
+            async fn set_active_leaf(&self, user: &str, conversation_id: Uuid, leaf: Uuid) -> Result<(), StoreError> {
+                let done = sqlx::query(
+                    "update conversations set active_leaf_id = $3, updated_at = $4 where id = $1 and user_id = $2 \
+                     and exists (select 1 from messages where id = $3 and conversation_id = $1)",
+                )
+                .bind(conversation_id)
+                .bind(user)
+                .bind(leaf)
+                .bind(now())
+                .execute(&self.pool)
+                .await?;
+                if done.rows_affected() == 0 {
+                    return Err(StoreError::NotFound);
+                }
+                Ok(())
+            }
+
+            async fn get_comparison(&self, user: &str, id: Uuid) -> Result<Comparison, StoreError> {
+                let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
+                let row: Option<ComparisonRow> =
+                    sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&self.pool).await?;
+                row.ok_or(StoreError::NotFound)?.try_into()
+            }
+
+            async fn vote(
+                &self,
+                user: &str,
+                id: Uuid,
+                preference: Preference,
+                change: bool,
+            ) -> Result<Comparison, StoreError> {
+                let mut tx = self.pool.begin().await?;
+                let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
+                let row: Option<ComparisonRow> =
+                    sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&mut *tx).await?;
+                let mut comparison: Comparison = row.ok_or(StoreError::NotFound)?.try_into()?;
+                match comparison.preference {
+                    Some(current) if current == preference => return Ok(comparison),
+                    Some(_) if !change => {
+                        return Err(StoreError::Conflict("This comparison has another vote; change it with PUT".into()));
+                    }
+                    _ => {}
+                }
+                let at = now();
+                comparison.preference = Some(preference);
+                comparison.voted_at = Some(at);
+                comparison.vote_history.push(Vote { preference, at });
+                sqlx::query("update comparisons set preference = $2, voted_at = $3, vote_history = $4 where id = $1")
+                    .bind(id)
+                    .bind(preference.as_str())
+                    .bind(at)
+                    .bind(Json(&comparison.vote_history))
+                    .execute(&mut *tx)
+                    .await?;
+                // The preferred answer (A for a tie or both bad) becomes the active branch.
+                let trace = if preference == Preference::B { comparison.trace_b } else { comparison.trace_a };
+                sqlx::query(
+                    "update conversations set active_leaf_id = (select message_id from traces where id = $2) \
+                     where id = $1 and exists (select 1 from messages where id = (select message_id from traces where id = $2))",
+                )
+                .bind(comparison.conversation_id)
+                .bind(trace)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(comparison)
+            }
+
+            async fn voted_comparisons(&self) -> Result<Vec<Comparison>, StoreError> {
+                let sql = format!(
+                    "select {COMPARISON_COLUMNS} from comparisons where voted_at is not null order by voted_at, id"
+                );
+                let rows: Vec<ComparisonRow> = sqlx::query_as(&sql).fetch_all(&self.pool).await?;
+                rows.into_iter().map(Comparison::try_from).collect()
+            }
+
+            async fn context_state(&self, user: &str, conversation_id: Uuid) -> Result<Option<Value>, StoreError> {
+                let row: Option<(Json<Value>,)> =
+                    sqlx::query_as("select state from context_states where conversation_id = $1 and user_id = $2")
+                        .bind(conversation_id)
+                        .bind(user)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                Ok(row.map(|(state,)| state.0))
+            }
+
+            async fn set_context_state(
+                &self,
+                user: &str,
+                conversation_id: Uuid,
+                state: Option<&Value>,
+            ) -> Result<(), StoreError> {
+                match state {
+                    Some(state) => {
+                        let strategy = state["strategy"].as_str().unwrap_or("trim_oldest");
+                        sqlx::query(
+                            "insert into context_states (conversation_id, user_id, strategy, state, updated_at) \
+                             values ($1, $2, $3, $4, $5) on conflict (conversation_id) do update \
+                             set strategy = excluded.strategy, state = excluded.state, updated_at = excluded.updated_at",
+                        )
+                        .bind(conversation_id)
+                        .bind(user)
+                        .bind(strategy)
+                        .bind(Json(state))
+                        .bind(now())
+                        .execute(&self.pool)
+                        .await?;
+                    }
+                    None => {
+                        sqlx::query("delete from context_states where conversation_id = $1 and user_id = $2")
+                            .bind(conversation_id)
+                            .bind(user)
+                            .execute(&self.pool)
+                            .await?;
+                    }
+                }
+                Ok(())
             }
 
             async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError> {
@@ -324,14 +465,18 @@ macro_rules! impl_store {
                 .bind(m.created_at)
                 .execute(&mut *conn)
                 .await?;
+                // The second answer of a comparison does not take over the branch: A stays
+                // active until a vote says otherwise.
                 let updated = sqlx::query(
-                    "update conversations set active_leaf_id = $2, message_count = message_count + 1, \
-                     last_message_at = $3, updated_at = $3 where id = $1 and user_id = $4",
+                    "update conversations set active_leaf_id = case when $5 then active_leaf_id else $2 end, \
+                     message_count = message_count + 1, last_message_at = $3, updated_at = $3 \
+                     where id = $1 and user_id = $4",
                 )
                 .bind(m.conversation_id)
                 .bind(m.id)
                 .bind(m.created_at)
                 .bind(user)
+                .bind(m.variant.as_deref() == Some("b"))
                 .execute(&mut *conn)
                 .await?;
                 if updated.rows_affected() == 0 {

@@ -17,7 +17,11 @@ use super::{
 use chrono::{DateTime, Utc};
 use futures_util::stream::BoxStream;
 
-use crate::domain::{Conversation, Feedback, LoggedEvent, Message, Trace, now};
+use serde_json::Value;
+
+use crate::domain::{
+    Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, Vote, now,
+};
 
 pub struct SqliteStore {
     pool: SqlitePool,

@@ -559,7 +559,10 @@ async fn until_ready(app: &crate::helpers::TestApp) -> serde_json::Value {
         if !servers.is_empty() && servers.iter().all(|s| s["state"] == "ready") {
             return tools;
         }
-        assert!(std::time::Instant::now() < deadline, "MCP servers not ready: {tools}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "MCP servers not ready: {tools}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -575,25 +578,57 @@ async fn through_chatd_mcp_tools_stream_progress_and_clashing_names_get_the_serv
     );
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
     let tools = until_ready(&app).await;
-    let names: Vec<&str> = tools["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
     assert!(names.contains(&"get_current_time"), "{names:?}");
-    let clashing = if names.contains(&"clock_get_current_time") { "clock" } else { "time" };
+    let clashing = if names.contains(&"clock_get_current_time") {
+        "clock"
+    } else {
+        "time"
+    };
     let renamed = format!("{clashing}_get_current_time");
-    assert!(names.contains(&renamed.as_str()), "the second server's tool is prefixed: {names:?}");
-    let source = tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == renamed.as_str()).unwrap()["source"].clone();
+    assert!(
+        names.contains(&renamed.as_str()),
+        "the second server's tool is prefixed: {names:?}"
+    );
+    let source = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == renamed.as_str())
+        .unwrap()["source"]
+        .clone();
     assert_eq!(source, json!({"kind": "mcp", "server": clashing}));
 
-    let message = format!(r#"[mock:tool={LONG_RUNNING} {{"duration": 1, "steps": 4}}] [mock:tool={renamed} {{"timezone": "Europe/Paris"}}]"#);
+    let message = format!(
+        r#"[mock:tool={LONG_RUNNING} {{"duration": 1, "steps": 4}}] [mock:tool={renamed} {{"timezone": "Europe/Paris"}}]"#
+    );
     let frames = app.chat("ann", json!({"message": message})).await;
     let progress: Vec<f64> = frames
         .iter()
         .filter(|f| f.kind() == "tool_progress")
         .map(|f| f.data["progress"].as_f64().unwrap())
         .collect();
-    assert_eq!(progress, [0.25, 0.5, 0.75, 1.0], "progress in order, from 0 to 1");
-    let completes: Vec<&Frame> = frames.iter().filter(|f| f.kind() == "tool_complete").collect();
+    assert_eq!(
+        progress,
+        [0.25, 0.5, 0.75, 1.0],
+        "progress in order, from 0 to 1"
+    );
+    let completes: Vec<&Frame> = frames
+        .iter()
+        .filter(|f| f.kind() == "tool_complete")
+        .collect();
     assert_eq!(completes.len(), 2);
-    assert!(completes.iter().all(|c| c.data["status"] == "success"), "{completes:?}");
-    let paris = frames.iter().find(|f| f.kind() == "tool_output" && f.data["output"].as_str().unwrap().contains("Europe/Paris"));
+    assert!(
+        completes.iter().all(|c| c.data["status"] == "success"),
+        "{completes:?}"
+    );
+    let paris = frames.iter().find(|f| {
+        f.kind() == "tool_output" && f.data["output"].as_str().unwrap().contains("Europe/Paris")
+    });
     assert!(paris.is_some(), "the renamed tool reached the right server");
 }

@@ -43,7 +43,8 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
     );
     RunStart {
         new_conversation: new.then(|| conversation.clone()),
-        trace: Trace {
+        comparison: None,
+        traces: vec![Trace {
             trace_id: new_id(),
             conversation_id: conversation.id,
             user_message_id: user_message.id,
@@ -59,7 +60,7 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
             spans: vec![],
             comparison_id: None,
             variant: None,
-        },
+        }],
         user_message,
         replica_id: "replica-a".into(),
     }
@@ -75,17 +76,17 @@ both_backends! {
         // Reusing the trace id makes the last statement of the transaction fail.
         let second = conversation("ann", "second");
         let mut clash = run_start(&second, true);
-        clash.trace.trace_id = start.trace.trace_id;
+        clash.traces[0].trace_id = start.traces[0].trace_id;
         assert!(store.start_run(&clash).await.is_err());
         assert!(matches!(store.get_conversation("ann", second.id).await, Err(StoreError::NotFound)));
         assert_eq!(store.list_conversations("ann", 10, None).await.unwrap().len(), 1);
 
         let mut answer = Message::new(first.id, Some(start.user_message.id), Role::Assistant, "answer".into());
-        answer.id = start.trace.message_id;
+        answer.id = start.traces[0].message_id;
         answer.usage = Some(Usage { input_tokens: 1, output_tokens: 2, ..Usage::default() });
         store
             .finish_run(&RunFinish {
-                trace_id: start.trace.trace_id,
+                trace_id: start.traces[0].trace_id,
                 status: TraceStatus::Completed,
                 ended_at: now(),
                 usage: Usage { input_tokens: 1, output_tokens: 2, ..Usage::default() },
@@ -100,7 +101,7 @@ both_backends! {
         assert_eq!(loaded.active_leaf_id, Some(answer.id));
         let messages = store.messages("ann", first.id).await.unwrap();
         assert_eq!(messages, vec![start.user_message.clone(), answer]);
-        let trace = store.get_trace("ann", start.trace.trace_id).await.unwrap();
+        let trace = store.get_trace("ann", start.traces[0].trace_id).await.unwrap();
         assert_eq!(trace.status, TraceStatus::Completed);
         assert_eq!(trace.spans, vec![json!({"kind": "llm"})]);
         assert_eq!(store.trace_by_message("ann", trace.message_id).await.unwrap().trace_id, trace.trace_id);
@@ -113,7 +114,7 @@ both_backends! {
         store.start_run(&start).await.unwrap();
         let events: Vec<NewEvent> = (1..=2500)
             .map(|seq| NewEvent {
-                trace_id: start.trace.trace_id,
+                trace_id: start.traces[0].trace_id,
                 seq,
                 at: now(),
                 kind: "text_delta",
@@ -121,12 +122,12 @@ both_backends! {
             })
             .collect();
         store.append_events(&events).await.unwrap();
-        let after = store.trace_events(start.trace.trace_id, 2490).await.unwrap();
+        let after = store.trace_events(start.traces[0].trace_id, 2490).await.unwrap();
         let seqs: Vec<i64> = after.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, (2491..=2500).collect::<Vec<_>>());
         assert_eq!(after[0].data["text"], "t2491");
         assert_eq!(after[0].kind, "text_delta");
-        assert_eq!(store.trace_events(start.trace.trace_id, 0).await.unwrap().len(), 2500);
+        assert_eq!(store.trace_events(start.traces[0].trace_id, 0).await.unwrap().len(), 2500);
     }
 
     async fn every_read_and_write_is_scoped_to_its_user(backend: Backend) {
@@ -137,15 +138,15 @@ both_backends! {
         assert!(matches!(store.get_conversation("bob", c.id).await, Err(StoreError::NotFound)));
         assert!(store.messages("bob", c.id).await.unwrap().is_empty());
         assert!(matches!(store.set_feedback("bob", start.user_message.id, None).await, Err(StoreError::NotFound)));
-        assert!(matches!(store.get_trace("bob", start.trace.trace_id).await, Err(StoreError::NotFound)));
-        assert!(matches!(store.trace_by_message("bob", start.trace.message_id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.get_trace("bob", start.traces[0].trace_id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.trace_by_message("bob", start.traces[0].message_id).await, Err(StoreError::NotFound)));
         assert!(matches!(store.delete_conversation("bob", c.id).await, Err(StoreError::NotFound)));
         let patch = chatd::store::ConversationPatch { title: Some("stolen".into()), ..Default::default() };
         assert!(matches!(store.update_conversation("bob", c.id, &patch).await, Err(StoreError::NotFound)));
         assert_eq!(store.get_conversation("ann", c.id).await.unwrap().title, "mine");
         store.delete_conversation("ann", c.id).await.unwrap();
-        assert!(store.trace_events(start.trace.trace_id, 0).await.unwrap().is_empty());
-        assert!(matches!(store.get_trace("ann", start.trace.trace_id).await, Err(StoreError::NotFound)));
+        assert!(store.trace_events(start.traces[0].trace_id, 0).await.unwrap().is_empty());
+        assert!(matches!(store.get_trace("ann", start.traces[0].trace_id).await, Err(StoreError::NotFound)));
     }
 
     async fn running_traces_carry_their_replica_and_heartbeat(backend: Backend) {
@@ -156,10 +157,10 @@ both_backends! {
         let running = store.running_traces().await.unwrap();
         assert_eq!(running.len(), 1);
         assert_eq!(running[0].replica_id.as_deref(), Some("replica-a"));
-        assert_eq!(running[0].heartbeat_at, Some(start.trace.started_at));
-        let later = start.trace.started_at + chrono::Duration::seconds(7);
+        assert_eq!(running[0].heartbeat_at, Some(start.traces[0].started_at));
+        let later = start.traces[0].started_at + chrono::Duration::seconds(7);
         store.heartbeat("replica-b", later).await.unwrap();
-        assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(start.trace.started_at), "another replica's beat");
+        assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(start.traces[0].started_at), "another replica's beat");
         store.heartbeat("replica-a", later).await.unwrap();
         assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(later));
         assert_eq!(store.is_shared(), backend == Backend::Postgres);

@@ -1,0 +1,243 @@
+//! Context management: before each model call, estimate the tokens of the system prompt,
+//! the history and the tools; once they would pass 70% of the profile's `context_limit`, keep
+//! the system prompt and the newest messages that fit, and store what was kept as the
+//! conversation's context state. Whole messages are dropped, so a tool call never loses its
+//! result (both live in the same assistant message), and the history still starts with the
+//! user. The state is recomputed for every call, so it never outlives the messages it
+//! describes; it is cleared when nothing needs trimming and deleted with the conversation.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::domain::{Message, Role};
+use crate::providers::ModelRequest;
+use crate::store::Store;
+
+/// The share of the context window the request may fill before history is trimmed.
+pub const THRESHOLD: f64 = 0.7;
+pub const STRATEGY: &str = "trim_oldest";
+
+/// A rough token count: four characters a token, as the providers' own rules of thumb.
+pub fn estimate(text: &str) -> u64 {
+    (text.chars().count() as u64).div_ceil(4)
+}
+
+fn message_tokens(message: &Message) -> u64 {
+    let turns: u64 = match message.role {
+        Role::Assistant => message
+            .turns()
+            .iter()
+            .map(|t| {
+                estimate(&t.text)
+                    + t.tool_calls
+                        .iter()
+                        .map(|c| estimate(&c.input.to_string()) + estimate(&c.name))
+                        .sum::<u64>()
+                    + t.tool_results
+                        .iter()
+                        .map(|r| estimate(&r.content))
+                        .sum::<u64>()
+            })
+            .sum(),
+        _ => estimate(&message.content),
+    };
+    // Role markers and framing cost a few tokens a message.
+    turns + 4
+}
+
+/// The request's size in estimated tokens.
+pub fn request_tokens(request: &ModelRequest) -> u64 {
+    let system = request.system_prompt.as_deref().map_or(0, estimate);
+    let tools: u64 = request
+        .tools
+        .iter()
+        .map(|t| {
+            estimate(&t.name) + estimate(&t.description) + estimate(&t.input_schema.to_string())
+        })
+        .sum();
+    system + tools + request.messages.iter().map(message_tokens).sum::<u64>()
+}
+
+/// What trimming did to one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trimmed {
+    pub request: ModelRequest,
+    /// The state to store: `None` when nothing was dropped.
+    pub state: Option<Value>,
+}
+
+/// Fits `request` under `THRESHOLD` of `limit`. `protected` is how many messages at the end
+/// must stay whatever they cost (the new user message and this run's exchanges).
+pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize) -> Trimmed {
+    let Some(limit) = limit.filter(|l| *l > 0) else {
+        return Trimmed {
+            request: request.clone(),
+            state: None,
+        };
+    };
+    let budget = (f64::from(limit) * THRESHOLD) as u64;
+    let before = request_tokens(request);
+    if before <= budget {
+        return Trimmed {
+            request: request.clone(),
+            state: None,
+        };
+    }
+    let fixed = request_tokens(&ModelRequest {
+        messages: Vec::new(),
+        ..request.clone()
+    });
+    let messages = &request.messages;
+    let protected = protected.min(messages.len());
+    let mut used = fixed
+        + messages[messages.len() - protected..]
+            .iter()
+            .map(message_tokens)
+            .sum::<u64>();
+    let mut first_kept = messages.len() - protected;
+    while first_kept > 0 {
+        let cost = message_tokens(&messages[first_kept - 1]);
+        if used + cost > budget {
+            break;
+        }
+        used += cost;
+        first_kept -= 1;
+    }
+    // The history must start with the user's turn.
+    while first_kept < messages.len() - protected && messages[first_kept].role != Role::User {
+        used -= message_tokens(&messages[first_kept]);
+        first_kept += 1;
+    }
+    let kept = messages[first_kept..].to_vec();
+    let state = json!({
+        "strategy": STRATEGY,
+        "limit": limit,
+        "threshold": THRESHOLD,
+        "estimate_before": before,
+        "estimate": used,
+        "dropped": first_kept,
+        "kept": kept.len(),
+        "kept_from": kept.first().map(|m| m.id),
+        "dropped_through": first_kept.checked_sub(1).map(|i| messages[i].id),
+    });
+    Trimmed {
+        request: ModelRequest {
+            messages: kept,
+            ..request.clone()
+        },
+        state: Some(state),
+    }
+}
+
+/// Stores a conversation's context state as requests are trimmed (or not).
+#[derive(Clone)]
+pub struct ContextKeeper {
+    store: Arc<dyn Store>,
+    user: String,
+    conversation_id: Uuid,
+}
+
+impl ContextKeeper {
+    pub fn new(store: Arc<dyn Store>, user: &str, conversation_id: Uuid) -> Self {
+        Self {
+            store,
+            user: user.to_owned(),
+            conversation_id,
+        }
+    }
+
+    /// Stores the state of the latest trim, or clears a stored one that no longer applies.
+    pub async fn record(&self, state: Option<&Value>) {
+        if let Err(e) = self
+            .store
+            .set_context_state(&self.user, self.conversation_id, state)
+            .await
+        {
+            tracing::warn!(error = %e, conversation_id = %self.conversation_id, "could not store the context state");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{AssistantTurn, ToolCall, ToolResult, new_id};
+
+    fn message(role: Role, text: &str) -> Message {
+        Message::new(new_id(), None, role, text.to_owned())
+    }
+
+    fn request(messages: Vec<Message>) -> ModelRequest {
+        ModelRequest {
+            model: "m".into(),
+            system_prompt: Some("s".repeat(40)),
+            messages,
+            temperature: None,
+            max_tokens: None,
+            enable_thinking: false,
+            thinking_budget: None,
+            reasoning_effort: None,
+            tools: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_request_under_the_threshold_is_left_alone() {
+        let r = request(vec![message(Role::User, "hi")]);
+        assert_eq!(
+            fit(&r, Some(1000), 1),
+            Trimmed {
+                request: r.clone(),
+                state: None
+            }
+        );
+        assert_eq!(fit(&r, None, 1).state, None);
+    }
+
+    #[test]
+    fn the_oldest_turns_go_first_and_the_history_starts_with_the_user() {
+        let long = "x".repeat(400); // 100 tokens
+        let mut tool_turn = message(Role::Assistant, "");
+        tool_turn.provider_state = Some(json!({"turns": [AssistantTurn {
+            text: "calling".into(),
+            tool_calls: vec![ToolCall { id: "c1".into(), name: "t".into(), input: json!({}) }],
+            tool_results: vec![ToolResult { tool_call_id: "c1".into(), tool_name: "t".into(), content: long.clone(), is_error: false }],
+            ..AssistantTurn::default()
+        }]}));
+        let messages = vec![
+            message(Role::User, &long),
+            message(Role::Assistant, &long),
+            message(Role::User, &long),
+            tool_turn.clone(),
+            message(Role::User, "newest"),
+        ];
+        let trimmed = fit(&request(messages.clone()), Some(400), 1);
+        let state = trimmed.state.expect("trimmed");
+        // 70% of 400 = 280 tokens: the newest user turn, the tool exchange and the user
+        // message before it fit; the first exchange does not.
+        assert_eq!(trimmed.request.messages.len(), 3);
+        assert_eq!(trimmed.request.messages[0].id, messages[2].id);
+        assert_eq!(
+            trimmed.request.messages[1], tool_turn,
+            "a call stays with its result"
+        );
+        assert_eq!(state["dropped"], 2);
+        assert_eq!(state["kept_from"], json!(messages[2].id));
+        assert!(state["estimate"].as_u64().unwrap() <= 280);
+
+        // With room only for the tool exchange, it would lead: it is dropped too, so the
+        // history starts with the user.
+        let trimmed = fit(&request(messages.clone()), Some(250), 1);
+        assert_eq!(trimmed.request.messages.first().unwrap().role, Role::User);
+    }
+
+    #[test]
+    fn protected_messages_stay_even_over_budget() {
+        let huge = "y".repeat(4000);
+        let messages = vec![message(Role::User, "old"), message(Role::User, &huge)];
+        let trimmed = fit(&request(messages.clone()), Some(100), 1);
+        assert_eq!(trimmed.request.messages, vec![messages[1].clone()]);
+    }
+}
