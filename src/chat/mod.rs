@@ -2,6 +2,7 @@
 //! and their fan-out (`runs`) and the batched event log (`log`).
 
 pub mod agent;
+pub mod arena;
 pub mod clean;
 pub mod context;
 pub mod lifecycle;

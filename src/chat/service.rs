@@ -281,9 +281,20 @@ impl ChatService {
             Some(conversation) => self.store.messages(user, conversation.id).await?,
             None => Vec::new(),
         };
+        // Branching: after an answer, the new message continues from it; naming a user
+        // message with its own text regenerates its answer (a sibling of the earlier ones),
+        // with other text it is an edit (a sibling of that message).
+        let mut regenerate: Option<Message> = None;
         let parent = match request.parent_message_id {
-            Some(id) if history.iter().any(|m| m.id == id) => Some(id),
-            Some(_) => return Err(not_found("parent_message_id", "Parent message not found")),
+            Some(id) => match history.iter().find(|m| m.id == id) {
+                Some(m) if m.role == Role::User && m.content == text => {
+                    regenerate = Some(m.clone());
+                    m.parent_id
+                }
+                Some(m) if m.role == Role::User => m.parent_id,
+                Some(m) => Some(m.id),
+                None => return Err(not_found("parent_message_id", "Parent message not found")),
+            },
             None => existing.as_ref().and_then(|c| c.active_leaf_id),
         };
         let started = now();
@@ -318,7 +329,10 @@ impl ChatService {
             conversation_id: conversation.id,
             system_prompt: conversation.system_prompt.clone(),
             existing_profile: existing.as_ref().and_then(|c| c.profile.clone()),
-            user_message: Message::new(conversation.id, parent, Role::User, text.to_owned()),
+            user_message_is_new: regenerate.is_none(),
+            user_message: regenerate.unwrap_or_else(|| {
+                Message::new(conversation.id, parent, Role::User, text.to_owned())
+            }),
             earlier: branch(&history, parent),
             new_conversation,
             action_result,
@@ -447,6 +461,7 @@ impl ChatService {
         let start = RunStart {
             new_conversation: turn.new_conversation,
             user_message: turn.user_message,
+            user_message_is_new: turn.user_message_is_new,
             traces,
             comparison,
             replica_id: self.replica_id.clone(),
@@ -485,6 +500,8 @@ struct Prepared {
     system_prompt: Option<String>,
     existing_profile: Option<String>,
     user_message: Message,
+    /// False when regenerating: the user's message is stored already.
+    user_message_is_new: bool,
     /// The active branch up to the new message's parent.
     earlier: Vec<Message>,
     new_conversation: Option<Conversation>,

@@ -50,7 +50,10 @@ async fn stream(
 }
 
 /// The SSE response for a stream of frames; ends at `done` or when the server stops.
-fn sse(state: &AppState, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
+pub(super) fn sse(
+    state: &AppState,
+    frames: impl Stream<Item = Frame> + Send + 'static,
+) -> Response {
     let frames = frames.take_until(state.shutdown.clone().cancelled_owned());
     let events = frames.map(|frame| {
         Ok::<_, Infallible>(
@@ -197,6 +200,8 @@ async fn owned_trace(store: &dyn Store, user: &str, trace_id: Uuid) -> Result<Tr
 struct CancelBody {
     trace_id: Option<Uuid>,
     message_id: Option<Uuid>,
+    /// Cancels both sides of an A/B comparison.
+    comparison_id: Option<Uuid>,
 }
 
 async fn cancel(
@@ -204,6 +209,9 @@ async fn cancel(
     CurrentUser(user): CurrentUser,
     AppJson(body): AppJson<CancelBody>,
 ) -> Result<Json<Value>, AppError> {
+    if let Some(comparison_id) = body.comparison_id {
+        return cancel_comparison(&state, &user, comparison_id).await;
+    }
     let trace = match (body.trace_id, body.message_id) {
         (Some(trace_id), _) => owned_trace(&*state.store, &user, trace_id).await?,
         (None, Some(message_id)) => state
@@ -233,4 +241,35 @@ async fn cancel(
             "The run did not answer the cancel; try again".into(),
         )),
     }
+}
+
+/// Cancels whichever sides of a comparison are still running.
+async fn cancel_comparison(
+    state: &AppState,
+    user: &str,
+    comparison_id: Uuid,
+) -> Result<Json<Value>, AppError> {
+    let comparison = state
+        .store
+        .get_comparison(user, comparison_id)
+        .await
+        .map_err(|e| match e {
+            StoreError::NotFound => AppError::not_found("Comparison not found"),
+            e => e.into(),
+        })?;
+    let mut cancelled = Vec::new();
+    for trace_id in [comparison.trace_a, comparison.trace_b] {
+        let trace = owned_trace(&*state.store, user, trace_id).await?;
+        if trace.status == TraceStatus::Running
+            && state.chat.cancel(user, trace_id).await? == CancelOutcome::Cancelled
+        {
+            cancelled.push(trace_id);
+        }
+    }
+    if cancelled.is_empty() {
+        return Err(AppError::Conflict("Both runs have already ended".into()));
+    }
+    Ok(Json(
+        json!({"status": "cancelled", "comparison_id": comparison_id, "trace_ids": cancelled}),
+    ))
 }

@@ -22,6 +22,8 @@ pub fn routes() -> Router<AppState> {
             get(load).patch(patch).delete(delete),
         )
         .route("/api/messages/{id}/feedback", put(feedback))
+        .route("/api/messages/{id}/siblings", get(siblings))
+        .route("/api/messages/{id}/activate", axum::routing::post(activate))
 }
 
 #[derive(Deserialize)]
@@ -159,7 +161,9 @@ async fn load(
         .map_err(conversation_not_found)?;
     let messages = state.store.messages(&user, id).await?;
     let active = branch(&messages, conversation.active_leaf_id);
-    Ok(Json(with_messages(&conversation, active)))
+    let mut body = with_messages(&conversation, active);
+    body["context_state"] = json!(state.store.context_state(&user, id).await?);
+    Ok(Json(body))
 }
 
 async fn patch(
@@ -229,4 +233,75 @@ async fn feedback(
     Ok(Json(
         json!({"message_id": message.id, "feedback": message.feedback}),
     ))
+}
+
+fn message_not_found(error: StoreError) -> AppError {
+    match error {
+        StoreError::NotFound => AppError::not_found("Message not found"),
+        e => e.into(),
+    }
+}
+
+/// The message and its siblings (the other answers to, or edits of, the same point), oldest
+/// first, each marked whether it is on the active branch.
+async fn siblings(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+) -> Result<Json<Value>, AppError> {
+    let message = state
+        .store
+        .get_message(&user, id)
+        .await
+        .map_err(message_not_found)?;
+    let conversation = state
+        .store
+        .get_conversation(&user, message.conversation_id)
+        .await?;
+    let all = state.store.messages(&user, message.conversation_id).await?;
+    let active: Vec<uuid::Uuid> = branch(&all, conversation.active_leaf_id)
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    let siblings: Vec<Value> = all
+        .iter()
+        .filter(|m| m.parent_id == message.parent_id && m.role == message.role)
+        .map(|m| {
+            let mut value = json!(m);
+            value["active"] = json!(active.contains(&m.id));
+            value
+        })
+        .collect();
+    Ok(Json(
+        json!({"message_id": id, "parent_id": message.parent_id, "siblings": siblings}),
+    ))
+}
+
+/// Makes the branch through this message the active one (down to its newest descendants) and
+/// returns the conversation as it now loads.
+async fn activate(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+) -> Result<Json<Value>, AppError> {
+    let message = state
+        .store
+        .get_message(&user, id)
+        .await
+        .map_err(message_not_found)?;
+    let all = state.store.messages(&user, message.conversation_id).await?;
+    let mut leaf = message.id;
+    // Messages come oldest first: the last child found is the newest.
+    while let Some(child) = all.iter().rev().find(|m| m.parent_id == Some(leaf)) {
+        leaf = child.id;
+    }
+    state
+        .store
+        .set_active_leaf(&user, message.conversation_id, leaf)
+        .await?;
+    let conversation = state
+        .store
+        .get_conversation(&user, message.conversation_id)
+        .await?;
+    Ok(Json(with_messages(&conversation, branch(&all, Some(leaf)))))
 }

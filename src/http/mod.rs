@@ -1,11 +1,13 @@
 //! Routers only: each file maps endpoints of CONTRACT.md §3 onto the chat service or the
 //! store. One cloneable [`AppState`]; one [`AppError`](error::AppError) envelope.
 
+mod ab;
 mod chat;
 mod conversations;
 pub mod error;
 pub mod extract;
 mod health;
+mod legacy;
 mod tools;
 mod traces;
 
@@ -48,6 +50,8 @@ pub fn router(state: AppState) -> Router {
         .merge(health::routes())
         .merge(conversations::routes())
         .merge(chat::routes())
+        .merge(ab::routes())
+        .merge(legacy::routes())
         .merge(traces::routes())
         .merge(tools::routes())
         .fallback(|| async { error::AppError::not_found("No such endpoint") })

@@ -80,6 +80,8 @@ pub struct ConversationPatch {
 pub struct RunStart {
     pub new_conversation: Option<Conversation>,
     pub user_message: Message,
+    /// False when an answer is regenerated for a message already stored.
+    pub user_message_is_new: bool,
     /// One trace, or two for an A/B comparison.
     pub traces: Vec<Trace>,
     pub comparison: Option<Comparison>,
@@ -169,6 +171,7 @@ pub trait Store: Send + Sync + 'static {
         after: i64,
     ) -> Result<Vec<LoggedEvent>, StoreError>;
 
+    async fn get_message(&self, user: &str, id: Uuid) -> Result<Message, StoreError>;
     /// Makes `leaf` the end of the conversation's active branch.
     async fn set_active_leaf(
         &self,
@@ -221,6 +224,9 @@ pub trait Store: Send + Sync + 'static {
 /// Whether a backend's database is shared by several chatd processes.
 trait Shared {
     const SHARED: bool;
+    /// How a transaction that will write starts. SQLite needs `BEGIN IMMEDIATE`: a deferred
+    /// transaction that reads first cannot wait for the write lock and fails at once.
+    const BEGIN_WRITE: &'static str;
 }
 
 /// Opens the store the URL names and runs its migrations.

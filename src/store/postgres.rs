@@ -41,6 +41,7 @@ impl PostgresStore {
 }
 
 impl crate::store::Shared for PostgresStore {
+    const BEGIN_WRITE: &'static str = "BEGIN";
     const SHARED: bool = true;
 }
 

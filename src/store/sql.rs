@@ -130,12 +130,14 @@ macro_rules! impl_store {
             }
 
             async fn start_run(&self, start: &RunStart) -> Result<(), StoreError> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 if let Some(conversation) = &start.new_conversation {
                     Self::insert_conversation(&mut *tx, conversation).await?;
                 }
                 let user = &start.traces.first().ok_or(StoreError::Conflict("a run needs a trace".into()))?.user_id;
-                Self::append_message(&mut *tx, user, &start.user_message).await?;
+                if start.user_message_is_new {
+                    Self::append_message(&mut *tx, user, &start.user_message).await?;
+                }
                 if let Some(c) = &start.comparison {
                     sqlx::query(
                         "insert into comparisons (id, conversation_id, user_id, user_message_id, trace_a, trace_b, \
@@ -185,7 +187,7 @@ macro_rules! impl_store {
             async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
                 // One transaction per batch; five parameters a row, and both backends take
                 // well over 5,000 parameters in one statement.
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 for chunk in events.chunks(1000) {
                     let mut query = sqlx::QueryBuilder::<$db>::new(
                         "insert into trace_events (trace_id, seq, at, type, data) ",
@@ -204,7 +206,7 @@ macro_rules! impl_store {
             }
 
             async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 let owner: Option<(String,)> = sqlx::query_as("select user_id from traces where id = $1")
                     .bind(finish.trace_id)
                     .fetch_optional(&mut *tx)
@@ -246,6 +248,12 @@ macro_rules! impl_store {
                 row.ok_or(StoreError::NotFound)?.try_into()
             }
 
+            async fn get_message(&self, user: &str, id: Uuid) -> Result<Message, StoreError> {
+                let sql = format!("select {MESSAGE_COLUMNS} from messages where id = $1 and user_id = $2");
+                let row: Option<MessageRow> = sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&self.pool).await?;
+                row.ok_or(StoreError::NotFound)?.try_into()
+            }
+
             async fn set_active_leaf(&self, user: &str, conversation_id: Uuid, leaf: Uuid) -> Result<(), StoreError> {
                 let done = sqlx::query(
                     "update conversations set active_leaf_id = $3, updated_at = $4 where id = $1 and user_id = $2 \
@@ -277,7 +285,7 @@ macro_rules! impl_store {
                 preference: Preference,
                 change: bool,
             ) -> Result<Comparison, StoreError> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
                 let row: Option<ComparisonRow> =
                     sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&mut *tx).await?;

@@ -55,6 +55,7 @@ impl SqliteStore {
 }
 
 impl crate::store::Shared for SqliteStore {
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const SHARED: bool = false;
 }
 

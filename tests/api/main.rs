@@ -7,6 +7,7 @@ mod auth;
 mod chat;
 mod chunking;
 mod conversations;
+mod features;
 mod mcp;
 mod providers;
 mod runs;

@@ -44,6 +44,7 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
     RunStart {
         new_conversation: new.then(|| conversation.clone()),
         comparison: None,
+        user_message_is_new: true,
         traces: vec![Trace {
             trace_id: new_id(),
             conversation_id: conversation.id,
@@ -164,6 +165,22 @@ both_backends! {
         store.heartbeat("replica-a", later).await.unwrap();
         assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(later));
         assert_eq!(store.is_shared(), backend == Backend::Postgres);
+    }
+
+    async fn context_state_is_stored_replaced_and_deleted_with_the_conversation(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let c = conversation("ann", "long");
+        store.create_conversation(&c).await.unwrap();
+        assert_eq!(store.context_state("ann", c.id).await.unwrap(), None);
+        store.set_context_state("ann", c.id, Some(&json!({"strategy": "trim_oldest", "dropped": 2}))).await.unwrap();
+        store.set_context_state("ann", c.id, Some(&json!({"strategy": "trim_oldest", "dropped": 4}))).await.unwrap();
+        assert_eq!(store.context_state("ann", c.id).await.unwrap().unwrap()["dropped"], 4);
+        assert_eq!(store.context_state("bob", c.id).await.unwrap(), None, "owner only");
+        store.set_context_state("ann", c.id, None).await.unwrap();
+        assert_eq!(store.context_state("ann", c.id).await.unwrap(), None);
+        store.set_context_state("ann", c.id, Some(&json!({"strategy": "trim_oldest"}))).await.unwrap();
+        store.delete_conversation("ann", c.id).await.unwrap();
+        assert_eq!(store.context_state("ann", c.id).await.unwrap(), None, "deleted with the conversation");
     }
 
     async fn the_cursor_breaks_ties_on_equal_times(backend: Backend) {

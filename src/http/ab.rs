@@ -1,0 +1,201 @@
+//! A/B comparisons (CONTRACT.md §10): one message answered by two profiles over one SSE
+//! stream, the comparison with what each side cost and did, votes, and the leaderboard.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::AppState;
+use super::chat::sse;
+use super::error::AppError;
+use super::extract::{AppJson, CurrentUser, IdPath, parse_json};
+use crate::chat::arena;
+use crate::chat::{ChatRequest, Frame, LiveRun};
+use crate::domain::{Comparison, Preference, Trace};
+use crate::store::StoreError;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/ab/stream", post(stream))
+        .route("/api/ab/leaderboard", get(leaderboard))
+        .route("/api/ab/{id}", get(show))
+        .route("/api/ab/{id}/vote", post(vote).put(change_vote))
+}
+
+async fn stream(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    AppJson(mut body): AppJson<Map<String, Value>>,
+) -> Result<Response, AppError> {
+    let mut profile = |field: &'static str| match body.remove(field) {
+        Some(Value::String(name)) if !name.trim().is_empty() => Ok(name),
+        Some(_) => Err(AppError::validation(
+            field,
+            format!("{field} must be a profile name"),
+        )),
+        None => Err(AppError::validation(field, format!("{field} is required"))),
+    };
+    let (profile_a, profile_b) = (profile("profile_a")?, profile("profile_b")?);
+    let request: ChatRequest = parse_json(&serde_json::to_vec(&body).expect("a map serializes"))?;
+    let (comparison, run_a, run_b) = state
+        .chat
+        .start_comparison(&user, &request, &profile_a, &profile_b)
+        .await?;
+    Ok(sse(&state, merged(comparison, run_a, run_b)))
+}
+
+/// Both runs as one stream: `comparison` first, then every event of both (but their own
+/// `done`) tagged with its `variant`, then one `done`. Frames are numbered afresh; to resume
+/// one side, follow its trace id.
+fn merged(
+    comparison: Comparison,
+    a: Arc<LiveRun>,
+    b: Arc<LiveRun>,
+) -> impl Stream<Item = Frame> + Send + 'static {
+    let side = |run: &Arc<LiveRun>, model: &str| json!({"trace_id": run.trace_id, "message_id": run.message_id, "model": model});
+    let first = json!({
+        "type": "comparison",
+        "comparison_id": comparison.comparison_id,
+        "a": side(&a, &comparison.model_a),
+        "b": side(&b, &comparison.model_b),
+    });
+    let last = json!({
+        "type": "done",
+        "comparison_id": comparison.comparison_id,
+        "conversation_id": comparison.conversation_id,
+        "message_ids": {"a": a.message_id, "b": b.message_id},
+    });
+    let tag = |variant: &'static str| {
+        move |frame: Frame| {
+            if frame.last {
+                return None;
+            }
+            let mut event: Value = serde_json::from_str(&frame.data).ok()?;
+            event["variant"] = json!(variant);
+            Some(event)
+        }
+    };
+    let events = futures_util::stream::select(
+        a.follow(0)
+            .filter_map(move |f| std::future::ready(tag("a")(f))),
+        b.follow(0)
+            .filter_map(move |f| std::future::ready(tag("b")(f))),
+    );
+    let all = futures_util::stream::once(std::future::ready(first))
+        .chain(events)
+        .chain(futures_util::stream::once(std::future::ready(last)));
+    all.enumerate().map(|(i, event)| Frame {
+        seq: i as u64 + 1,
+        last: event["type"] == "done" && event.get("comparison_id").is_some(),
+        data: event.to_string().into(),
+    })
+}
+
+fn comparison_not_found(error: StoreError) -> AppError {
+    match error {
+        StoreError::NotFound => AppError::not_found("Comparison not found"),
+        StoreError::Conflict(message) => AppError::Conflict(message),
+        e => e.into(),
+    }
+}
+
+/// The comparison with, for each side, its trace's status, model, timings and usage.
+async fn show(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+) -> Result<Json<Value>, AppError> {
+    let comparison = state
+        .store
+        .get_comparison(&user, id)
+        .await
+        .map_err(comparison_not_found)?;
+    describe(&state, &user, &comparison).await.map(Json)
+}
+
+async fn describe(
+    state: &AppState,
+    user: &str,
+    comparison: &Comparison,
+) -> Result<Value, AppError> {
+    let mut value = json!(comparison);
+    for (key, trace_id, profile) in [
+        ("a", comparison.trace_a, &comparison.profile_a),
+        ("b", comparison.trace_b, &comparison.profile_b),
+    ] {
+        let trace = state.store.get_trace(user, trace_id).await?;
+        value[key] = side(state, &trace, profile).await?;
+    }
+    Ok(value)
+}
+
+async fn side(state: &AppState, trace: &Trace, profile: &str) -> Result<Value, AppError> {
+    let events = state.store.trace_events(trace.trace_id, 0).await?;
+    let first_token = events
+        .iter()
+        .find(|e| matches!(e.kind.as_str(), "text_delta" | "thinking_delta"));
+    Ok(json!({
+        "trace_id": trace.trace_id,
+        "message_id": trace.message_id,
+        "model": trace.model,
+        "profile": profile,
+        "status": trace.status,
+        "time_to_first_token_ms": first_token.map(|e| (e.at - trace.started_at).num_milliseconds()),
+        "duration_ms": trace.ended_at.map(|end| (end - trace.started_at).num_milliseconds()),
+        "usage": trace.usage,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VoteBody {
+    preference: Preference,
+}
+
+/// Records a vote; a different vote than the one recorded is a conflict (change it with PUT).
+async fn vote(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+    AppJson(body): AppJson<VoteBody>,
+) -> Result<Json<Value>, AppError> {
+    cast(&state, &user, id, body.preference, false).await
+}
+
+/// Changes a vote; the history keeps the earlier ones.
+async fn change_vote(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath,
+    AppJson(body): AppJson<VoteBody>,
+) -> Result<Json<Value>, AppError> {
+    cast(&state, &user, id, body.preference, true).await
+}
+
+async fn cast(
+    state: &AppState,
+    user: &str,
+    id: uuid::Uuid,
+    preference: Preference,
+    change: bool,
+) -> Result<Json<Value>, AppError> {
+    let comparison = state
+        .store
+        .vote(user, id, preference, change)
+        .await
+        .map_err(comparison_not_found)?;
+    describe(state, user, &comparison).await.map(Json)
+}
+
+async fn leaderboard(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
+    let voted = state.store.voted_comparisons().await?;
+    Ok(Json(
+        json!({"models": arena::leaderboard(&voted), "votes": voted.len(), "k": arena::K, "start": arena::START}),
+    ))
+}
