@@ -219,11 +219,7 @@ async fn cancelling_one_side_leaves_the_other_running() {
         rest.push(serde_json::from_str::<Value>(&event.unwrap().data).unwrap());
     }
     let terminal = |variant: &str| {
-        rest.iter()
-            .filter(|e| e["variant"] == variant)
-            .last()
-            .unwrap()["type"]
-            .clone()
+        rest.iter().rev().find(|e| e["variant"] == variant).unwrap()["type"].clone()
     };
     assert_eq!(terminal("b"), "cancelled");
     assert_eq!(terminal("a"), "complete");
