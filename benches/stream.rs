@@ -41,26 +41,25 @@ fn openai_body() -> String {
 }
 
 fn anthropic_body() -> String {
-    let frame =
-        |v: serde_json::Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
-    let mut body = frame(
-        json!({"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}}),
-    );
-    body.push_str(&frame(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+    let frame = |v: serde_json::Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
+    let mut body =
+        frame(json!({"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}}));
+    body.push_str(&frame(
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    ));
     for i in 0..TOKENS {
         body.push_str(&frame(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!(" tok{}", i % 97)}})));
     }
     body.push_str(&frame(json!({"type": "content_block_stop", "index": 0})));
-    body.push_str(&frame(json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": TOKENS}})));
+    body.push_str(&frame(
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": TOKENS}}),
+    ));
     body.push_str(&frame(json!({"type": "message_stop"})));
     body
 }
 
 fn reads(body: &str) -> Vec<Bytes> {
-    body.as_bytes()
-        .chunks(READ)
-        .map(Bytes::copy_from_slice)
-        .collect()
+    body.as_bytes().chunks(READ).map(Bytes::copy_from_slice).collect()
 }
 
 /// The floor: hand every read on, copied once, as a proxy that does nothing would.
@@ -78,23 +77,14 @@ async fn forward(chunks: Vec<Bytes>) -> usize {
 
 /// chatd's path: decode frames, clean, and serialize every client event as it is sent.
 async fn relay(format: WireFormat, chunks: Vec<Bytes>) -> usize {
-    let mut stream = decode_sse(
-        format,
-        futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>)),
-    );
-    let mut turn = Turn::new(
-        0,
-        vec!["SUGGESTED_VALUES:".into(), "SUGGESTED_ACTIONS:".into()],
-    );
+    let mut stream = decode_sse(format, futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>)));
+    let mut turn = Turn::new(0, vec!["SUGGESTED_VALUES:".into(), "SUGGESTED_ACTIONS:".into()]);
     let mut events = Vec::new();
     let mut sent = 0;
     while let Some(event) = stream.next().await {
-        turn.apply(event.expect("decodes"), &mut events)
-            .expect("applies");
+        turn.apply(event.expect("decodes"), &mut events).expect("applies");
         for event in events.drain(..) {
-            sent += black_box(serde_json::to_string(&event).expect("serializes"))
-                .len()
-                .min(1);
+            sent += black_box(serde_json::to_string(&event).expect("serializes")).len().min(1);
         }
     }
     sent
@@ -112,15 +102,11 @@ fn best<F: FnMut() -> usize>(mut run: F) -> (Duration, usize) {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     println!("stream path, one core, {TOKENS} provider frames, best of {ROUNDS}");
-    for (name, format, body) in [
-        ("openai", WireFormat::OpenAi, openai_body()),
-        ("anthropic", WireFormat::Anthropic, anthropic_body()),
-    ] {
+    for (name, format, body) in
+        [("openai", WireFormat::OpenAi, openai_body()), ("anthropic", WireFormat::Anthropic, anthropic_body())]
+    {
         let (floor, bytes) = best(|| runtime.block_on(forward(reads(&body))));
         let (time, events) = best(|| runtime.block_on(relay(format, reads(&body))));
         let per_sec = events as f64 / time.as_secs_f64();

@@ -146,6 +146,12 @@ pub struct ServerSettings {
     pub host: String,
     pub port: u16,
     pub shutdown_grace_secs: u64,
+    /// Origins a browser may call chatd from (`"*"` for any); empty: no CORS headers.
+    #[serde(default)]
+    pub cors_origins: Vec<String>,
+    /// Log lines as JSON (for log collectors) instead of text.
+    #[serde(default)]
+    pub json_logs: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -159,6 +165,7 @@ pub struct DatabaseSettings {
 pub enum AuthMode {
     None,
     Token,
+    Jwt,
 }
 
 #[derive(Clone, Deserialize, Serialize)]
@@ -170,6 +177,31 @@ pub struct AuthSettings {
     /// A file of `token user` lines, read at start-up.
     #[serde(default)]
     pub tokens_file: Option<PathBuf>,
+    #[serde(default)]
+    pub jwt: JwtSettings,
+}
+
+/// Mode `jwt`: bearer JWTs signed with HS256 (a shared secret) or RS256 (a public key);
+/// the user is `sub`; `exp` is required; `aud` and `iss` are checked when configured.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct JwtSettings {
+    /// Environment variable holding the HS256 secret.
+    pub secret_env: Option<String>,
+    /// File holding the HS256 secret.
+    pub secret_file: Option<PathBuf>,
+    /// PEM file of the RS256 public key.
+    pub public_key_file: Option<PathBuf>,
+    pub audience: Option<String>,
+    pub issuer: Option<String>,
+    /// Seconds of clock skew allowed on `exp` and `nbf`.
+    pub leeway_secs: u64,
+    /// Filled at load time from `secret_env` / `secret_file`.
+    #[serde(skip)]
+    pub secret: Option<Secret>,
+    /// Filled at load time from `public_key_file`.
+    #[serde(skip)]
+    pub public_key_pem: Option<String>,
 }
 
 impl fmt::Debug for AuthSettings {
@@ -188,6 +220,10 @@ pub struct Limits {
     pub max_message_chars: usize,
     pub default_page_size: u32,
     pub max_page_size: u32,
+    /// Runs one user may have going at once; one more is refused with 429.
+    pub max_concurrent_runs_per_user: usize,
+    /// Requests per minute per user (a token bucket, so short bursts are fine); 0: no limit.
+    pub requests_per_minute: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -280,12 +316,7 @@ pub struct MockSettings {
 
 impl Default for MockSettings {
     fn default() -> Self {
-        Self {
-            chunk_chars: 12,
-            delay_ms: 15,
-            thinking: true,
-            rules: Vec::new(),
-        }
+        Self { chunk_chars: 12, delay_ms: 15, thinking: true, rules: Vec::new() }
     }
 }
 
@@ -389,15 +420,10 @@ pub enum ConfigError {
 impl Settings {
     /// Loads the layered configuration; `file` is `--config` / `CHATD_CONFIG`.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut figment = Figment::new()
-            .merge(Toml::string(DEFAULT_TOML))
-            .merge(Toml::file("config/local.toml"));
+        let mut figment = Figment::new().merge(Toml::string(DEFAULT_TOML)).merge(Toml::file("config/local.toml"));
         if let Some(file) = file {
             if !file.exists() {
-                return Err(ConfigError::Invalid(format!(
-                    "config file {} does not exist",
-                    file.display()
-                )));
+                return Err(ConfigError::Invalid(format!("config file {} does not exist", file.display())));
             }
             figment = figment.merge(Toml::file(file));
         }
@@ -413,42 +439,35 @@ impl Settings {
 
     /// The defaults with each TOML text layered on top, in order.
     pub fn from_layers(layers: &[&str]) -> Result<Self, ConfigError> {
-        let figment = layers.iter().fold(
-            Figment::new().merge(Toml::string(DEFAULT_TOML)),
-            |f, layer| f.merge(Toml::string(layer)),
-        );
+        let figment = layers
+            .iter()
+            .fold(Figment::new().merge(Toml::string(DEFAULT_TOML)), |f, layer| f.merge(Toml::string(layer)));
         Self::from_figment(figment)
     }
 
     /// The defaults alone, with `overrides` (TOML text) on top.
     pub fn with_overrides(overrides: &str) -> Result<Self, ConfigError> {
-        Self::from_figment(
-            Figment::new()
-                .merge(Toml::string(DEFAULT_TOML))
-                .merge(Toml::string(overrides)),
-        )
+        Self::from_figment(Figment::new().merge(Toml::string(DEFAULT_TOML)).merge(Toml::string(overrides)))
     }
 
     /// Fills secrets from the environment and files, adds the mock model when nothing is
     /// configured, and checks that every reference points somewhere.
     fn resolve(&mut self) -> Result<(), ConfigError> {
         if self.profiles.is_empty() {
-            self.providers
-                .entry(MOCK_ID.to_owned())
-                .or_insert_with(|| ProviderSettings {
-                    kind: ProviderKind::Mock,
-                    base_url: None,
-                    api_key_env: None,
-                    api_key_file: None,
-                    api_key: None,
-                    connect_timeout_secs: default_connect_timeout(),
-                    first_byte_timeout_secs: default_stream_timeout(),
-                    idle_timeout_secs: default_stream_timeout(),
-                    max_retries: default_max_retries(),
-                    retry_base_secs: default_retry_base(),
-                    retry_max_secs: default_retry_max(),
-                    mock: MockSettings::default(),
-                });
+            self.providers.entry(MOCK_ID.to_owned()).or_insert_with(|| ProviderSettings {
+                kind: ProviderKind::Mock,
+                base_url: None,
+                api_key_env: None,
+                api_key_file: None,
+                api_key: None,
+                connect_timeout_secs: default_connect_timeout(),
+                first_byte_timeout_secs: default_stream_timeout(),
+                idle_timeout_secs: default_stream_timeout(),
+                max_retries: default_max_retries(),
+                retry_base_secs: default_retry_base(),
+                retry_max_secs: default_retry_max(),
+                mock: MockSettings::default(),
+            });
             self.profiles.insert(
                 self.chat.default_profile.clone(),
                 ProfileSettings {
@@ -477,9 +496,7 @@ impl Settings {
                 )));
             }
             if profile.model.trim().is_empty() {
-                return Err(ConfigError::Invalid(format!(
-                    "profiles.{id}.model is empty"
-                )));
+                return Err(ConfigError::Invalid(format!("profiles.{id}.model is empty")));
             }
         }
         if !self.profiles.contains_key(&self.chat.default_profile) {
@@ -489,14 +506,9 @@ impl Settings {
             )));
         }
         if let Some(path) = &self.auth.tokens_file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                ConfigError::Invalid(format!("auth.tokens_file {}: {e}", path.display()))
-            })?;
-            for line in text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::Invalid(format!("auth.tokens_file {}: {e}", path.display())))?;
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
                 let mut parts = line.split_whitespace();
                 match (parts.next(), parts.next(), parts.next()) {
                     (Some(token), Some(user), None) => {
@@ -509,6 +521,25 @@ impl Settings {
                         )));
                     }
                 }
+            }
+        }
+        if self.auth.mode == AuthMode::Jwt {
+            let jwt = &mut self.auth.jwt;
+            let read = |what: &str, path: &Path| {
+                std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError::Invalid(format!("auth.jwt.{what} {}: {e}", path.display())))
+            };
+            if let Some(path) = &jwt.public_key_file {
+                jwt.public_key_pem = Some(read("public_key_file", path)?);
+            } else if let Some(path) = &jwt.secret_file {
+                jwt.secret = Some(Secret::new(read("secret_file", path)?.trim()));
+            } else if let Some(var) = &jwt.secret_env {
+                jwt.secret = std::env::var(var).ok().filter(|s| !s.is_empty()).map(Secret::new);
+            }
+            if jwt.secret.is_none() && jwt.public_key_pem.is_none() {
+                return Err(ConfigError::Invalid(
+                    "auth.mode = \"jwt\" needs auth.jwt.public_key_file, secret_file or secret_env (set)".to_owned(),
+                ));
             }
         }
         if self.auth.mode == AuthMode::Token && self.auth.tokens.is_empty() {
@@ -527,12 +558,8 @@ impl Settings {
 
 fn read_api_key(id: &str, provider: &ProviderSettings) -> Result<Option<Secret>, ConfigError> {
     if let Some(path) = &provider.api_key_file {
-        let key = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::Invalid(format!(
-                "providers.{id}.api_key_file {}: {e}",
-                path.display()
-            ))
-        })?;
+        let key = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Invalid(format!("providers.{id}.api_key_file {}: {e}", path.display())))?;
         return Ok(Some(Secret::new(key.trim())));
     }
     Ok(provider
@@ -549,30 +576,20 @@ mod tests {
 
     #[test]
     fn secrets_never_print() {
-        let mut settings =
-            Settings::with_overrides("[database]\nurl = \"postgres://u:hunter2@db/chat\"").unwrap();
-        settings
-            .auth
-            .tokens
-            .insert("tok-hunter2".into(), "alice".into());
+        let mut settings = Settings::with_overrides("[database]\nurl = \"postgres://u:hunter2@db/chat\"").unwrap();
+        settings.auth.tokens.insert("tok-hunter2".into(), "alice".into());
         let debug = format!("{settings:?}");
         let json = serde_json::to_string(&settings).unwrap();
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(!json.contains("hunter2"), "{json}");
-        assert_eq!(
-            settings.database.url.expose(),
-            "postgres://u:hunter2@db/chat"
-        );
+        assert_eq!(settings.database.url.expose(), "postgres://u:hunter2@db/chat");
     }
 
     #[test]
     fn no_profiles_means_the_mock_default() {
         let settings = Settings::with_overrides("").unwrap();
         let profile = &settings.profiles["default"];
-        assert_eq!(
-            settings.providers[&profile.provider].kind,
-            ProviderKind::Mock
-        );
+        assert_eq!(settings.providers[&profile.provider].kind, ProviderKind::Mock);
     }
 
     #[test]
@@ -607,9 +624,7 @@ mod tests {
 
     #[test]
     fn a_profile_with_an_unknown_provider_is_refused() {
-        let err =
-            Settings::with_overrides("[profiles.default]\nprovider = \"nope\"\nmodel = \"m\"")
-                .unwrap_err();
+        let err = Settings::with_overrides("[profiles.default]\nprovider = \"nope\"\nmodel = \"m\"").unwrap_err();
         assert!(err.to_string().contains("unknown provider 'nope'"), "{err}");
     }
 

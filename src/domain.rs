@@ -216,21 +216,11 @@ impl Message {
             .as_ref()
             .and_then(|state| state.get("turns"))
             .and_then(|turns| serde_json::from_value(turns.clone()).ok())
-            .unwrap_or_else(|| {
-                vec![AssistantTurn {
-                    text: self.content.clone(),
-                    ..AssistantTurn::default()
-                }]
-            })
+            .unwrap_or_else(|| vec![AssistantTurn { text: self.content.clone(), ..AssistantTurn::default() }])
     }
 
     /// A message with only the required parts set; the rest empty.
-    pub fn new(
-        conversation_id: Uuid,
-        parent_id: Option<Uuid>,
-        role: Role,
-        content: String,
-    ) -> Self {
+    pub fn new(conversation_id: Uuid, parent_id: Option<Uuid>, role: Role, content: String) -> Self {
         Self {
             id: new_id(),
             conversation_id,
@@ -259,8 +249,7 @@ impl Message {
 /// Returns the branch that ends at `leaf`, oldest first, from all of a conversation's
 /// messages. Messages not on that branch (other regenerations) are left out.
 pub fn branch(messages: &[Message], leaf: Option<Uuid>) -> Vec<Message> {
-    let by_id: std::collections::HashMap<Uuid, &Message> =
-        messages.iter().map(|m| (m.id, m)).collect();
+    let by_id: std::collections::HashMap<Uuid, &Message> = messages.iter().map(|m| (m.id, m)).collect();
     let mut path = Vec::new();
     let mut next = leaf;
     while let Some(id) = next {
@@ -342,10 +331,7 @@ mod tests {
             assert_eq!(Role::parse(role.as_str()).unwrap(), role);
         }
         assert!(Rating::parse("meh").is_err());
-        assert_eq!(
-            TraceStatus::parse("interrupted").unwrap(),
-            TraceStatus::Interrupted
-        );
+        assert_eq!(TraceStatus::parse("interrupted").unwrap(), TraceStatus::Interrupted);
     }
 
     #[test]

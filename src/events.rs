@@ -156,28 +156,15 @@ mod tests {
     #[test]
     fn events_are_tagged_by_type_and_kind_agrees() {
         let events = [
-            Event::Status {
-                message: "Thinking…".into(),
-            },
+            Event::Status { message: "Thinking…".into() },
             Event::TextDelta { text: "hi".into() },
-            Event::Usage(Usage {
-                input_tokens: 3,
-                output_tokens: 4,
-                ..Usage::default()
-            }),
+            Event::Usage(Usage { input_tokens: 3, output_tokens: 4, ..Usage::default() }),
         ];
         for event in events {
             let json = serde_json::to_value(&event).unwrap();
             assert_eq!(json["type"], event.kind());
         }
-        let usage = serde_json::to_value(Event::Usage(Usage {
-            input_tokens: 3,
-            ..Usage::default()
-        }))
-        .unwrap();
-        assert_eq!(
-            usage,
-            serde_json::json!({"type": "usage", "input_tokens": 3, "output_tokens": 0})
-        );
+        let usage = serde_json::to_value(Event::Usage(Usage { input_tokens: 3, ..Usage::default() })).unwrap();
+        assert_eq!(usage, serde_json::json!({"type": "usage", "input_tokens": 3, "output_tokens": 0}));
     }
 }

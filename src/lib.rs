@@ -6,6 +6,7 @@ pub mod config;
 pub mod domain;
 pub mod events;
 pub mod http;
+pub mod metrics;
 pub mod providers;
 pub mod store;
 pub mod tools;
@@ -20,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::chat::{ChatService, EventLog, Runs, lifecycle};
 use crate::config::{MOCK_ID, ProviderKind, Settings};
 use crate::http::AppState;
+use crate::http::auth::Authenticator;
 use crate::providers::Providers;
 use crate::tools::Registry;
 use crate::tools::mcp::McpManager;
@@ -35,11 +37,8 @@ impl App {
     /// `server.host:server.port` (port 0 picks a free one).
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let settings = Arc::new(settings);
-        let store = store::connect(
-            settings.database.url.expose(),
-            settings.database.max_connections,
-        )
-        .await?;
+        metrics::handle();
+        let store = store::connect(settings.database.url.expose(), settings.database.max_connections).await?;
         let log = EventLog::start(
             store.clone(),
             Duration::from_millis(settings.stream.flush_interval_ms),
@@ -47,11 +46,7 @@ impl App {
         );
         let providers = Providers::from_settings(&settings);
         let default = &settings.profiles[&settings.chat.default_profile];
-        if settings
-            .providers
-            .get(&default.provider)
-            .is_some_and(|p| p.kind == ProviderKind::Mock)
-        {
+        if settings.providers.get(&default.provider).is_some_and(|p| p.kind == ProviderKind::Mock) {
             tracing::info!(
                 provider = MOCK_ID,
                 "the default profile uses the built-in mock model; configure [providers] and [profiles] for a real one"
@@ -64,36 +59,16 @@ impl App {
         // Before this process starts runs of its own: whatever is left `running` here lost
         // its process (on a shared store, only those whose heartbeat went stale).
         lifecycle::recover_orphans(&*store, &runs).await;
-        let chat = ChatService::new(
-            settings.clone(),
-            store.clone(),
-            providers,
-            tools.clone(),
-            runs.clone(),
-            log,
-        );
-        lifecycle::spawn_background(
-            store.clone(),
-            runs,
-            chat.replica_id().to_owned(),
-            shutdown.clone(),
-        );
-        let listener =
-            TcpListener::bind((settings.server.host.as_str(), settings.server.port)).await?;
-        let state = AppState {
-            settings,
-            store,
-            chat,
-            tools,
-            shutdown,
-        };
+        let chat = ChatService::new(settings.clone(), store.clone(), providers, tools.clone(), runs.clone(), log);
+        lifecycle::spawn_background(store.clone(), runs, chat.replica_id().to_owned(), shutdown.clone());
+        let listener = TcpListener::bind((settings.server.host.as_str(), settings.server.port)).await?;
+        let auth = Arc::new(Authenticator::new(&settings).map_err(anyhow::Error::msg)?);
+        let state = AppState { settings, store, chat, tools, auth, shutdown };
         Ok(Self { listener, state })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.listener.local_addr().expect("a bound listener has an address")
     }
 
     /// Cancelling this token stops the server: streams end, then the listener closes.
@@ -108,9 +83,7 @@ impl App {
 
     /// Stops the server gracefully: see [`Shutdown::graceful`].
     pub fn shutdown_handle(&self) -> Shutdown {
-        Shutdown {
-            state: self.state.clone(),
-        }
+        Shutdown { state: self.state.clone() }
     }
 
     /// Serves until the shutdown token is cancelled.
@@ -118,9 +91,7 @@ impl App {
         let shutdown = self.state.shutdown.clone();
         let router = http::router(self.state);
         tracing::info!(addr = %self.listener.local_addr()?, "chatd listening");
-        axum::serve(self.listener, router)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
+        axum::serve(self.listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
     }
 }
 

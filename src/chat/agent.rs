@@ -20,9 +20,7 @@ use super::markers::Captured;
 use super::payloads::{self, LlmPayloadType};
 use super::runs::{Emitter, Runs};
 use super::turn::Turn;
-use crate::domain::{
-    AssistantTurn, Message, Role, ToolCall, ToolRecord, ToolResult, TraceStatus, Usage, now,
-};
+use crate::domain::{AssistantTurn, Message, Role, ToolCall, ToolRecord, ToolResult, TraceStatus, Usage, now};
 use crate::events::{CompletePayload, Event, ToolStatus};
 use crate::providers::{LlmProvider, ModelRequest, ProviderError, transport};
 use crate::store::{RunFinish, Store};
@@ -74,6 +72,8 @@ struct Output {
     raw_text: String,
     /// A `[[tool:N]]` marker was the last text: the next text starts a new paragraph.
     after_marker: bool,
+    /// When the run started, until its first token is timed (then `None`).
+    awaiting_first_token: Option<(Instant, String)>,
 }
 
 enum Ending {
@@ -85,11 +85,8 @@ enum Ending {
 /// Runs the plan in its own task and cleans up after it, even if the run panics: the trace
 /// is closed as an error and every listener still gets `error` then `done`.
 pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs) {
-    let (trace_id, conversation_id, message_id) =
-        (plan.trace_id, plan.conversation_id, plan.message_id);
-    let run = AssertUnwindSafe(execute(plan, &mut emitter, &*store))
-        .catch_unwind()
-        .await;
+    let (trace_id, conversation_id, message_id) = (plan.trace_id, plan.conversation_id, plan.message_id);
+    let run = AssertUnwindSafe(execute(plan, &mut emitter, &*store)).catch_unwind().await;
     if run.is_err() {
         tracing::error!(%trace_id, "run panicked");
         let failed = RunFinish {
@@ -112,11 +109,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
                 message_id,
                 trace_id,
             });
-            emitter.emit(Event::Done {
-                conversation_id,
-                message_id,
-                trace_id,
-            });
+            emitter.emit(Event::Done { conversation_id, message_id, trace_id });
         }
     }
     if let Err(e) = emitter.flush().await {
@@ -138,7 +131,8 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &dyn Store) {
         model: plan.request.model.clone(),
         profile: plan.profile.clone(),
     });
-    let mut output = Output::default();
+    let mut output =
+        Output { awaiting_first_token: Some((Instant::now(), plan.request.model.clone())), ..Output::default() };
     let markers: Vec<String> = [payloads::SUGGESTED_VALUES, payloads::SUGGESTED_ACTIONS]
         .into_iter()
         .map(str::to_owned)
@@ -155,22 +149,14 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &dyn Store) {
         }
         let calls = turn.tool_calls.clone();
         let results = run_tools(&plan, emitter, &cancel, &calls, &mut output).await;
-        let turn = output
-            .turns
-            .last_mut()
-            .expect("the turn that asked for the tools");
+        let turn = output.turns.last_mut().expect("the turn that asked for the tools");
         turn.tool_results = results;
         if cancel.is_cancelled() {
             ending = Ending::Cancelled;
             break;
         }
         // The next call sees this turn and its results, in the provider's own format.
-        let mut exchange = Message::new(
-            plan.conversation_id,
-            None,
-            Role::Assistant,
-            turn.text.clone(),
-        );
+        let mut exchange = Message::new(plan.conversation_id, None, Role::Assistant, turn.text.clone());
         exchange.provider_state = Some(json!({"turns": [turn]}));
         plan.request.messages.push(exchange);
         if iteration == plan.max_iterations {
@@ -189,14 +175,9 @@ async fn call_model(
     markers: Vec<String>,
 ) -> Ending {
     let started_at = now();
-    emitter.emit(Event::Status {
-        message: "Thinking…".to_owned(),
-    });
+    emitter.emit(Event::Status { message: "Thinking…".to_owned() });
     let messages = &plan.request.messages;
-    let protected = messages
-        .iter()
-        .rposition(|m| m.role == Role::User)
-        .map_or(messages.len(), |i| messages.len() - i);
+    let protected = messages.iter().rposition(|m| m.role == Role::User).map_or(messages.len(), |i| messages.len() - i);
     let fitted = context::fit(&plan.request, plan.context_limit, protected);
     if output.spans.is_empty() || fitted.state.is_some() {
         plan.context.record(fitted.state.as_ref()).await;
@@ -207,15 +188,20 @@ async fn call_model(
         () = cancel.cancelled() => Ending::Cancelled,
         ending = stream_turn(plan, &fitted.request, emitter, &mut turn, output) => ending,
     };
+    if matches!(ending, Ending::Cancelled) {
+        let mut held = Vec::new();
+        turn.flush(&mut held);
+        for event in held {
+            emit_content(emitter, output, event);
+        }
+    }
     let ended_at = now();
     let turn = turn.output;
     output.usage.add(&turn.usage);
     output.raw_text.push_str(&turn.raw_text);
     output.captured.extend(turn.captured);
     output.warnings.extend(
-        turn.invalid_markers
-            .into_iter()
-            .map(|m| format!("marker left in the text, its JSON did not parse: {m}")),
+        turn.invalid_markers.into_iter().map(|m| format!("marker left in the text, its JSON did not parse: {m}")),
     );
     if let Some(reason) = &turn.finish_reason {
         output.finish_reason.clone_from(reason);
@@ -237,6 +223,11 @@ async fn call_model(
         },
     }));
     if turn.usage != Usage::default() {
+        let model = plan.request.model.clone();
+        metrics::counter!("chatd_tokens_total", "model" => model.clone(), "direction" => "input")
+            .increment(turn.usage.input_tokens);
+        metrics::counter!("chatd_tokens_total", "model" => model, "direction" => "output")
+            .increment(turn.usage.output_tokens);
         emitter.emit(Event::Usage(turn.usage));
     }
     output.turns.push(AssistantTurn {
@@ -287,6 +278,12 @@ async fn stream_turn(
 
 /// Emits a turn's event, keeping `output` equal to what the client assembles.
 fn emit_content(emitter: &mut Emitter, output: &mut Output, event: Event) {
+    if matches!(event, Event::TextDelta { .. } | Event::ThinkingDelta { .. }) {
+        if let Some((started, model)) = output.awaiting_first_token.take() {
+            metrics::histogram!("chatd_time_to_first_token_seconds", "model" => model)
+                .record(started.elapsed().as_secs_f64());
+        }
+    }
     match event {
         Event::TextDelta { mut text } => {
             if std::mem::take(&mut output.after_marker) {
@@ -323,8 +320,7 @@ async fn run_tools(
     output: &mut Output,
 ) -> Vec<ToolResult> {
     let first = output.tool_history.len();
-    let by_name: HashMap<String, &Arc<dyn Tool>> =
-        plan.tools.iter().map(|t| (t.spec().name, t)).collect();
+    let by_name: HashMap<String, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.spec().name, t)).collect();
     for (slot, call) in calls.iter().enumerate() {
         emitter.emit(Event::ToolStart {
             tool_call_id: call.id.clone(),
@@ -335,9 +331,7 @@ async fn run_tools(
         });
     }
     let names: Vec<&str> = calls.iter().map(|c| c.name.as_str()).collect();
-    emitter.emit(Event::Status {
-        message: format!("Running {}…", names.join(", ")),
-    });
+    emitter.emit(Event::Status { message: format!("Running {}…", names.join(", ")) });
 
     let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<(usize, ToolProgress)>();
     let mut running = FuturesUnordered::new();
@@ -355,24 +349,22 @@ async fn run_tools(
                     let _ = progress.send((slot, report));
                 }
             };
-            let ctx = ToolCallContext {
-                progress: forward,
-                cancel: token,
-            };
-            let ((status, text, payload), ()) =
-                tokio::join!(call_tool(tool, input, ctx, limits), relay);
-            Finished {
-                slot,
-                status,
-                text,
-                payload,
-                started_at,
-                duration: started.elapsed(),
-            }
+            let ctx = ToolCallContext { progress: forward, cancel: token };
+            let ((status, text, payload), ()) = tokio::join!(call_tool(tool, input, ctx, limits), relay);
+            Finished { slot, status, text, payload, started_at, duration: started.elapsed() }
         });
     }
     drop(progress_tx);
 
+    // `tool_history[N]` is call N whatever order the calls finish in: hold their places.
+    output.tool_history.extend(calls.iter().map(|call| ToolRecord {
+        tool_call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        input: call.input.clone(),
+        output: String::new(),
+        is_error: false,
+        duration_ms: 0,
+    }));
     let mut finished: Vec<Option<Finished>> = calls.iter().map(|_| None).collect();
     while !running.is_empty() {
         tokio::select! {
@@ -426,11 +418,7 @@ async fn call_tool(
     limits: ToolLimits,
 ) -> (ToolStatus, String, Option<Value>) {
     let Some(tool) = tool else {
-        return (
-            ToolStatus::Error,
-            "No such tool is available".to_owned(),
-            None,
-        );
+        return (ToolStatus::Error, "No such tool is available".to_owned(), None);
     };
     let mut attempt = 0;
     loop {
@@ -441,26 +429,26 @@ async fn call_tool(
             outcome = tokio::time::timeout(limits.timeout, call) => outcome.map_err(|_| Some(())),
         };
         match outcome {
-            Ok(Ok(output)) => return (ToolStatus::Success, output.text, output.payload),
-            Ok(Err(ToolError {
-                message,
-                retryable: true,
-            })) if attempt < limits.max_retries => {
+            Ok(Ok(mut output)) => {
+                // NUL cannot be stored (Postgres) and means nothing to a model or a person.
+                output.text.retain(|c| c != '\0');
+                if let Some(payload) = &mut output.payload {
+                    super::runs::strip_nul(payload);
+                }
+                return (ToolStatus::Success, output.text, output.payload);
+            }
+            Ok(Err(ToolError { message, retryable: true })) if attempt < limits.max_retries => {
                 attempt += 1;
                 tracing::info!(tool = %tool.spec().name, attempt, error = %message, "retrying tool call");
                 tokio::time::sleep(Duration::from_millis(100 * 2u64.pow(attempt))).await;
             }
-            Ok(Err(error)) => return (ToolStatus::Error, error.message, None),
+            Ok(Err(error)) => return (ToolStatus::Error, error.message.replace('\0', ""), None),
             Err(None) => return (ToolStatus::Cancelled, "cancelled".to_owned(), None),
             Err(Some(())) => {
                 // Tell the tool to stop (an MCP server gets notifications/cancelled).
                 ctx.cancel.cancel();
                 let secs = limits.timeout.as_secs_f64();
-                return (
-                    ToolStatus::Timeout,
-                    format!("the tool did not answer within {secs} s"),
-                    None,
-                );
+                return (ToolStatus::Timeout, format!("the tool did not answer within {secs} s"), None);
             }
         }
     }
@@ -477,27 +465,13 @@ fn tool_done(
 ) {
     let full_length = done.text.chars().count();
     let truncated = full_length > plan.limits.max_output_chars;
-    let shown: String = if truncated {
-        done.text
-            .chars()
-            .take(plan.limits.max_output_chars)
-            .collect()
-    } else {
-        done.text.clone()
-    };
-    emitter.emit(Event::ToolOutput {
-        tool_call_id: call.id.clone(),
-        output: shown,
-        truncated,
-        full_length,
-    });
+    let shown: String =
+        if truncated { done.text.chars().take(plan.limits.max_output_chars).collect() } else { done.text.clone() };
+    emitter.emit(Event::ToolOutput { tool_call_id: call.id.clone(), output: shown, truncated, full_length });
     let duration_ms = done.duration.as_millis() as u64;
-    let summary = done
-        .text
-        .lines()
-        .next()
-        .map(|l| l.chars().take(120).collect::<String>())
-        .filter(|s| !s.is_empty());
+    let status = serde_json::to_value(done.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+    metrics::counter!("chatd_tool_calls_total", "tool" => call.name.clone(), "status" => status).increment(1);
+    let summary = done.text.lines().next().map(|l| l.chars().take(120).collect::<String>()).filter(|s| !s.is_empty());
     emitter.emit(Event::ToolComplete {
         tool_call_id: call.id.clone(),
         tool: call.name.clone(),
@@ -513,28 +487,19 @@ fn tool_done(
     emitter.emit(Event::TextDelta { text: marker });
 
     if let Some(payload) = &done.payload {
-        let kind = payload
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or(&call.name)
-            .to_owned();
-        let data = payload
-            .get("data")
-            .cloned()
-            .unwrap_or_else(|| payload.clone());
+        let kind = payload.get("type").and_then(Value::as_str).unwrap_or(&call.name).to_owned();
+        let data = payload.get("data").cloned().unwrap_or_else(|| payload.clone());
         let summary = payload.get("summary").and_then(Value::as_str);
-        output
-            .payloads
-            .push(payloads::custom_payload(&kind, data, summary));
+        output.payloads.push(payloads::custom_payload(&kind, data, summary));
     }
-    output.tool_history.push(ToolRecord {
+    output.tool_history[index] = ToolRecord {
         tool_call_id: call.id.clone(),
         tool_name: call.name.clone(),
         input: call.input.clone(),
         output: done.text.clone(),
         is_error: done.status != ToolStatus::Success,
         duration_ms,
-    });
+    };
     let ended_at = done.started_at + chrono::Duration::milliseconds(duration_ms as i64);
     output.spans.push(json!({
         "kind": "tool",
@@ -551,13 +516,15 @@ fn tool_done(
     }));
 }
 
-async fn finish(
-    plan: &RunPlan,
-    emitter: &mut Emitter,
-    store: &dyn Store,
-    ending: Ending,
-    mut output: Output,
-) {
+async fn finish(plan: &RunPlan, emitter: &mut Emitter, store: &dyn Store, ending: Ending, mut output: Output) {
+    if matches!(ending, Ending::Cancelled) {
+        // A call cancelled before its result (or before its arguments were whole) would be
+        // an unanswered call that providers refuse in every later turn: drop it.
+        for turn in &mut output.turns {
+            let answered: Vec<&str> = turn.tool_results.iter().map(|r| r.tool_call_id.as_str()).collect();
+            turn.tool_calls.retain(|c| answered.contains(&c.id.as_str()));
+        }
+    }
     let extracted = payloads::extract(&output.captured, &plan.payload_types);
     output.warnings.extend(extracted.warnings);
     output.payloads.extend(extracted.payloads);
@@ -568,22 +535,13 @@ async fn finish(
         }
     }
     let thinking = (!output.thinking.is_empty()).then(|| output.thinking.clone());
-    let mut message = Message::new(
-        plan.conversation_id,
-        Some(plan.user_message_id),
-        Role::Assistant,
-        String::new(),
-    );
+    let mut message = Message::new(plan.conversation_id, Some(plan.user_message_id), Role::Assistant, String::new());
     message.id = plan.message_id;
     message.thinking = thinking.clone();
     message.model = Some(plan.request.model.clone());
     message.trace_id = Some(plan.trace_id);
     message.usage = Some(output.usage);
-    message.tool_calls = output
-        .turns
-        .iter()
-        .flat_map(|t| t.tool_calls.clone())
-        .collect();
+    message.tool_calls = output.turns.iter().flat_map(|t| t.tool_calls.clone()).collect();
     message.tool_history = output.tool_history.clone();
     message.payloads = output.payloads.clone();
     message.suggested_values = extracted.suggested_values.clone();
@@ -611,22 +569,11 @@ async fn finish(
                 message_id: plan.message_id,
                 trace_id: plan.trace_id,
                 model: plan.request.model.clone(),
-                finish_reason: if output.finish_reason.is_empty() {
-                    "stop".to_owned()
-                } else {
-                    output.finish_reason
-                },
+                finish_reason: if output.finish_reason.is_empty() { "stop".to_owned() } else { output.finish_reason },
                 usage: output.usage,
                 diagnostics,
             };
-            (
-                TraceStatus::Completed,
-                Some(message),
-                None,
-                Event::Complete {
-                    payload: Box::new(payload),
-                },
-            )
+            (TraceStatus::Completed, Some(message), None, Event::Complete { payload: Box::new(payload) })
         }
         Ending::Cancelled => {
             message.cancelled = true;
@@ -646,11 +593,13 @@ async fn finish(
         }
         Ending::Failed(error) => {
             tracing::warn!(code = error.code(), error = %error.message, "model call failed");
+            metrics::counter!("chatd_provider_errors_total", "code" => error.code()).increment(1);
             let event = error_event(plan, error.code(), &error.message, error.retryable);
             let detail = json!({"code": error.code(), "message": error.message, "partial_text": output.text});
             (TraceStatus::Error, None, Some(detail), event)
         }
     };
+    metrics::counter!("chatd_runs_total", "status" => status.as_str()).increment(1);
     let record = RunFinish {
         trace_id: plan.trace_id,
         status,
@@ -665,12 +614,7 @@ async fn finish(
         Ok(()) => terminal,
         Err(e) => {
             tracing::error!(error = %e, "could not persist the run's result");
-            error_event(
-                plan,
-                "SERVICE_UNAVAILABLE",
-                "The answer could not be saved",
-                true,
-            )
+            error_event(plan, "SERVICE_UNAVAILABLE", "The answer could not be saved", true)
         }
     };
     emitter.emit(terminal);

@@ -24,15 +24,7 @@ pub struct Standing {
 
 impl Standing {
     fn new(model: &str) -> Self {
-        Self {
-            model: model.to_owned(),
-            rating: START,
-            wins: 0,
-            losses: 0,
-            ties: 0,
-            both_bad: 0,
-            votes: 0,
-        }
+        Self { model: model.to_owned(), rating: START, wins: 0, losses: 0, ties: 0, both_bad: 0, votes: 0 }
     }
 }
 
@@ -46,14 +38,8 @@ pub fn leaderboard(comparisons: &[Comparison]) -> Vec<Standing> {
         if c.model_a == c.model_b {
             continue;
         }
-        let a = table
-            .entry(c.model_a.clone())
-            .or_insert_with(|| Standing::new(&c.model_a))
-            .rating;
-        let b = table
-            .entry(c.model_b.clone())
-            .or_insert_with(|| Standing::new(&c.model_b))
-            .rating;
+        let a = table.entry(c.model_a.clone()).or_insert_with(|| Standing::new(&c.model_a)).rating;
+        let b = table.entry(c.model_b.clone()).or_insert_with(|| Standing::new(&c.model_b)).rating;
         let expected_a = 1.0 / (1.0 + 10f64.powf((b - a) / 400.0));
         let score_a = match preference {
             Preference::A => 1.0,
@@ -62,18 +48,8 @@ pub fn leaderboard(comparisons: &[Comparison]) -> Vec<Standing> {
         };
         let delta = K * (score_a - expected_a);
         for (model, sign, won, lost) in [
-            (
-                &c.model_a,
-                1.0,
-                preference == Preference::A,
-                preference == Preference::B,
-            ),
-            (
-                &c.model_b,
-                -1.0,
-                preference == Preference::B,
-                preference == Preference::A,
-            ),
+            (&c.model_a, 1.0, preference == Preference::A, preference == Preference::B),
+            (&c.model_b, -1.0, preference == Preference::B, preference == Preference::A),
         ] {
             let s = table.get_mut(model).expect("inserted above");
             s.rating += sign * delta;
@@ -94,11 +70,7 @@ pub fn leaderboard(comparisons: &[Comparison]) -> Vec<Standing> {
             s
         })
         .collect();
-    standings.sort_by(|x, y| {
-        y.rating
-            .total_cmp(&x.rating)
-            .then_with(|| x.model.cmp(&y.model))
-    });
+    standings.sort_by(|x, y| y.rating.total_cmp(&x.rating).then_with(|| x.model.cmp(&y.model)));
     standings
 }
 
@@ -132,15 +104,7 @@ mod tests {
         let table = leaderboard(&[vote("x", "y", Preference::A)]);
         assert_eq!(
             table[0],
-            Standing {
-                model: "x".into(),
-                rating: 1016.0,
-                wins: 1,
-                losses: 0,
-                ties: 0,
-                both_bad: 0,
-                votes: 1
-            }
+            Standing { model: "x".into(), rating: 1016.0, wins: 1, losses: 0, ties: 0, both_bad: 0, votes: 1 }
         );
         assert_eq!(table[1].rating, 984.0);
         // Then y beats x: expected for y = 1/(1+10^(32/400)) = 0.45405; y gains 32 * 0.54595 = 17.47.

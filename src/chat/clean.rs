@@ -63,10 +63,7 @@ impl Edge {
 impl Cleaner {
     /// A cleaner that also cuts out blocks that start with one of `markers`.
     pub fn with_markers(markers: Vec<String>) -> Self {
-        Self {
-            markers: MarkerFilter::new(markers),
-            ..Self::default()
-        }
+        Self { markers: MarkerFilter::new(markers), ..Self::default() }
     }
 
     /// The marker blocks cut out so far, and those left in the text as invalid.
@@ -179,10 +176,7 @@ fn first_tag(text: &str) -> Option<(usize, &'static str)> {
 
 /// The length of the longest end of `text` that is a proper beginning of `tag`.
 fn partial_tag_len(text: &str, tag: &str) -> usize {
-    (1..tag.len())
-        .rev()
-        .find(|&n| text.ends_with(&tag[..n]))
-        .unwrap_or(0)
+    (1..tag.len()).rev().find(|&n| text.ends_with(&tag[..n])).unwrap_or(0)
 }
 
 /// Runs chunks (`true` for the reasoning channel) through one cleaner; returns its pieces.
@@ -224,8 +218,7 @@ mod tests {
 
     #[test]
     fn think_tags_split_into_thinking() {
-        let (text, thinking) =
-            clean_all(&[(false, "<think>\nWeigh it.\n</think>\n\nThe answer␄\u{4}.")]);
+        let (text, thinking) = clean_all(&[(false, "<think>\nWeigh it.\n</think>\n\nThe answer␄\u{4}.")]);
         assert_eq!(thinking, "Weigh it.");
         assert_eq!(text, "The answer.");
     }
@@ -246,10 +239,7 @@ mod tests {
 
     #[test]
     fn tabs_and_newlines_stay_other_controls_go() {
-        assert_eq!(
-            clean_all(&[(false, "a\tb\r\nc\u{1b}[0m\u{0}")]).0,
-            "a\tb\nc[0m"
-        );
+        assert_eq!(clean_all(&[(false, "a\tb\r\nc\u{1b}[0m\u{0}")]).0, "a\tb\nc[0m");
     }
 
     #[test]
@@ -270,8 +260,8 @@ mod tests {
     /// Text made of the pieces that make cleaning hard.
     fn tricky() -> impl Strategy<Value = String> {
         let atoms = prop::sample::select(vec![
-            "<think>", "</think>", "<", "</", "<th", "think>", ">", " ", "\n", "\t", "\r", "␄",
-            "\u{4}", "a", "é", "→", "word", "😀",
+            "<think>", "</think>", "<", "</", "<th", "think>", ">", " ", "\n", "\t", "\r", "␄", "\u{4}", "a", "é", "→",
+            "word", "😀",
         ]);
         prop::collection::vec(atoms, 0..40).prop_map(|v| v.concat())
     }

@@ -31,14 +31,8 @@ fn message_tokens(message: &Message) -> u64 {
             .iter()
             .map(|t| {
                 estimate(&t.text)
-                    + t.tool_calls
-                        .iter()
-                        .map(|c| estimate(&c.input.to_string()) + estimate(&c.name))
-                        .sum::<u64>()
-                    + t.tool_results
-                        .iter()
-                        .map(|r| estimate(&r.content))
-                        .sum::<u64>()
+                    + t.tool_calls.iter().map(|c| estimate(&c.input.to_string()) + estimate(&c.name)).sum::<u64>()
+                    + t.tool_results.iter().map(|r| estimate(&r.content)).sum::<u64>()
             })
             .sum(),
         _ => estimate(&message.content),
@@ -53,9 +47,7 @@ pub fn request_tokens(request: &ModelRequest) -> u64 {
     let tools: u64 = request
         .tools
         .iter()
-        .map(|t| {
-            estimate(&t.name) + estimate(&t.description) + estimate(&t.input_schema.to_string())
-        })
+        .map(|t| estimate(&t.name) + estimate(&t.description) + estimate(&t.input_schema.to_string()))
         .sum();
     system + tools + request.messages.iter().map(message_tokens).sum::<u64>()
 }
@@ -72,30 +64,17 @@ pub struct Trimmed {
 /// must stay whatever they cost (the new user message and this run's exchanges).
 pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize) -> Trimmed {
     let Some(limit) = limit.filter(|l| *l > 0) else {
-        return Trimmed {
-            request: request.clone(),
-            state: None,
-        };
+        return Trimmed { request: request.clone(), state: None };
     };
     let budget = (f64::from(limit) * THRESHOLD) as u64;
     let before = request_tokens(request);
     if before <= budget {
-        return Trimmed {
-            request: request.clone(),
-            state: None,
-        };
+        return Trimmed { request: request.clone(), state: None };
     }
-    let fixed = request_tokens(&ModelRequest {
-        messages: Vec::new(),
-        ..request.clone()
-    });
+    let fixed = request_tokens(&ModelRequest { messages: Vec::new(), ..request.clone() });
     let messages = &request.messages;
     let protected = protected.min(messages.len());
-    let mut used = fixed
-        + messages[messages.len() - protected..]
-            .iter()
-            .map(message_tokens)
-            .sum::<u64>();
+    let mut used = fixed + messages[messages.len() - protected..].iter().map(message_tokens).sum::<u64>();
     let mut first_kept = messages.len() - protected;
     while first_kept > 0 {
         let cost = message_tokens(&messages[first_kept - 1]);
@@ -122,13 +101,7 @@ pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize) -> Trim
         "kept_from": kept.first().map(|m| m.id),
         "dropped_through": first_kept.checked_sub(1).map(|i| messages[i].id),
     });
-    Trimmed {
-        request: ModelRequest {
-            messages: kept,
-            ..request.clone()
-        },
-        state: Some(state),
-    }
+    Trimmed { request: ModelRequest { messages: kept, ..request.clone() }, state: Some(state) }
 }
 
 /// Stores a conversation's context state as requests are trimmed (or not).
@@ -141,20 +114,12 @@ pub struct ContextKeeper {
 
 impl ContextKeeper {
     pub fn new(store: Arc<dyn Store>, user: &str, conversation_id: Uuid) -> Self {
-        Self {
-            store,
-            user: user.to_owned(),
-            conversation_id,
-        }
+        Self { store, user: user.to_owned(), conversation_id }
     }
 
     /// Stores the state of the latest trim, or clears a stored one that no longer applies.
     pub async fn record(&self, state: Option<&Value>) {
-        if let Err(e) = self
-            .store
-            .set_context_state(&self.user, self.conversation_id, state)
-            .await
-        {
+        if let Err(e) = self.store.set_context_state(&self.user, self.conversation_id, state).await {
             tracing::warn!(error = %e, conversation_id = %self.conversation_id, "could not store the context state");
         }
     }
@@ -186,13 +151,7 @@ mod tests {
     #[test]
     fn a_request_under_the_threshold_is_left_alone() {
         let r = request(vec![message(Role::User, "hi")]);
-        assert_eq!(
-            fit(&r, Some(1000), 1),
-            Trimmed {
-                request: r.clone(),
-                state: None
-            }
-        );
+        assert_eq!(fit(&r, Some(1000), 1), Trimmed { request: r.clone(), state: None });
         assert_eq!(fit(&r, None, 1).state, None);
     }
 
@@ -219,10 +178,7 @@ mod tests {
         // message before it fit; the first exchange does not.
         assert_eq!(trimmed.request.messages.len(), 3);
         assert_eq!(trimmed.request.messages[0].id, messages[2].id);
-        assert_eq!(
-            trimmed.request.messages[1], tool_turn,
-            "a call stays with its result"
-        );
+        assert_eq!(trimmed.request.messages[1], tool_turn, "a call stays with its result");
         assert_eq!(state["dropped"], 2);
         assert_eq!(state["kept_from"], json!(messages[2].id));
         assert!(state["estimate"].as_u64().unwrap() <= 280);

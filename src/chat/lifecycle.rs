@@ -44,18 +44,12 @@ pub async fn recover_orphans(store: &dyn Store, runs: &Runs) -> usize {
         }
     }
     if recovered > 0 {
-        tracing::warn!(
-            runs = recovered,
-            "marked runs of a stopped process as interrupted"
-        );
+        tracing::warn!(runs = recovered, "marked runs of a stopped process as interrupted");
     }
     recovered
 }
 
-async fn interrupt(
-    store: &dyn Store,
-    orphan: &RunningTrace,
-) -> Result<(), crate::store::StoreError> {
+async fn interrupt(store: &dyn Store, orphan: &RunningTrace) -> Result<(), crate::store::StoreError> {
     let trace = &orphan.trace;
     let events = store.trace_events(trace.trace_id, 0).await?;
     let (mut text, mut thinking) = (String::new(), String::new());
@@ -67,18 +61,9 @@ async fn interrupt(
             _ => {}
         }
     }
-    let mut message = Message::new(
-        trace.conversation_id,
-        Some(trace.user_message_id),
-        Role::Assistant,
-        String::new(),
-    );
+    let mut message = Message::new(trace.conversation_id, Some(trace.user_message_id), Role::Assistant, String::new());
     message.id = trace.message_id;
-    message.content = if text.is_empty() {
-        "[interrupted]".to_owned()
-    } else {
-        format!("{text}\n\n[interrupted]")
-    };
+    message.content = if text.is_empty() { "[interrupted]".to_owned() } else { format!("{text}\n\n[interrupted]") };
     message.thinking = (!thinking.is_empty()).then_some(thinking);
     message.cancelled = true;
     message.model = Some(trace.model.clone());
@@ -89,7 +74,9 @@ async fn interrupt(
             status: TraceStatus::Interrupted,
             ended_at: now(),
             usage: trace.usage.unwrap_or_default(),
-            error: Some(json!({"code": "INTERRUPTED", "message": "The server stopped during the run", "partial_text": text})),
+            error: Some(
+                json!({"code": "INTERRUPTED", "message": "The server stopped during the run", "partial_text": text}),
+            ),
             spans: trace.spans.clone(),
             assistant_message: Some(message),
         })
@@ -98,12 +85,7 @@ async fn interrupt(
 
 /// Keeps this process's runs alive in the store, recovers other processes' orphans (shared
 /// stores), and cancels local runs that other replicas ask to cancel; until `shutdown`.
-pub fn spawn_background(
-    store: Arc<dyn Store>,
-    runs: Runs,
-    replica_id: String,
-    shutdown: CancellationToken,
-) {
+pub fn spawn_background(store: Arc<dyn Store>, runs: Runs, replica_id: String, shutdown: CancellationToken) {
     let (beat_store, beat_runs, beat_stop) = (store.clone(), runs.clone(), shutdown.clone());
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(HEARTBEAT);
@@ -152,10 +134,7 @@ pub async fn drain(runs: &Runs, grace: Duration) {
     };
     if tokio::time::timeout(grace, all_done).await.is_err() {
         let left = runs.all();
-        tracing::warn!(
-            runs = left.len(),
-            "grace period over; cancelling the remaining runs"
-        );
+        tracing::warn!(runs = left.len(), "grace period over; cancelling the remaining runs");
         for run in &left {
             run.cancel.cancel();
         }

@@ -42,11 +42,8 @@ impl EventLog {
     /// Writes everything appended so far; returns once it is in the database.
     pub async fn flush(&self) -> Result<(), String> {
         let (done, wait) = oneshot::channel();
-        self.tx
-            .send(Entry::Flush(done))
-            .map_err(|_| "event log writer stopped".to_owned())?;
-        wait.await
-            .map_err(|_| "event log writer stopped".to_owned())?
+        self.tx.send(Entry::Flush(done)).map_err(|_| "event log writer stopped".to_owned())?;
+        wait.await.map_err(|_| "event log writer stopped".to_owned())?
     }
 
     /// How many batches have been written since start (for tests and metrics).
@@ -105,23 +102,53 @@ enum Wake {
     Closed,
 }
 
-async fn write(
-    store: &dyn Store,
-    pending: &mut Vec<NewEvent>,
-    batches: &AtomicU64,
-) -> Result<(), Arc<StoreError>> {
+/// Writes what waits as one batch. If the batch fails, each run's events are tried on their
+/// own, so one run whose events cannot be written (its conversation was deleted meanwhile)
+/// never holds back the others; those are dropped with an error in the log. A database that
+/// is down fails every run: then everything stays for the next try, up to `MAX_PENDING`.
+async fn write(store: &dyn Store, pending: &mut Vec<NewEvent>, batches: &AtomicU64) -> Result<(), Arc<StoreError>> {
     if pending.is_empty() {
         return Ok(());
     }
-    match store.append_events(pending).await {
+    let started = std::time::Instant::now();
+    let error = match store.append_events(pending).await {
         Ok(()) => {
+            metrics::histogram!("chatd_event_log_flush_seconds").record(started.elapsed().as_secs_f64());
             batches.fetch_add(1, Ordering::Relaxed);
             pending.clear();
-            Ok(())
+            return Ok(());
         }
-        Err(e) => {
-            tracing::error!(error = %e, events = pending.len(), "event log write failed; will retry");
-            Err(Arc::new(e))
+        Err(e) => e,
+    };
+    let mut traces: Vec<uuid::Uuid> = pending.iter().map(|e| e.trace_id).collect();
+    traces.sort_unstable();
+    traces.dedup();
+    let mut kept = Vec::new();
+    let mut written_any = false;
+    for trace_id in traces {
+        let events: Vec<NewEvent> = pending.iter().filter(|e| e.trace_id == trace_id).cloned().collect();
+        match store.append_events(&events).await {
+            Ok(()) => written_any = true,
+            Err(e) => kept.push((trace_id, events, e)),
         }
     }
+    if written_any || kept.len() == 1 {
+        // The store works: the runs that still fail are beyond saving.
+        for (trace_id, events, e) in kept.drain(..) {
+            tracing::error!(%trace_id, error = %e, events = events.len(), "dropping events the store refuses");
+        }
+        batches.fetch_add(1, Ordering::Relaxed);
+        pending.clear();
+        return Ok(());
+    }
+    tracing::error!(error = %error, events = pending.len(), "event log write failed; will retry");
+    if pending.len() > MAX_PENDING {
+        let excess = pending.len() - MAX_PENDING;
+        tracing::error!(dropped = excess, "event log backlog full; dropping the oldest events");
+        pending.drain(..excess);
+    }
+    Err(Arc::new(error))
 }
+
+/// Events kept for a retry while the database is down, at most.
+const MAX_PENDING: usize = 1_000_000;

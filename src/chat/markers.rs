@@ -34,10 +34,7 @@ struct Capture {
 
 impl MarkerFilter {
     pub fn new(markers: Vec<String>) -> Self {
-        Self {
-            markers: markers.into_iter().filter(|m| !m.is_empty()).collect(),
-            ..Self::default()
-        }
+        Self { markers: markers.into_iter().filter(|m| !m.is_empty()).collect(), ..Self::default() }
     }
 
     /// Filters a chunk of answer text, appending what may be shown to `out`.
@@ -74,12 +71,7 @@ impl MarkerFilter {
                     self.capture = Some(Capture::new(marker));
                 }
                 None => {
-                    let keep = self
-                        .markers
-                        .iter()
-                        .map(|m| partial_len(rest, m))
-                        .max()
-                        .unwrap_or(0);
+                    let keep = self.markers.iter().map(|m| partial_len(rest, m)).max().unwrap_or(0);
                     let (now, later) = rest.split_at(rest.len() - keep);
                     out.push_str(now);
                     self.held = later.to_owned();
@@ -92,8 +84,7 @@ impl MarkerFilter {
     /// Ends the stream: held text and an unfinished block are text after all.
     pub fn finish(&mut self, out: &mut String) {
         if let Some(capture) = self.capture.take() {
-            self.invalid
-                .push(format!("{}{}", capture.marker, capture.raw));
+            self.invalid.push(format!("{}{}", capture.marker, capture.raw));
             out.push_str(&capture.marker);
             out.push_str(&capture.raw);
         }
@@ -104,13 +95,9 @@ impl MarkerFilter {
         let capture = self.capture.take().expect("capturing");
         let json = capture.raw.trim().to_owned();
         if serde_json::from_str::<serde_json::Value>(&json).is_ok() {
-            self.captured.push(Captured {
-                marker: capture.marker,
-                json,
-            });
+            self.captured.push(Captured { marker: capture.marker, json });
         } else {
-            self.invalid
-                .push(format!("{}{}", capture.marker, capture.raw));
+            self.invalid.push(format!("{}{}", capture.marker, capture.raw));
             out.push_str(&capture.marker);
             out.push_str(&capture.raw);
         }
@@ -135,13 +122,7 @@ enum Feed {
 
 impl Capture {
     fn new(marker: String) -> Self {
-        Self {
-            marker,
-            raw: String::new(),
-            depth: 0,
-            in_string: false,
-            escaped: false,
-        }
+        Self { marker, raw: String::new(), depth: 0, in_string: false, escaped: false }
     }
 
     /// Feeds text after the marker, tracking brackets and strings to find the JSON's end.
@@ -186,11 +167,7 @@ impl Capture {
 
 /// The length of the longest end of `text` that is a proper beginning of `marker`.
 fn partial_len(text: &str, marker: &str) -> usize {
-    (1..marker.len())
-        .rev()
-        .filter(|&n| marker.is_char_boundary(n))
-        .find(|&n| text.ends_with(&marker[..n]))
-        .unwrap_or(0)
+    (1..marker.len()).rev().filter(|&n| marker.is_char_boundary(n)).find(|&n| text.ends_with(&marker[..n])).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -208,11 +185,7 @@ mod tests {
         (out, filter.captured, filter.invalid)
     }
 
-    const MARKERS: [&str; 3] = [
-        "SUGGESTED_VALUES:",
-        "SUGGESTED_ACTIONS:",
-        "SCHEMA_PROPOSAL:",
-    ];
+    const MARKERS: [&str; 3] = ["SUGGESTED_VALUES:", "SUGGESTED_ACTIONS:", "SCHEMA_PROPOSAL:"];
 
     #[test]
     fn blocks_are_cut_out_and_captured() {
@@ -221,10 +194,7 @@ mod tests {
         assert_eq!(out, "Pick one.\n\n\n done");
         assert_eq!(
             captured[0],
-            Captured {
-                marker: "SUGGESTED_VALUES:".into(),
-                json: "[{\"label\": \"Yes ]\", \"value\": \"y\"}]".into()
-            }
+            Captured { marker: "SUGGESTED_VALUES:".into(), json: "[{\"label\": \"Yes ]\", \"value\": \"y\"}]".into() }
         );
         assert_eq!(captured[1].json, "{\"a\": {\"b\": [1]}}");
         assert!(invalid.is_empty());

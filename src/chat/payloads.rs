@@ -39,9 +39,7 @@ pub fn extract(captured: &[Captured], types: &[LlmPayloadType]) -> Extracted {
         match block.marker.as_str() {
             SUGGESTED_VALUES => match suggested_values(&value) {
                 Some(values) => out.suggested_values.extend(values),
-                None => out.warnings.push(format!(
-                    "{SUGGESTED_VALUES} expected a list of {{label, value}}"
-                )),
+                None => out.warnings.push(format!("{SUGGESTED_VALUES} expected a list of {{label, value}}")),
             },
             SUGGESTED_ACTIONS => match serde_json::from_value::<Vec<SuggestedAction>>(value) {
                 Ok(actions) => out.suggested_actions.extend(actions),
@@ -53,10 +51,7 @@ pub fn extract(captured: &[Captured], types: &[LlmPayloadType]) -> Extracted {
                 };
                 if let Some(schema) = &kind.settings.schema {
                     if let Err(problem) = check(schema, &value, "$") {
-                        out.warnings.push(format!(
-                            "{marker} does not match the {} schema: {problem}",
-                            kind.name
-                        ));
+                        out.warnings.push(format!("{marker} does not match the {} schema: {problem}", kind.name));
                         continue;
                     }
                 }
@@ -73,16 +68,10 @@ fn suggested_values(value: &Value) -> Option<Vec<SuggestedValue>> {
         .as_array()?
         .iter()
         .map(|item| match item {
-            Value::String(s) => Some(SuggestedValue {
-                label: s.clone(),
-                value: s.clone(),
-            }),
+            Value::String(s) => Some(SuggestedValue { label: s.clone(), value: s.clone() }),
             item => {
                 let label = item.get("label")?.as_str()?.to_owned();
-                let value = item
-                    .get("value")
-                    .and_then(Value::as_str)
-                    .map_or_else(|| label.clone(), str::to_owned);
+                let value = item.get("value").and_then(Value::as_str).map_or_else(|| label.clone(), str::to_owned);
                 Some(SuggestedValue { label, value })
             }
         })
@@ -129,10 +118,7 @@ pub fn check(schema: &Value, value: &Value, path: &str) -> Result<(), String> {
             }
         }
     }
-    if let (Some(properties), Some(object)) = (
-        schema.get("properties").and_then(Value::as_object),
-        value.as_object(),
-    ) {
+    if let (Some(properties), Some(object)) = (schema.get("properties").and_then(Value::as_object), value.as_object()) {
         for (key, property) in properties {
             if let Some(field) = object.get(key) {
                 check(property, field, &format!("{path}.{key}"))?;
@@ -176,38 +162,23 @@ mod tests {
     }
 
     fn block(marker: &str, json: &str) -> Captured {
-        Captured {
-            marker: marker.into(),
-            json: json.into(),
-        }
+        Captured { marker: marker.into(), json: json.into() }
     }
 
     #[test]
     fn blocks_become_fields() {
         let extracted = extract(
             &[
-                block(
-                    SUGGESTED_VALUES,
-                    r#"[{"label": "Yes, proceed", "value": "yes"}, "No"]"#,
-                ),
+                block(SUGGESTED_VALUES, r#"[{"label": "Yes, proceed", "value": "yes"}, "No"]"#),
                 block(
                     SUGGESTED_ACTIONS,
                     r#"[{"label": "Apply", "action": "apply_schema", "handler": "server", "data": {"schema_id": 1}, "style": "primary"}]"#,
                 ),
-                block(
-                    "SCHEMA_PROPOSAL:",
-                    r#"{"fields": ["a", "b"], "summary": "Two fields"}"#,
-                ),
+                block("SCHEMA_PROPOSAL:", r#"{"fields": ["a", "b"], "summary": "Two fields"}"#),
             ],
             &[schema_type()],
         );
-        assert_eq!(
-            extracted.suggested_values[1],
-            SuggestedValue {
-                label: "No".into(),
-                value: "No".into()
-            }
-        );
+        assert_eq!(extracted.suggested_values[1], SuggestedValue { label: "No".into(), value: "No".into() });
         assert_eq!(extracted.suggested_actions[0].handler, "server");
         let payload = &extracted.payloads[0];
         assert_eq!(payload["type"], "schema_proposal");
@@ -219,18 +190,11 @@ mod tests {
     #[test]
     fn misfits_are_warnings() {
         let extracted = extract(
-            &[
-                block(SUGGESTED_VALUES, r#"{"label": 1}"#),
-                block("SCHEMA_PROPOSAL:", r#"{"fields": [1]}"#),
-            ],
+            &[block(SUGGESTED_VALUES, r#"{"label": 1}"#), block("SCHEMA_PROPOSAL:", r#"{"fields": [1]}"#)],
             &[schema_type()],
         );
         assert!(extracted.payloads.is_empty() && extracted.suggested_values.is_empty());
         assert_eq!(extracted.warnings.len(), 2);
-        assert!(
-            extracted.warnings[1].contains("$.fields[0] should be string"),
-            "{:?}",
-            extracted.warnings
-        );
+        assert!(extracted.warnings[1].contains("$.fields[0] should be string"), "{:?}", extracted.warnings);
     }
 }

@@ -36,16 +36,9 @@ pub fn system_prompt(parts: &PromptParts<'_>) -> String {
     };
     section(&mut prompt, "Identity", identity);
 
-    if let Some(context) = parts
-        .context
-        .filter(|c| c.as_object().is_some_and(|o| !o.is_empty()))
-    {
+    if let Some(context) = parts.context.filter(|c| c.as_object().is_some_and(|o| !o.is_empty())) {
         let json = serde_json::to_string_pretty(context).unwrap_or_default();
-        section(
-            &mut prompt,
-            "Context",
-            &format!("What the user is looking at now:\n```json\n{json}\n```"),
-        );
+        section(&mut prompt, "Context", &format!("What the user is looking at now:\n```json\n{json}\n```"));
     }
 
     let mut manifest = String::new();
@@ -56,11 +49,7 @@ pub fn system_prompt(parts: &PromptParts<'_>) -> String {
         let _ = writeln!(manifest, "- {id} ({kind}): {summary}");
     }
     if !manifest.is_empty() {
-        section(
-            &mut prompt,
-            "Payloads in this conversation",
-            &format!("Refer to them by id.\n{manifest}"),
-        );
+        section(&mut prompt, "Payloads in this conversation", &format!("Refer to them by id.\n{manifest}"));
     }
 
     let mut capabilities = String::new();
@@ -71,14 +60,12 @@ pub fn system_prompt(parts: &PromptParts<'_>) -> String {
         }
     }
     if !parts.payload_types.is_empty() {
-        capabilities.push_str("Structured payloads you can produce (write the marker, then the JSON, at the end of your answer):\n");
+        capabilities.push_str(
+            "Structured payloads you can produce (write the marker, then the JSON, at the end of your answer):\n",
+        );
         for kind in parts.payload_types {
             let how = kind.settings.llm_instructions.as_deref().unwrap_or("");
-            let _ = writeln!(
-                capabilities,
-                "- {}: `{} {{…}}` {how}",
-                kind.name, kind.marker
-            );
+            let _ = writeln!(capabilities, "- {}: `{} {{…}}` {how}", kind.name, kind.marker);
         }
     }
     if !parts.actions.is_empty() {
@@ -91,10 +78,8 @@ pub fn system_prompt(parts: &PromptParts<'_>) -> String {
         section(&mut prompt, "Capabilities", capabilities.trim_end());
     }
 
-    let instructions: Vec<&str> = extra
-        .into_iter()
-        .chain(parts.scope.instructions.iter().map(String::as_str))
-        .collect();
+    let instructions: Vec<&str> =
+        extra.into_iter().chain(parts.scope.instructions.iter().map(String::as_str)).collect();
     if !instructions.is_empty() {
         section(&mut prompt, "Instructions", &instructions.join("\n\n"));
     }
@@ -129,11 +114,7 @@ mod tests {
             instructions: vec!["Be terse.".into()],
             ..PageScope::default()
         };
-        let tools = [ToolSpec {
-            name: "search".into(),
-            description: "Finds articles".into(),
-            input_schema: json!({}),
-        }];
+        let tools = [ToolSpec { name: "search".into(), description: "Finds articles".into(), input_schema: json!({}) }];
         let context = json!({"current_page": "reports"});
         let prompt = system_prompt(&PromptParts {
             base: Some("Base prompt."),

@@ -27,6 +27,7 @@ pub struct Frame {
 pub struct LiveRun {
     pub trace_id: Uuid,
     pub message_id: Uuid,
+    pub conversation_id: Uuid,
     pub user_id: String,
     pub cancel: CancellationToken,
     frames: Mutex<Vec<Frame>>,
@@ -41,17 +42,20 @@ impl LiveRun {
             // seq n is at index n - 1, so the first frame after `after` is at index `after`.
             let mut next = usize::try_from(after).unwrap_or(usize::MAX);
             loop {
-                let batch: Vec<Frame> = {
+                let (batch, finished): (Vec<Frame>, bool) = {
                     let frames = self.frames.lock().expect("frames lock");
-                    frames.get(next..).map(<[Frame]>::to_vec).unwrap_or_default()
+                    let batch = frames.get(next..).map(<[Frame]>::to_vec).unwrap_or_default();
+                    (batch, frames.last().is_some_and(|f| f.last))
                 };
-                next += batch.len();
+                next = next.saturating_add(batch.len());
                 let mut ended = false;
                 for frame in batch {
                     ended |= frame.last;
                     yield frame;
                 }
-                if ended || changed.changed().await.is_err() {
+                // A listener that asked for more than a finished run sent has nothing to wait
+                // for (what it read was taken under the same lock as `finished`).
+                if ended || finished || changed.changed().await.is_err() {
                     break;
                 }
             }
@@ -69,11 +73,7 @@ impl LiveRun {
     }
 
     pub fn is_finished(&self) -> bool {
-        self.frames
-            .lock()
-            .expect("frames lock")
-            .last()
-            .is_some_and(|f| f.last)
+        self.frames.lock().expect("frames lock").last().is_some_and(|f| f.last)
     }
 }
 
@@ -89,21 +89,21 @@ impl Runs {
         &self,
         trace_id: Uuid,
         message_id: Uuid,
+        conversation_id: Uuid,
         user_id: &str,
         log: EventLog,
     ) -> (Arc<LiveRun>, Emitter) {
         let run = Arc::new(LiveRun {
             trace_id,
             message_id,
+            conversation_id,
             user_id: user_id.to_owned(),
             cancel: CancellationToken::new(),
             frames: Mutex::new(Vec::new()),
             sent: watch::Sender::new(0),
         });
-        self.live
-            .lock()
-            .expect("runs lock")
-            .insert(trace_id, run.clone());
+        self.live.lock().expect("runs lock").insert(trace_id, run.clone());
+        metrics::gauge!("chatd_active_runs").increment(1.0);
         (run.clone(), Emitter { run, log, seq: 0 })
     }
 
@@ -113,7 +113,9 @@ impl Runs {
 
     /// Forgets a run once its log is written; later listeners read the store.
     pub fn remove(&self, trace_id: Uuid) {
-        self.live.lock().expect("runs lock").remove(&trace_id);
+        if self.live.lock().expect("runs lock").remove(&trace_id).is_some() {
+            metrics::gauge!("chatd_active_runs").decrement(1.0);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -126,12 +128,7 @@ impl Runs {
 
     /// Every run in this process now.
     pub fn all(&self) -> Vec<Arc<LiveRun>> {
-        self.live
-            .lock()
-            .expect("runs lock")
-            .values()
-            .cloned()
-            .collect()
+        self.live.lock().expect("runs lock").values().cloned().collect()
     }
 }
 
@@ -145,12 +142,15 @@ pub struct Emitter {
 impl Emitter {
     pub fn emit(&mut self, event: Event) {
         self.seq += 1;
-        let value = serde_json::to_value(&event).expect("events always serialize");
-        let frame = Frame {
-            seq: self.seq,
-            data: value.to_string().into(),
-            last: matches!(event, Event::Done { .. }),
-        };
+        let mut value = serde_json::to_value(&event).expect("events always serialize");
+        let mut data = value.to_string();
+        if data.contains("\\u0000") {
+            // Postgres cannot store NUL in jsonb, and no client wants one: tool output is the
+            // only text that may carry it this far.
+            strip_nul(&mut value);
+            data = value.to_string();
+        }
+        let frame = Frame { seq: self.seq, data: data.into(), last: matches!(event, Event::Done { .. }) };
         self.run.frames.lock().expect("frames lock").push(frame);
         self.run.sent.send_modify(|sent| *sent += 1);
         self.log.append(NewEvent {
@@ -169,5 +169,15 @@ impl Emitter {
     /// Waits until every event emitted so far is in the database.
     pub async fn flush(&self) -> Result<(), String> {
         self.log.flush().await
+    }
+}
+
+/// Removes NUL characters from every string in `value`.
+pub fn strip_nul(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(s) => s.retain(|c| c != '\0'),
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_nul),
+        serde_json::Value::Object(map) => map.values_mut().for_each(strip_nul),
+        _ => {}
     }
 }

@@ -21,9 +21,7 @@ use super::payloads::LlmPayloadType;
 use super::prompt::{self, PromptParts};
 use super::runs::{LiveRun, Runs};
 use crate::config::{PayloadSource, Settings};
-use crate::domain::{
-    Comparison, Conversation, Message, Role, Trace, TraceStatus, branch, new_id, now,
-};
+use crate::domain::{Comparison, Conversation, Message, Role, Trace, TraceStatus, branch, new_id, now};
 use crate::providers::{ModelRequest, Providers, ToolSpec};
 use crate::store::{ConversationPatch, RunStart, Store, StoreError};
 use crate::tools::{PageScope, Registry, ToolCallContext};
@@ -62,22 +60,16 @@ pub enum InteractionType {
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
     #[error("{message}")]
-    Invalid {
-        field: &'static str,
-        message: String,
-    },
+    Invalid { field: &'static str, message: String },
     #[error("{message}")]
-    TooLarge {
-        field: &'static str,
-        message: String,
-    },
+    TooLarge { field: &'static str, message: String },
     #[error("{message}")]
-    NotFound {
-        field: &'static str,
-        message: String,
-    },
+    NotFound { field: &'static str, message: String },
     #[error("{0}")]
     Unavailable(String),
+    /// Too many runs at once for this user.
+    #[error("{message}")]
+    Busy { message: String, retry_after: Duration },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -124,9 +116,7 @@ impl ChatService {
         log: EventLog,
     ) -> Self {
         let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs_f64(
-                settings.tools.timeout_secs.max(0.001),
-            ))
+            .timeout(Duration::from_secs_f64(settings.tools.timeout_secs.max(0.001)))
             .build()
             .expect("the TLS backend initialises");
         Self {
@@ -153,6 +143,22 @@ impl ChatService {
 
     pub fn replica_id(&self) -> &str {
         &self.replica_id
+    }
+
+    /// Cancels this process's runs in a conversation and waits (bounded) for them to end,
+    /// so that deleting it leaves no run writing into it.
+    pub async fn stop_runs_in(&self, user: &str, conversation_id: Uuid) {
+        let runs: Vec<Arc<LiveRun>> =
+            self.runs.all().into_iter().filter(|r| r.conversation_id == conversation_id && r.user_id == user).collect();
+        for run in &runs {
+            run.cancel.cancel();
+        }
+        let ended = async {
+            for run in &runs {
+                run.finished().await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
     }
 
     /// Refuses new runs from now on (shutdown).
@@ -230,9 +236,7 @@ impl ChatService {
             vote_history: Vec::new(),
             created_at: now(),
         };
-        let mut runs = self
-            .launch(user, turn, vec![a, b], Some(comparison.clone()))
-            .await?;
+        let mut runs = self.launch(user, turn, vec![a, b], Some(comparison.clone())).await?;
         let run_b = runs.pop().expect("two runs");
         let run_a = runs.pop().expect("two runs");
         Ok((comparison, run_a, run_b))
@@ -242,15 +246,17 @@ impl ChatService {
     /// the conversation found (or made), the parent, the history, an executed action's result.
     async fn prepare(&self, user: &str, request: &ChatRequest) -> Result<Prepared, ChatError> {
         if self.draining.load(Ordering::SeqCst) {
-            return Err(ChatError::Unavailable(
-                "The server is shutting down; try again shortly".into(),
-            ));
+            return Err(ChatError::Unavailable("The server is shutting down; try again shortly".into()));
         }
         let text = request.message.trim();
         if text.is_empty() {
-            return Err(ChatError::Invalid {
-                field: "message",
-                message: "Message cannot be empty".into(),
+            return Err(ChatError::Invalid { field: "message", message: "Message cannot be empty".into() });
+        }
+        let running = self.runs.all().iter().filter(|r| r.user_id == user && !r.is_finished()).count();
+        if running >= self.settings.limits.max_concurrent_runs_per_user {
+            return Err(ChatError::Busy {
+                message: format!("{running} answers are still streaming; wait for one to finish"),
+                retry_after: Duration::from_secs(1),
             });
         }
         let max = self.settings.limits.max_message_chars;
@@ -260,18 +266,13 @@ impl ChatService {
                 message: format!("Message is longer than {max} characters"),
             });
         }
-        let existing =
-            match request.conversation_id {
-                Some(id) => Some(self.store.get_conversation(user, id).await.map_err(
-                    |e| match e {
-                        StoreError::NotFound => {
-                            not_found("conversation_id", "Conversation not found")
-                        }
-                        e => e.into(),
-                    },
-                )?),
-                None => None,
-            };
+        let existing = match request.conversation_id {
+            Some(id) => Some(self.store.get_conversation(user, id).await.map_err(|e| match e {
+                StoreError::NotFound => not_found("conversation_id", "Conversation not found"),
+                e => e.into(),
+            })?),
+            None => None,
+        };
         for profile in request.profile.iter() {
             if !self.settings.profiles.contains_key(profile) {
                 return Err(not_found("profile", "Profile not found"));
@@ -314,15 +315,11 @@ impl ChatService {
                 last_message_at: started,
             }),
         };
-        let conversation = existing
-            .as_ref()
-            .or(new_conversation.as_ref())
-            .expect("one of the two is set");
+        let conversation = existing.as_ref().or(new_conversation.as_ref()).expect("one of the two is set");
         let action_result = match request.interaction_type {
-            InteractionType::ActionExecuted => Some(
-                self.run_action(request.action.as_ref(), request.context.as_ref())
-                    .await,
-            ),
+            InteractionType::ActionExecuted => {
+                Some(self.run_action(request.action.as_ref(), request.context.as_ref()).await)
+            }
             _ => None,
         };
         Ok(Prepared {
@@ -330,9 +327,8 @@ impl ChatService {
             system_prompt: conversation.system_prompt.clone(),
             existing_profile: existing.as_ref().and_then(|c| c.profile.clone()),
             user_message_is_new: regenerate.is_none(),
-            user_message: regenerate.unwrap_or_else(|| {
-                Message::new(conversation.id, parent, Role::User, text.to_owned())
-            }),
+            user_message: regenerate
+                .unwrap_or_else(|| Message::new(conversation.id, parent, Role::User, text.to_owned())),
             earlier: branch(&history, parent),
             new_conversation,
             action_result,
@@ -353,15 +349,8 @@ impl ChatService {
             Some(_) => "profile_b",
             None => "profile",
         };
-        let profile = self
-            .settings
-            .profiles
-            .get(profile_name)
-            .ok_or_else(|| not_found(field, "Profile not found"))?;
-        let provider = self
-            .providers
-            .get(&profile.provider)
-            .ok_or_else(|| not_found(field, "Profile not found"))?;
+        let profile = self.settings.profiles.get(profile_name).ok_or_else(|| not_found(field, "Profile not found"))?;
+        let provider = self.providers.get(&profile.provider).ok_or_else(|| not_found(field, "Profile not found"))?;
         let trace = Trace {
             trace_id: new_id(),
             conversation_id: turn.conversation_id,
@@ -384,10 +373,7 @@ impl ChatService {
         let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec()).collect();
         let payload_types = self.payload_types(&scope);
         let mut system_prompt = prompt::system_prompt(&PromptParts {
-            base: turn
-                .system_prompt
-                .as_deref()
-                .or(profile.system_prompt.as_deref()),
+            base: turn.system_prompt.as_deref().or(profile.system_prompt.as_deref()),
             scope: &scope,
             context: request.context.as_ref(),
             history: &turn.earlier,
@@ -456,8 +442,7 @@ impl ChatService {
         sides: Vec<Side>,
         comparison: Option<Comparison>,
     ) -> Result<Vec<Arc<LiveRun>>, ChatError> {
-        let (traces, plans): (Vec<Trace>, Vec<RunPlan>) =
-            sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
+        let (traces, plans): (Vec<Trace>, Vec<RunPlan>) = sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
         let start = RunStart {
             new_conversation: turn.new_conversation,
             user_message: turn.user_message,
@@ -470,24 +455,13 @@ impl ChatService {
         let mut runs = Vec::new();
         for plan in plans {
             let (run, emitter) =
-                self.runs
-                    .register(plan.trace_id, plan.message_id, user, self.log.clone());
-            tokio::spawn(agent::supervise(
-                plan,
-                emitter,
-                self.store.clone(),
-                self.runs.clone(),
-            ));
+                self.runs.register(plan.trace_id, plan.message_id, plan.conversation_id, user, self.log.clone());
+            tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone()));
             runs.push(run);
         }
         if start.new_conversation.is_some() && self.settings.chat.refine_titles {
             if let Some(run) = runs.first() {
-                self.refine_title(
-                    user,
-                    start.user_message.conversation_id,
-                    &start.user_message.content,
-                    run.clone(),
-                );
+                self.refine_title(user, start.user_message.conversation_id, &start.user_message.content, run.clone());
             }
         }
         Ok(runs)
@@ -518,18 +492,8 @@ impl ChatService {
     /// Replaces the first-message title by a short one the default profile's model writes,
     /// after the first answer, unless the user renamed the conversation meanwhile. Never
     /// blocks or fails a stream.
-    fn refine_title(
-        &self,
-        user: &str,
-        conversation_id: Uuid,
-        first_message: &str,
-        run: Arc<LiveRun>,
-    ) {
-        let (store, settings, providers) = (
-            self.store.clone(),
-            self.settings.clone(),
-            self.providers.clone(),
-        );
+    fn refine_title(&self, user: &str, conversation_id: Uuid, first_message: &str, run: Arc<LiveRun>) {
+        let (store, settings, providers) = (self.store.clone(), self.settings.clone(), self.providers.clone());
         let (user, first_message) = (user.to_owned(), first_message.to_owned());
         tokio::spawn(async move {
             run.finished().await;
@@ -537,8 +501,7 @@ impl ChatService {
             let Some(provider) = providers.get(&profile.provider) else {
                 return;
             };
-            let mut message =
-                Message::new(conversation_id, None, Role::User, first_message.clone());
+            let mut message = Message::new(conversation_id, None, Role::User, first_message.clone());
             message.content = first_message.clone();
             let request = ModelRequest {
                 model: profile.model.clone(),
@@ -561,32 +524,18 @@ impl ChatService {
                     break;
                 }
             }
-            let title: String = turn
-                .output
-                .text
-                .trim()
-                .trim_matches('"')
-                .chars()
-                .take(settings.chat.title_max_chars)
-                .collect();
+            let title: String =
+                turn.output.text.trim().trim_matches('"').chars().take(settings.chat.title_max_chars).collect();
             if !turn.finished() || title.is_empty() {
                 return;
             }
             let unchanged = store
                 .get_conversation(&user, conversation_id)
                 .await
-                .is_ok_and(|c| {
-                    c.title == title_from(&first_message, settings.chat.title_max_chars)
-                });
+                .is_ok_and(|c| c.title == title_from(&first_message, settings.chat.title_max_chars));
             if unchanged {
-                let patch = ConversationPatch {
-                    title: Some(title),
-                    ..ConversationPatch::default()
-                };
-                if let Err(e) = store
-                    .update_conversation(&user, conversation_id, &patch)
-                    .await
-                {
+                let patch = ConversationPatch { title: Some(title), ..ConversationPatch::default() };
+                if let Err(e) = store.update_conversation(&user, conversation_id, &patch).await {
                     tracing::warn!(error = %e, "could not store the refined title");
                 }
             }
@@ -598,17 +547,10 @@ impl ChatService {
         self.settings
             .payload_types
             .iter()
-            .filter(|(name, t)| {
-                t.source == PayloadSource::Llm
-                    && (t.is_global || scope.payload_types.contains(name))
-            })
+            .filter(|(name, t)| t.source == PayloadSource::Llm && (t.is_global || scope.payload_types.contains(name)))
             .filter_map(|(name, t)| {
                 let marker = t.parse_marker.clone()?;
-                Some(LlmPayloadType {
-                    name: name.clone(),
-                    marker,
-                    settings: t.clone(),
-                })
+                Some(LlmPayloadType { name: name.clone(), marker, settings: t.clone() })
             })
             .collect()
     }
@@ -616,45 +558,24 @@ impl ChatService {
     /// Runs the server handler of an executed action (an HTTP URL or a tool) and describes
     /// the outcome for the model. A failure is described, not raised: the turn goes on.
     async fn run_action(&self, action: Option<&Value>, context: Option<&Value>) -> String {
-        let name = action
-            .and_then(|a| a.get("action"))
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let data = action
-            .and_then(|a| a.get("data"))
-            .cloned()
-            .unwrap_or(Value::Null);
+        let name = action.and_then(|a| a.get("action")).and_then(Value::as_str).unwrap_or_default();
+        let data = action.and_then(|a| a.get("data")).cloned().unwrap_or(Value::Null);
         let Some(handler) = self.settings.actions.get(name) else {
             return format!("The user executed the client action `{name}` with data {data}.");
         };
         let result = if let Some(url) = &handler.url {
             let body = json!({"action": name, "data": data, "context": context});
             match self.http.post(url).json(&body).send().await {
-                Ok(response) if response.status().is_success() => {
-                    response.text().await.map_err(|e| e.to_string())
-                }
+                Ok(response) if response.status().is_success() => response.text().await.map_err(|e| e.to_string()),
                 Ok(response) => Err(format!("the handler answered {}", response.status())),
                 Err(e) => Err(format!("the handler could not be reached: {e}")),
             }
         } else if let Some(tool_name) = &handler.tool {
-            match self
-                .tools
-                .all()
-                .into_iter()
-                .find(|t| t.tool.spec().name == *tool_name)
-            {
+            match self.tools.all().into_iter().find(|t| t.tool.spec().name == *tool_name) {
                 Some(available) => {
                     let (progress, _) = tokio::sync::mpsc::unbounded_channel();
-                    let ctx = ToolCallContext {
-                        progress,
-                        cancel: CancellationToken::new(),
-                    };
-                    available
-                        .tool
-                        .call(data.clone(), ctx)
-                        .await
-                        .map(|o| o.text)
-                        .map_err(|e| e.message)
+                    let ctx = ToolCallContext { progress, cancel: CancellationToken::new() };
+                    available.tool.call(data.clone(), ctx).await.map(|o| o.text).map_err(|e| e.message)
                 }
                 None => Err(format!("its tool `{tool_name}` is not available")),
             }
@@ -662,33 +583,22 @@ impl ChatService {
             Err("it has no handler configured".to_owned())
         };
         match result {
-            Ok(text) => format!(
-                "The user executed the action `{name}` with data {data}. Its result:\n{text}"
-            ),
+            Ok(text) => format!("The user executed the action `{name}` with data {data}. Its result:\n{text}"),
             Err(problem) => {
                 tracing::warn!(action = name, %problem, "server action failed");
-                format!(
-                    "The user executed the action `{name}` with data {data}, but it failed: {problem}."
-                )
+                format!("The user executed the action `{name}` with data {data}, but it failed: {problem}.")
             }
         }
     }
 }
 
 fn not_found(field: &'static str, message: &str) -> ChatError {
-    ChatError::NotFound {
-        field,
-        message: message.to_owned(),
-    }
+    ChatError::NotFound { field, message: message.to_owned() }
 }
 
 /// A conversation's first title: the message's first line, cut to `max` characters.
 pub fn title_from(message: &str, max: usize) -> String {
-    let line = message
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("New conversation");
+    let line = message.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("New conversation");
     let collapsed = line.split_whitespace().collect::<Vec<_>>().join(" ");
     if collapsed.chars().count() <= max {
         return collapsed;

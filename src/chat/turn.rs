@@ -65,11 +65,7 @@ impl Turn {
     }
 
     /// Applies one provider event, pushing the client events it makes onto `out`.
-    pub fn apply(
-        &mut self,
-        event: ProviderEvent,
-        out: &mut Vec<Event>,
-    ) -> Result<(), ProviderError> {
+    pub fn apply(&mut self, event: ProviderEvent, out: &mut Vec<Event>) -> Result<(), ProviderError> {
         match event {
             ProviderEvent::Text(text) => {
                 self.output.raw_text.push_str(&text);
@@ -81,45 +77,23 @@ impl Turn {
             }
             ProviderEvent::ThinkingSignature(signature) => {
                 let thinking = std::mem::take(&mut self.raw_thinking);
-                self.output.thinking_blocks.push(
-                    json!({"type": "thinking", "thinking": thinking, "signature": signature}),
-                );
+                self.output
+                    .thinking_blocks
+                    .push(json!({"type": "thinking", "thinking": thinking, "signature": signature}));
             }
             ProviderEvent::ToolCallStart { index, id, name } => {
-                let id = if id.is_empty() {
-                    format!("call_{}", new_id().simple())
-                } else {
-                    id
-                };
+                let id = if id.is_empty() { format!("call_{}", new_id().simple()) } else { id };
                 let run_index = self.next_index;
                 self.next_index += 1;
-                out.push(Event::ToolInputStart {
-                    tool_call_id: id.clone(),
-                    tool: name.clone(),
-                    index: run_index,
-                });
+                out.push(Event::ToolInputStart { tool_call_id: id.clone(), tool: name.clone(), index: run_index });
                 let slot = self.output.tool_calls.len();
-                self.output.tool_calls.push(ToolCall {
-                    id: id.clone(),
-                    name,
-                    input: Value::Null,
-                });
-                self.calls.insert(
-                    index,
-                    PendingCall {
-                        id,
-                        slot,
-                        arguments: String::new(),
-                    },
-                );
+                self.output.tool_calls.push(ToolCall { id: id.clone(), name, input: Value::Null });
+                self.calls.insert(index, PendingCall { id, slot, arguments: String::new() });
             }
             ProviderEvent::ToolCallDelta { index, arguments } => {
                 if let Some(call) = self.calls.get_mut(&index) {
                     call.arguments.push_str(&arguments);
-                    out.push(Event::ToolInputDelta {
-                        tool_call_id: call.id.clone(),
-                        delta: arguments,
-                    });
+                    out.push(Event::ToolInputDelta { tool_call_id: call.id.clone(), delta: arguments });
                 }
             }
             ProviderEvent::ToolCallEnd { index } => {
@@ -127,8 +101,7 @@ impl Turn {
                     let input = if call.arguments.trim().is_empty() {
                         json!({})
                     } else {
-                        serde_json::from_str(&call.arguments)
-                            .map_err(|_| transport::parse_error())?
+                        serde_json::from_str(&call.arguments).map_err(|_| transport::parse_error())?
                     };
                     self.output.tool_calls[call.slot].input = input;
                 }
@@ -142,6 +115,20 @@ impl Turn {
                 self.output.finish_reason = Some(reason);
             }
         }
+        self.drain(out);
+        Ok(())
+    }
+
+    /// Ends a turn cut short (cancelled): text held back while it might have become a tag
+    /// or a marker is sent after all.
+    pub fn flush(&mut self, out: &mut Vec<Event>) {
+        if !self.finished() {
+            self.cleaner.finish(&mut self.pieces);
+            self.drain(out);
+        }
+    }
+
+    fn drain(&mut self, out: &mut Vec<Event>) {
         for piece in self.pieces.drain(..) {
             match piece {
                 Piece::Text(text) => {
@@ -154,7 +141,6 @@ impl Turn {
                 }
             }
         }
-        Ok(())
     }
 
     pub fn finished(&self) -> bool {

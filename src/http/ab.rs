@@ -35,29 +35,19 @@ async fn stream(
 ) -> Result<Response, AppError> {
     let mut profile = |field: &'static str| match body.remove(field) {
         Some(Value::String(name)) if !name.trim().is_empty() => Ok(name),
-        Some(_) => Err(AppError::validation(
-            field,
-            format!("{field} must be a profile name"),
-        )),
+        Some(_) => Err(AppError::validation(field, format!("{field} must be a profile name"))),
         None => Err(AppError::validation(field, format!("{field} is required"))),
     };
     let (profile_a, profile_b) = (profile("profile_a")?, profile("profile_b")?);
     let request: ChatRequest = parse_json(&serde_json::to_vec(&body).expect("a map serializes"))?;
-    let (comparison, run_a, run_b) = state
-        .chat
-        .start_comparison(&user, &request, &profile_a, &profile_b)
-        .await?;
+    let (comparison, run_a, run_b) = state.chat.start_comparison(&user, &request, &profile_a, &profile_b).await?;
     Ok(sse(&state, merged(comparison, run_a, run_b)))
 }
 
 /// Both runs as one stream: `comparison` first, then every event of both (but their own
 /// `done`) tagged with its `variant`, then one `done`. Frames are numbered afresh; to resume
 /// one side, follow its trace id.
-fn merged(
-    comparison: Comparison,
-    a: Arc<LiveRun>,
-    b: Arc<LiveRun>,
-) -> impl Stream<Item = Frame> + Send + 'static {
+fn merged(comparison: Comparison, a: Arc<LiveRun>, b: Arc<LiveRun>) -> impl Stream<Item = Frame> + Send + 'static {
     let side = |run: &Arc<LiveRun>, model: &str| json!({"trace_id": run.trace_id, "message_id": run.message_id, "model": model});
     let first = json!({
         "type": "comparison",
@@ -82,10 +72,8 @@ fn merged(
         }
     };
     let events = futures_util::stream::select(
-        a.follow(0)
-            .filter_map(move |f| std::future::ready(tag("a")(f))),
-        b.follow(0)
-            .filter_map(move |f| std::future::ready(tag("b")(f))),
+        a.follow(0).filter_map(move |f| std::future::ready(tag("a")(f))),
+        b.follow(0).filter_map(move |f| std::future::ready(tag("b")(f))),
     );
     let all = futures_util::stream::once(std::future::ready(first))
         .chain(events)
@@ -111,24 +99,15 @@ async fn show(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let comparison = state
-        .store
-        .get_comparison(&user, id)
-        .await
-        .map_err(comparison_not_found)?;
+    let comparison = state.store.get_comparison(&user, id).await.map_err(comparison_not_found)?;
     describe(&state, &user, &comparison).await.map(Json)
 }
 
-async fn describe(
-    state: &AppState,
-    user: &str,
-    comparison: &Comparison,
-) -> Result<Value, AppError> {
+async fn describe(state: &AppState, user: &str, comparison: &Comparison) -> Result<Value, AppError> {
     let mut value = json!(comparison);
-    for (key, trace_id, profile) in [
-        ("a", comparison.trace_a, &comparison.profile_a),
-        ("b", comparison.trace_b, &comparison.profile_b),
-    ] {
+    for (key, trace_id, profile) in
+        [("a", comparison.trace_a, &comparison.profile_a), ("b", comparison.trace_b, &comparison.profile_b)]
+    {
         let trace = state.store.get_trace(user, trace_id).await?;
         value[key] = side(state, &trace, profile).await?;
     }
@@ -137,9 +116,7 @@ async fn describe(
 
 async fn side(state: &AppState, trace: &Trace, profile: &str) -> Result<Value, AppError> {
     let events = state.store.trace_events(trace.trace_id, 0).await?;
-    let first_token = events
-        .iter()
-        .find(|e| matches!(e.kind.as_str(), "text_delta" | "thinking_delta"));
+    let first_token = events.iter().find(|e| matches!(e.kind.as_str(), "text_delta" | "thinking_delta"));
     Ok(json!({
         "trace_id": trace.trace_id,
         "message_id": trace.message_id,
@@ -185,17 +162,11 @@ async fn cast(
     preference: Preference,
     change: bool,
 ) -> Result<Json<Value>, AppError> {
-    let comparison = state
-        .store
-        .vote(user, id, preference, change)
-        .await
-        .map_err(comparison_not_found)?;
+    let comparison = state.store.vote(user, id, preference, change).await.map_err(comparison_not_found)?;
     describe(state, user, &comparison).await.map(Json)
 }
 
-async fn leaderboard(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
+async fn leaderboard(State(state): State<AppState>, _user: CurrentUser) -> Result<Json<Value>, AppError> {
     let voted = state.store.voted_comparisons().await?;
-    Ok(Json(
-        json!({"models": arena::leaderboard(&voted), "votes": voted.len(), "k": arena::K, "start": arena::START}),
-    ))
+    Ok(Json(json!({"models": arena::leaderboard(&voted), "votes": voted.len(), "k": arena::K, "start": arena::START})))
 }

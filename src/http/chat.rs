@@ -40,37 +40,20 @@ async fn stream(
 ) -> Result<Response, AppError> {
     let run = state.chat.start(&user, request).await?;
     let cancel_on_drop = state.settings.stream.on_disconnect == OnDisconnect::Cancel;
-    let frames = DisconnectGuard {
-        run: run.clone(),
-        cancel_on_drop,
-        done: false,
-    }
-    .watch(run.follow(0));
+    let frames = DisconnectGuard { run: run.clone(), cancel_on_drop, done: false }.watch(run.follow(0));
     Ok(sse(&state, frames))
 }
 
 /// The SSE response for a stream of frames; ends at `done` or when the server stops.
-pub(super) fn sse(
-    state: &AppState,
-    frames: impl Stream<Item = Frame> + Send + 'static,
-) -> Response {
+pub(super) fn sse(state: &AppState, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
     let frames = frames.take_until(state.shutdown.clone().cancelled_owned());
-    let events = frames.map(|frame| {
-        Ok::<_, Infallible>(
-            SseEvent::default()
-                .id(frame.seq.to_string())
-                .data(&*frame.data),
-        )
-    });
+    let events =
+        frames.map(|frame| Ok::<_, Infallible>(SseEvent::default().id(frame.seq.to_string()).data(&*frame.data)));
     let keepalive = KeepAlive::new().interval(state.keepalive()).text("ping");
     let mut response = Sse::new(events).keep_alive(keepalive).into_response();
     // Proxies such as nginx must pass each frame on at once.
-    response
-        .headers_mut()
-        .insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response.headers_mut().insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
 
@@ -82,10 +65,7 @@ struct DisconnectGuard {
 }
 
 impl DisconnectGuard {
-    fn watch(
-        self,
-        frames: impl Stream<Item = Frame> + Send + 'static,
-    ) -> impl Stream<Item = Frame> + Send + 'static {
+    fn watch(self, frames: impl Stream<Item = Frame> + Send + 'static) -> impl Stream<Item = Frame> + Send + 'static {
         let mut guard = self;
         frames.map(move |frame| {
             // Borrowing the whole guard makes the closure own all of it (not just `done`),
@@ -127,9 +107,7 @@ async fn resume(
             .to_str()
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .ok_or_else(|| {
-                AppError::validation("Last-Event-ID", "Last-Event-ID must be an event's seq")
-            })?,
+            .ok_or_else(|| AppError::validation("Last-Event-ID", "Last-Event-ID must be an event's seq"))?,
         None => query.after.unwrap_or(0),
     };
     let trace = owned_trace(&*state.store, &user, trace_id).await?;
@@ -137,10 +115,7 @@ async fn resume(
         return Ok(sse(&state, run.follow(after)));
     }
     let poll = Duration::from_millis(state.settings.stream.flush_interval_ms.max(10));
-    Ok(sse(
-        &state,
-        from_log(state.store.clone(), trace, after, poll),
-    ))
+    Ok(sse(&state, from_log(state.store.clone(), trace, after, poll)))
 }
 
 /// Replays a run's logged events after `after`, then follows the log (a run on another
@@ -155,7 +130,7 @@ fn from_log(
     let mut ended_at: Option<tokio::time::Instant> = None;
     async_stream::stream! {
         loop {
-            let events = match store.trace_events(trace_id, after as i64).await {
+            let events = match store.trace_events(trace_id, i64::try_from(after).unwrap_or(i64::MAX)).await {
                 Ok(events) => events,
                 Err(e) => {
                     tracing::warn!(error = %e, %trace_id, "resume could not read the log");
@@ -179,6 +154,17 @@ fn from_log(
                 if over {
                     let deadline = *ended_at.get_or_insert_with(|| tokio::time::Instant::now() + LAST_EVENTS_WAIT);
                     if tokio::time::Instant::now() >= deadline {
+                        // Its process died before it could say so (an interrupted run): end
+                        // the stream the way the contract promises, with one terminal event.
+                        let ending = [
+                            json!({"type": "error", "code": "SERVICE_UNAVAILABLE", "message": "The server stopped during the run",
+                                   "retryable": true, "message_id": trace.message_id, "trace_id": trace_id}),
+                            json!({"type": "done", "conversation_id": trace.conversation_id, "message_id": trace.message_id,
+                                   "trace_id": trace_id}),
+                        ];
+                        for (i, event) in ending.into_iter().enumerate() {
+                            yield Frame { seq: after + 1 + i as u64, data: event.to_string().into(), last: i == 1 };
+                        }
                         return;
                     }
                 }
@@ -214,54 +200,36 @@ async fn cancel(
     }
     let trace = match (body.trace_id, body.message_id) {
         (Some(trace_id), _) => owned_trace(&*state.store, &user, trace_id).await?,
-        (None, Some(message_id)) => state
-            .store
-            .trace_by_message(&user, message_id)
-            .await
-            .map_err(|e| match e {
-                StoreError::NotFound => AppError::not_found("Trace not found"),
-                e => e.into(),
-            })?,
+        (None, Some(message_id)) => state.store.trace_by_message(&user, message_id).await.map_err(|e| match e {
+            StoreError::NotFound => AppError::not_found("Trace not found"),
+            e => e.into(),
+        })?,
         (None, None) => {
-            return Err(AppError::validation(
-                "trace_id",
-                "trace_id or message_id is required",
-            ));
+            return Err(AppError::validation("trace_id", "trace_id or message_id is required"));
         }
     };
     if trace.status != TraceStatus::Running {
         return Err(AppError::Conflict("The run has already ended".into()));
     }
     match state.chat.cancel(&user, trace.trace_id).await? {
-        CancelOutcome::Cancelled => Ok(Json(
-            json!({"status": "cancelled", "trace_id": trace.trace_id, "message_id": trace.message_id}),
-        )),
+        CancelOutcome::Cancelled => {
+            Ok(Json(json!({"status": "cancelled", "trace_id": trace.trace_id, "message_id": trace.message_id})))
+        }
         CancelOutcome::AlreadyEnded => Err(AppError::Conflict("The run has already ended".into())),
-        CancelOutcome::NoAnswer => Err(AppError::Unavailable(
-            "The run did not answer the cancel; try again".into(),
-        )),
+        CancelOutcome::NoAnswer => Err(AppError::Unavailable("The run did not answer the cancel; try again".into())),
     }
 }
 
 /// Cancels whichever sides of a comparison are still running.
-async fn cancel_comparison(
-    state: &AppState,
-    user: &str,
-    comparison_id: Uuid,
-) -> Result<Json<Value>, AppError> {
-    let comparison = state
-        .store
-        .get_comparison(user, comparison_id)
-        .await
-        .map_err(|e| match e {
-            StoreError::NotFound => AppError::not_found("Comparison not found"),
-            e => e.into(),
-        })?;
+async fn cancel_comparison(state: &AppState, user: &str, comparison_id: Uuid) -> Result<Json<Value>, AppError> {
+    let comparison = state.store.get_comparison(user, comparison_id).await.map_err(|e| match e {
+        StoreError::NotFound => AppError::not_found("Comparison not found"),
+        e => e.into(),
+    })?;
     let mut cancelled = Vec::new();
     for trace_id in [comparison.trace_a, comparison.trace_b] {
         let trace = owned_trace(&*state.store, user, trace_id).await?;
-        if trace.status == TraceStatus::Running
-            && state.chat.cancel(user, trace_id).await? == CancelOutcome::Cancelled
+        if trace.status == TraceStatus::Running && state.chat.cancel(user, trace_id).await? == CancelOutcome::Cancelled
         {
             cancelled.push(trace_id);
         }
@@ -269,7 +237,5 @@ async fn cancel_comparison(
     if cancelled.is_empty() {
         return Err(AppError::Conflict("Both runs have already ended".into()));
     }
-    Ok(Json(
-        json!({"status": "cancelled", "comparison_id": comparison_id, "trace_ids": cancelled}),
-    ))
+    Ok(Json(json!({"status": "cancelled", "comparison_id": comparison_id, "trace_ids": cancelled})))
 }

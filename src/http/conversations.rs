@@ -17,10 +17,7 @@ use crate::store::{ConversationPatch, PageCursor, StoreError};
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/conversations", get(list).post(create))
-        .route(
-            "/api/conversations/{id}",
-            get(load).patch(patch).delete(delete),
-        )
+        .route("/api/conversations/{id}", get(load).patch(patch).delete(delete))
         .route("/api/messages/{id}/feedback", put(feedback))
         .route("/api/messages/{id}/siblings", get(siblings))
         .route("/api/messages/{id}/activate", axum::routing::post(activate))
@@ -41,37 +38,20 @@ async fn list(
     let limits = &state.settings.limits;
     let limit = query.limit.unwrap_or(limits.default_page_size);
     if limit == 0 || limit > limits.max_page_size {
-        return Err(AppError::validation(
-            "limit",
-            format!("limit must be between 1 and {}", limits.max_page_size),
-        ));
+        return Err(AppError::validation("limit", format!("limit must be between 1 and {}", limits.max_page_size)));
     }
     let cursor = match query.cursor.as_deref() {
-        Some(text) => Some(
-            PageCursor::parse(text)
-                .ok_or_else(|| AppError::validation("cursor", "Invalid cursor"))?,
-        ),
+        Some(text) => Some(PageCursor::parse(text).ok_or_else(|| AppError::validation("cursor", "Invalid cursor"))?),
         None => None,
     };
-    let mut conversations = state
-        .store
-        .list_conversations(&user, limit + 1, cursor)
-        .await?;
+    let mut conversations = state.store.list_conversations(&user, limit + 1, cursor).await?;
     let next_cursor = if conversations.len() > limit as usize {
         conversations.truncate(limit as usize);
-        conversations.last().map(|c| {
-            PageCursor {
-                last_message_at: c.last_message_at,
-                id: c.id,
-            }
-            .encode()
-        })
+        conversations.last().map(|c| PageCursor { last_message_at: c.last_message_at, id: c.id }.encode())
     } else {
         None
     };
-    Ok(Json(
-        json!({"conversations": conversations, "next_cursor": next_cursor}),
-    ))
+    Ok(Json(json!({"conversations": conversations, "next_cursor": next_cursor})))
 }
 
 #[derive(Deserialize, Default)]
@@ -91,17 +71,11 @@ impl ConversationBody {
         }
         if let Some(profile) = &self.profile {
             if !state.settings.profiles.contains_key(profile) {
-                return Err(AppError::NotFound {
-                    field: Some("profile".into()),
-                    message: "Profile not found".into(),
-                });
+                return Err(AppError::NotFound { field: Some("profile".into()), message: "Profile not found".into() });
             }
         }
         if self.metadata.as_ref().is_some_and(|m| !m.is_object()) {
-            return Err(AppError::validation(
-                "metadata",
-                "metadata must be a JSON object",
-            ));
+            return Err(AppError::validation("metadata", "metadata must be a JSON object"));
         }
         Ok(())
     }
@@ -117,9 +91,7 @@ async fn create(
     let conversation = Conversation {
         id: new_id(),
         user_id: user,
-        title: body
-            .title
-            .map_or_else(|| "New conversation".to_owned(), |t| t.trim().to_owned()),
+        title: body.title.map_or_else(|| "New conversation".to_owned(), |t| t.trim().to_owned()),
         profile: body.profile,
         system_prompt: body.system_prompt,
         metadata: body.metadata.unwrap_or_else(|| json!({})),
@@ -130,10 +102,7 @@ async fn create(
         last_message_at: at,
     };
     state.store.create_conversation(&conversation).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(with_messages(&conversation, Vec::new())),
-    ))
+    Ok((StatusCode::CREATED, Json(with_messages(&conversation, Vec::new()))))
 }
 
 fn with_messages(conversation: &Conversation, messages: Vec<crate::domain::Message>) -> Value {
@@ -154,11 +123,7 @@ async fn load(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let conversation = state
-        .store
-        .get_conversation(&user, id)
-        .await
-        .map_err(conversation_not_found)?;
+    let conversation = state.store.get_conversation(&user, id).await.map_err(conversation_not_found)?;
     let messages = state.store.messages(&user, id).await?;
     let active = branch(&messages, conversation.active_leaf_id);
     let mut body = with_messages(&conversation, active);
@@ -179,11 +144,7 @@ async fn patch(
         system_prompt: body.system_prompt,
         metadata: body.metadata,
     };
-    let conversation = state
-        .store
-        .update_conversation(&user, id, &patch)
-        .await
-        .map_err(conversation_not_found)?;
+    let conversation = state.store.update_conversation(&user, id, &patch).await.map_err(conversation_not_found)?;
     Ok(Json(json!(conversation)))
 }
 
@@ -192,11 +153,9 @@ async fn delete(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<StatusCode, AppError> {
-    state
-        .store
-        .delete_conversation(&user, id)
-        .await
-        .map_err(conversation_not_found)?;
+    state.store.get_conversation(&user, id).await.map_err(conversation_not_found)?;
+    state.chat.stop_runs_in(&user, id).await;
+    state.store.delete_conversation(&user, id).await.map_err(conversation_not_found)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -213,26 +172,14 @@ async fn feedback(
     IdPath(id): IdPath,
     AppJson(body): AppJson<FeedbackBody>,
 ) -> Result<Json<Value>, AppError> {
-    let comment = body
-        .comment
-        .map(|c| c.trim().to_owned())
-        .filter(|c| !c.is_empty());
-    let feedback = (body.rating.is_some() || comment.is_some()).then(|| Feedback {
-        rating: body.rating,
-        comment,
-        at: now(),
-    });
-    let message = state
-        .store
-        .set_feedback(&user, id, feedback)
-        .await
-        .map_err(|e| match e {
-            StoreError::NotFound => AppError::not_found("Message not found"),
-            e => e.into(),
-        })?;
-    Ok(Json(
-        json!({"message_id": message.id, "feedback": message.feedback}),
-    ))
+    let comment = body.comment.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty());
+    let feedback =
+        (body.rating.is_some() || comment.is_some()).then(|| Feedback { rating: body.rating, comment, at: now() });
+    let message = state.store.set_feedback(&user, id, feedback).await.map_err(|e| match e {
+        StoreError::NotFound => AppError::not_found("Message not found"),
+        e => e.into(),
+    })?;
+    Ok(Json(json!({"message_id": message.id, "feedback": message.feedback})))
 }
 
 fn message_not_found(error: StoreError) -> AppError {
@@ -249,20 +196,10 @@ async fn siblings(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let message = state
-        .store
-        .get_message(&user, id)
-        .await
-        .map_err(message_not_found)?;
-    let conversation = state
-        .store
-        .get_conversation(&user, message.conversation_id)
-        .await?;
+    let message = state.store.get_message(&user, id).await.map_err(message_not_found)?;
+    let conversation = state.store.get_conversation(&user, message.conversation_id).await?;
     let all = state.store.messages(&user, message.conversation_id).await?;
-    let active: Vec<uuid::Uuid> = branch(&all, conversation.active_leaf_id)
-        .iter()
-        .map(|m| m.id)
-        .collect();
+    let active: Vec<uuid::Uuid> = branch(&all, conversation.active_leaf_id).iter().map(|m| m.id).collect();
     let siblings: Vec<Value> = all
         .iter()
         .filter(|m| m.parent_id == message.parent_id && m.role == message.role)
@@ -272,9 +209,7 @@ async fn siblings(
             value
         })
         .collect();
-    Ok(Json(
-        json!({"message_id": id, "parent_id": message.parent_id, "siblings": siblings}),
-    ))
+    Ok(Json(json!({"message_id": id, "parent_id": message.parent_id, "siblings": siblings})))
 }
 
 /// Makes the branch through this message the active one (down to its newest descendants) and
@@ -284,24 +219,14 @@ async fn activate(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let message = state
-        .store
-        .get_message(&user, id)
-        .await
-        .map_err(message_not_found)?;
+    let message = state.store.get_message(&user, id).await.map_err(message_not_found)?;
     let all = state.store.messages(&user, message.conversation_id).await?;
     let mut leaf = message.id;
     // Messages come oldest first: the last child found is the newest.
     while let Some(child) = all.iter().rev().find(|m| m.parent_id == Some(leaf)) {
         leaf = child.id;
     }
-    state
-        .store
-        .set_active_leaf(&user, message.conversation_id, leaf)
-        .await?;
-    let conversation = state
-        .store
-        .get_conversation(&user, message.conversation_id)
-        .await?;
+    state.store.set_active_leaf(&user, message.conversation_id, leaf).await?;
+    let conversation = state.store.get_conversation(&user, message.conversation_id).await?;
     Ok(Json(with_messages(&conversation, branch(&all, Some(leaf)))))
 }

@@ -13,26 +13,21 @@ use crate::store::StoreError;
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error("{message}")]
-    Validation {
-        field: Option<String>,
-        message: String,
-    },
+    Validation { field: Option<String>, message: String },
     #[error("{0}")]
     Unauthorized(String),
     #[error("{message}")]
-    NotFound {
-        field: Option<String>,
-        message: String,
-    },
+    NotFound { field: Option<String>, message: String },
     #[error("{0}")]
     Conflict(String),
     #[error("{message}")]
-    PayloadTooLarge {
-        field: Option<String>,
-        message: String,
-    },
+    PayloadTooLarge { field: Option<String>, message: String },
     #[error("{0}")]
     Unavailable(String),
+    #[error("{message}")]
+    RateLimited { message: String, retry_after: std::time::Duration },
+    #[error("This method is not allowed here")]
+    MethodNotAllowed,
     #[error("internal error")]
     Internal,
 }
@@ -47,39 +42,26 @@ struct Envelope<'a> {
 
 impl AppError {
     pub fn validation(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Validation {
-            field: Some(field.into()),
-            message: message.into(),
-        }
+        Self::Validation { field: Some(field.into()), message: message.into() }
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::NotFound {
-            field: None,
-            message: message.into(),
-        }
+        Self::NotFound { field: None, message: message.into() }
     }
 
     fn parts(&self) -> (StatusCode, &'static str, Option<&str>) {
         match self {
-            AppError::Validation { field, .. } => (
-                StatusCode::BAD_REQUEST,
-                "VALIDATION_ERROR",
-                field.as_deref(),
-            ),
+            AppError::Validation { field, .. } => (StatusCode::BAD_REQUEST, "VALIDATION_ERROR", field.as_deref()),
             AppError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED", None),
-            AppError::NotFound { field, .. } => {
-                (StatusCode::NOT_FOUND, "NOT_FOUND", field.as_deref())
-            }
+            AppError::NotFound { field, .. } => (StatusCode::NOT_FOUND, "NOT_FOUND", field.as_deref()),
             AppError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT", None),
-            AppError::PayloadTooLarge { field, .. } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "PAYLOAD_TOO_LARGE",
-                field.as_deref(),
-            ),
-            AppError::Unavailable(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE", None)
+            AppError::PayloadTooLarge { field, .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE", field.as_deref())
             }
+            AppError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE", None),
+            AppError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED", None),
+            // Not a contract code: the closest is a bad request, with the HTTP status that says why.
+            AppError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "VALIDATION_ERROR", None),
             AppError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", None),
         }
     }
@@ -89,15 +71,12 @@ impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let (status, code, field) = self.parts();
         let message = self.to_string();
-        (
-            status,
-            Json(Envelope {
-                code,
-                message: &message,
-                field,
-            }),
-        )
-            .into_response()
+        let mut response = (status, Json(Envelope { code, message: &message, field })).into_response();
+        if let AppError::RateLimited { retry_after, .. } = &self {
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 
@@ -106,9 +85,7 @@ impl From<StoreError> for AppError {
         match error {
             StoreError::NotFound => AppError::not_found("Not found"),
             StoreError::Conflict(message) => AppError::Conflict(message),
-            StoreError::Database(
-                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed,
-            ) => {
+            StoreError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed) => {
                 tracing::error!(%error, "database unavailable");
                 AppError::Unavailable("Database unavailable".into())
             }
@@ -124,15 +101,10 @@ impl From<ChatError> for AppError {
     fn from(error: ChatError) -> Self {
         match error {
             ChatError::Invalid { field, message } => AppError::validation(field, message),
-            ChatError::TooLarge { field, message } => AppError::PayloadTooLarge {
-                field: Some(field.into()),
-                message,
-            },
-            ChatError::NotFound { field, message } => AppError::NotFound {
-                field: Some(field.into()),
-                message,
-            },
+            ChatError::TooLarge { field, message } => AppError::PayloadTooLarge { field: Some(field.into()), message },
+            ChatError::NotFound { field, message } => AppError::NotFound { field: Some(field.into()), message },
             ChatError::Unavailable(message) => AppError::Unavailable(message),
+            ChatError::Busy { message, retry_after } => AppError::RateLimited { message, retry_after },
             ChatError::Store(e) => e.into(),
         }
     }

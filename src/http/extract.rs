@@ -6,14 +6,12 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::StatusCode;
-use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use super::AppState;
 use super::error::AppError;
-use crate::config::AuthMode;
 
 /// A JSON body parsed into `T`, refused with the contract's envelope.
 pub struct AppJson<T>(pub T);
@@ -22,35 +20,26 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AppJson<T> {
     type Rejection = AppError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|rejection| match rejection {
-                BytesRejection::FailedToBufferBody(e)
-                    if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
-                {
-                    AppError::PayloadTooLarge {
-                        field: None,
-                        message: "Request body is too large".into(),
-                    }
-                }
-                other => AppError::Validation {
-                    field: None,
-                    message: other.body_text(),
-                },
-            })?;
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| match rejection {
+            BytesRejection::FailedToBufferBody(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                AppError::PayloadTooLarge { field: None, message: "Request body is too large".into() }
+            }
+            other => AppError::Validation { field: None, message: other.body_text() },
+        })?;
         parse_json(&bytes).map(AppJson)
     }
 }
 
-/// Parses JSON, naming the field at fault where there is one.
+/// Parses JSON, naming the field at fault where there is one. Text may not hold NUL
+/// characters (Postgres cannot store them, and no client means them).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AppError> {
+    if has_nul(bytes) {
+        return Err(AppError::Validation { field: None, message: "Text may not contain NUL characters".into() });
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
     if parsed.is_ok() {
-        deserializer.end().map_err(|e| AppError::Validation {
-            field: None,
-            message: format!("Invalid JSON: {e}"),
-        })?;
+        deserializer.end().map_err(|e| AppError::Validation { field: None, message: format!("Invalid JSON: {e}") })?;
     }
     parsed.map_err(|error| {
         let inner = error.inner();
@@ -60,9 +49,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AppError> {
         } else {
             // serde names a missing field only in its message: "missing field `message`".
             let text = inner.to_string();
-            text.strip_prefix("missing field `")
-                .and_then(|rest| rest.split('`').next())
-                .map(str::to_owned)
+            text.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()).map(str::to_owned)
         };
         let message = if inner.is_syntax() || inner.is_eof() {
             format!("Invalid JSON: {inner}")
@@ -71,6 +58,22 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AppError> {
         };
         AppError::Validation { field, message }
     })
+}
+
+/// Whether JSON text holds a `\u0000` escape (raw NUL bytes are not valid JSON anyway).
+fn has_nul(bytes: &[u8]) -> bool {
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            if bytes[i + 1..].starts_with(b"u0000") {
+                return true;
+            }
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    false
 }
 
 /// A UUID path segment; a malformed one is a 400 on `field` `id`.
@@ -83,9 +86,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdPath {
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e| AppError::validation("id", e.body_text()))?;
-        Uuid::try_parse(&raw)
-            .map(IdPath)
-            .map_err(|_| AppError::validation("id", "Invalid id: expected a UUID"))
+        Uuid::try_parse(&raw).map(IdPath).map_err(|_| AppError::validation("id", "Invalid id: expected a UUID"))
     }
 }
 
@@ -99,10 +100,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for AppQuery<T> {
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(value)| AppQuery(value))
-            .map_err(|e| AppError::Validation {
-                field: None,
-                message: e.body_text(),
-            })
+            .map_err(|e| AppError::Validation { field: None, message: e.body_text() })
     }
 }
 
@@ -110,45 +108,24 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for AppQuery<T> {
 #[derive(Debug, Clone)]
 pub struct CurrentUser(pub String);
 
-/// The user of auth mode `none` when no `X-Client-Id` is sent.
-const LOCAL_USER: &str = "local";
-const MAX_USER_ID_CHARS: usize = 200;
-
 impl FromRequestParts<AppState> for CurrentUser {
     type Rejection = AppError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
-        let auth = &state.settings.auth;
-        match auth.mode {
-            AuthMode::None => {
-                let client = parts
-                    .headers
-                    .get("x-client-id")
-                    .map(|v| v.to_str().map(str::trim));
-                match client {
-                    None => Ok(CurrentUser(LOCAL_USER.to_owned())),
-                    Some(Ok("")) => Ok(CurrentUser(LOCAL_USER.to_owned())),
-                    Some(Ok(id)) if id.chars().count() <= MAX_USER_ID_CHARS => {
-                        Ok(CurrentUser(id.to_owned()))
-                    }
-                    _ => Err(AppError::validation(
-                        "X-Client-Id",
-                        "X-Client-Id must be visible ASCII, at most 200 characters",
-                    )),
-                }
-            }
-            AuthMode::Token => {
-                let token = parts
-                    .headers
-                    .get(AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-                    .map(str::trim);
-                token
-                    .and_then(|t| auth.tokens.get(t))
-                    .map(|user| CurrentUser(user.clone()))
-                    .ok_or_else(|| AppError::Unauthorized("Missing or invalid credentials".into()))
-            }
-        }
+        let user = state.auth.user(&parts.headers)?;
+        state.auth.admit(&user)?;
+        Ok(CurrentUser(user))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_nul;
+
+    #[test]
+    fn nul_escapes_are_found_and_escaped_backslashes_are_not() {
+        assert!(has_nul(br#"{"m": "a\u0000b"}"#));
+        assert!(!has_nul(br#"{"m": "a\\u0000b"}"#));
+        assert!(!has_nul(br#"{"m": "\u00e9"}"#));
     }
 }

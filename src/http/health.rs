@@ -13,6 +13,7 @@ pub fn routes() -> Router<AppState> {
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(ready))
         .route("/api/profiles", get(profiles))
+        .route("/metrics", get(|| async { crate::metrics::handle().render() }))
 }
 
 async fn ready(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
@@ -24,7 +25,7 @@ async fn ready(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
 }
 
 /// The configured profiles, without anything secret (keys live on providers, not here).
-async fn profiles(State(state): State<AppState>) -> Json<Value> {
+async fn profiles(State(state): State<AppState>, _user: super::extract::CurrentUser) -> Json<Value> {
     let settings = &state.settings;
     let profiles: Vec<Value> = settings
         .profiles

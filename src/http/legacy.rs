@@ -34,9 +34,7 @@ async fn stream(
 ) -> Result<Response, AppError> {
     let run = state.chat.start(&user, request).await?;
     let mut conversation_id = Value::Null;
-    let frames = run
-        .follow(0)
-        .filter_map(move |frame| std::future::ready(legacy(frame, &mut conversation_id)));
+    let frames = run.follow(0).filter_map(move |frame| std::future::ready(legacy(frame, &mut conversation_id)));
     Ok(sse(&state, frames))
 }
 
@@ -71,11 +69,7 @@ fn legacy(frame: Frame, conversation_id: &mut Value) -> Option<Frame> {
         }
         _ => return None,
     };
-    Some(Frame {
-        seq: frame.seq,
-        data: mapped.to_string().into(),
-        last: frame.last,
-    })
+    Some(Frame { seq: frame.seq, data: mapped.to_string().into(), last: frame.last })
 }
 
 #[derive(Deserialize)]
@@ -89,14 +83,10 @@ async fn load(
     CurrentUser(user): CurrentUser,
     AppQuery(query): AppQuery<LoadQuery>,
 ) -> Result<Json<Value>, AppError> {
-    let conversation = state
-        .store
-        .get_conversation(&user, query.conversation_id)
-        .await
-        .map_err(|e| match e {
-            StoreError::NotFound => AppError::not_found("Conversation not found"),
-            e => e.into(),
-        })?;
+    let conversation = state.store.get_conversation(&user, query.conversation_id).await.map_err(|e| match e {
+        StoreError::NotFound => AppError::not_found("Conversation not found"),
+        e => e.into(),
+    })?;
     let all = state.store.messages(&user, conversation.id).await?;
     let messages: Vec<Value> = branch(&all, conversation.active_leaf_id)
         .iter()
@@ -129,10 +119,7 @@ async fn list(
         (AuthMode::None, Some(client)) if !client.trim().is_empty() => client.trim().to_owned(),
         _ => user,
     };
-    let conversations = state
-        .store
-        .list_conversations(&user, state.settings.limits.max_page_size, None)
-        .await?;
+    let conversations = state.store.list_conversations(&user, state.settings.limits.max_page_size, None).await?;
     let conversations: Vec<Value> = conversations
         .iter()
         .map(|c| json!({"conversation_id": c.id, "title": c.title, "created_at": c.created_at, "last_message_at": c.last_message_at}))

@@ -2,6 +2,7 @@
 //! store. One cloneable [`AppState`]; one [`AppError`](error::AppError) envelope.
 
 mod ab;
+pub mod auth;
 mod chat;
 mod conversations;
 pub mod error;
@@ -32,6 +33,7 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub chat: ChatService,
     pub tools: Arc<Registry>,
+    pub auth: Arc<auth::Authenticator>,
     /// Cancelled when the server shuts down; every open stream ends with it.
     pub shutdown: CancellationToken,
 }
@@ -44,6 +46,24 @@ impl AppState {
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// CORS for the configured browser origins (`"*"`: any); none configured, no CORS headers.
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return CorsLayer::new();
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| o.parse().ok()))
+    };
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods(Any)
+        .allow_headers(Any)
+        .expose_headers([REQUEST_ID, axum::http::header::RETRY_AFTER])
+}
+
 pub fn router(state: AppState) -> Router {
     let body_limit = state.settings.limits.max_body_bytes;
     Router::new()
@@ -55,13 +75,14 @@ pub fn router(state: AppState) -> Router {
         .merge(traces::routes())
         .merge(tools::routes())
         .fallback(|| async { error::AppError::not_found("No such endpoint") })
+        .method_not_allowed_fallback(|| async { error::AppError::MethodNotAllowed })
+        .route_layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(
-            TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
-                let id = request.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
-                tracing::info_span!("request", method = %request.method(), uri = %request.uri().path(), request_id = %id)
-            }),
-        )
+        .layer(cors(&state.settings.server.cors_origins))
+        .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+            let id = request.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
+            tracing::info_span!("request", method = %request.method(), uri = %request.uri().path(), request_id = %id)
+        }))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
         .with_state(state)

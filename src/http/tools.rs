@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::AppError;
-use super::extract::AppQuery;
+use super::extract::{AppQuery, CurrentUser};
 use crate::tools::PageScope;
 
 pub fn routes() -> Router<AppState> {
@@ -27,6 +27,7 @@ struct Scope {
 
 async fn list(
     State(state): State<AppState>,
+    _user: CurrentUser,
     AppQuery(scope): AppQuery<Scope>,
 ) -> Result<Json<Value>, AppError> {
     let tools: Vec<Value> = state
@@ -41,27 +42,16 @@ async fn list(
         .collect();
     let mut body = json!({"tools": tools, "mcp_servers": state.tools.mcp().status()});
     if scope.page.is_some() || scope.profile.is_some() {
-        let profile_name = scope
-            .profile
-            .as_deref()
-            .unwrap_or(&state.settings.chat.default_profile);
-        let profile =
-            state
-                .settings
-                .profiles
-                .get(profile_name)
-                .ok_or_else(|| AppError::NotFound {
-                    field: Some("profile".into()),
-                    message: "Profile not found".into(),
-                })?;
+        let profile_name = scope.profile.as_deref().unwrap_or(&state.settings.chat.default_profile);
+        let profile = state
+            .settings
+            .profiles
+            .get(profile_name)
+            .ok_or_else(|| AppError::NotFound { field: Some("profile".into()), message: "Profile not found".into() })?;
         let context = json!({"current_page": scope.page, "active_tab": scope.tab, "active_subtab": scope.subtab});
         let page_scope = PageScope::resolve(&state.settings, Some(&context));
-        let names: Vec<String> = state
-            .tools
-            .for_request(&page_scope, &profile.tools)
-            .iter()
-            .map(|t| t.spec().name)
-            .collect();
+        let names: Vec<String> =
+            state.tools.for_request(&page_scope, &profile.tools).iter().map(|t| t.spec().name).collect();
         body["for_request"] = json!(names);
     }
     Ok(Json(body))

@@ -12,9 +12,7 @@ use crate::domain::Trace;
 use crate::store::StoreError;
 
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/trace/{id}", get(by_id))
-        .route("/api/trace/by_message/{id}", get(by_message))
+    Router::new().route("/api/trace/{id}", get(by_id)).route("/api/trace/by_message/{id}", get(by_message))
 }
 
 async fn by_id(
@@ -22,11 +20,7 @@ async fn by_id(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let trace = state
-        .store
-        .get_trace(&user, id)
-        .await
-        .map_err(trace_not_found)?;
+    let trace = state.store.get_trace(&user, id).await.map_err(trace_not_found)?;
     render(&state, trace).await
 }
 
@@ -35,11 +29,7 @@ async fn by_message(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let trace = state
-        .store
-        .trace_by_message(&user, id)
-        .await
-        .map_err(trace_not_found)?;
+    let trace = state.store.trace_by_message(&user, id).await.map_err(trace_not_found)?;
     render(&state, trace).await
 }
 
@@ -61,17 +51,12 @@ async fn render(state: &AppState, trace: Trace) -> Result<Json<Value>, AppError>
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let trace = if trace.status == crate::domain::TraceStatus::Running {
-        state
-            .store
-            .get_trace(&trace.user_id, trace.trace_id)
-            .await?
+        state.store.get_trace(&trace.user_id, trace.trace_id).await?
     } else {
         trace
     };
     let events = state.store.trace_events(trace.trace_id, 0).await?;
-    let duration_ms = trace
-        .ended_at
-        .map(|end| (end - trace.started_at).num_milliseconds());
+    let duration_ms = trace.ended_at.map(|end| (end - trace.started_at).num_milliseconds());
     let mut value = json!(trace);
     value["duration_ms"] = json!(duration_ms);
     value["events"] = json!(events);

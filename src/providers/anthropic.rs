@@ -14,9 +14,7 @@ use eventsource_stream::Event as SseFrame;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json, parse_error};
-use super::{
-    LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream,
-};
+use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::{ProviderSettings, Secret};
 use crate::domain::{Role, Usage};
 
@@ -34,26 +32,15 @@ pub struct AnthropicProvider {
 
 impl AnthropicProvider {
     pub fn new(settings: &ProviderSettings) -> Self {
-        let base = settings
-            .base_url
-            .as_deref()
-            .unwrap_or("https://api.anthropic.com");
-        Self {
-            transport: Transport::new(settings),
-            url: join(base, "v1/messages"),
-            api_key: settings.api_key.clone(),
-        }
+        let base = settings.base_url.as_deref().unwrap_or("https://api.anthropic.com");
+        Self { transport: Transport::new(settings), url: join(base, "v1/messages"), api_key: settings.api_key.clone() }
     }
 
     fn body(request: &ModelRequest) -> Value {
         let mut messages: Vec<Value> = Vec::new();
         for message in &request.messages {
             match message.role {
-                Role::User => push(
-                    &mut messages,
-                    "user",
-                    vec![json!({"type": "text", "text": message.content})],
-                ),
+                Role::User => push(&mut messages, "user", vec![json!({"type": "text", "text": message.content})]),
                 Role::Assistant => {
                     for turn in message.turns() {
                         let mut content: Vec<Value> = turn
@@ -65,9 +52,9 @@ impl AnthropicProvider {
                         if !turn.text.is_empty() {
                             content.push(json!({"type": "text", "text": turn.text}));
                         }
-                        content.extend(turn.tool_calls.iter().map(|call| {
-                            json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.input})
-                        }));
+                        content.extend(turn.tool_calls.iter().map(
+                            |call| json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}),
+                        ));
                         push(&mut messages, "assistant", content);
                         let results = turn.tool_results.iter().map(|result| {
                             json!({"type": "tool_result", "tool_use_id": result.tool_call_id,
@@ -79,12 +66,9 @@ impl AnthropicProvider {
                 Role::System | Role::Tool => {}
             }
         }
-        let thinking_budget = request.enable_thinking.then(|| {
-            request
-                .thinking_budget
-                .unwrap_or(MIN_THINKING_BUDGET)
-                .max(MIN_THINKING_BUDGET)
-        });
+        let thinking_budget = request
+            .enable_thinking
+            .then(|| request.thinking_budget.unwrap_or(MIN_THINKING_BUDGET).max(MIN_THINKING_BUDGET));
         let mut max_tokens = request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
         if let Some(budget) = thinking_budget {
             // The answer needs room beyond the thinking budget.
@@ -136,12 +120,8 @@ impl LlmProvider for AnthropicProvider {
         let response = self
             .transport
             .send(|| {
-                let builder = self
-                    .transport
-                    .client()
-                    .post(&self.url)
-                    .header("anthropic-version", API_VERSION)
-                    .json(&body);
+                let builder =
+                    self.transport.client().post(&self.url).header("anthropic-version", API_VERSION).json(&body);
                 match &self.api_key {
                     Some(key) => builder.header("x-api-key", key.expose()),
                     None => builder,
@@ -170,11 +150,7 @@ pub struct MessageDecoder {
 }
 
 impl Decoder for MessageDecoder {
-    fn frame(
-        &mut self,
-        frame: &SseFrame,
-        out: &mut Vec<ProviderEvent>,
-    ) -> Result<(), ProviderError> {
+    fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
         // The `type` in the data is authoritative; the SSE event name repeats it.
         let data = frame_json(frame)?;
         match data["type"].as_str().unwrap_or(frame.event.as_str()) {
@@ -208,22 +184,14 @@ impl Decoder for MessageDecoder {
             "content_block_delta" => {
                 let index = data["index"].as_u64().ok_or_else(parse_error)?;
                 let delta = &data["delta"];
-                let text = |key: &str| {
-                    delta[key]
-                        .as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(parse_error)
-                };
+                let text = |key: &str| delta[key].as_str().map(str::to_owned).ok_or_else(parse_error);
                 match delta["type"].as_str() {
                     Some("text_delta") => out.push(ProviderEvent::Text(text("text")?)),
                     Some("thinking_delta") => out.push(ProviderEvent::Thinking(text("thinking")?)),
-                    Some("signature_delta") => {
-                        out.push(ProviderEvent::ThinkingSignature(text("signature")?))
+                    Some("signature_delta") => out.push(ProviderEvent::ThinkingSignature(text("signature")?)),
+                    Some("input_json_delta") => {
+                        out.push(ProviderEvent::ToolCallDelta { index: index as u32, arguments: text("partial_json")? })
                     }
-                    Some("input_json_delta") => out.push(ProviderEvent::ToolCallDelta {
-                        index: index as u32,
-                        arguments: text("partial_json")?,
-                    }),
                     // Deltas of block types this version does not know (e.g. citations).
                     _ => {}
                 }
@@ -231,9 +199,7 @@ impl Decoder for MessageDecoder {
             "content_block_stop" => {
                 let index = data["index"].as_u64().ok_or_else(parse_error)?;
                 if self.blocks.remove(&index) == Some(Block::ToolUse) {
-                    out.push(ProviderEvent::ToolCallEnd {
-                        index: index as u32,
-                    });
+                    out.push(ProviderEvent::ToolCallEnd { index: index as u32 });
                 }
             }
             "message_delta" => {
@@ -246,9 +212,7 @@ impl Decoder for MessageDecoder {
             }
             "message_stop" => {
                 out.push(ProviderEvent::Usage(self.usage));
-                out.push(ProviderEvent::Finish(finish_reason(
-                    self.stop_reason.as_deref(),
-                )));
+                out.push(ProviderEvent::Finish(finish_reason(self.stop_reason.as_deref())));
                 self.done = true;
             }
             "error" => {
@@ -258,14 +222,10 @@ impl Decoder for MessageDecoder {
                     Some("authentication_error" | "permission_error") => {
                         ProviderError::new(ProviderErrorKind::Unauthorized, "Invalid API key")
                     }
-                    Some("rate_limit_error") => ProviderError::new(
-                        ProviderErrorKind::RateLimited,
-                        "Rate limited, try again",
-                    ),
-                    _ => ProviderError::new(
-                        ProviderErrorKind::Unavailable,
-                        format!("Model error: {message}"),
-                    ),
+                    Some("rate_limit_error") => {
+                        ProviderError::new(ProviderErrorKind::RateLimited, "Rate limited, try again")
+                    }
+                    _ => ProviderError::new(ProviderErrorKind::Unavailable, format!("Model error: {message}")),
                 });
             }
             // `ping` and event types added after this was written.

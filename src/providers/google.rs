@@ -11,9 +11,7 @@ use eventsource_stream::Event as SseFrame;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json};
-use super::{
-    LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream,
-};
+use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::{ProviderSettings, Secret};
 use crate::domain::{Role, Usage};
 
@@ -25,26 +23,16 @@ pub struct GoogleProvider {
 
 impl GoogleProvider {
     pub fn new(settings: &ProviderSettings) -> Self {
-        let base = settings
-            .base_url
-            .clone()
-            .unwrap_or_else(|| "https://generativelanguage.googleapis.com/v1beta".to_owned());
-        Self {
-            transport: Transport::new(settings),
-            base,
-            api_key: settings.api_key.clone(),
-        }
+        let base =
+            settings.base_url.clone().unwrap_or_else(|| "https://generativelanguage.googleapis.com/v1beta".to_owned());
+        Self { transport: Transport::new(settings), base, api_key: settings.api_key.clone() }
     }
 
     fn body(request: &ModelRequest) -> Value {
         let mut contents: Vec<Value> = Vec::new();
         for message in &request.messages {
             match message.role {
-                Role::User => push(
-                    &mut contents,
-                    "user",
-                    vec![json!({"text": message.content})],
-                ),
+                Role::User => push(&mut contents, "user", vec![json!({"text": message.content})]),
                 Role::Assistant => {
                     for turn in message.turns() {
                         let mut parts = Vec::new();
@@ -52,9 +40,7 @@ impl GoogleProvider {
                             parts.push(json!({"text": turn.text}));
                         }
                         parts.extend(
-                            turn.tool_calls.iter().map(
-                                |c| json!({"functionCall": {"name": c.name, "args": c.input}}),
-                            ),
+                            turn.tool_calls.iter().map(|c| json!({"functionCall": {"name": c.name, "args": c.input}})),
                         );
                         push(&mut contents, "model", parts);
                         let responses = turn.tool_results.iter().map(|r| {
@@ -113,10 +99,7 @@ fn push(contents: &mut Vec<Value>, role: &str, parts: Vec<Value>) {
 #[async_trait]
 impl LlmProvider for GoogleProvider {
     async fn stream(&self, request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
-        let url = join(
-            &self.base,
-            &format!("models/{}:streamGenerateContent?alt=sse", request.model),
-        );
+        let url = join(&self.base, &format!("models/{}:streamGenerateContent?alt=sse", request.model));
         let body = Self::body(request);
         let response = self
             .transport
@@ -140,46 +123,26 @@ pub struct ResponseDecoder {
 }
 
 impl Decoder for ResponseDecoder {
-    fn frame(
-        &mut self,
-        frame: &SseFrame,
-        out: &mut Vec<ProviderEvent>,
-    ) -> Result<(), ProviderError> {
+    fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
         let response = frame_json(frame)?;
         if let Some(error) = response.get("error") {
             let message = error["message"].as_str().unwrap_or("Model error");
             return Err(match error["code"].as_u64() {
-                Some(401 | 403) => {
-                    ProviderError::new(ProviderErrorKind::Unauthorized, "Invalid API key")
-                }
-                Some(429) => {
-                    ProviderError::new(ProviderErrorKind::RateLimited, "Rate limited, try again")
-                }
-                _ => ProviderError::new(
-                    ProviderErrorKind::Unavailable,
-                    format!("Model error: {message}"),
-                ),
+                Some(401 | 403) => ProviderError::new(ProviderErrorKind::Unauthorized, "Invalid API key"),
+                Some(429) => ProviderError::new(ProviderErrorKind::RateLimited, "Rate limited, try again"),
+                _ => ProviderError::new(ProviderErrorKind::Unavailable, format!("Model error: {message}")),
             });
         }
         let candidate = &response["candidates"][0];
-        for part in candidate["content"]["parts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
+        for part in candidate["content"]["parts"].as_array().into_iter().flatten() {
             if let Some(call) = part.get("functionCall") {
                 let index = self.calls;
                 self.calls += 1;
                 let name = call["name"].as_str().unwrap_or_default().to_owned();
-                let id = call["id"]
-                    .as_str()
-                    .map_or_else(|| format!("call_{index}"), str::to_owned);
+                let id = call["id"].as_str().map_or_else(|| format!("call_{index}"), str::to_owned);
                 out.push(ProviderEvent::ToolCallStart { index, id, name });
                 let args = call.get("args").cloned().unwrap_or_else(|| json!({}));
-                out.push(ProviderEvent::ToolCallDelta {
-                    index,
-                    arguments: args.to_string(),
-                });
+                out.push(ProviderEvent::ToolCallDelta { index, arguments: args.to_string() });
                 out.push(ProviderEvent::ToolCallEnd { index });
             } else if let Some(text) = part["text"].as_str().filter(|t| !t.is_empty()) {
                 let text = text.to_owned();

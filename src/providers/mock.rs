@@ -18,9 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 
-use super::{
-    LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream,
-};
+use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::MockSettings;
 use crate::domain::{Role, Usage};
 
@@ -40,10 +38,8 @@ struct Script {
     repeat_tools: bool,
 }
 
-const WORDS: [&str; 12] = [
-    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
-    "kilo", "lima",
-];
+const WORDS: [&str; 12] =
+    ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima"];
 
 impl MockProvider {
     pub fn new(settings: MockSettings) -> Self {
@@ -53,12 +49,10 @@ impl MockProvider {
     fn script(&self, message: &str) -> Script {
         let (said, directives) = split_directives(message);
         let mut script = Script {
-            thinking: self.settings.thinking.then(|| {
-                format!(
-                    "The user wrote {} characters; a short, direct answer fits.",
-                    said.chars().count()
-                )
-            }),
+            thinking: self
+                .settings
+                .thinking
+                .then(|| format!("The user wrote {} characters; a short, direct answer fits.", said.chars().count())),
             text: format!("Mock reply: {said}"),
             delay: Duration::from_millis(self.settings.delay_ms),
             ..Script::default()
@@ -71,10 +65,7 @@ impl MockProvider {
             match (key.as_str(), value.as_str()) {
                 ("words", n) => {
                     let n: usize = n.parse().unwrap_or(0);
-                    script.text = (0..n)
-                        .map(|i| WORDS[i % WORDS.len()])
-                        .collect::<Vec<_>>()
-                        .join(" ");
+                    script.text = (0..n).map(|i| WORDS[i % WORDS.len()]).collect::<Vec<_>>().join(" ");
                 }
                 ("delay", ms) => script.delay = Duration::from_millis(ms.parse().unwrap_or(0)),
                 ("think", "off") => script.thinking = None,
@@ -116,19 +107,13 @@ fn split_directives(message: &str) -> (String, Vec<(String, String)>) {
         text = &text[start + len + 1..];
     }
     rest.push_str(text);
-    (
-        rest.split_whitespace().collect::<Vec<_>>().join(" "),
-        directives,
-    )
+    (rest.split_whitespace().collect::<Vec<_>>().join(" "), directives)
 }
 
 /// Cuts text into pieces of `size` characters (never inside a character).
 fn chunks(text: &str, size: usize) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
-    chars
-        .chunks(size.max(1))
-        .map(|c| c.iter().collect())
-        .collect()
+    chars.chunks(size.max(1)).map(|c| c.iter().collect()).collect()
 }
 
 /// A rough token count: four characters a token.
@@ -170,23 +155,14 @@ impl LlmProvider for MockProvider {
             .flat_map(|t| t.tool_results)
             .map(|r| format!("{} said {}", r.tool_name, r.content))
             .collect();
-        let round = request
-            .messages
-            .iter()
-            .rev()
-            .take_while(|m| m.role != Role::User)
-            .count();
+        let round = request.messages.iter().rev().take_while(|m| m.role != Role::User).count();
         if !results.is_empty() {
             script.text = format!("The tools answered: {}.", results.join("; "));
             if !script.repeat_tools {
                 script.tools.clear();
             }
         }
-        let input_tokens = request
-            .messages
-            .iter()
-            .map(|m| estimate_tokens(&m.content))
-            .sum::<u64>()
+        let input_tokens = request.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>()
             + request.system_prompt.as_deref().map_or(0, estimate_tokens);
         let size = self.settings.chunk_chars;
         let stream = async_stream::stream! {
@@ -237,32 +213,19 @@ mod tests {
     fn directives_are_split_out() {
         let (rest, directives) = split_directives("hello [mock:words=3] there [mock:think=off]");
         assert_eq!(rest, "hello there");
-        assert_eq!(
-            directives,
-            vec![("words".into(), "3".into()), ("think".into(), "off".into())]
-        );
+        assert_eq!(directives, vec![("words".into(), "3".into()), ("think".into(), "off".into())]);
     }
 
     #[test]
     fn scripts_follow_rules_then_directives() {
         let provider = MockProvider::new(MockSettings {
-            rules: vec![crate::config::MockRule {
-                when: "weather".into(),
-                text: "Sunny.".into(),
-                thinking: None,
-            }],
+            rules: vec![crate::config::MockRule { when: "weather".into(), text: "Sunny.".into(), thinking: None }],
             ..MockSettings::default()
         });
         assert_eq!(provider.script("the weather?").text, "Sunny.");
-        assert_eq!(
-            provider.script("hi [mock:words=4]").text,
-            "alpha bravo charlie delta"
-        );
+        assert_eq!(provider.script("hi [mock:words=4]").text, "alpha bravo charlie delta");
         assert_eq!(provider.script("hi").text, "Mock reply: hi");
-        assert_eq!(
-            provider.script("[mock:error=network] x").error,
-            Some(ProviderErrorKind::Network)
-        );
+        assert_eq!(provider.script("[mock:error=network] x").error, Some(ProviderErrorKind::Network));
     }
 
     #[test]

@@ -98,16 +98,8 @@ pub struct ProviderError {
 
 impl ProviderError {
     pub fn new(kind: ProviderErrorKind, message: impl Into<String>) -> Self {
-        let retryable = !matches!(
-            kind,
-            ProviderErrorKind::Unauthorized | ProviderErrorKind::Parse
-        );
-        Self {
-            kind,
-            message: message.into(),
-            retryable,
-            retry_after: None,
-        }
+        let retryable = !matches!(kind, ProviderErrorKind::Unauthorized | ProviderErrorKind::Parse);
+        Self { kind, message: message.into(), retryable, retry_after: None }
     }
 
     /// The contract §1 code a client sees.
@@ -122,6 +114,23 @@ impl ProviderError {
 }
 
 pub type ProviderStream = BoxStream<'static, Result<ProviderEvent, ProviderError>>;
+
+impl ProviderError {
+    /// The same error with the API key, and anything shaped like a key, blotted out of its
+    /// message: providers echo keys in their errors ("Incorrect API key provided: sk-…").
+    pub fn redacted(mut self, key: Option<&crate::config::Secret>) -> Self {
+        if let Some(key) = key.map(|k| k.expose()).filter(|k| !k.is_empty()) {
+            self.message = self.message.replace(key, "***");
+        }
+        self.message = self
+            .message
+            .split(' ')
+            .map(|word| if word.starts_with("sk-") || word.starts_with("AIza") { "***" } else { word })
+            .collect::<Vec<_>>()
+            .join(" ");
+        self
+    }
+}
 
 #[async_trait]
 pub trait LlmProvider: Send + Sync {
@@ -145,9 +154,7 @@ impl Providers {
                 let adapter: Arc<dyn LlmProvider> = match provider.kind {
                     ProviderKind::Mock => Arc::new(MockProvider::new(provider.mock.clone())),
                     ProviderKind::Anthropic => Arc::new(AnthropicProvider::new(provider)),
-                    ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
-                        Arc::new(OpenAiProvider::new(provider))
-                    }
+                    ProviderKind::Openai | ProviderKind::OpenaiCompatible => Arc::new(OpenAiProvider::new(provider)),
                     ProviderKind::Google => Arc::new(GoogleProvider::new(provider)),
                 };
                 (id.clone(), adapter)
@@ -183,17 +190,8 @@ where
 {
     let forever = Duration::from_secs(3600);
     match format {
-        WireFormat::OpenAi => {
-            transport::decode(bytes, openai::ChunkDecoder::default(), forever, forever)
-        }
-        WireFormat::Anthropic => transport::decode(
-            bytes,
-            anthropic::MessageDecoder::default(),
-            forever,
-            forever,
-        ),
-        WireFormat::Google => {
-            transport::decode(bytes, google::ResponseDecoder::default(), forever, forever)
-        }
+        WireFormat::OpenAi => transport::decode(bytes, openai::ChunkDecoder::default(), forever, forever),
+        WireFormat::Anthropic => transport::decode(bytes, anthropic::MessageDecoder::default(), forever, forever),
+        WireFormat::Google => transport::decode(bytes, google::ResponseDecoder::default(), forever, forever),
     }
 }

@@ -14,9 +14,7 @@ use eventsource_stream::Event as SseFrame;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json};
-use super::{
-    LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream,
-};
+use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::{ProviderKind, ProviderSettings, Secret};
 use crate::domain::{Role, Usage};
 
@@ -31,11 +29,7 @@ pub struct OpenAiProvider {
 impl OpenAiProvider {
     pub fn new(settings: &ProviderSettings) -> Self {
         let native = settings.kind == ProviderKind::Openai;
-        let default = if native {
-            "https://api.openai.com/v1"
-        } else {
-            "http://127.0.0.1:11434/v1"
-        };
+        let default = if native { "https://api.openai.com/v1" } else { "http://127.0.0.1:11434/v1" };
         let base = settings.base_url.as_deref().unwrap_or(default);
         Self {
             transport: Transport::new(settings),
@@ -53,9 +47,7 @@ impl OpenAiProvider {
         for message in &request.messages {
             match message.role {
                 Role::User => messages.push(json!({"role": "user", "content": message.content})),
-                Role::System => {
-                    messages.push(json!({"role": "system", "content": message.content}))
-                }
+                Role::System => messages.push(json!({"role": "system", "content": message.content})),
                 Role::Assistant => {
                     for turn in message.turns() {
                         let mut assistant = json!({"role": "assistant", "content": turn.text});
@@ -88,11 +80,7 @@ impl OpenAiProvider {
             body["temperature"] = json!(t);
         }
         if let Some(max) = request.max_tokens {
-            body[if self.native {
-                "max_completion_tokens"
-            } else {
-                "max_tokens"
-            }] = json!(max);
+            body[if self.native { "max_completion_tokens" } else { "max_tokens" }] = json!(max);
         }
         if let Some(effort) = &request.reasoning_effort {
             body["reasoning_effort"] = json!(effort);
@@ -140,18 +128,10 @@ pub struct ChunkDecoder {
 }
 
 impl Decoder for ChunkDecoder {
-    fn frame(
-        &mut self,
-        frame: &SseFrame,
-        out: &mut Vec<ProviderEvent>,
-    ) -> Result<(), ProviderError> {
+    fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
         if frame.data.trim() == "[DONE]" {
             self.close_calls(out);
-            out.push(ProviderEvent::Finish(
-                self.finish_reason
-                    .take()
-                    .unwrap_or_else(|| "stop".to_owned()),
-            ));
+            out.push(ProviderEvent::Finish(self.finish_reason.take().unwrap_or_else(|| "stop".to_owned())));
             self.done = true;
             return Ok(());
         }
@@ -174,10 +154,7 @@ impl Decoder for ChunkDecoder {
             }
             if let Some(reason) = choice["finish_reason"].as_str() {
                 if reason == "error" {
-                    return Err(ProviderError::new(
-                        ProviderErrorKind::Unavailable,
-                        "Model error",
-                    ));
+                    return Err(ProviderError::new(ProviderErrorKind::Unavailable, "Model error"));
                 }
                 self.close_calls(out);
                 self.finish_reason = Some(reason.to_owned());
@@ -200,33 +177,18 @@ impl Decoder for ChunkDecoder {
 }
 
 impl ChunkDecoder {
-    fn tool_call(
-        &mut self,
-        call: &Value,
-        out: &mut Vec<ProviderEvent>,
-    ) -> Result<(), ProviderError> {
-        let index = call["index"]
-            .as_u64()
-            .ok_or_else(super::transport::parse_error)? as u32;
+    fn tool_call(&mut self, call: &Value, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
+        let index = call["index"].as_u64().ok_or_else(super::transport::parse_error)? as u32;
         if let std::collections::btree_map::Entry::Vacant(slot) = self.open_calls.entry(index) {
             slot.insert(());
             out.push(ProviderEvent::ToolCallStart {
                 index,
                 id: call["id"].as_str().unwrap_or_default().to_owned(),
-                name: call["function"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
+                name: call["function"]["name"].as_str().unwrap_or_default().to_owned(),
             });
         }
-        if let Some(arguments) = call["function"]["arguments"]
-            .as_str()
-            .filter(|a| !a.is_empty())
-        {
-            out.push(ProviderEvent::ToolCallDelta {
-                index,
-                arguments: arguments.to_owned(),
-            });
+        if let Some(arguments) = call["function"]["arguments"].as_str().filter(|a| !a.is_empty()) {
+            out.push(ProviderEvent::ToolCallDelta { index, arguments: arguments.to_owned() });
         }
         Ok(())
     }
@@ -241,15 +203,10 @@ impl ChunkDecoder {
 /// An error reported inside the stream (`{"error": {"code", "message"}}`).
 fn stream_error(error: &Value) -> ProviderError {
     let message = error["message"].as_str().unwrap_or("Model error");
-    let code = error["code"]
-        .as_u64()
-        .or_else(|| error["code"].as_str().and_then(|c| c.parse().ok()));
+    let code = error["code"].as_u64().or_else(|| error["code"].as_str().and_then(|c| c.parse().ok()));
     match code {
         Some(401 | 403) => ProviderError::new(ProviderErrorKind::Unauthorized, "Invalid API key"),
         Some(429) => ProviderError::new(ProviderErrorKind::RateLimited, "Rate limited, try again"),
-        _ => ProviderError::new(
-            ProviderErrorKind::Unavailable,
-            format!("Model error: {message}"),
-        ),
+        _ => ProviderError::new(ProviderErrorKind::Unavailable, format!("Model error: {message}")),
     }
 }

@@ -13,17 +13,13 @@ use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::Value;
 
 use super::{ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
-use crate::config::ProviderSettings;
+use crate::config::{ProviderSettings, Secret};
 
 /// One wire format's frame parser. It sees every SSE frame in order and says when the
 /// provider's terminal frame has arrived.
 pub trait Decoder: Send + 'static {
     /// Decodes one frame into `out`.
-    fn frame(
-        &mut self,
-        frame: &SseFrame,
-        out: &mut Vec<ProviderEvent>,
-    ) -> Result<(), ProviderError>;
+    fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError>;
     /// Whether the terminal frame has been seen; after it nothing more is read.
     fn finished(&self) -> bool;
 }
@@ -32,6 +28,8 @@ pub trait Decoder: Send + 'static {
 #[derive(Debug, Clone)]
 pub struct Transport {
     client: reqwest::Client,
+    /// Blotted out of every error message and log line: providers echo keys in errors.
+    api_key: Option<Secret>,
     max_retries: u32,
     retry_base: Duration,
     retry_max: Duration,
@@ -48,6 +46,7 @@ impl Transport {
             .expect("the TLS backend initialises");
         Self {
             client,
+            api_key: settings.api_key.clone(),
             max_retries: settings.max_retries,
             retry_base: secs(settings.retry_base_secs),
             retry_max: secs(settings.retry_max_secs),
@@ -62,15 +61,12 @@ impl Transport {
 
     /// Sends the request built by `build`, retrying connection failures, 408, 429 and 5xx
     /// with backoff; returns the first successful response.
-    pub async fn send(
-        &self,
-        build: impl Fn() -> RequestBuilder,
-    ) -> Result<Response, ProviderError> {
+    pub async fn send(&self, build: impl Fn() -> RequestBuilder) -> Result<Response, ProviderError> {
         let mut attempt = 0;
         loop {
             let error = match tokio::time::timeout(self.first_byte, build().send()).await {
                 Ok(Ok(response)) if response.status().is_success() => return Ok(response),
-                Ok(Ok(response)) => http_error(response).await,
+                Ok(Ok(response)) => http_error(response, self.api_key.as_ref()).await,
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, "provider request failed");
                     network_error()
@@ -78,7 +74,7 @@ impl Transport {
                 Err(_) => network_error(),
             };
             if !error.retryable || attempt >= self.max_retries {
-                return Err(error);
+                return Err(error.redacted(self.api_key.as_ref()));
             }
             let backoff = self.backoff(attempt, error.retry_after);
             tracing::info!(
@@ -104,7 +100,10 @@ impl Transport {
 
     /// Decodes a successful response's SSE body with `decoder`.
     pub fn decode(&self, response: Response, decoder: impl Decoder) -> ProviderStream {
+        let key = self.api_key.clone();
         decode(response.bytes_stream(), decoder, self.first_byte, self.idle)
+            .map(move |event| event.map_err(|e| e.redacted(key.as_ref())))
+            .boxed()
     }
 }
 
@@ -114,12 +113,7 @@ fn secs(value: f64) -> Duration {
 
 /// Runs `decoder` over an SSE byte stream. Frames may be split anywhere between chunks.
 /// Ends after the terminal frame; a stream that stops before it is an error.
-pub fn decode<S, E>(
-    bytes: S,
-    mut decoder: impl Decoder,
-    first_byte: Duration,
-    idle: Duration,
-) -> ProviderStream
+pub fn decode<S, E>(bytes: S, mut decoder: impl Decoder, first_byte: Duration, idle: Duration) -> ProviderStream
 where
     S: Stream<Item = Result<Bytes, E>> + Send + 'static,
     E: std::fmt::Display + Send + 'static,
@@ -187,7 +181,7 @@ pub fn json(frame: &SseFrame) -> Result<Value, ProviderError> {
 /// Maps a non-success HTTP answer onto the contract: 401/403 → UNAUTHORIZED, 429 →
 /// RATE_LIMITED (with `Retry-After`), 408/5xx → SERVICE_UNAVAILABLE (retryable), other 4xx →
 /// SERVICE_UNAVAILABLE with the provider's message (not retryable).
-pub async fn http_error(response: Response) -> ProviderError {
+pub async fn http_error(response: Response, key: Option<&Secret>) -> ProviderError {
     let status = response.status();
     let retry_after = response
         .headers()
@@ -196,15 +190,13 @@ pub async fn http_error(response: Response) -> ProviderError {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .and_then(|s| Duration::try_from_secs_f64(s).ok());
     let body = response.text().await.unwrap_or_default();
-    let detail = provider_message(&body);
+    let detail = ProviderError::new(ProviderErrorKind::Unavailable, provider_message(&body)).redacted(key).message;
     tracing::warn!(status = status.as_u16(), detail = %truncate(&detail, 300), "provider answered an error");
     let mut error = match status {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
             ProviderError::new(ProviderErrorKind::Unauthorized, "Invalid API key")
         }
-        StatusCode::TOO_MANY_REQUESTS => {
-            ProviderError::new(ProviderErrorKind::RateLimited, "Rate limited, try again")
-        }
+        StatusCode::TOO_MANY_REQUESTS => ProviderError::new(ProviderErrorKind::RateLimited, "Rate limited, try again"),
         s if s.is_server_error() || s == StatusCode::REQUEST_TIMEOUT => {
             ProviderError::new(ProviderErrorKind::Unavailable, unavailable_message(&detail))
         }
@@ -242,9 +234,5 @@ fn truncate(text: &str, max: usize) -> &str {
 
 /// Joins a configured API root and a path without doubling or losing the slash.
 pub fn join(base: &str, path: &str) -> String {
-    format!(
-        "{}/{}",
-        base.trim_end_matches('/'),
-        path.trim_start_matches('/')
-    )
+    format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'))
 }

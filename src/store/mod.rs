@@ -16,9 +16,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use uuid::Uuid;
 
-use crate::domain::{
-    Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, TraceStatus, Usage,
-};
+use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, TraceStatus, Usage};
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
@@ -49,11 +47,7 @@ pub struct PageCursor {
 impl PageCursor {
     /// The opaque text form handed to clients as `next_cursor`.
     pub fn encode(&self) -> String {
-        format!(
-            "{}_{}",
-            self.last_message_at.timestamp_micros(),
-            self.id.simple()
-        )
+        format!("{}_{}", self.last_message_at.timestamp_micros(), self.id.simple())
     }
 
     pub fn parse(text: &str) -> Option<Self> {
@@ -148,8 +142,7 @@ pub trait Store: Send + Sync + 'static {
     async fn delete_conversation(&self, user: &str, id: Uuid) -> Result<(), StoreError>;
 
     /// All messages of a conversation, every branch, oldest first.
-    async fn messages(&self, user: &str, conversation_id: Uuid)
-    -> Result<Vec<Message>, StoreError>;
+    async fn messages(&self, user: &str, conversation_id: Uuid) -> Result<Vec<Message>, StoreError>;
     async fn set_feedback(
         &self,
         user: &str,
@@ -165,41 +158,22 @@ pub trait Store: Send + Sync + 'static {
     /// The trace whose run produced (or is producing) `message_id`.
     async fn trace_by_message(&self, user: &str, message_id: Uuid) -> Result<Trace, StoreError>;
     /// The run's logged events with `seq > after`, in order.
-    async fn trace_events(
-        &self,
-        trace_id: Uuid,
-        after: i64,
-    ) -> Result<Vec<LoggedEvent>, StoreError>;
+    async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
 
     async fn get_message(&self, user: &str, id: Uuid) -> Result<Message, StoreError>;
     /// Makes `leaf` the end of the conversation's active branch.
-    async fn set_active_leaf(
-        &self,
-        user: &str,
-        conversation_id: Uuid,
-        leaf: Uuid,
-    ) -> Result<(), StoreError>;
+    async fn set_active_leaf(&self, user: &str, conversation_id: Uuid, leaf: Uuid) -> Result<(), StoreError>;
 
     async fn get_comparison(&self, user: &str, id: Uuid) -> Result<Comparison, StoreError>;
     /// Records a vote. Without `change`, a different vote than the one recorded is a
     /// conflict (the same one again is fine); with it, the vote is replaced and the
     /// history keeps the earlier ones. The preferred answer becomes the active branch.
-    async fn vote(
-        &self,
-        user: &str,
-        id: Uuid,
-        preference: Preference,
-        change: bool,
-    ) -> Result<Comparison, StoreError>;
+    async fn vote(&self, user: &str, id: Uuid, preference: Preference, change: bool) -> Result<Comparison, StoreError>;
     /// Every comparison with a vote, oldest vote first, of all users (for the leaderboard).
     async fn voted_comparisons(&self) -> Result<Vec<Comparison>, StoreError>;
 
     /// The conversation's stored context state, if any.
-    async fn context_state(
-        &self,
-        user: &str,
-        conversation_id: Uuid,
-    ) -> Result<Option<Value>, StoreError>;
+    async fn context_state(&self, user: &str, conversation_id: Uuid) -> Result<Option<Value>, StoreError>;
     /// Stores (`Some`) or clears (`None`) the conversation's context state.
     async fn set_context_state(
         &self,
@@ -234,13 +208,9 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>, 
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::connect(url, max_connections).await?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Ok(Arc::new(
-            PostgresStore::connect(url, max_connections).await?,
-        ))
+        Ok(Arc::new(PostgresStore::connect(url, max_connections).await?))
     } else {
-        Err(StoreError::Url(
-            "database.url must start with sqlite:// or postgres://".to_owned(),
-        ))
+        Err(StoreError::Url("database.url must start with sqlite:// or postgres://".to_owned()))
     }
 }
 
@@ -250,17 +220,9 @@ mod tests {
 
     #[test]
     fn cursor_round_trips_and_refuses_garbage() {
-        let cursor = PageCursor {
-            last_message_at: crate::domain::now(),
-            id: crate::domain::new_id(),
-        };
+        let cursor = PageCursor { last_message_at: crate::domain::now(), id: crate::domain::new_id() };
         assert_eq!(PageCursor::parse(&cursor.encode()), Some(cursor));
-        for bad in [
-            "",
-            "abc",
-            "12_notauuid",
-            "x_0192f0c1-7d7e-7cc5-8a5b-6c6f2d3b7a10",
-        ] {
+        for bad in ["", "abc", "12_notauuid", "x_0192f0c1-7d7e-7cc5-8a5b-6c6f2d3b7a10"] {
             assert_eq!(PageCursor::parse(bad), None, "{bad}");
         }
     }

@@ -10,18 +10,14 @@ use uuid::Uuid;
 
 use super::rows::*;
 use super::sql::impl_store;
-use super::{
-    ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, RunningTrace, StoreError,
-};
+use super::{ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, RunningTrace, StoreError};
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 
 use serde_json::Value;
 
-use crate::domain::{
-    Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, Vote, now,
-};
+use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, Vote, now};
 
 pub struct PostgresStore {
     pool: PgPool,

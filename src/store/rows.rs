@@ -9,8 +9,8 @@ use uuid::Uuid;
 
 use super::{RunningTrace, StoreError};
 use crate::domain::{
-    Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Role, SuggestedAction,
-    SuggestedValue, ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
+    Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Role, SuggestedAction, SuggestedValue,
+    ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
 };
 
 pub const CONVERSATION_COLUMNS: &str = "id, user_id, title, profile, system_prompt, metadata, \
@@ -138,8 +138,7 @@ impl TryFrom<TraceRow> for Trace {
             user_message_id: row.user_message_id,
             message_id: row.message_id,
             user_id: row.user_id,
-            status: TraceStatus::parse(&row.status)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            status: TraceStatus::parse(&row.status).map_err(|e| StoreError::Corrupt(e.to_string()))?,
             model: row.model,
             profile: row.profile,
             started_at: row.started_at,
@@ -165,11 +164,7 @@ impl TryFrom<RunningRow> for RunningTrace {
     type Error = StoreError;
 
     fn try_from(row: RunningRow) -> Result<Self, StoreError> {
-        Ok(RunningTrace {
-            trace: row.trace.try_into()?,
-            replica_id: row.replica_id,
-            heartbeat_at: row.heartbeat_at,
-        })
+        Ok(RunningTrace { trace: row.trace.try_into()?, replica_id: row.replica_id, heartbeat_at: row.heartbeat_at })
     }
 }
 
@@ -184,12 +179,7 @@ pub struct EventRow {
 
 impl From<EventRow> for LoggedEvent {
     fn from(row: EventRow) -> Self {
-        LoggedEvent {
-            seq: row.seq,
-            at: row.at,
-            kind: row.kind,
-            data: row.data.0,
-        }
+        LoggedEvent { seq: row.seq, at: row.at, kind: row.kind, data: row.data.0 }
     }
 }
 

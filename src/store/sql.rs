@@ -207,17 +207,11 @@ macro_rules! impl_store {
 
             async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
                 let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
-                let owner: Option<(String,)> = sqlx::query_as("select user_id from traces where id = $1")
-                    .bind(finish.trace_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                let (user,) = owner.ok_or(StoreError::NotFound)?;
-                if let Some(message) = &finish.assistant_message {
-                    Self::append_message(&mut *tx, &user, message).await?;
-                }
-                sqlx::query(
+                // Only a running trace ends: if another process already closed it (marked it
+                // interrupted), this result is refused whole instead of overwriting that.
+                let owner: Option<(String,)> = sqlx::query_as(
                     "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6 \
-                     where id = $1",
+                     where id = $1 and status = 'running' returning user_id",
                 )
                 .bind(finish.trace_id)
                 .bind(finish.status.as_str())
@@ -225,8 +219,14 @@ macro_rules! impl_store {
                 .bind(Json(&finish.usage))
                 .bind(finish.error.as_ref().map(Json))
                 .bind(Json(&finish.spans))
-                .execute(&mut *tx)
+                .fetch_optional(&mut *tx)
                 .await?;
+                let Some((user,)) = owner else {
+                    return Err(StoreError::Conflict("the run has already ended".into()));
+                };
+                if let Some(message) = &finish.assistant_message {
+                    Self::append_message(&mut *tx, &user, message).await?;
+                }
                 tx.commit().await?;
                 Ok(())
             }

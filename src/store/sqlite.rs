@@ -11,17 +11,13 @@ use uuid::Uuid;
 
 use super::rows::*;
 use super::sql::impl_store;
-use super::{
-    ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, RunningTrace, StoreError,
-};
+use super::{ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, RunningTrace, StoreError};
 use chrono::{DateTime, Utc};
 use futures_util::stream::BoxStream;
 
 use serde_json::Value;
 
-use crate::domain::{
-    Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, Vote, now,
-};
+use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, Vote, now};
 
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -40,15 +36,11 @@ impl SqliteStore {
             .foreign_keys(true);
         if let Some(folder) = options.get_filename().parent() {
             if !folder.as_os_str().is_empty() {
-                std::fs::create_dir_all(folder).map_err(|e| {
-                    StoreError::Url(format!("cannot create {}: {e}", folder.display()))
-                })?;
+                std::fs::create_dir_all(folder)
+                    .map_err(|e| StoreError::Url(format!("cannot create {}: {e}", folder.display())))?;
             }
         }
-        let pool = SqlitePoolOptions::new()
-            .max_connections(max_connections)
-            .connect_with(options)
-            .await?;
+        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options).await?;
         sqlx::migrate!("migrations/sqlite").run(&pool).await?;
         Ok(Self { pool })
     }

@@ -22,8 +22,7 @@ impl Tool for CurrentTime {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "current_time".into(),
-            description: "The current date and time. Optionally at a UTC offset such as +02:00."
-                .into(),
+            description: "The current date and time. Optionally at a UTC offset such as +02:00.".into(),
             input_schema: json!({
                 "type": "object",
                 "properties": {"utc_offset": {"type": "string", "description": "e.g. +02:00 or -05:30; default UTC"}},
@@ -34,12 +33,10 @@ impl Tool for CurrentTime {
     async fn call(&self, input: Value, _ctx: ToolCallContext) -> Result<ToolOutput, ToolError> {
         let now = Utc::now();
         let offset = match input.get("utc_offset").and_then(Value::as_str) {
-            None | Some("" | "Z" | "UTC") => {
-                FixedOffset::east_opt(0).expect("zero is a valid offset")
+            None | Some("" | "Z" | "UTC") => FixedOffset::east_opt(0).expect("zero is a valid offset"),
+            Some(text) => {
+                text.parse::<FixedOffset>().map_err(|_| ToolError::new(format!("Invalid utc_offset '{text}'")))?
             }
-            Some(text) => text
-                .parse::<FixedOffset>()
-                .map_err(|_| ToolError::new(format!("Invalid utc_offset '{text}'")))?,
         };
         let local = now.with_timezone(&offset);
         let text = json!({
@@ -47,10 +44,7 @@ impl Tool for CurrentTime {
             "weekday": local.format("%A").to_string(),
             "unix": now.timestamp(),
         });
-        Ok(ToolOutput {
-            text: text.to_string(),
-            payload: None,
-        })
+        Ok(ToolOutput { text: text.to_string(), payload: None })
     }
 }
 
@@ -61,8 +55,7 @@ impl Tool for Calculator {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "calculator".into(),
-            description: "Evaluates an arithmetic expression with + - * / ^ % and parentheses."
-                .into(),
+            description: "Evaluates an arithmetic expression with + - * / ^ % and parentheses.".into(),
             input_schema: json!({
                 "type": "object",
                 "properties": {"expression": {"type": "string", "description": "e.g. (2 + 3) * 4 ^ 2"}},
@@ -72,34 +65,22 @@ impl Tool for Calculator {
     }
 
     async fn call(&self, input: Value, _ctx: ToolCallContext) -> Result<ToolOutput, ToolError> {
-        let expression = input
-            .get("expression")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ToolError::new("expression is required"))?;
+        let expression =
+            input.get("expression").and_then(Value::as_str).ok_or_else(|| ToolError::new("expression is required"))?;
         let value = evaluate(expression).map_err(ToolError::new)?;
-        Ok(ToolOutput {
-            text: format_number(value),
-            payload: None,
-        })
+        Ok(ToolOutput { text: format_number(value), payload: None })
     }
 }
 
 fn format_number(value: f64) -> String {
-    if value.fract() == 0.0 && value.abs() < 1e15 {
-        format!("{}", value as i64)
-    } else {
-        format!("{value}")
-    }
+    if value.fract() == 0.0 && value.abs() < 1e15 { format!("{}", value as i64) } else { format!("{value}") }
 }
 
 /// Evaluates `expression` by recursive descent: sum → product → unary → power → atom, so
 /// `-2^2` is -4 and `2^3^2` is 2^9, as in mathematics.
 pub fn evaluate(expression: &str) -> Result<f64, String> {
     let tokens: Vec<char> = expression.chars().filter(|c| !c.is_whitespace()).collect();
-    let mut parser = Parser {
-        tokens: &tokens,
-        at: 0,
-    };
+    let mut parser = Parser { tokens: &tokens, at: 0, depth: 0 };
     let value = parser.sum()?;
     if parser.at != tokens.len() {
         return Err(format!("Unexpected '{}' in expression", tokens[parser.at]));
@@ -113,7 +94,12 @@ pub fn evaluate(expression: &str) -> Result<f64, String> {
 struct Parser<'a> {
     tokens: &'a [char],
     at: usize,
+    depth: usize,
 }
+
+/// Nesting beyond this is refused: the parser recurses, and a stack overflow would take the
+/// whole server down.
+const MAX_DEPTH: usize = 100;
 
 impl Parser<'_> {
     fn peek(&self) -> Option<char> {
@@ -158,6 +144,16 @@ impl Parser<'_> {
     }
 
     fn unary(&mut self) -> Result<f64, String> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err("The expression is nested too deeply".into());
+        }
+        let value = self.unary_inner();
+        self.depth -= 1;
+        value
+    }
+
+    fn unary_inner(&mut self) -> Result<f64, String> {
         match self.peek() {
             Some('-') => {
                 self.at += 1;
@@ -216,5 +212,8 @@ mod tests {
         for bad in ["", "1 +", "(1", "1 / 0", "2 $ 3", "1..2"] {
             assert!(evaluate(bad).is_err(), "{bad}");
         }
+        let deep = format!("{}1{}", "(".repeat(20_000), ")".repeat(20_000));
+        assert_eq!(evaluate(&deep).unwrap_err(), "The expression is nested too deeply");
+        assert!(evaluate(&"-".repeat(20_000)).is_err());
     }
 }

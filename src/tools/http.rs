@@ -16,11 +16,7 @@ pub struct HttpTool {
 
 impl HttpTool {
     pub fn new(name: &str, settings: HttpToolSettings, client: reqwest::Client) -> Self {
-        Self {
-            name: name.to_owned(),
-            settings,
-            client,
-        }
+        Self { name: name.to_owned(), settings, client }
     }
 }
 
@@ -53,33 +49,16 @@ impl Tool for HttpTool {
         }
         if !status.is_success() {
             let detail = crate::providers::transport::provider_message(&body);
-            return Err(ToolError::new(format!(
-                "The tool refused the call ({status}): {detail}"
-            )));
+            return Err(ToolError::new(format!("The tool refused the call ({status}): {detail}")));
         }
         Ok(match serde_json::from_str::<Value>(&body) {
             Ok(Value::Object(mut object)) if object.get("text").is_some_and(Value::is_string) => {
-                let text = object
-                    .remove("text")
-                    .and_then(|t| t.as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                ToolOutput {
-                    text,
-                    payload: object.remove("payload"),
-                }
+                let text = object.remove("text").and_then(|t| t.as_str().map(str::to_owned)).unwrap_or_default();
+                ToolOutput { text, payload: object.remove("payload") }
             }
-            Ok(Value::String(text)) => ToolOutput {
-                text,
-                payload: None,
-            },
-            Ok(other) => ToolOutput {
-                text: other.to_string(),
-                payload: None,
-            },
-            Err(_) => ToolOutput {
-                text: body,
-                payload: None,
-            },
+            Ok(Value::String(text)) => ToolOutput { text, payload: None },
+            Ok(other) => ToolOutput { text: other.to_string(), payload: None },
+            Err(_) => ToolOutput { text: body, payload: None },
         })
     }
 }

@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientInfo,
-    ClientRequest, Implementation, JsonRpcMessage, LoggingMessageNotificationParam, Meta,
-    NumberOrString, ProgressNotificationParam, ProgressToken, ProtocolVersion, ServerNotification,
-    ServerResult,
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientInfo, ClientRequest,
+    Implementation, JsonRpcMessage, LoggingMessageNotificationParam, Meta, NumberOrString, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, ServerNotification, ServerResult,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, QuitReason, RunningService};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
@@ -49,9 +48,8 @@ const STDERR_GRACE: Duration = Duration::from_millis(300);
 const STDERR_LINES: usize = 3;
 /// The variables of chatd's environment a child inherits: the official SDKs' list (which
 /// leaves secrets out) plus locale, time zone and temp dir.
-const INHERITED_ENV: [&str; 10] = [
-    "HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR",
-];
+const INHERITED_ENV: [&str; 10] =
+    ["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR"];
 
 /// Where a server is in its life, as `GET /api/tools` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -93,10 +91,7 @@ impl McpManager {
     /// Starts every configured server in the background (start-up must not wait for them) and
     /// keeps them alive until `shutdown` is cancelled, which stops their child processes.
     /// Must be called within a Tokio runtime.
-    pub fn start(
-        servers: &BTreeMap<String, McpServerSettings>,
-        shutdown: CancellationToken,
-    ) -> Arc<Self> {
+    pub fn start(servers: &BTreeMap<String, McpServerSettings>, shutdown: CancellationToken) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let servers = servers
             .iter()
@@ -156,10 +151,7 @@ impl McpManager {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let settled = self
-                .servers
-                .iter()
-                .all(|s| matches!(s.lock().state, McpState::Ready | McpState::Failed));
+            let settled = self.servers.iter().all(|s| matches!(s.lock().state, McpState::Ready | McpState::Failed));
             if settled || tokio::time::timeout_at(deadline, changed).await.is_err() {
                 return;
             }
@@ -194,24 +186,16 @@ impl McpTools for McpManager {
 /// How to reach a server, from its settings.
 #[derive(Debug, Clone)]
 enum Target {
-    Stdio {
-        command: String,
-        args: Vec<String>,
-        env: BTreeMap<String, String>,
-    },
-    Http {
-        url: String,
-    },
+    Stdio { command: String, args: Vec<String>, env: BTreeMap<String, String> },
+    Http { url: String },
 }
 
 impl Target {
     fn from_settings(settings: &McpServerSettings) -> Result<Self, String> {
         match (&settings.command, &settings.url) {
-            (Some(command), None) => Ok(Self::Stdio {
-                command: command.clone(),
-                args: settings.args.clone(),
-                env: settings.env.clone(),
-            }),
+            (Some(command), None) => {
+                Ok(Self::Stdio { command: command.clone(), args: settings.args.clone(), env: settings.env.clone() })
+            }
             (None, Some(url)) => Ok(Self::Http { url: url.clone() }),
             (Some(_), Some(_)) => Err("set either `command` or `url`, not both".into()),
             (None, None) => Err("set `command` (stdio) or `url` (streamable HTTP)".into()),
@@ -242,17 +226,10 @@ impl Server {
     fn new(id: &str, settings: &McpServerSettings, changed: Arc<Notify>) -> Self {
         Self {
             id: id.to_owned(),
-            transport: if settings.url.is_some() && settings.command.is_none() {
-                "http"
-            } else {
-                "stdio"
-            },
+            transport: if settings.url.is_some() && settings.command.is_none() { "http" } else { "stdio" },
             global: settings.global,
             target: Target::from_settings(settings),
-            link: Arc::new(Link {
-                server_id: id.to_owned(),
-                session: Mutex::new(None),
-            }),
+            link: Arc::new(Link { server_id: id.to_owned(), session: Mutex::new(None) }),
             inner: Mutex::new(Inner {
                 state: McpState::Starting,
                 tools: Vec::new(),
@@ -297,18 +274,10 @@ impl Server {
             .map(|tool| {
                 let spec = ToolSpec {
                     name: tool.name.to_string(),
-                    description: tool
-                        .description
-                        .as_deref()
-                        .or(tool.title.as_deref())
-                        .unwrap_or_default()
-                        .to_owned(),
+                    description: tool.description.as_deref().or(tool.title.as_deref()).unwrap_or_default().to_owned(),
                     input_schema: Value::Object((*tool.input_schema).clone()),
                 };
-                Arc::new(McpTool {
-                    link: self.link.clone(),
-                    spec,
-                }) as Arc<dyn Tool>
+                Arc::new(McpTool { link: self.link.clone(), spec }) as Arc<dyn Tool>
             })
             .collect()
     }
@@ -355,10 +324,7 @@ struct Link {
 
 impl Link {
     fn get(&self) -> Option<Session> {
-        self.session
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.session.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     fn set(&self, session: Option<Session>) {
@@ -430,10 +396,7 @@ struct Connection {
 async fn connect(id: &str, target: &Target) -> Result<Connection, String> {
     let progress = Arc::new(ProgressRoutes::default());
     let tools_changed = Arc::new(Notify::new());
-    let handler = Handler {
-        server_id: id.into(),
-        tools_changed: tools_changed.clone(),
-    };
+    let handler = Handler { server_id: id.into(), tools_changed: tools_changed.clone() };
     let (service, pid, mut stderr) = match target {
         Target::Stdio { command, args, env } => {
             let mut cmd = Command::new(command);
@@ -454,34 +417,22 @@ async fn connect(id: &str, target: &Target) -> Result<Connection, String> {
                 .map_err(|e| format!("cannot start `{command}`: {e}"))?;
             let pid = child.id();
             let mut stderr = stderr.map(|s| StderrTail::spawn(id, s));
-            let transport = Tapped {
-                inner: child,
-                progress: progress.clone(),
-            };
+            let transport = Tapped { inner: child, progress: progress.clone() };
             match handshake(handler, transport).await {
                 Ok(service) => (service, pid, stderr),
                 Err(error) => return Err(with_stderr(error, stderr.as_mut()).await),
             }
         }
         Target::Http { url } => {
-            let transport = Tapped {
-                inner: StreamableHttpClientTransport::from_uri(url.as_str()),
-                progress: progress.clone(),
-            };
+            let transport =
+                Tapped { inner: StreamableHttpClientTransport::from_uri(url.as_str()), progress: progress.clone() };
             (handshake(handler, transport).await?, None, None)
         }
     };
     let listed = tokio::time::timeout(CONNECT_TIMEOUT, service.peer().list_all_tools()).await;
     let error = match listed {
         Ok(Ok(tools)) => {
-            return Ok(Connection {
-                service,
-                tools,
-                pid,
-                progress,
-                tools_changed,
-                stderr,
-            });
+            return Ok(Connection { service, tools, pid, progress, tools_changed, stderr });
         }
         Ok(Err(e)) => format!("tools/list failed: {e}"),
         Err(_) => format!("tools/list took longer than {CONNECT_TIMEOUT:?}"),
@@ -490,19 +441,14 @@ async fn connect(id: &str, target: &Target) -> Result<Connection, String> {
     Err(with_stderr(error, stderr.as_mut()).await)
 }
 
-async fn handshake<T>(
-    handler: Handler,
-    transport: T,
-) -> Result<RunningService<RoleClient, Handler>, String>
+async fn handshake<T>(handler: Handler, transport: T) -> Result<RunningService<RoleClient, Handler>, String>
 where
     T: Transport<RoleClient> + 'static,
 {
     match tokio::time::timeout(CONNECT_TIMEOUT, handler.serve(transport)).await {
         Ok(Ok(service)) => Ok(service),
         Ok(Err(e)) => Err(format!("MCP initialization failed: {e}")),
-        Err(_) => Err(format!(
-            "MCP initialization took longer than {CONNECT_TIMEOUT:?}"
-        )),
+        Err(_) => Err(format!("MCP initialization took longer than {CONNECT_TIMEOUT:?}")),
     }
 }
 
@@ -513,25 +459,10 @@ async fn run(server: &Server, connection: Connection, shutdown: &CancellationTok
         Broken,
         Shutdown,
     }
-    let Connection {
-        service,
-        tools,
-        pid,
-        progress,
-        tools_changed,
-        mut stderr,
-    } = connection;
+    let Connection { service, tools, pid, progress, tools_changed, mut stderr } = connection;
     let peer = service.peer().clone();
     let broken = CancellationToken::new();
-    server.ready(
-        Session {
-            peer: peer.clone(),
-            progress,
-            broken: broken.clone(),
-        },
-        &tools,
-        pid,
-    );
+    server.ready(Session { peer: peer.clone(), progress, broken: broken.clone() }, &tools, pid);
     let stop = service.cancellation_token();
     let waiting = service.waiting();
     tokio::pin!(waiting);
@@ -575,17 +506,17 @@ fn describe_quit(quit: Result<QuitReason, tokio::task::JoinError>) -> String {
     }
 }
 
-/// Adds the child's last stderr lines to an error: that is where a server says why it died.
+/// Logs the child's last stderr lines with an error: that is where a server says why it
+/// died. They stay out of the error itself, which `GET /api/tools` shows to any user, since
+/// a server's stderr may hold its own secrets.
 async fn with_stderr(error: String, stderr: Option<&mut StderrTail>) -> String {
-    let Some(stderr) = stderr else {
-        return error;
-    };
-    let tail = stderr.tail().await;
-    if tail.is_empty() {
-        error
-    } else {
-        format!("{error} (stderr: {tail})")
+    if let Some(stderr) = stderr {
+        let tail = stderr.tail().await;
+        if !tail.is_empty() {
+            tracing::warn!(%error, stderr = %tail, "MCP server failed");
+        }
     }
+    error
 }
 
 /// Reads a child's stderr into the log, keeping its last lines.
@@ -622,11 +553,7 @@ impl StderrTail {
             let _ = tokio::time::timeout(STDERR_GRACE, &mut self.reader).await;
         }
         let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
-        lines
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join(" | ")
+        lines.iter().map(String::as_str).collect::<Vec<_>>().join(" | ")
     }
 }
 
@@ -637,10 +564,7 @@ struct Handler {
 }
 
 impl ClientHandler for Handler {
-    fn on_tool_list_changed(
-        &self,
-        _context: NotificationContext<RoleClient>,
-    ) -> impl Future<Output = ()> + Send + '_ {
+    fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) -> impl Future<Output = ()> + Send + '_ {
         // notify_one keeps a permit, so a change during a listing is listed again after it.
         self.tools_changed.notify_one();
         std::future::ready(())
@@ -687,16 +611,12 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Tapped<T> {
         self.inner.send(item)
     }
 
-    fn receive(
-        &mut self,
-    ) -> impl Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
+    fn receive(&mut self) -> impl Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
         let Self { inner, progress } = self;
         async move {
             let message = inner.receive().await;
             if let Some(JsonRpcMessage::Notification(notification)) = &message {
-                if let ServerNotification::ProgressNotification(progress_notification) =
-                    &notification.notification
-                {
+                if let ServerNotification::ProgressNotification(progress_notification) = &notification.notification {
                     progress.deliver(&progress_notification.params);
                 }
             }
@@ -720,16 +640,9 @@ impl ProgressRoutes {
         self.routes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn register(
-        self: &Arc<Self>,
-        token: ProgressToken,
-        to: mpsc::UnboundedSender<ToolProgress>,
-    ) -> Route {
+    fn register(self: &Arc<Self>, token: ProgressToken, to: mpsc::UnboundedSender<ToolProgress>) -> Route {
         self.lock().insert(token.clone(), to);
-        Route {
-            routes: self.clone(),
-            token,
-        }
+        Route { routes: self.clone(), token }
     }
 
     fn deliver(&self, params: &ProgressNotificationParam) {
@@ -737,16 +650,9 @@ impl ProgressRoutes {
         let Some(to) = routes.get(&params.progress_token) else {
             return;
         };
-        let progress = params
-            .total
-            .filter(|total| *total > 0.0)
-            .map(|total| (params.progress / total).clamp(0.0, 1.0));
+        let progress = params.total.filter(|total| *total > 0.0).map(|total| (params.progress / total).clamp(0.0, 1.0));
         // The caller may have stopped listening; that is not the server's problem.
-        let _ = to.send(ToolProgress {
-            progress,
-            message: params.message.clone(),
-            ..ToolProgress::default()
-        });
+        let _ = to.send(ToolProgress { progress, message: params.message.clone(), ..ToolProgress::default() });
     }
 }
 
@@ -777,10 +683,7 @@ impl McpTool {
     fn lost(&self, session: &Session, error: &ServiceError) -> ToolError {
         tracing::warn!(server = %self.link.server_id, tool = %self.spec.name, %error, "MCP call lost its connection");
         session.broken.cancel();
-        ToolError::retryable(format!(
-            "MCP server '{}' lost its connection",
-            self.link.server_id
-        ))
+        ToolError::retryable(format!("MCP server '{}' lost its connection", self.link.server_id))
     }
 }
 
@@ -805,22 +708,13 @@ impl Tool for McpTool {
             }
         };
         let Some(session) = self.link.get() else {
-            return Err(ToolError::retryable(format!(
-                "MCP server '{}' is not connected",
-                self.link.server_id
-            )));
+            return Err(ToolError::retryable(format!("MCP server '{}' is not connected", self.link.server_id)));
         };
         let token = ProgressToken(NumberOrString::String(
-            format!(
-                "chatd-{}",
-                NEXT_PROGRESS_TOKEN.fetch_add(1, Ordering::Relaxed)
-            )
-            .into(),
+            format!("chatd-{}", NEXT_PROGRESS_TOKEN.fetch_add(1, Ordering::Relaxed)).into(),
         ));
         // Registered before the request goes out, so not even the first notification is missed.
-        let _route = session
-            .progress
-            .register(token.clone(), ctx.progress.clone());
+        let _route = session.progress.register(token.clone(), ctx.progress.clone());
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParams {
             meta: None,
             name: Cow::Owned(self.spec.name.clone()),
@@ -828,15 +722,8 @@ impl Tool for McpTool {
             task: None,
         }));
         // rmcp sets a progress token of its own, then applies `meta`: ours replaces it.
-        let options = PeerRequestOptions {
-            timeout: None,
-            meta: Some(Meta::with_progress_token(token)),
-        };
-        let mut handle = match session
-            .peer
-            .send_cancellable_request(request, options)
-            .await
-        {
+        let options = PeerRequestOptions { timeout: None, meta: Some(Meta::with_progress_token(token)) };
+        let mut handle = match session.peer.send_cancellable_request(request, options).await {
             Ok(handle) => handle,
             Err(error) => return Err(self.lost(&session, &error)),
         };
@@ -865,9 +752,7 @@ impl Tool for McpTool {
             // rmcp dropped the request: its session ended while the call was in flight.
             Err(_) => Err(self.lost(&session, &ServiceError::TransportClosed)),
             Ok(Err(error)) => Err(match error {
-                ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
-                    self.lost(&session, &error)
-                }
+                ServiceError::TransportClosed | ServiceError::TransportSend(_) => self.lost(&session, &error),
                 ServiceError::Cancelled { .. } => ToolError::new("cancelled"),
                 ServiceError::McpError(error) => ToolError::new(error.message.into_owned()),
                 ServiceError::Timeout { .. } => ToolError::retryable(error.to_string()),
@@ -899,8 +784,5 @@ fn into_output(result: CallToolResult) -> Result<ToolOutput, ToolError> {
             text = structured.to_string();
         }
     }
-    Ok(ToolOutput {
-        text,
-        payload: result.structured_content,
-    })
+    Ok(ToolOutput { text, payload: result.structured_content })
 }

@@ -80,17 +80,11 @@ pub struct ToolError {
 
 impl ToolError {
     pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            retryable: false,
-        }
+        Self { message: message.into(), retryable: false }
     }
 
     pub fn retryable(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            retryable: true,
-        }
+        Self { message: message.into(), retryable: true }
     }
 }
 
@@ -109,10 +103,7 @@ struct Renamed {
 #[async_trait]
 impl Tool for Renamed {
     fn spec(&self) -> ToolSpec {
-        ToolSpec {
-            name: self.name.clone(),
-            ..self.inner.spec()
-        }
+        ToolSpec { name: self.name.clone(), ..self.inner.spec() }
     }
 
     async fn call(&self, input: Value, ctx: ToolCallContext) -> Result<ToolOutput, ToolError> {
@@ -149,13 +140,9 @@ impl Registry {
     pub fn new(settings: &Settings, mcp: Arc<dyn McpTools>) -> Result<Self, String> {
         let mut fixed = Vec::new();
         for name in &settings.tools.builtins {
-            let tool = builtin::builtin(name)
-                .ok_or_else(|| format!("tools.builtins: unknown built-in tool '{name}'"))?;
-            fixed.push(Available {
-                tool,
-                source: ToolSource::Builtin,
-                global: true,
-            });
+            let tool =
+                builtin::builtin(name).ok_or_else(|| format!("tools.builtins: unknown built-in tool '{name}'"))?;
+            fixed.push(Available { tool, source: ToolSource::Builtin, global: true });
         }
         // No overall timeout here: the agent times every call and reports `timeout` itself.
         let client = reqwest::Client::builder()
@@ -167,11 +154,7 @@ impl Registry {
                 return Err(format!("http_tools.{name}: a built-in tool has that name"));
             }
             let tool = Arc::new(http::HttpTool::new(name, http.clone(), client.clone()));
-            fixed.push(Available {
-                tool,
-                source: ToolSource::Http,
-                global: http.global,
-            });
+            fixed.push(Available { tool, source: ToolSource::Http, global: http.global });
         }
         Ok(Self { fixed, mcp })
     }
@@ -188,20 +171,13 @@ impl Registry {
         for (server, tool) in self.mcp.tools() {
             let name = tool.spec().name;
             let tool: Arc<dyn Tool> = if names.contains(&name) {
-                Arc::new(Renamed {
-                    name: format!("{server}_{name}"),
-                    inner: tool,
-                })
+                Arc::new(Renamed { name: format!("{server}_{name}"), inner: tool })
             } else {
                 tool
             };
             names.insert(tool.spec().name);
             let global = self.mcp.is_global(&server);
-            tools.push(Available {
-                tool,
-                source: ToolSource::Mcp { server },
-                global,
-            });
+            tools.push(Available { tool, source: ToolSource::Mcp { server }, global });
         }
         tools
     }
@@ -214,8 +190,7 @@ impl Registry {
             .into_iter()
             .filter(|t| {
                 let name = t.tool.spec().name;
-                (t.global || scope.tools.contains(&name))
-                    && (all_allowed || allowed.contains(&name))
+                (t.global || scope.tools.contains(&name)) && (all_allowed || allowed.contains(&name))
             })
             .map(|t| t.tool)
             .collect()
@@ -246,10 +221,7 @@ impl PageScope {
             scope.add(tab);
         }
         let subtab = field("active_subtab");
-        let subtab = subtab.and_then(|s| {
-            tab.and_then(|t| t.subtabs.get(s))
-                .or_else(|| page.subtabs.get(s))
-        });
+        let subtab = subtab.and_then(|s| tab.and_then(|t| t.subtabs.get(s)).or_else(|| page.subtabs.get(s)));
         if let Some(subtab) = subtab {
             scope.add(subtab);
         }
@@ -262,7 +234,6 @@ impl PageScope {
         }
         self.instructions.extend(level.instructions.iter().cloned());
         self.tools.extend(level.tools.iter().cloned());
-        self.payload_types
-            .extend(level.payload_types.iter().cloned());
+        self.payload_types.extend(level.payload_types.iter().cloned());
     }
 }

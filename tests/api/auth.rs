@@ -8,13 +8,7 @@ use crate::helpers::*;
 #[tokio::test]
 async fn without_a_client_id_the_user_is_local() {
     let app = TestApp::spawn(Backend::Sqlite, "").await;
-    let response = app
-        .client
-        .post(app.url("/api/conversations"))
-        .json(&json!({"title": "t"}))
-        .send()
-        .await
-        .unwrap();
+    let response = app.client.post(app.url("/api/conversations")).json(&json!({"title": "t"})).send().await.unwrap();
     assert_eq!(response.status(), 201);
     let (_, local) = app.get("/api/conversations", "local").await;
     assert_eq!(local["conversations"].as_array().unwrap().len(), 1);
@@ -33,10 +27,7 @@ async fn token_mode_maps_bearer_tokens_to_users() {
     );
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
     let send = |token: Option<&str>| {
-        let mut request = app
-            .client
-            .post(app.url("/api/conversations"))
-            .json(&json!({"title": "t"}));
+        let mut request = app.client.post(app.url("/api/conversations")).json(&json!({"title": "t"}));
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
@@ -55,13 +46,7 @@ async fn token_mode_maps_bearer_tokens_to_users() {
     let list = |token: &'static str| {
         let app = &app;
         async move {
-            let response = app
-                .client
-                .get(app.url("/api/conversations"))
-                .bearer_auth(token)
-                .send()
-                .await
-                .unwrap();
+            let response = app.client.get(app.url("/api/conversations")).bearer_auth(token).send().await.unwrap();
             response.json::<serde_json::Value>().await.unwrap()
         }
     };

@@ -222,10 +222,7 @@ async fn idle_streams_get_keepalive_comments() {
         .await
         .unwrap();
     let body = response.text().await.unwrap();
-    assert!(
-        body.contains("\n: ping\n") || body.starts_with(": ping\n"),
-        "{body}"
-    );
+    assert!(body.contains("\n: ping\n") || body.starts_with(": ping\n"), "{body}");
     assert!(body.contains("\"type\":\"done\""));
 }
 

@@ -75,25 +75,16 @@ fn replay(format: WireFormat, body: &str, cuts: &[usize]) -> (Vec<Event>, TurnOu
     let mut chunks = Vec::new();
     let mut from = 0;
     for to in points.into_iter().chain([bytes.len()]) {
-        chunks.push(Ok::<_, std::io::Error>(Bytes::copy_from_slice(
-            &bytes[from..to],
-        )));
+        chunks.push(Ok::<_, std::io::Error>(Bytes::copy_from_slice(&bytes[from..to])));
         from = to;
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     runtime.block_on(async {
         let mut stream = decode_sse(format, futures_util::stream::iter(chunks));
-        let mut turn = Turn::new(
-            0,
-            vec!["SUGGESTED_VALUES:".into(), "SUGGESTED_ACTIONS:".into()],
-        );
+        let mut turn = Turn::new(0, vec!["SUGGESTED_VALUES:".into(), "SUGGESTED_ACTIONS:".into()]);
         let mut events = Vec::new();
         while let Some(event) = stream.next().await {
-            turn.apply(event.expect("the recording decodes"), &mut events)
-                .expect("the recording applies");
+            turn.apply(event.expect("the recording decodes"), &mut events).expect("the recording applies");
         }
         (events, turn.output)
     })
@@ -117,10 +108,7 @@ fn assembled(events: &[Event]) -> (String, String, String) {
 fn the_recordings_decode_to_what_they_say() {
     let (events, output) = replay(WireFormat::OpenAi, &recorded(WireFormat::OpenAi), &[]);
     assert_eq!(output.text, "Héllo wörld, 3 < 4");
-    assert_eq!(
-        output.captured[0].json,
-        r#"[{"label": "Oui ]", "value": "y"}]"#
-    );
+    assert_eq!(output.captured[0].json, r#"[{"label": "Oui ]", "value": "y"}]"#);
     assert_eq!(output.thinking, "Résumé → planinner 😀");
     assert_eq!(output.tool_calls[0].input, json!({"x": "é→"}));
     assert_eq!(output.finish_reason.as_deref(), Some("tool_calls"));
@@ -129,10 +117,7 @@ fn the_recordings_decode_to_what_they_say() {
     let (_, output) = replay(WireFormat::Anthropic, &recorded(WireFormat::Anthropic), &[]);
     assert_eq!(output.text, "Answer: 😀 done.");
     assert_eq!(output.thinking_blocks[0]["signature"], "sig==");
-    assert_eq!(
-        (output.usage.input_tokens, output.usage.output_tokens),
-        (7, 9)
-    );
+    assert_eq!((output.usage.input_tokens, output.usage.output_tokens), (7, 9));
 
     let (_, output) = replay(WireFormat::Google, &recorded(WireFormat::Google), &[]);
     assert_eq!(output.text, "Ça va très bien 👍");

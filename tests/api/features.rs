@@ -8,23 +8,14 @@ use crate::fixture::*;
 use crate::helpers::*;
 
 async fn ab(app: &TestApp, body: Value) -> Vec<Frame> {
-    let response = app
-        .client
-        .post(app.url("/api/ab/stream"))
-        .header("x-client-id", "ann")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response =
+        app.client.post(app.url("/api/ab/stream")).header("x-client-id", "ann").json(&body).send().await.unwrap();
     assert_eq!(response.status(), 200, "{:?}", response.text().await);
     read_frames(response).await
 }
 
 fn side<'a>(frames: &'a [Frame], variant: &str) -> Vec<&'a Frame> {
-    frames
-        .iter()
-        .filter(|f| f.data["variant"] == variant)
-        .collect()
+    frames.iter().filter(|f| f.data["variant"] == variant).collect()
 }
 
 fn side_text(frames: &[Frame], variant: &str) -> String {
@@ -136,21 +127,13 @@ both_backends! {
 
 #[tokio::test]
 async fn an_ab_stream_where_one_side_fails_still_completes_the_other() {
-    let broken = Fixture::start(vec![Scripted::json(
-        500,
-        json!({"error": {"message": "down"}}),
-    )])
-    .await;
+    let broken = Fixture::start(vec![Scripted::json(500, json!({"error": {"message": "down"}}))]).await;
     let config = format!(
         "[providers.broken]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmax_retries = 0\n[profiles.broken]\nprovider = \"broken\"\nmodel = \"gpt-x\"\n",
         broken.base
     );
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
-    let frames = ab(
-        &app,
-        json!({"message": "Which works?", "profile_a": "default", "profile_b": "broken"}),
-    )
-    .await;
+    let frames = ab(&app, json!({"message": "Which works?", "profile_a": "default", "profile_b": "broken"})).await;
     let a = side(&frames, "a");
     let b = side(&frames, "b");
     assert_eq!(a.last().unwrap().kind(), "complete");
@@ -159,33 +142,13 @@ async fn an_ab_stream_where_one_side_fails_still_completes_the_other() {
     assert_eq!(frames.last().unwrap().kind(), "done");
     let comparison_id = frames[0].data["comparison_id"].as_str().unwrap();
     let (_, shown) = app.get(&format!("/api/ab/{comparison_id}"), "ann").await;
-    assert_eq!(
-        (shown["a"]["status"].as_str(), shown["b"]["status"].as_str()),
-        (Some("completed"), Some("error"))
-    );
+    assert_eq!((shown["a"]["status"].as_str(), shown["b"]["status"].as_str()), (Some("completed"), Some("error")));
 
-    let (status, error) = app
-        .post(
-            "/api/ab/stream",
-            "ann",
-            json!({"message": "x", "profile_a": "default"}),
-        )
-        .await;
-    assert_eq!(
-        (status.as_u16(), error["field"].as_str()),
-        (400, Some("profile_b"))
-    );
-    let (status, error) = app
-        .post(
-            "/api/ab/stream",
-            "ann",
-            json!({"message": "x", "profile_a": "default", "profile_b": "nope"}),
-        )
-        .await;
-    assert_eq!(
-        (status.as_u16(), error["field"].as_str()),
-        (404, Some("profile_b"))
-    );
+    let (status, error) = app.post("/api/ab/stream", "ann", json!({"message": "x", "profile_a": "default"})).await;
+    assert_eq!((status.as_u16(), error["field"].as_str()), (400, Some("profile_b")));
+    let (status, error) =
+        app.post("/api/ab/stream", "ann", json!({"message": "x", "profile_a": "default", "profile_b": "nope"})).await;
+    assert_eq!((status.as_u16(), error["field"].as_str()), (404, Some("profile_b")));
 }
 
 #[tokio::test]
@@ -198,29 +161,17 @@ async fn cancelling_one_side_leaves_the_other_running() {
         .send()
         .await
         .unwrap();
-    let mut events = Box::pin(eventsource_stream::Eventsource::eventsource(
-        response.bytes_stream(),
-    ));
-    let first: Value = serde_json::from_str(
-        &futures_util::StreamExt::next(&mut events)
-            .await
-            .unwrap()
-            .unwrap()
-            .data,
-    )
-    .unwrap();
+    let mut events = Box::pin(eventsource_stream::Eventsource::eventsource(response.bytes_stream()));
+    let first: Value =
+        serde_json::from_str(&futures_util::StreamExt::next(&mut events).await.unwrap().unwrap().data).unwrap();
     let trace_b = first["b"]["trace_id"].clone();
-    let (status, body) = app
-        .post("/api/cancel_stream", "local", json!({"trace_id": trace_b}))
-        .await;
+    let (status, body) = app.post("/api/cancel_stream", "local", json!({"trace_id": trace_b})).await;
     assert_eq!(status, 200, "{body}");
     let mut rest = Vec::new();
     while let Some(event) = futures_util::StreamExt::next(&mut events).await {
         rest.push(serde_json::from_str::<Value>(&event.unwrap().data).unwrap());
     }
-    let terminal = |variant: &str| {
-        rest.iter().rev().find(|e| e["variant"] == variant).unwrap()["type"].clone()
-    };
+    let terminal = |variant: &str| rest.iter().rev().find(|e| e["variant"] == variant).unwrap()["type"].clone();
     assert_eq!(terminal("b"), "cancelled");
     assert_eq!(terminal("a"), "complete");
 
@@ -232,24 +183,11 @@ async fn cancelling_one_side_leaves_the_other_running() {
         .send()
         .await
         .unwrap();
-    let mut events = Box::pin(eventsource_stream::Eventsource::eventsource(
-        response.bytes_stream(),
-    ));
-    let first: Value = serde_json::from_str(
-        &futures_util::StreamExt::next(&mut events)
-            .await
-            .unwrap()
-            .unwrap()
-            .data,
-    )
-    .unwrap();
-    let (status, body) = app
-        .post(
-            "/api/cancel_stream",
-            "local",
-            json!({"comparison_id": first["comparison_id"]}),
-        )
-        .await;
+    let mut events = Box::pin(eventsource_stream::Eventsource::eventsource(response.bytes_stream()));
+    let first: Value =
+        serde_json::from_str(&futures_util::StreamExt::next(&mut events).await.unwrap().unwrap().data).unwrap();
+    let (status, body) =
+        app.post("/api/cancel_stream", "local", json!({"comparison_id": first["comparison_id"]})).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["trace_ids"].as_array().unwrap().len(), 2);
     let mut kinds = Vec::new();
@@ -258,8 +196,7 @@ async fn cancelling_one_side_leaves_the_other_running() {
         kinds.push((event["variant"].clone(), event["type"].clone()));
     }
     assert!(
-        kinds.contains(&(json!("a"), json!("cancelled")))
-            && kinds.contains(&(json!("b"), json!("cancelled"))),
+        kinds.contains(&(json!("a"), json!("cancelled"))) && kinds.contains(&(json!("b"), json!("cancelled"))),
         "{kinds:?}"
     );
 }
@@ -269,46 +206,19 @@ async fn the_leaderboard_follows_the_votes() {
     let app = TestApp::spawn(Backend::Sqlite, "").await;
     let mut comparisons = Vec::new();
     for _ in 0..3 {
-        let frames = ab(
-            &app,
-            json!({"message": "vote", "profile_a": "default", "profile_b": "other"}),
-        )
-        .await;
+        let frames = ab(&app, json!({"message": "vote", "profile_a": "default", "profile_b": "other"})).await;
         comparisons.push(frames[0].data["comparison_id"].as_str().unwrap().to_owned());
     }
     for (id, preference) in comparisons.iter().zip(["a", "b", "both_bad"]) {
-        assert_eq!(
-            app.post(
-                &format!("/api/ab/{id}/vote"),
-                "ann",
-                json!({"preference": preference})
-            )
-            .await
-            .0,
-            200
-        );
+        assert_eq!(app.post(&format!("/api/ab/{id}/vote"), "ann", json!({"preference": preference})).await.0, 200);
     }
     let (_, board) = app.get("/api/ab/leaderboard", "ann").await;
     assert_eq!(board["votes"], 3);
     let models = board["models"].as_array().unwrap();
     let row = |model: &str| models.iter().find(|m| m["model"] == model).unwrap().clone();
     let (one, two) = (row("mock-1"), row("mock-2"));
-    assert_eq!(
-        (
-            one["wins"].as_u64(),
-            one["losses"].as_u64(),
-            one["both_bad"].as_u64()
-        ),
-        (Some(1), Some(1), Some(1))
-    );
-    assert_eq!(
-        (
-            two["wins"].as_u64(),
-            two["losses"].as_u64(),
-            two["both_bad"].as_u64()
-        ),
-        (Some(1), Some(1), Some(1))
-    );
+    assert_eq!((one["wins"].as_u64(), one["losses"].as_u64(), one["both_bad"].as_u64()), (Some(1), Some(1), Some(1)));
+    assert_eq!((two["wins"].as_u64(), two["losses"].as_u64(), two["both_bad"].as_u64()), (Some(1), Some(1), Some(1)));
     // 1016/984 after A; then B wins from 984: +17.47 → 1001.47 / 998.53; then a draw at
     // 998.53 vs 1001.47 moves mock-1 by 32 * (0.5 - 0.49577) = +0.135.
     assert_eq!(one["rating"].as_f64().unwrap(), 998.7);
@@ -319,17 +229,13 @@ async fn the_leaderboard_follows_the_votes() {
 async fn a_long_conversation_is_trimmed_at_the_threshold_with_tool_pairs_intact() {
     let turn = |text: &str| {
         vec![
-            data(
-                json!({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop"}]}),
-            ),
+            data(json!({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop"}]})),
             "data: [DONE]\n\n".to_owned(),
         ]
     };
     let tool_call = vec![
-        data(
-            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-            "function": {"name": "calculator", "arguments": "{\"expression\": \"2+2\"}"}}]}, "finish_reason": "tool_calls"}]}),
-        ),
+        data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "calculator", "arguments": "{\"expression\": \"2+2\"}"}}]}, "finish_reason": "tool_calls"}]})),
         "data: [DONE]\n\n".to_owned(),
     ];
     let long = "word ".repeat(60); // about 75 tokens
@@ -344,61 +250,35 @@ async fn a_long_conversation_is_trimmed_at_the_threshold_with_tool_pairs_intact(
         provider.base
     );
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
-    let first = app
-        .chat("ann", json!({"message": format!("compute {long}")}))
-        .await;
+    let first = app.chat("ann", json!({"message": format!("compute {long}")})).await;
     let conversation = first[0].data["conversation_id"].clone();
     let mut last = first;
     for n in 0..4 {
-        last = app
-            .chat(
-                "ann",
-                json!({"message": format!("turn {n} {long}"), "conversation_id": conversation}),
-            )
-            .await;
+        last = app.chat("ann", json!({"message": format!("turn {n} {long}"), "conversation_id": conversation})).await;
     }
     let requests = provider.received();
-    let sizes: Vec<usize> = requests
-        .iter()
-        .map(|r| r.body["messages"].as_array().unwrap().len())
-        .collect();
+    let sizes: Vec<usize> = requests.iter().map(|r| r.body["messages"].as_array().unwrap().len()).collect();
     // Untrimmed the history grows by two each turn; trimmed it stops growing.
     assert!(sizes.last().unwrap() < &(sizes[1] + 8), "{sizes:?}");
     for request in &requests {
         let messages = request.body["messages"].as_array().unwrap();
-        assert_eq!(
-            messages[0]["role"], "system",
-            "the system prompt is always kept"
-        );
+        assert_eq!(messages[0]["role"], "system", "the system prompt is always kept");
         assert_eq!(messages[1]["role"], "user", "history starts with the user");
         for (i, m) in messages.iter().enumerate() {
             if m.get("tool_calls").is_some() {
                 assert_eq!(messages[i + 1]["role"], "tool", "a call keeps its result");
             }
             if m["role"] == "tool" {
-                assert!(
-                    messages[i - 1].get("tool_calls").is_some(),
-                    "a result keeps its call"
-                );
+                assert!(messages[i - 1].get("tool_calls").is_some(), "a result keeps its call");
             }
         }
     }
-    let (_, loaded) = app
-        .get(
-            &format!("/api/conversations/{}", conversation.as_str().unwrap()),
-            "ann",
-        )
-        .await;
+    let (_, loaded) = app.get(&format!("/api/conversations/{}", conversation.as_str().unwrap()), "ann").await;
     let state = &loaded["context_state"];
     assert_eq!(state["strategy"], "trim_oldest", "{loaded}");
     assert!(state["dropped"].as_u64().unwrap() > 0);
     assert!(state["estimate"].as_u64().unwrap() <= 700);
-    let (_, trace) = app
-        .get(
-            &format!("/api/trace/{}", last[0].data["trace_id"].as_str().unwrap()),
-            "ann",
-        )
-        .await;
+    let (_, trace) = app.get(&format!("/api/trace/{}", last[0].data["trace_id"].as_str().unwrap()), "ann").await;
     assert_eq!(
         trace["spans"][0]["attributes"]["chatd.context"]["dropped"], state["dropped"],
         "the trace records the trim"
@@ -420,94 +300,42 @@ async fn the_legacy_api_carries_the_same_run() {
         .unwrap();
     let legacy = read_frames(response).await;
     let kinds: Vec<&str> = legacy.iter().map(Frame::kind).collect();
-    assert!(
-        kinds
-            .iter()
-            .all(|k| ["chunk", "tool_start", "tool_output", "tool_end", "done"].contains(k)),
-        "{kinds:?}"
-    );
+    assert!(kinds.iter().all(|k| ["chunk", "tool_start", "tool_output", "tool_end", "done"].contains(k)), "{kinds:?}");
     assert_eq!(kinds.last(), Some(&"done"));
-    let chunks: String = legacy
-        .iter()
-        .filter(|f| f.kind() == "chunk")
-        .map(|f| f.data["content"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        chunks,
-        joined(&canonical, "text_delta"),
-        "the same text as the canonical stream"
-    );
+    let chunks: String =
+        legacy.iter().filter(|f| f.kind() == "chunk").map(|f| f.data["content"].as_str().unwrap()).collect();
+    assert_eq!(chunks, joined(&canonical, "text_delta"), "the same text as the canonical stream");
     let conversation = legacy.last().unwrap().data["conversation_id"].clone();
-    assert!(
-        legacy
-            .iter()
-            .filter(|f| f.kind() == "chunk")
-            .all(|f| f.data["conversation_id"] == conversation)
-    );
+    assert!(legacy.iter().filter(|f| f.kind() == "chunk").all(|f| f.data["conversation_id"] == conversation));
     let tool_start = legacy.iter().find(|f| f.kind() == "tool_start").unwrap();
     assert_eq!(tool_start.data["tool_name"], "calculator");
     assert_eq!(tool_start.data["tool_args"], json!({"expression": "3*3"}));
-    assert_eq!(
-        legacy.iter().find(|f| f.kind() == "tool_end").unwrap().data["status"],
-        "success"
-    );
+    assert_eq!(legacy.iter().find(|f| f.kind() == "tool_end").unwrap().data["status"], "success");
 
-    let message_id = legacy.last().unwrap().data["message_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    app.call(
-        Method::PUT,
-        &format!("/api/messages/{message_id}/feedback"),
-        "ann",
-        Some(json!({"rating": "down"})),
-    )
-    .await;
-    let (status, loaded) = app
-        .get(
-            &format!(
-                "/api/load_conversation?conversation_id={}",
-                conversation.as_str().unwrap()
-            ),
-            "ann",
-        )
+    let message_id = legacy.last().unwrap().data["message_id"].as_str().unwrap().to_owned();
+    app.call(Method::PUT, &format!("/api/messages/{message_id}/feedback"), "ann", Some(json!({"rating": "down"})))
         .await;
+    let (status, loaded) =
+        app.get(&format!("/api/load_conversation?conversation_id={}", conversation.as_str().unwrap()), "ann").await;
     assert_eq!(status, 200);
     assert_eq!(loaded["messages"][1]["feedback"], "down");
     assert_eq!(loaded["messages"][0]["role"], "user");
-    let (_, listed) = app
-        .get("/api/list_conversations?client_id=ann", "someone-else")
-        .await;
+    let (_, listed) = app.get("/api/list_conversations?client_id=ann", "someone-else").await;
     let listed = listed["conversations"].as_array().unwrap();
     assert_eq!(listed.len(), 2);
     assert_eq!(listed[0]["conversation_id"], conversation, "newest first");
     assert!(listed[0]["last_message_at"].is_string() && listed[0]["title"].is_string());
-    assert_eq!(
-        app.get("/api/load_conversation?conversation_id=nope", "ann")
-            .await
-            .0,
-        400
-    );
+    assert_eq!(app.get("/api/load_conversation?conversation_id=nope", "ann").await.0, 400);
 }
 
 #[tokio::test]
 async fn titles_can_be_refined_in_the_background() {
     let app = TestApp::spawn(Backend::Sqlite, "[chat]\nrefine_titles = true\n[[providers.mock.rules]]\nwhen = \"trip to Oslo\"\ntext = \"Planning a Trip to Oslo\"\nthinking = \"t\"").await;
-    let frames = app
-        .chat(
-            "ann",
-            json!({"message": "I want to plan a trip to Oslo next spring with my family"}),
-        )
-        .await;
-    let conversation = frames[0].data["conversation_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let frames = app.chat("ann", json!({"message": "I want to plan a trip to Oslo next spring with my family"})).await;
+    let conversation = frames[0].data["conversation_id"].as_str().unwrap().to_owned();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let (_, loaded) = app
-            .get(&format!("/api/conversations/{conversation}"), "ann")
-            .await;
+        let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
         if loaded["title"] == "Planning a Trip to Oslo" {
             break;
         }
@@ -515,10 +343,7 @@ async fn titles_can_be_refined_in_the_background() {
             loaded["title"], "I want to plan a trip to Oslo next spring with my family",
             "until then, the first line"
         );
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the title was never refined"
-        );
+        assert!(std::time::Instant::now() < deadline, "the title was never refined");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }

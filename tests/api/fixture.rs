@@ -88,10 +88,7 @@ pub struct Fixture {
 
 impl Fixture {
     pub async fn start(script: Vec<Scripted>) -> Self {
-        let shared = Shared {
-            script: Arc::new(Mutex::new(script.into())),
-            ..Shared::default()
-        };
+        let shared = Shared { script: Arc::new(Mutex::new(script.into())), ..Shared::default() };
         let app = Router::new().fallback(answer).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -106,14 +103,8 @@ impl Fixture {
 
 async fn answer(State(shared): State<Shared>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, usize::MAX)
-        .await
-        .unwrap_or_default();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.to_string())
-        .unwrap_or_default();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+    let path = parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
     shared.received.lock().unwrap().push(Received {
         path,
         headers: parts.headers,
@@ -121,10 +112,7 @@ async fn answer(State(shared): State<Shared>, request: Request) -> Response {
     });
     let next = shared.script.lock().unwrap().pop_front();
     let Some(scripted) = next else {
-        return Response::builder()
-            .status(500)
-            .body(Body::from("fixture: no scripted response left"))
-            .unwrap();
+        return Response::builder().status(500).body(Body::from("fixture: no scripted response left")).unwrap();
     };
     let body = futures_util::stream::iter(scripted.parts)
         .then(|part| async move {
@@ -158,8 +146,5 @@ pub fn data(json: Value) -> String {
 
 /// `event: <type>` + `data: <json>` (Anthropic).
 pub fn event(json: Value) -> String {
-    format!(
-        "event: {}\ndata: {json}\n\n",
-        json["type"].as_str().unwrap()
-    )
+    format!("event: {}\ndata: {json}\n\n", json["type"].as_str().unwrap())
 }

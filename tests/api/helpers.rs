@@ -32,11 +32,7 @@ impl TestDb {
                 let dir = tempfile::tempdir().expect("temp dir");
                 // A folder that does not exist yet: chatd must create it.
                 let url = format!("sqlite://{}/nested/chatd.db", dir.path().display());
-                Self {
-                    url,
-                    _dir: Some(dir),
-                    postgres: None,
-                }
+                Self { url, _dir: Some(dir), postgres: None }
             }
             Backend::Postgres => {
                 let admin = std::env::var("CHATD_TEST_POSTGRES_URL")
@@ -45,16 +41,9 @@ impl TestDb {
                 let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
                     .await
                     .expect("CHATD_TEST_POSTGRES_URL must reach a Postgres server");
-                sqlx::query(&format!("create database {name}"))
-                    .execute(&mut conn)
-                    .await
-                    .expect("create database");
+                sqlx::query(&format!("create database {name}")).execute(&mut conn).await.expect("create database");
                 let url = replace_database(&admin, &name);
-                Self {
-                    url,
-                    _dir: None,
-                    postgres: Some((admin, name)),
-                }
+                Self { url, _dir: None, postgres: Some((admin, name)) }
             }
         }
     }
@@ -62,9 +51,7 @@ impl TestDb {
 
 /// The same server URL with another database name.
 fn replace_database(url: &str, name: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
     let root = match base.rfind('/') {
         Some(slash) if slash > "postgres://".len() => &base[..slash],
         _ => base,
@@ -82,15 +69,10 @@ impl Drop for TestDb {
         };
         // Drop runs inside the test's runtime, which cannot block: use a thread of its own.
         let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             runtime.block_on(async {
                 let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await?;
-                sqlx::query(&format!("drop database if exists {name} with (force)"))
-                    .execute(&mut conn)
-                    .await?;
+                sqlx::query(&format!("drop database if exists {name} with (force)")).execute(&mut conn).await?;
                 Ok::<_, sqlx::Error>(())
             })
         })
@@ -145,19 +127,8 @@ impl TestApp {
         let (shutdown, stop, log) = (app.shutdown_token(), app.shutdown_handle(), app.event_log());
         // The listener is bound already: requests queue until `run` accepts them.
         tokio::spawn(app.run());
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("client");
-        Self {
-            base,
-            db_url: url.to_owned(),
-            client,
-            log,
-            stop,
-            shutdown,
-            _db: None,
-        }
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
+        Self { base, db_url: url.to_owned(), client, log, stop, shutdown, _db: None }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -165,28 +136,15 @@ impl TestApp {
     }
 
     /// Sends a request as `user` (auth mode none: the X-Client-Id header).
-    pub async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        user: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut request = self
-            .client
-            .request(method, self.url(path))
-            .header("x-client-id", user);
+    pub async fn call(&self, method: Method, path: &str, user: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut request = self.client.request(method, self.url(path)).header("x-client-id", user);
         if let Some(body) = body {
             request = request.json(&body);
         }
         let response = request.send().await.expect("request sent");
         let status = response.status();
         let text = response.text().await.expect("body");
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).expect("JSON body")
-        };
+        let value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).expect("JSON body") };
         (status, value)
     }
 
@@ -248,11 +206,7 @@ pub async fn read_frames(response: reqwest::Response) -> Vec<Frame> {
 
 /// The concatenated `text` of all events of one type.
 pub fn joined(frames: &[Frame], kind: &str) -> String {
-    frames
-        .iter()
-        .filter(|f| f.kind() == kind)
-        .map(|f| f.data["text"].as_str().unwrap_or_default())
-        .collect()
+    frames.iter().filter(|f| f.kind() == kind).map(|f| f.data["text"].as_str().unwrap_or_default()).collect()
 }
 
 /// Declares an async test once per backend: `name::sqlite` and `name::postgres`. The

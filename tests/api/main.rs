@@ -11,5 +11,6 @@ mod features;
 mod mcp;
 mod providers;
 mod runs;
+mod security;
 mod store;
 mod tools;

@@ -19,9 +19,7 @@ const LONG_RUNNING: &str = "trigger-long-running-operation";
 /// A file of the installed servers, or a failure that says how to install them.
 fn installed(relative: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp");
-    let marker = root
-        .join(relative.split('/').next().unwrap_or_default())
-        .join(".chatd-installed");
+    let marker = root.join(relative.split('/').next().unwrap_or_default()).join(".chatd-installed");
     let path = root.join(relative);
     assert!(
         marker.exists() && path.exists(),
@@ -44,10 +42,7 @@ fn stdio(command: impl Into<String>, args: &[&str]) -> McpServerSettings {
 fn time_server() -> McpServerSettings {
     let python = installed("venv/bin/python");
     let python = python.to_str().expect("utf-8 path");
-    stdio(
-        python,
-        &["-m", "mcp_server_time", "--local-timezone", "UTC"],
-    )
+    stdio(python, &["-m", "mcp_server_time", "--local-timezone", "UTC"])
 }
 
 fn everything_server() -> McpServerSettings {
@@ -69,10 +64,8 @@ impl Drop for Servers {
 
 impl Servers {
     async fn start(servers: Vec<(&str, McpServerSettings)>) -> Self {
-        let servers: BTreeMap<String, McpServerSettings> = servers
-            .into_iter()
-            .map(|(id, s)| (id.to_owned(), s))
-            .collect();
+        let servers: BTreeMap<String, McpServerSettings> =
+            servers.into_iter().map(|(id, s)| (id.to_owned(), s)).collect();
         let shutdown = CancellationToken::new();
         let manager = McpManager::start(&servers, shutdown.clone());
         manager.wait_ready(Duration::from_secs(15)).await;
@@ -80,11 +73,7 @@ impl Servers {
     }
 
     fn status(&self, id: &str) -> McpServerStatus {
-        self.manager
-            .status()
-            .into_iter()
-            .find(|s| s.id == id)
-            .unwrap_or_else(|| panic!("no status for {id}"))
+        self.manager.status().into_iter().find(|s| s.id == id).unwrap_or_else(|| panic!("no status for {id}"))
     }
 
     fn tool(&self, name: &str) -> Arc<dyn Tool> {
@@ -109,27 +98,17 @@ impl Servers {
             if done(&status) {
                 return status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "gave up waiting; last status: {status:?}"
-            );
+            assert!(Instant::now() < deadline, "gave up waiting; last status: {status:?}");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 }
 
 /// A call's context, the progress it reports, and its cancel token.
-fn context() -> (
-    ToolCallContext,
-    mpsc::UnboundedReceiver<ToolProgress>,
-    CancellationToken,
-) {
+fn context() -> (ToolCallContext, mpsc::UnboundedReceiver<ToolProgress>, CancellationToken) {
     let (progress, reports) = mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
-    let ctx = ToolCallContext {
-        progress,
-        cancel: cancel.clone(),
-    };
+    let ctx = ToolCallContext { progress, cancel: cancel.clone() };
     (ctx, reports, cancel)
 }
 
@@ -144,11 +123,7 @@ async fn call(tool: &Arc<dyn Tool>, input: Value) -> Result<String, chatd::tools
 /// Whether a process runs (a zombie is dead: it only waits to be reaped).
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !matches!(
-            stat.rsplit_once(") ")
-                .and_then(|(_, rest)| rest.chars().next()),
-            Some('Z' | 'X')
-        ),
+        Ok(stat) => !matches!(stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()), Some('Z' | 'X')),
         Err(_) => false,
     }
 }
@@ -171,32 +146,19 @@ async fn servers_become_ready_and_list_their_tools_with_schemas() {
     assert!(!servers.manager.is_global("nope"));
 
     let time = servers.status("time");
-    assert!(
-        time.tools.contains(&"get_current_time".to_owned()),
-        "{time:?}"
-    );
+    assert!(time.tools.contains(&"get_current_time".to_owned()), "{time:?}");
     assert!(time.tools.contains(&"convert_time".to_owned()), "{time:?}");
 
     let spec = servers.tool("get_current_time").spec();
     assert!(!spec.description.is_empty());
     assert_eq!(spec.input_schema["type"], "object");
-    assert_eq!(
-        spec.input_schema["properties"]["timezone"]["type"],
-        "string"
-    );
-    assert!(
-        spec.input_schema["required"]
-            .as_array()
-            .is_some_and(|r| r.contains(&json!("timezone")))
-    );
+    assert_eq!(spec.input_schema["properties"]["timezone"]["type"], "string");
+    assert!(spec.input_schema["required"].as_array().is_some_and(|r| r.contains(&json!("timezone"))));
 
     let echo = servers.tool("echo").spec();
     assert_eq!(echo.input_schema["properties"]["message"]["type"], "string");
     let long = servers.tool(LONG_RUNNING).spec();
-    assert!(
-        long.input_schema["properties"]["steps"].is_object(),
-        "{long:?}"
-    );
+    assert!(long.input_schema["properties"]["steps"].is_object(), "{long:?}");
 
     // Every tool is reported under its own server.
     for (server, tool) in servers.manager.tools() {
@@ -211,18 +173,14 @@ async fn get_current_time_answers_for_a_timezone() {
     let servers = Servers::start(vec![("time", time_server())]).await;
     let tool = servers.tool("get_current_time");
 
-    let text = call(&tool, json!({"timezone": "Asia/Tokyo"}))
-        .await
-        .expect("time");
+    let text = call(&tool, json!({"timezone": "Asia/Tokyo"})).await.expect("time");
     let answer: Value = serde_json::from_str(&text).expect("JSON text");
     assert_eq!(answer["timezone"], "Asia/Tokyo");
     let datetime = answer["datetime"].as_str().expect("datetime");
     assert!(datetime.ends_with("+09:00"), "{datetime}");
 
     // A tool error (`isError`) is the tool's answer, not a reason to retry.
-    let error = call(&tool, json!({"timezone": "Mars/Olympus_Mons"}))
-        .await
-        .expect_err("bad zone");
+    let error = call(&tool, json!({"timezone": "Mars/Olympus_Mons"})).await.expect_err("bad zone");
     assert!(error.message.contains("Invalid timezone"), "{error:?}");
     assert!(!error.retryable);
 }
@@ -230,14 +188,10 @@ async fn get_current_time_answers_for_a_timezone() {
 #[tokio::test]
 async fn echo_round_trips_and_structured_content_becomes_the_payload() {
     let mut everything = everything_server();
-    everything
-        .env
-        .insert("CHATD_MCP_TEST_MARKER".into(), "marker-5150".into());
+    everything.env.insert("CHATD_MCP_TEST_MARKER".into(), "marker-5150".into());
     let servers = Servers::start(vec![("everything", everything)]).await;
 
-    let text = call(&servers.tool("echo"), json!({"message": "héllo, wörld"}))
-        .await
-        .expect("echo");
+    let text = call(&servers.tool("echo"), json!({"message": "héllo, wörld"})).await.expect("echo");
     assert_eq!(text, "Echo: héllo, wörld");
 
     let (ctx, _reports, _cancel) = context();
@@ -252,9 +206,7 @@ async fn echo_round_trips_and_structured_content_becomes_the_payload() {
 
     // The settings' env reaches the child, with PATH but not the rest of chatd's environment
     // (where its API keys are).
-    let env = call(&servers.tool("get-env"), json!({}))
-        .await
-        .expect("env");
+    let env = call(&servers.tool("get-env"), json!({})).await.expect("env");
     let env: BTreeMap<String, String> = serde_json::from_str(&env).expect("JSON env");
     assert_eq!(env["CHATD_MCP_TEST_MARKER"], "marker-5150");
     assert!(env.contains_key("PATH"));
@@ -264,9 +216,7 @@ async fn echo_round_trips_and_structured_content_becomes_the_payload() {
     }
 
     // Arguments that are not an object are refused before they reach the server.
-    let error = call(&servers.tool("echo"), json!("hi"))
-        .await
-        .expect_err("not an object");
+    let error = call(&servers.tool("echo"), json!("hi")).await.expect_err("not an object");
     assert!(!error.retryable);
 }
 
@@ -275,11 +225,7 @@ async fn progress_notifications_arrive_in_order() {
     let servers = Servers::start(vec![("everything", everything_server())]).await;
     let (ctx, mut reports, _cancel) = context();
 
-    let output = servers
-        .tool(LONG_RUNNING)
-        .call(json!({"duration": 1, "steps": 5}), ctx)
-        .await
-        .expect("completes");
+    let output = servers.tool(LONG_RUNNING).call(json!({"duration": 1, "steps": 5}), ctx).await.expect("completes");
     assert!(output.text.contains("completed"), "{}", output.text);
 
     let mut seen = Vec::new();
@@ -311,20 +257,13 @@ async fn cancelling_a_call_returns_at_once_and_tells_the_server() {
     let servers = Servers::start(vec![("everything", tapped)]).await;
     let (ctx, mut reports, cancel) = context();
     let tool = servers.tool(LONG_RUNNING);
-    let call =
-        tokio::spawn(async move { tool.call(json!({"duration": 20, "steps": 40}), ctx).await });
+    let call = tokio::spawn(async move { tool.call(json!({"duration": 20, "steps": 40}), ctx).await });
 
     // Running for sure once its first progress arrives.
-    tokio::time::timeout(Duration::from_secs(5), reports.recv())
-        .await
-        .expect("progress")
-        .expect("a report");
+    tokio::time::timeout(Duration::from_secs(5), reports.recv()).await.expect("progress").expect("a report");
     let cancelled_at = Instant::now();
     cancel.cancel();
-    let result = tokio::time::timeout(Duration::from_secs(1), call)
-        .await
-        .expect("returns at once")
-        .expect("no panic");
+    let result = tokio::time::timeout(Duration::from_secs(1), call).await.expect("returns at once").expect("no panic");
     assert!(cancelled_at.elapsed() < Duration::from_millis(500));
     let error = result.expect_err("cancelled");
     assert_eq!(error.message, "cancelled");
@@ -342,16 +281,13 @@ async fn cancelling_a_call_returns_at_once_and_tells_the_server() {
             .iter()
             .find(|m| m["method"] == "tools/call" && m["params"]["name"] == LONG_RUNNING)
             .expect("the call was sent");
-        let told = messages.iter().any(|m| {
-            m["method"] == "notifications/cancelled" && m["params"]["requestId"] == request["id"]
-        });
+        let told = messages
+            .iter()
+            .any(|m| m["method"] == "notifications/cancelled" && m["params"]["requestId"] == request["id"]);
         if told {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "no notifications/cancelled in {messages:?}"
-        );
+        assert!(Instant::now() < deadline, "no notifications/cancelled in {messages:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
@@ -362,9 +298,7 @@ async fn cancelling_a_call_returns_at_once_and_tells_the_server() {
 }
 
 async fn call_echo(servers: &Servers) -> String {
-    call(&servers.tool("echo"), json!({"message": "still here"}))
-        .await
-        .expect("echo")
+    call(&servers.tool("echo"), json!({"message": "still here"})).await.expect("echo")
 }
 
 #[tokio::test]
@@ -375,17 +309,10 @@ async fn a_killed_server_is_restarted_and_its_call_in_flight_is_retryable() {
 
     let (ctx, mut reports, _cancel) = context();
     let tool = servers.tool(LONG_RUNNING);
-    let in_flight =
-        tokio::spawn(async move { tool.call(json!({"duration": 20, "steps": 40}), ctx).await });
-    tokio::time::timeout(Duration::from_secs(5), reports.recv())
-        .await
-        .expect("progress")
-        .expect("a report");
+    let in_flight = tokio::spawn(async move { tool.call(json!({"duration": 20, "steps": 40}), ctx).await });
+    tokio::time::timeout(Duration::from_secs(5), reports.recv()).await.expect("progress").expect("a report");
 
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .expect("kill runs");
+    let killed = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill runs");
     assert!(killed.success());
 
     let result = tokio::time::timeout(Duration::from_secs(5), in_flight)
@@ -420,13 +347,7 @@ async fn a_server_that_cannot_start_fails_without_blocking_the_others() {
         ("ghost", stdio("/nonexistent/chatd-mcp-ghost", &["--stdio"])),
         (
             "nowhere",
-            McpServerSettings {
-                command: None,
-                args: Vec::new(),
-                env: BTreeMap::new(),
-                url: None,
-                global: true,
-            },
+            McpServerSettings { command: None, args: Vec::new(), env: BTreeMap::new(), url: None, global: true },
         ),
         ("everything", everything_server()),
     ])
@@ -434,10 +355,7 @@ async fn a_server_that_cannot_start_fails_without_blocking_the_others() {
     assert!(started.elapsed() < Duration::from_secs(10));
 
     let ghost = servers.status("ghost");
-    assert!(
-        matches!(ghost.state, McpState::Failed | McpState::Restarting),
-        "{ghost:?}"
-    );
+    assert!(matches!(ghost.state, McpState::Failed | McpState::Restarting), "{ghost:?}");
     let error = ghost.last_error.expect("why it failed");
     assert!(error.contains("/nonexistent/chatd-mcp-ghost"), "{error}");
     assert!(ghost.tools.is_empty());
@@ -447,47 +365,28 @@ async fn a_server_that_cannot_start_fails_without_blocking_the_others() {
     assert!(nowhere.last_error.is_some_and(|e| e.contains("command")));
 
     assert_eq!(servers.status("everything").state, McpState::Ready);
-    assert!(
-        servers
-            .manager
-            .tools()
-            .iter()
-            .all(|(server, _)| server == "everything")
-    );
+    assert!(servers.manager.tools().iter().all(|(server, _)| server == "everything"));
     assert_eq!(call_echo(&servers).await, "Echo: still here");
 
     // It keeps being retried, with backoff.
-    servers
-        .until("ghost", Duration::from_secs(5), |s| s.restarts >= 2)
-        .await;
+    servers.until("ghost", Duration::from_secs(5), |s| s.restarts >= 2).await;
 }
 
 #[tokio::test]
 async fn shutdown_stops_the_child_processes() {
-    let servers = Servers::start(vec![
-        ("time", time_server()),
-        ("everything", everything_server()),
-    ])
-    .await;
-    let pids: Vec<u32> = ["time", "everything"]
-        .iter()
-        .map(|id| servers.manager.pid(id).expect("a child pid"))
-        .collect();
+    let servers = Servers::start(vec![("time", time_server()), ("everything", everything_server())]).await;
+    let pids: Vec<u32> =
+        ["time", "everything"].iter().map(|id| servers.manager.pid(id).expect("a child pid")).collect();
     assert!(pids.iter().all(|pid| alive(*pid)));
 
     servers.shutdown.cancel();
     let deadline = Instant::now() + Duration::from_secs(8);
     while pids.iter().any(|pid| alive(*pid)) {
-        assert!(
-            Instant::now() < deadline,
-            "children still running: {pids:?}"
-        );
+        assert!(Instant::now() < deadline, "children still running: {pids:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for id in ["time", "everything"] {
-        servers
-            .until(id, Duration::from_secs(2), |s| s.tools.is_empty())
-            .await;
+        servers.until(id, Duration::from_secs(2), |s| s.tools.is_empty()).await;
     }
     assert!(servers.manager.tools().is_empty());
 }
@@ -495,10 +394,7 @@ async fn shutdown_stops_the_child_processes() {
 #[tokio::test]
 async fn a_streamable_http_server_works() {
     let script = installed(&format!("node/{EVERYTHING}"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
     let _server = tokio::process::Command::new("node")
         .arg(&script)
         .arg("streamableHttp")
@@ -518,21 +414,13 @@ async fn a_streamable_http_server_works() {
     };
     // The first attempts may find the port closed while node starts: they are retried.
     let servers = Servers::start(vec![("remote", settings)]).await;
-    let status = servers
-        .until("remote", Duration::from_secs(8), |s| {
-            s.state == McpState::Ready
-        })
-        .await;
+    let status = servers.until("remote", Duration::from_secs(8), |s| s.state == McpState::Ready).await;
     assert_eq!(status.transport, "http");
     assert!(status.tools.contains(&"echo".to_owned()), "{status:?}");
     assert_eq!(call_echo(&servers).await, "Echo: still here");
 
     let (ctx, mut reports, _cancel) = context();
-    servers
-        .tool(LONG_RUNNING)
-        .call(json!({"duration": 0.3, "steps": 3}), ctx)
-        .await
-        .expect("completes");
+    servers.tool(LONG_RUNNING).call(json!({"duration": 0.3, "steps": 3}), ctx).await.expect("completes");
     let mut seen = 0;
     while reports.try_recv().is_ok() {
         seen += 1;
@@ -559,10 +447,7 @@ async fn until_ready(app: &crate::helpers::TestApp) -> serde_json::Value {
         if !servers.is_empty() && servers.iter().all(|s| s["state"] == "ready") {
             return tools;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "MCP servers not ready: {tools}"
-        );
+        assert!(std::time::Instant::now() < deadline, "MCP servers not ready: {tools}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -578,57 +463,27 @@ async fn through_chatd_mcp_tools_stream_progress_and_clashing_names_get_the_serv
     );
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
     let tools = until_ready(&app).await;
-    let names: Vec<&str> = tools["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
+    let names: Vec<&str> = tools["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert!(names.contains(&"get_current_time"), "{names:?}");
-    let clashing = if names.contains(&"clock_get_current_time") {
-        "clock"
-    } else {
-        "time"
-    };
+    let clashing = if names.contains(&"clock_get_current_time") { "clock" } else { "time" };
     let renamed = format!("{clashing}_get_current_time");
-    assert!(
-        names.contains(&renamed.as_str()),
-        "the second server's tool is prefixed: {names:?}"
-    );
-    let source = tools["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == renamed.as_str())
-        .unwrap()["source"]
-        .clone();
+    assert!(names.contains(&renamed.as_str()), "the second server's tool is prefixed: {names:?}");
+    let source =
+        tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == renamed.as_str()).unwrap()["source"].clone();
     assert_eq!(source, json!({"kind": "mcp", "server": clashing}));
 
     let message = format!(
         r#"[mock:tool={LONG_RUNNING} {{"duration": 1, "steps": 4}}] [mock:tool={renamed} {{"timezone": "Europe/Paris"}}]"#
     );
     let frames = app.chat("ann", json!({"message": message})).await;
-    let progress: Vec<f64> = frames
-        .iter()
-        .filter(|f| f.kind() == "tool_progress")
-        .map(|f| f.data["progress"].as_f64().unwrap())
-        .collect();
-    assert_eq!(
-        progress,
-        [0.25, 0.5, 0.75, 1.0],
-        "progress in order, from 0 to 1"
-    );
-    let completes: Vec<&Frame> = frames
-        .iter()
-        .filter(|f| f.kind() == "tool_complete")
-        .collect();
+    let progress: Vec<f64> =
+        frames.iter().filter(|f| f.kind() == "tool_progress").map(|f| f.data["progress"].as_f64().unwrap()).collect();
+    assert_eq!(progress, [0.25, 0.5, 0.75, 1.0], "progress in order, from 0 to 1");
+    let completes: Vec<&Frame> = frames.iter().filter(|f| f.kind() == "tool_complete").collect();
     assert_eq!(completes.len(), 2);
-    assert!(
-        completes.iter().all(|c| c.data["status"] == "success"),
-        "{completes:?}"
-    );
-    let paris = frames.iter().find(|f| {
-        f.kind() == "tool_output" && f.data["output"].as_str().unwrap().contains("Europe/Paris")
-    });
+    assert!(completes.iter().all(|c| c.data["status"] == "success"), "{completes:?}");
+    let paris = frames
+        .iter()
+        .find(|f| f.kind() == "tool_output" && f.data["output"].as_str().unwrap().contains("Europe/Paris"));
     assert!(paris.is_some(), "the renamed tool reached the right server");
 }

@@ -33,10 +33,7 @@ impl Run {
 
     async fn conversation(&self) -> Value {
         let id = self.frames[0].data["conversation_id"].as_str().unwrap();
-        self.app
-            .get(&format!("/api/conversations/{id}"), "ann")
-            .await
-            .1
+        self.app.get(&format!("/api/conversations/{id}"), "ann").await.1
     }
 
     async fn trace(&self) -> Value {
@@ -78,12 +75,7 @@ async fn run(kind: &str, script: Vec<Scripted>, extra: &str, message: &str) -> R
     );
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
     let frames = app.chat("ann", json!({"message": message})).await;
-    Run {
-        app,
-        fixture,
-        frames,
-        _key: key,
-    }
+    Run { app, fixture, frames, _key: key }
 }
 
 fn openai_chunk(delta: Value, finish: Option<&str>) -> String {
@@ -104,15 +96,8 @@ fn openai_usage(prompt: u64, completion: u64) -> String {
 const DONE: &str = "data: [DONE]\n\n";
 
 fn openai_text(pieces: &[&str]) -> Vec<String> {
-    let mut frames = vec![openai_chunk(
-        json!({"role": "assistant", "content": ""}),
-        None,
-    )];
-    frames.extend(
-        pieces
-            .iter()
-            .map(|p| openai_chunk(json!({"content": p}), None)),
-    );
+    let mut frames = vec![openai_chunk(json!({"role": "assistant", "content": ""}), None)];
+    frames.extend(pieces.iter().map(|p| openai_chunk(json!({"content": p}), None)));
     frames.push(openai_chunk(json!({}), Some("stop")));
     frames.push(openai_usage(9, 12));
     frames.push(DONE.to_owned());
@@ -120,11 +105,9 @@ fn openai_text(pieces: &[&str]) -> Vec<String> {
 }
 
 fn anthropic_start() -> Vec<String> {
-    vec![event(
-        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+    vec![event(json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
         "content": [], "model": "fx-model", "stop_reason": null, "stop_sequence": null,
-        "usage": {"input_tokens": 25, "cache_read_input_tokens": 5, "output_tokens": 1}}}),
-    )]
+        "usage": {"input_tokens": 25, "cache_read_input_tokens": 5, "output_tokens": 1}}}))]
 }
 
 fn anthropic_end(reason: &str, output_tokens: u64) -> Vec<String> {
@@ -137,14 +120,8 @@ fn anthropic_end(reason: &str, output_tokens: u64) -> Vec<String> {
 }
 
 fn anthropic_block(index: u64, block: Value, deltas: &[Value]) -> Vec<String> {
-    let mut frames = vec![event(
-        json!({"type": "content_block_start", "index": index, "content_block": block}),
-    )];
-    frames.extend(
-        deltas
-            .iter()
-            .map(|d| event(json!({"type": "content_block_delta", "index": index, "delta": d}))),
-    );
+    let mut frames = vec![event(json!({"type": "content_block_start", "index": index, "content_block": block}))];
+    frames.extend(deltas.iter().map(|d| event(json!({"type": "content_block_delta", "index": index, "delta": d}))));
     frames.push(event(json!({"type": "content_block_stop", "index": index})));
     frames
 }
@@ -160,10 +137,7 @@ fn gemini(parts: Value, finish: Option<&str>) -> String {
     } else {
         json!({"promptTokenCount": 8, "totalTokenCount": 8})
     };
-    format!(
-        "data: {}\r\n\r\n",
-        json!({"candidates": [candidate], "usageMetadata": usage, "modelVersion": "fx-model"})
-    )
+    format!("data: {}\r\n\r\n", json!({"candidates": [candidate], "usageMetadata": usage, "modelVersion": "fx-model"}))
 }
 
 // ---- OpenAI Chat Completions (and compatible servers) ----
@@ -179,27 +153,11 @@ async fn openai_text_streams_with_usage_and_a_correct_request() {
     .await;
     assert_eq!(
         r.kinds(),
-        [
-            "start",
-            "status",
-            "text_delta",
-            "text_delta",
-            "text_delta",
-            "text_delta",
-            "usage",
-            "complete",
-            "done"
-        ]
+        ["start", "status", "text_delta", "text_delta", "text_delta", "text_delta", "usage", "complete", "done"]
     );
     assert_eq!(joined(&r.frames, "text_delta"), "Hello world.");
     let usage = r.last("usage");
-    assert_eq!(
-        (
-            usage["input_tokens"].as_u64(),
-            usage["output_tokens"].as_u64()
-        ),
-        (Some(9), Some(12))
-    );
+    assert_eq!((usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64()), (Some(9), Some(12)));
     assert_eq!(usage["reasoning_tokens"], 3);
     let complete = &r.last("complete")["payload"];
     assert_eq!(complete["message"], "Hello world.");
@@ -216,23 +174,11 @@ async fn openai_text_streams_with_usage_and_a_correct_request() {
     assert_eq!(body["stream_options"]["include_usage"], true);
     assert_eq!(body["max_completion_tokens"], 300);
     assert!((body["temperature"].as_f64().unwrap() - 0.2).abs() < 1e-6);
-    assert!(
-        body["messages"][0]["content"]
-            .as_str()
-            .unwrap()
-            .starts_with("## Identity\nBe brief.")
-    );
+    assert!(body["messages"][0]["content"].as_str().unwrap().starts_with("## Identity\nBe brief."));
     assert_eq!(body["messages"][0]["role"], "system");
-    assert_eq!(
-        body["messages"][1],
-        json!({"role": "user", "content": "Say hello"})
-    );
-    let tools: Vec<&str> = body["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap())
-        .collect();
+    assert_eq!(body["messages"][1], json!({"role": "user", "content": "Say hello"}));
+    let tools: Vec<&str> =
+        body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
     assert_eq!(tools, ["current_time", "calculator"]);
 
     let conversation = r.conversation().await;
@@ -244,10 +190,7 @@ async fn openai_text_streams_with_usage_and_a_correct_request() {
 async fn openai_compatible_reasoning_fields_and_inline_think_tags_become_thinking() {
     let frames = vec![
         ": OPENROUTER PROCESSING\n\n".to_owned(),
-        openai_chunk(
-            json!({"role": "assistant", "reasoning_content": "Deep"}),
-            None,
-        ),
+        openai_chunk(json!({"role": "assistant", "reasoning_content": "Deep"}), None),
         openai_chunk(json!({"reasoning": "Seek."}), None),
         openai_chunk(json!({"content": "<thi"}), None),
         openai_chunk(json!({"content": "nk>inline</th"}), None),
@@ -255,27 +198,14 @@ async fn openai_compatible_reasoning_fields_and_inline_think_tags_become_thinkin
         openai_chunk(json!({}), Some("stop")),
         DONE.to_owned(),
     ];
-    let r = run(
-        "openai_compatible",
-        vec![Scripted::sse(&frames)],
-        "max_tokens = 50",
-        "why?",
-    )
-    .await;
+    let r = run("openai_compatible", vec![Scripted::sse(&frames)], "max_tokens = 50", "why?").await;
     assert_eq!(joined(&r.frames, "thinking_delta"), "DeepSeek.inline");
     assert_eq!(joined(&r.frames, "text_delta"), "Answer");
     for frame in &r.frames {
         let text = frame.data.to_string();
-        assert!(
-            !text.contains("think>") && !text.contains('\u{2404}'),
-            "{text}"
-        );
+        assert!(!text.contains("think>") && !text.contains('\u{2404}'), "{text}");
     }
-    assert_eq!(
-        r.fixture.received()[0].body["max_tokens"],
-        50,
-        "compatible servers get max_tokens"
-    );
+    assert_eq!(r.fixture.received()[0].body["max_tokens"], 50, "compatible servers get max_tokens");
     let message = &r.conversation().await["messages"][1];
     assert_eq!(message["thinking"], "DeepSeek.inline");
     assert_eq!(message["content"], "Answer");
@@ -283,10 +213,7 @@ async fn openai_compatible_reasoning_fields_and_inline_think_tags_become_thinkin
 
 #[tokio::test]
 async fn openai_tool_calls_stream_run_and_go_back_in_openai_format() {
-    let mut frames = vec![openai_chunk(
-        json!({"role": "assistant", "content": "Let me compute."}),
-        None,
-    )];
+    let mut frames = vec![openai_chunk(json!({"role": "assistant", "content": "Let me compute."}), None)];
     frames.push(openai_chunk(
         json!({"tool_calls": [{"index": 0, "id": "call_abc", "type": "function", "function": {"name": "calculator", "arguments": ""}}]}),
         None,
@@ -294,49 +221,26 @@ async fn openai_tool_calls_stream_run_and_go_back_in_openai_format() {
     let arguments = r#"{"expression": "6 * 7"}"#;
     for piece in arguments.as_bytes().chunks(4) {
         let piece = std::str::from_utf8(piece).unwrap();
-        frames.push(openai_chunk(
-            json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
-            None,
-        ));
+        frames.push(openai_chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}), None));
     }
     frames.push(openai_chunk(json!({}), Some("tool_calls")));
     frames.push(DONE.to_owned());
-    let script = vec![
-        Scripted::sse(&frames),
-        Scripted::sse(&openai_text(&["It is ", "42."])),
-    ];
+    let script = vec![Scripted::sse(&frames), Scripted::sse(&openai_text(&["It is ", "42."]))];
     let r = run("openai", script, "", "what is 6 times 7?").await;
-    let start = r
-        .frames
-        .iter()
-        .find(|f| f.kind() == "tool_input_start")
-        .unwrap();
+    let start = r.frames.iter().find(|f| f.kind() == "tool_input_start").unwrap();
     assert_eq!(
         start.data,
         json!({"type": "tool_input_start", "tool_call_id": "call_abc", "tool": "calculator", "index": 0})
     );
-    let deltas: String = r
-        .frames
-        .iter()
-        .filter(|f| f.kind() == "tool_input_delta")
-        .map(|f| f.data["delta"].as_str().unwrap())
-        .collect();
+    let deltas: String =
+        r.frames.iter().filter(|f| f.kind() == "tool_input_delta").map(|f| f.data["delta"].as_str().unwrap()).collect();
     assert_eq!(deltas, arguments);
-    assert_eq!(
-        r.last("tool_start")["input"],
-        json!({"expression": "6 * 7"})
-    );
+    assert_eq!(r.last("tool_start")["input"], json!({"expression": "6 * 7"}));
     assert_eq!(r.last("tool_output")["output"], "42");
     assert_eq!(r.last("tool_complete")["status"], "success");
     let complete = &r.last("complete")["payload"];
-    assert_eq!(
-        complete["message"],
-        "Let me compute.\n\n[[tool:0]]\n\nIt is 42."
-    );
-    assert_eq!(
-        joined(&r.frames, "text_delta"),
-        "Let me compute.\n\n[[tool:0]]\n\nIt is 42."
-    );
+    assert_eq!(complete["message"], "Let me compute.\n\n[[tool:0]]\n\nIt is 42.");
+    assert_eq!(joined(&r.frames, "text_delta"), "Let me compute.\n\n[[tool:0]]\n\nIt is 42.");
     assert_eq!(complete["tool_history"][0]["output"], "42");
     assert_eq!(complete["finish_reason"], "stop");
 
@@ -347,10 +251,7 @@ async fn openai_tool_calls_stream_run_and_go_back_in_openai_format() {
         json!({"role": "assistant", "content": "Let me compute.", "tool_calls": [
         {"id": "call_abc", "type": "function", "function": {"name": "calculator", "arguments": "{\"expression\":\"6 * 7\"}"}}]})
     );
-    assert_eq!(
-        second[3],
-        json!({"role": "tool", "tool_call_id": "call_abc", "content": "42"})
-    );
+    assert_eq!(second[3], json!({"role": "tool", "tool_call_id": "call_abc", "content": "42"}));
 
     let message = &r.conversation().await["messages"][1];
     assert_eq!(
@@ -368,25 +269,13 @@ async fn an_error_frame_on_http_200_fails_the_run_and_keeps_the_partial_text() {
         data(json!({"error": {"code": 502, "message": "Upstream provider crashed"}})),
     ];
     let r = run("openai_compatible", vec![Scripted::sse(&frames)], "", "go").await;
-    assert_eq!(
-        r.kinds(),
-        ["start", "status", "text_delta", "error", "done"]
-    );
+    assert_eq!(r.kinds(), ["start", "status", "text_delta", "error", "done"]);
     let error = r.last("error");
     assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
     assert_eq!(error["retryable"], true);
-    assert!(
-        error["message"]
-            .as_str()
-            .unwrap()
-            .contains("Upstream provider crashed")
-    );
+    assert!(error["message"].as_str().unwrap().contains("Upstream provider crashed"));
     let conversation = r.conversation().await;
-    assert_eq!(
-        conversation["messages"].as_array().unwrap().len(),
-        1,
-        "no assistant message"
-    );
+    assert_eq!(conversation["messages"].as_array().unwrap().len(), 1, "no assistant message");
     assert_eq!(r.trace().await["error"]["partial_text"], "Partial");
 }
 
@@ -397,11 +286,7 @@ async fn a_dropped_connection_is_a_network_error() {
         .then(Part::Drop);
     let r = run("openai", vec![script], "", "go").await;
     assert_eq!(joined(&r.frames, "text_delta"), "Half an ans");
-    assert_eq!(
-        r.fixture.received().len(),
-        1,
-        "never retried once output started"
-    );
+    assert_eq!(r.fixture.received().len(), 1, "never retried once output started");
     let error = r.last("error");
     assert_eq!(error["code"], "NETWORK_ERROR");
     assert_eq!(error["message"], "Connection failed");
@@ -411,10 +296,7 @@ async fn a_dropped_connection_is_a_network_error() {
 
 #[tokio::test]
 async fn a_stream_that_ends_without_its_terminal_frame_is_not_a_success() {
-    let frames = vec![
-        openai_chunk(json!({"content": "Cut"}), None),
-        openai_chunk(json!({}), Some("stop")),
-    ];
+    let frames = vec![openai_chunk(json!({"content": "Cut"}), None), openai_chunk(json!({}), Some("stop"))];
     let r = run("openai", vec![Scripted::sse(&frames)], "", "go").await;
     assert_eq!(r.last("error")["code"], "NETWORK_ERROR");
     assert!(r.frames.iter().all(|f| f.kind() != "complete"));
@@ -422,8 +304,7 @@ async fn a_stream_that_ends_without_its_terminal_frame_is_not_a_success() {
 
 #[tokio::test]
 async fn a_stalled_stream_ends_with_an_error_instead_of_hanging() {
-    let script =
-        Scripted::sse(&[openai_chunk(json!({"content": "Then silence"}), None)]).then(Part::Stall);
+    let script = Scripted::sse(&[openai_chunk(json!({"content": "Then silence"}), None)]).then(Part::Stall);
     let r = run("openai", vec![script], "", "go").await;
     assert_eq!(r.last("error")["code"], "NETWORK_ERROR");
     assert_eq!(r.trace().await["status"], "error");
@@ -431,10 +312,7 @@ async fn a_stalled_stream_ends_with_an_error_instead_of_hanging() {
 
 #[tokio::test]
 async fn an_unparsable_frame_fails_with_failed_to_parse() {
-    let frames = vec![
-        openai_chunk(json!({"content": "ok"}), None),
-        "data: {not json\n\n".to_owned(),
-    ];
+    let frames = vec![openai_chunk(json!({"content": "ok"}), None), "data: {not json\n\n".to_owned()];
     let r = run("openai", vec![Scripted::sse(&frames)], "", "go").await;
     let error = r.last("error");
     assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
@@ -455,59 +333,32 @@ async fn a_401_is_unauthorized_and_never_retried() {
     assert_eq!(error["message"], "Invalid API key");
     assert_eq!(error["retryable"], false);
     assert_eq!(r.fixture.received().len(), 1);
-    assert!(
-        !r.frames.iter().any(|f| f.data.to_string().contains(KEY)),
-        "the key never reaches a client"
-    );
+    assert!(!r.frames.iter().any(|f| f.data.to_string().contains(KEY)), "the key never reaches a client");
 }
 
 #[tokio::test]
 async fn a_429_is_retried_after_retry_after_then_succeeds() {
-    let limited =
-        Scripted::error(429, json!({"error": {"message": "slow down"}})).header("retry-after", "0");
-    let r = run(
-        "openai",
-        vec![limited, Scripted::sse(&openai_text(&["fine"]))],
-        "",
-        "go",
-    )
-    .await;
+    let limited = Scripted::error(429, json!({"error": {"message": "slow down"}})).header("retry-after", "0");
+    let r = run("openai", vec![limited, Scripted::sse(&openai_text(&["fine"]))], "", "go").await;
     assert_eq!(joined(&r.frames, "text_delta"), "fine");
     assert_eq!(r.fixture.received().len(), 2);
 }
 
 #[tokio::test]
 async fn persistent_429s_end_as_rate_limited_after_the_configured_retries() {
-    let limited =
-        Scripted::error(429, json!({"error": {"message": "slow down"}})).header("retry-after", "0");
-    let r = run(
-        "openai",
-        vec![limited.clone(), limited.clone(), limited],
-        "",
-        "go",
-    )
-    .await;
+    let limited = Scripted::error(429, json!({"error": {"message": "slow down"}})).header("retry-after", "0");
+    let r = run("openai", vec![limited.clone(), limited.clone(), limited], "", "go").await;
     let error = r.last("error");
     assert_eq!(error["code"], "RATE_LIMITED");
     assert_eq!(error["message"], "Rate limited, try again");
     assert_eq!(error["retryable"], true);
-    assert_eq!(
-        r.fixture.received().len(),
-        3,
-        "one try and max_retries = 2 retries"
-    );
+    assert_eq!(r.fixture.received().len(), 3, "one try and max_retries = 2 retries");
 }
 
 #[tokio::test]
 async fn a_500_then_success_is_retried_before_any_output() {
     let failing = Scripted::error(500, json!({"error": {"message": "internal"}}));
-    let r = run(
-        "openai",
-        vec![failing, Scripted::sse(&openai_text(&["recovered"]))],
-        "",
-        "go",
-    )
-    .await;
+    let r = run("openai", vec![failing, Scripted::sse(&openai_text(&["recovered"]))], "", "go").await;
     assert_eq!(joined(&r.frames, "text_delta"), "recovered");
     assert!(r.frames.iter().all(|f| f.kind() != "error"));
     assert_eq!(r.fixture.received().len(), 2);
@@ -516,11 +367,7 @@ async fn a_500_then_success_is_retried_before_any_output() {
 #[tokio::test]
 async fn an_unreachable_provider_is_a_network_error() {
     // A port that was just free: nothing listens there.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let config = format!(
         "[chat]\ndefault_profile = \"fx\"\n[providers.fx]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 1\nretry_base_secs = 0.01\n[profiles.fx]\nprovider = \"fx\"\nmodel = \"m\"\n"
     );
@@ -549,10 +396,7 @@ async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() 
     frames.extend(anthropic_block(
         1,
         json!({"type": "text", "text": ""}),
-        &[
-            json!({"type": "text_delta", "text": "Twenty"}),
-            json!({"type": "text_delta", "text": "-seven."}),
-        ],
+        &[json!({"type": "text_delta", "text": "Twenty"}), json!({"type": "text_delta", "text": "-seven."})],
     ));
     frames.extend(anthropic_end("end_turn", 42));
     let second = {
@@ -572,19 +416,10 @@ async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() 
         "27?",
     )
     .await;
-    assert_eq!(
-        joined(&r.frames, "thinking_delta"),
-        "Let me think carefully."
-    );
+    assert_eq!(joined(&r.frames, "thinking_delta"), "Let me think carefully.");
     assert_eq!(joined(&r.frames, "text_delta"), "Twenty-seven.");
     let usage = r.last("usage");
-    assert_eq!(
-        (
-            usage["input_tokens"].as_u64(),
-            usage["output_tokens"].as_u64()
-        ),
-        (Some(25), Some(42))
-    );
+    assert_eq!((usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64()), (Some(25), Some(42)));
     assert_eq!(usage["cache_read_tokens"], 5);
 
     let got = r.fixture.received();
@@ -592,32 +427,16 @@ async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() 
     assert_eq!(got[0].headers["x-api-key"], KEY);
     assert_eq!(got[0].headers["anthropic-version"], "2023-06-01");
     let body = &got[0].body;
-    assert!(
-        body["system"]
-            .as_str()
-            .unwrap()
-            .starts_with("## Identity\nBe brief.")
-    );
+    assert!(body["system"].as_str().unwrap().starts_with("## Identity\nBe brief."));
     assert_eq!(body["tools"][1]["name"], "calculator");
     assert!(body["tools"][1]["input_schema"]["properties"]["expression"].is_object());
-    assert_eq!(
-        body["thinking"],
-        json!({"type": "enabled", "budget_tokens": 2000})
-    );
-    assert!(
-        body.get("temperature").is_none(),
-        "thinking forbids a custom temperature"
-    );
+    assert_eq!(body["thinking"], json!({"type": "enabled", "budget_tokens": 2000}));
+    assert!(body.get("temperature").is_none(), "thinking forbids a custom temperature");
     assert!(body["max_tokens"].as_u64().unwrap() > 2000);
 
     // The next turn sends the signed thinking block back before the text.
     let conversation = r.frames[0].data["conversation_id"].clone();
-    r.app
-        .chat(
-            "ann",
-            json!({"message": "and?", "conversation_id": conversation}),
-        )
-        .await;
+    r.app.chat("ann", json!({"message": "and?", "conversation_id": conversation})).await;
     let body = &r.fixture.received()[1].body;
     assert_eq!(
         body["messages"][1],
@@ -626,10 +445,7 @@ async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() 
             {"type": "text", "text": "Twenty-seven."},
         ]})
     );
-    assert_eq!(
-        body["messages"][2],
-        json!({"role": "user", "content": [{"type": "text", "text": "and?"}]})
-    );
+    assert_eq!(body["messages"][2], json!({"role": "user", "content": [{"type": "text", "text": "and?"}]}));
 }
 
 #[tokio::test]
@@ -641,10 +457,7 @@ async fn anthropic_tool_use_streams_in_pieces_and_results_go_back_as_tool_result
         &[json!({"type": "text_delta", "text": "Computing."})],
     ));
     let pieces = ["{\"expr", "ession\": \"2", " ^ 1", "0\"}"];
-    let deltas: Vec<Value> = pieces
-        .iter()
-        .map(|p| json!({"type": "input_json_delta", "partial_json": p}))
-        .collect();
+    let deltas: Vec<Value> = pieces.iter().map(|p| json!({"type": "input_json_delta", "partial_json": p})).collect();
     frames.extend(anthropic_block(
         1,
         json!({"type": "tool_use", "id": "toolu_01", "name": "calculator", "input": {}}),
@@ -658,22 +471,13 @@ async fn anthropic_tool_use_streams_in_pieces_and_results_go_back_as_tool_result
         &[json!({"type": "text_delta", "text": "1024."})],
     ));
     answer.extend(anthropic_end("end_turn", 3));
-    let r = run(
-        "anthropic",
-        vec![Scripted::sse(&frames), Scripted::sse(&answer)],
-        "",
-        "2^10?",
-    )
-    .await;
+    let r = run("anthropic", vec![Scripted::sse(&frames), Scripted::sse(&answer)], "", "2^10?").await;
     let kinds = r.kinds();
     let start = kinds.iter().position(|k| *k == "tool_input_start").unwrap();
     assert_eq!(kinds[start + 1..start + 5], ["tool_input_delta"; 4]);
     assert_eq!(r.frames[start].data["tool_call_id"], "toolu_01");
     assert_eq!(r.last("tool_output")["output"], "1024");
-    assert_eq!(
-        r.last("complete")["payload"]["message"],
-        "Computing.\n\n[[tool:0]]\n\n1024."
-    );
+    assert_eq!(r.last("complete")["payload"]["message"], "Computing.\n\n[[tool:0]]\n\n1024.");
     let second = &r.fixture.received()[1].body["messages"];
     assert_eq!(
         second[1],
@@ -687,25 +491,20 @@ async fn anthropic_tool_use_streams_in_pieces_and_results_go_back_as_tool_result
         {"type": "tool_result", "tool_use_id": "toolu_01", "content": "1024", "is_error": false}]})
     );
     let message = &r.conversation().await["messages"][1];
-    assert_eq!(
-        message["tool_calls"][0]["input"],
-        json!({"expression": "2 ^ 10"})
-    );
+    assert_eq!(message["tool_calls"][0]["input"], json!({"expression": "2 ^ 10"}));
 }
 
 #[tokio::test]
 async fn anthropic_overloaded_error_mid_stream_is_service_unavailable() {
     let mut frames = anthropic_start();
-    frames.push(event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
-    frames.push(event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Start"}})));
+    frames
+        .push(event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
     frames.push(event(
-        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Start"}}),
     ));
+    frames.push(event(json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})));
     let r = run("anthropic", vec![Scripted::sse(&frames)], "", "go").await;
-    assert_eq!(
-        r.kinds(),
-        ["start", "status", "text_delta", "error", "done"]
-    );
+    assert_eq!(r.kinds(), ["start", "status", "text_delta", "error", "done"]);
     let error = r.last("error");
     assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
     assert_eq!(error["message"], "Model error: Overloaded");
@@ -715,19 +514,20 @@ async fn anthropic_overloaded_error_mid_stream_is_service_unavailable() {
 
 #[tokio::test]
 async fn anthropic_401_and_529() {
-    let r = run("anthropic", vec![Scripted::error(401, json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}))], "", "go").await;
-    assert_eq!(r.last("error")["code"], "UNAUTHORIZED");
-    let overloaded = Scripted::error(
-        529,
-        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
-    );
     let r = run(
         "anthropic",
-        vec![overloaded.clone(), overloaded.clone(), overloaded],
+        vec![Scripted::error(
+            401,
+            json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}),
+        )],
         "",
         "go",
     )
     .await;
+    assert_eq!(r.last("error")["code"], "UNAUTHORIZED");
+    let overloaded =
+        Scripted::error(529, json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}));
+    let r = run("anthropic", vec![overloaded.clone(), overloaded.clone(), overloaded], "", "go").await;
     let error = r.last("error");
     assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
     assert_eq!(error["retryable"], true);
@@ -739,10 +539,7 @@ async fn anthropic_401_and_529() {
 #[tokio::test]
 async fn gemini_thoughts_text_and_usage_stream() {
     let frames = vec![
-        gemini(
-            json!([{"text": "Considering the sky.", "thought": true}]),
-            None,
-        ),
+        gemini(json!([{"text": "Considering the sky.", "thought": true}]), None),
         gemini(json!([{"text": "It is "}]), None),
         gemini(json!([{"text": "blue."}]), Some("STOP")),
     ];
@@ -756,66 +553,28 @@ async fn gemini_thoughts_text_and_usage_stream() {
     assert_eq!(joined(&r.frames, "thinking_delta"), "Considering the sky.");
     assert_eq!(joined(&r.frames, "text_delta"), "It is blue.");
     let usage = r.last("usage");
-    assert_eq!(
-        (
-            usage["input_tokens"].as_u64(),
-            usage["output_tokens"].as_u64()
-        ),
-        (Some(8), Some(10))
-    );
+    assert_eq!((usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64()), (Some(8), Some(10)));
     assert_eq!(usage["reasoning_tokens"], 4);
     let got = &r.fixture.received()[0];
-    assert_eq!(
-        got.path,
-        "/v1beta/models/fx-model:streamGenerateContent?alt=sse"
-    );
+    assert_eq!(got.path, "/v1beta/models/fx-model:streamGenerateContent?alt=sse");
     assert_eq!(got.headers["x-goog-api-key"], KEY);
-    assert!(
-        got.body["systemInstruction"]["parts"][0]["text"]
-            .as_str()
-            .unwrap()
-            .starts_with("## Identity\nBe brief.")
-    );
-    assert_eq!(
-        got.body["tools"][0]["functionDeclarations"][1]["name"],
-        "calculator"
-    );
-    assert_eq!(
-        got.body["contents"],
-        json!([{"role": "user", "parts": [{"text": "Sky colour?"}]}])
-    );
-    assert_eq!(
-        got.body["generationConfig"]["thinkingConfig"],
-        json!({"includeThoughts": true, "thinkingBudget": 512})
-    );
+    assert!(got.body["systemInstruction"]["parts"][0]["text"].as_str().unwrap().starts_with("## Identity\nBe brief."));
+    assert_eq!(got.body["tools"][0]["functionDeclarations"][1]["name"], "calculator");
+    assert_eq!(got.body["contents"], json!([{"role": "user", "parts": [{"text": "Sky colour?"}]}]));
+    assert_eq!(got.body["generationConfig"]["thinkingConfig"], json!({"includeThoughts": true, "thinkingBudget": 512}));
     assert_eq!(got.body["generationConfig"]["maxOutputTokens"], 100);
 }
 
 #[tokio::test]
 async fn gemini_function_calls_arrive_whole_and_go_back_as_function_responses() {
-    let frames = vec![gemini(
-        json!([{"functionCall": {"name": "calculator", "args": {"expression": "1 + 1"}}}]),
-        Some("STOP"),
-    )];
+    let frames =
+        vec![gemini(json!([{"functionCall": {"name": "calculator", "args": {"expression": "1 + 1"}}}]), Some("STOP"))];
     let answer = vec![gemini(json!([{"text": "Two."}]), Some("STOP"))];
-    let r = run(
-        "google",
-        vec![Scripted::sse(&frames), Scripted::sse(&answer)],
-        "",
-        "1+1",
-    )
-    .await;
-    let start = r
-        .frames
-        .iter()
-        .find(|f| f.kind() == "tool_input_start")
-        .unwrap();
+    let r = run("google", vec![Scripted::sse(&frames), Scripted::sse(&answer)], "", "1+1").await;
+    let start = r.frames.iter().find(|f| f.kind() == "tool_input_start").unwrap();
     assert_eq!(start.data["tool"], "calculator");
     assert_eq!(r.last("tool_output")["output"], "2");
-    assert_eq!(
-        r.last("complete")["payload"]["message"],
-        "[[tool:0]]\n\nTwo."
-    );
+    assert_eq!(r.last("complete")["payload"]["message"], "[[tool:0]]\n\nTwo.");
     let contents = &r.fixture.received()[1].body["contents"];
     assert_eq!(
         contents[1],
@@ -829,7 +588,16 @@ async fn gemini_function_calls_arrive_whole_and_go_back_as_function_responses() 
 
 #[tokio::test]
 async fn gemini_errors_map_to_the_contract() {
-    let r = run("google", vec![Scripted::error(403, json!({"error": {"code": 403, "message": "API key not valid", "status": "PERMISSION_DENIED"}}))], "", "go").await;
+    let r = run(
+        "google",
+        vec![Scripted::error(
+            403,
+            json!({"error": {"code": 403, "message": "API key not valid", "status": "PERMISSION_DENIED"}}),
+        )],
+        "",
+        "go",
+    )
+    .await;
     assert_eq!(r.last("error")["code"], "UNAUTHORIZED");
     let frames = vec![
         gemini(json!([{"text": "par"}]), None),

@@ -24,15 +24,9 @@ impl Live {
         assert_eq!(response.status(), StatusCode::OK);
         let frames = response.bytes_stream().eventsource().map(|event| {
             let event = event.expect("well-formed SSE");
-            Frame {
-                id: event.id.parse().unwrap(),
-                data: serde_json::from_str(&event.data).unwrap(),
-            }
+            Frame { id: event.id.parse().unwrap(), data: serde_json::from_str(&event.data).unwrap() }
         });
-        Self {
-            frames: Box::pin(frames),
-            seen: Vec::new(),
-        }
+        Self { frames: Box::pin(frames), seen: Vec::new() }
     }
 
     /// Reads until a frame of `kind` (inclusive).
@@ -44,10 +38,7 @@ impl Live {
                 return self.seen.last().unwrap();
             }
         }
-        panic!(
-            "the stream ended without {kind}: {:?}",
-            self.seen.iter().map(Frame::kind).collect::<Vec<_>>()
-        );
+        panic!("the stream ended without {kind}: {:?}", self.seen.iter().map(Frame::kind).collect::<Vec<_>>());
     }
 
     async fn rest(mut self) -> Vec<Frame> {
@@ -59,22 +50,13 @@ impl Live {
 }
 
 async fn start(app: &TestApp, user: &str, body: Value) -> Live {
-    let response = app
-        .client
-        .post(app.url("/api/chat/stream"))
-        .header("x-client-id", user)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response =
+        app.client.post(app.url("/api/chat/stream")).header("x-client-id", user).json(&body).send().await.unwrap();
     Live::open(response).await
 }
 
 async fn resume(app: &TestApp, user: &str, trace_id: &str, last_event_id: Option<u64>) -> Live {
-    let mut request = app
-        .client
-        .get(app.url(&format!("/api/chat/stream/{trace_id}")))
-        .header("x-client-id", user);
+    let mut request = app.client.get(app.url(&format!("/api/chat/stream/{trace_id}"))).header("x-client-id", user);
     if let Some(id) = last_event_id {
         request = request.header("last-event-id", id.to_string());
     }
@@ -82,11 +64,7 @@ async fn resume(app: &TestApp, user: &str, trace_id: &str, last_event_id: Option
 }
 
 fn terminal_kinds(frames: &[Frame]) -> Vec<&str> {
-    frames
-        .iter()
-        .map(Frame::kind)
-        .filter(|k| matches!(*k, "complete" | "cancelled" | "error"))
-        .collect()
+    frames.iter().map(Frame::kind).filter(|k| matches!(*k, "complete" | "cancelled" | "error")).collect()
 }
 
 const SLOW: &str = "[mock:words=400] [mock:delay=15] [mock:think=off]";
@@ -159,54 +137,28 @@ both_backends! {
 #[tokio::test]
 async fn cancel_mid_tool_closes_the_call_and_the_conversation_goes_on() {
     let tool = Fixture::start(vec![Scripted::json(200, json!({})).then(Part::Stall)]).await;
-    let config = format!(
-        "[http_tools.slow]\nurl = \"{}/slow\"\ndescription = \"never answers\"\n",
-        tool.base
-    );
+    let config = format!("[http_tools.slow]\nurl = \"{}/slow\"\ndescription = \"never answers\"\n", tool.base);
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
     let mut live = start(&app, "ann", json!({"message": "[mock:tool=slow {}]"})).await;
-    let trace_id = live.until("start").await.data["trace_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
     live.until("tool_start").await;
-    let (status, _) = app
-        .post(
-            "/api/cancel_stream",
-            "ann",
-            json!({"message_id": live.seen[0].data["message_id"]}),
-        )
-        .await;
+    let (status, _) =
+        app.post("/api/cancel_stream", "ann", json!({"message_id": live.seen[0].data["message_id"]})).await;
     assert_eq!(status, 200);
     let frames = live.rest().await;
     let complete = frames.iter().find(|f| f.kind() == "tool_complete").unwrap();
     assert_eq!(complete.data["status"], "cancelled");
     assert_eq!(terminal_kinds(&frames), ["cancelled"]);
-    let conversation = frames[0].data["conversation_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let (_, loaded) = app
-        .get(&format!("/api/conversations/{conversation}"), "ann")
-        .await;
+    let conversation = frames[0].data["conversation_id"].as_str().unwrap().to_owned();
+    let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
     let message = &loaded["messages"][1];
     assert_eq!(message["cancelled"], true);
-    assert!(
-        message["content"]
-            .as_str()
-            .unwrap()
-            .ends_with("[cancelled]")
-    );
+    assert!(message["content"].as_str().unwrap().ends_with("[cancelled]"));
     assert_eq!(message["tool_history"][0]["is_error"], true);
     let (_, trace) = app.get(&format!("/api/trace/{trace_id}"), "ann").await;
     assert_eq!(trace["status"], "cancelled");
     // The closed call lets the conversation continue.
-    let next = app
-        .chat(
-            "ann",
-            json!({"message": "and now?", "conversation_id": conversation}),
-        )
-        .await;
+    let next = app.chat("ann", json!({"message": "and now?", "conversation_id": conversation})).await;
     assert_eq!(terminal_kinds(&next), ["complete"]);
 }
 
@@ -215,36 +167,15 @@ async fn cancel_answers_not_found_and_bad_requests_properly() {
     let app = TestApp::spawn(Backend::Sqlite, "").await;
     let frames = app.chat("ann", json!({"message": "done already"})).await;
     let trace_id = frames[0].data["trace_id"].clone();
-    let (status, error) = app
-        .post("/api/cancel_stream", "ann", json!({"trace_id": trace_id}))
-        .await;
-    assert_eq!(
-        (status.as_u16(), error["code"].as_str()),
-        (409, Some("CONFLICT"))
-    );
-    let (status, _) = app
-        .post("/api/cancel_stream", "bob", json!({"trace_id": trace_id}))
-        .await;
+    let (status, error) = app.post("/api/cancel_stream", "ann", json!({"trace_id": trace_id})).await;
+    assert_eq!((status.as_u16(), error["code"].as_str()), (409, Some("CONFLICT")));
+    let (status, _) = app.post("/api/cancel_stream", "bob", json!({"trace_id": trace_id})).await;
     assert_eq!(status, 404, "another user's run does not exist for them");
-    let (status, _) = app
-        .post(
-            "/api/cancel_stream",
-            "ann",
-            json!({"trace_id": uuid::Uuid::now_v7()}),
-        )
-        .await;
+    let (status, _) = app.post("/api/cancel_stream", "ann", json!({"trace_id": uuid::Uuid::now_v7()})).await;
     assert_eq!(status, 404);
     let (status, error) = app.post("/api/cancel_stream", "ann", json!({})).await;
-    assert_eq!(
-        (status.as_u16(), error["field"].as_str()),
-        (400, Some("trace_id"))
-    );
-    let (status, _) = app
-        .get(
-            &format!("/api/chat/stream/{}", trace_id.as_str().unwrap()),
-            "bob",
-        )
-        .await;
+    assert_eq!((status.as_u16(), error["field"].as_str()), (400, Some("trace_id")));
+    let (status, _) = app.get(&format!("/api/chat/stream/{}", trace_id.as_str().unwrap()), "bob").await;
     assert_eq!(status, 404, "nor can they resume it");
 }
 
@@ -253,21 +184,11 @@ async fn cancel_racing_completion_ends_with_exactly_one_terminal_event() {
     let app = TestApp::spawn(Backend::Sqlite, "").await;
     let (mut cancelled, mut completed) = (0, 0);
     for round in 0..30u64 {
-        let mut live = start(
-            &app,
-            "ann",
-            json!({"message": "[mock:words=6] [mock:delay=1] [mock:think=off]"}),
-        )
-        .await;
-        let trace_id = live.until("start").await.data["trace_id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let mut live = start(&app, "ann", json!({"message": "[mock:words=6] [mock:delay=1] [mock:think=off]"})).await;
+        let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
         // Cancel at a different moment each round, from right away to after the end.
         tokio::time::sleep(Duration::from_micros(round * 300)).await;
-        let (status, body) = app
-            .post("/api/cancel_stream", "ann", json!({"trace_id": trace_id}))
-            .await;
+        let (status, body) = app.post("/api/cancel_stream", "ann", json!({"trace_id": trace_id})).await;
         let frames = live.rest().await;
         let terminal = terminal_kinds(&frames);
         assert_eq!(terminal.len(), 1, "{terminal:?}");
@@ -293,20 +214,11 @@ async fn cancel_racing_completion_ends_with_exactly_one_terminal_event() {
 #[tokio::test]
 async fn several_followers_see_the_same_run() {
     let app = TestApp::spawn(Backend::Sqlite, "").await;
-    let mut live = start(
-        &app,
-        "ann",
-        json!({"message": "[mock:words=30] [mock:delay=5]"}),
-    )
-    .await;
-    let trace_id = live.until("start").await.data["trace_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let (a, b) = tokio::join!(
-        async { resume(&app, "ann", &trace_id, Some(0)).await.rest().await },
-        async { resume(&app, "ann", &trace_id, Some(1)).await.rest().await },
-    );
+    let mut live = start(&app, "ann", json!({"message": "[mock:words=30] [mock:delay=5]"})).await;
+    let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
+    let (a, b) = tokio::join!(async { resume(&app, "ann", &trace_id, Some(0)).await.rest().await }, async {
+        resume(&app, "ann", &trace_id, Some(1)).await.rest().await
+    },);
     let own = live.rest().await;
     let ids = |frames: &[Frame]| frames.iter().map(|f| f.id).collect::<Vec<_>>();
     assert_eq!(ids(&a), ids(&own));
@@ -319,53 +231,29 @@ async fn a_long_answer_is_logged_in_few_batches() {
     let app = TestApp::spawn(Backend::Sqlite, "[providers.mock]\nchunk_chars = 3").await;
     let before = app.log.batches_written();
     let started = Instant::now();
-    let frames = app
-        .chat(
-            "ann",
-            json!({"message": "[mock:words=2000] [mock:think=off]"}),
-        )
-        .await;
+    let frames = app.chat("ann", json!({"message": "[mock:words=2000] [mock:think=off]"})).await;
     let elapsed = started.elapsed();
     let deltas = frames.iter().filter(|f| f.kind() == "text_delta").count();
     assert!(deltas > 2000, "{deltas} deltas");
     // Wait for the run's final flush to be counted (it happens before `done` is logged).
     let trace_id = frames[0].data["trace_id"].as_str().unwrap();
     let (_, trace) = app.get(&format!("/api/trace/{trace_id}"), "ann").await;
-    assert_eq!(
-        trace["events"].as_array().unwrap().len(),
-        frames.len(),
-        "every event is in the log"
-    );
+    assert_eq!(trace["events"].as_array().unwrap().len(), frames.len(), "every event is in the log");
     let batches = app.log.batches_written() - before;
     let bound = 2 + (elapsed.as_millis() / 100) as u64;
-    assert!(
-        batches <= bound,
-        "{batches} batches for {} events over {elapsed:?} (bound {bound})",
-        frames.len()
-    );
+    assert!(batches <= bound, "{batches} batches for {} events over {elapsed:?} (bound {bound})", frames.len());
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(chatd_postgres_tests),
-    ignore = "set CHATD_TEST_POSTGRES_URL to run"
-)]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
 async fn two_replicas_on_one_postgres_cancel_and_resume_each_others_runs() {
     let db = TestDb::new(Backend::Postgres).await;
     let a = TestApp::on(&db.url, "[stream]\nflush_interval_ms = 20").await;
     let b = TestApp::on(&db.url, "[stream]\nflush_interval_ms = 20").await;
 
     // Resume through B follows A's live run to the end.
-    let mut on_a = start(
-        &a,
-        "ann",
-        json!({"message": "[mock:words=40] [mock:delay=10]"}),
-    )
-    .await;
-    let trace_id = on_a.until("start").await.data["trace_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let mut on_a = start(&a, "ann", json!({"message": "[mock:words=40] [mock:delay=10]"})).await;
+    let trace_id = on_a.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
     on_a.until("text_delta").await;
     let via_b = resume(&b, "ann", &trace_id, Some(0)).await.rest().await;
     let own = on_a.rest().await;
@@ -375,14 +263,9 @@ async fn two_replicas_on_one_postgres_cancel_and_resume_each_others_runs() {
 
     // Cancel through B stops A's run.
     let mut on_a = start(&a, "ann", json!({"message": SLOW})).await;
-    let trace_id = on_a.until("start").await.data["trace_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let trace_id = on_a.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
     on_a.until("text_delta").await;
-    let (status, body) = b
-        .post("/api/cancel_stream", "ann", json!({"trace_id": trace_id}))
-        .await;
+    let (status, body) = b.post("/api/cancel_stream", "ann", json!({"trace_id": trace_id})).await;
     assert_eq!(status, 200, "{body}");
     let frames = on_a.rest().await;
     assert_eq!(terminal_kinds(&frames), ["cancelled"]);
@@ -393,21 +276,14 @@ async fn two_replicas_on_one_postgres_cancel_and_resume_each_others_runs() {
 #[tokio::test]
 async fn graceful_shutdown_lets_runs_finish_and_refuses_new_ones() {
     let app = TestApp::spawn(Backend::Sqlite, "[server]\nshutdown_grace_secs = 10").await;
-    let mut live = start(
-        &app,
-        "ann",
-        json!({"message": "[mock:words=40] [mock:delay=10]"}),
-    )
-    .await;
+    let mut live = start(&app, "ann", json!({"message": "[mock:words=40] [mock:delay=10]"})).await;
     live.until("text_delta").await;
     let stop = app.stop.clone();
     let draining = tokio::spawn(async move { stop.graceful().await });
     // The drain flag is set at once; poll until a new run is refused.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let (status, error) = app
-            .post("/api/chat/stream", "ann", json!({"message": "too late"}))
-            .await;
+        let (status, error) = app.post("/api/chat/stream", "ann", json!({"message": "too late"})).await;
         if status == StatusCode::SERVICE_UNAVAILABLE {
             assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
             break;
@@ -417,11 +293,7 @@ async fn graceful_shutdown_lets_runs_finish_and_refuses_new_ones() {
         tokio::task::yield_now().await;
     }
     let frames = live.rest().await;
-    assert_eq!(
-        terminal_kinds(&frames),
-        ["complete"],
-        "the running answer finished"
-    );
+    assert_eq!(terminal_kinds(&frames), ["complete"], "the running answer finished");
     draining.await.unwrap();
 }
 
@@ -429,10 +301,7 @@ async fn graceful_shutdown_lets_runs_finish_and_refuses_new_ones() {
 async fn graceful_shutdown_cancels_what_outlives_the_grace_period() {
     let app = TestApp::spawn(Backend::Sqlite, "[server]\nshutdown_grace_secs = 0").await;
     let mut live = start(&app, "ann", json!({"message": SLOW})).await;
-    let trace_id = live.until("start").await.data["trace_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
     live.until("text_delta").await;
     app.stop.graceful().await;
     let frames = live.rest().await;
@@ -441,13 +310,8 @@ async fn graceful_shutdown_cancels_what_outlives_the_grace_period() {
     // The stopped server answers no more: read what it left through a new one.
     let after = TestApp::on(&app.db_url, "").await;
     let conversation = frames[0].data["conversation_id"].as_str().unwrap();
-    let (_, loaded) = after
-        .get(&format!("/api/conversations/{conversation}"), "ann")
-        .await;
-    assert_eq!(
-        loaded["messages"][1]["cancelled"], true,
-        "the partial answer is kept"
-    );
+    let (_, loaded) = after.get(&format!("/api/conversations/{conversation}"), "ann").await;
+    assert_eq!(loaded["messages"][1]["cancelled"], true, "the partial answer is kept");
     let (_, trace) = after.get(&format!("/api/trace/{trace_id}"), "ann").await;
     assert_eq!(trace["status"], "cancelled");
 }
@@ -460,11 +324,7 @@ struct Process {
 
 impl Process {
     async fn start(dir: &std::path::Path) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let config = dir.join("chatd.toml");
         std::fs::write(
             &config,
@@ -493,11 +353,7 @@ impl Process {
     }
 
     fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(signal)
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
+        let status = Command::new("kill").arg(signal).arg(self.child.id().to_string()).status().unwrap();
         assert!(status.success());
     }
 }
@@ -524,15 +380,8 @@ async fn sigterm_drains_the_real_binary() {
     live.until("text_delta").await;
     process.signal("-TERM");
     let frames = live.rest().await;
-    assert_eq!(
-        terminal_kinds(&frames),
-        ["complete"],
-        "the answer in flight finished"
-    );
-    let status = tokio::task::spawn_blocking(move || process.child.wait().map(|s| s.success()))
-        .await
-        .unwrap()
-        .unwrap();
+    assert_eq!(terminal_kinds(&frames), ["complete"], "the answer in flight finished");
+    let status = tokio::task::spawn_blocking(move || process.child.wait().map(|s| s.success())).await.unwrap().unwrap();
     assert!(status, "chatd exited cleanly after draining");
 }
 
@@ -541,12 +390,8 @@ async fn after_kill_9_a_restart_marks_the_run_interrupted_and_keeps_its_text() {
     let dir = tempfile::tempdir().unwrap();
     let process = Process::start(dir.path()).await;
     let client = reqwest::Client::new();
-    let response = client
-        .post(format!("{}/api/chat/stream", process.base))
-        .json(&json!({"message": SLOW}))
-        .send()
-        .await
-        .unwrap();
+    let response =
+        client.post(format!("{}/api/chat/stream", process.base)).json(&json!({"message": SLOW})).send().await.unwrap();
     let mut live = Live::open(response).await;
     let start = live.until("start").await.data.clone();
     let trace_id = start["trace_id"].as_str().unwrap().to_owned();
@@ -554,18 +399,9 @@ async fn after_kill_9_a_restart_marks_the_run_interrupted_and_keeps_its_text() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         live.until("text_delta").await;
-        let trace: Value = client
-            .get(format!("{}/api/trace/{trace_id}", process.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if trace["events"]
-            .as_array()
-            .is_some_and(|e| e.iter().any(|e| e["type"] == "text_delta"))
-        {
+        let trace: Value =
+            client.get(format!("{}/api/trace/{trace_id}", process.base)).send().await.unwrap().json().await.unwrap();
+        if trace["events"].as_array().is_some_and(|e| e.iter().any(|e| e["type"] == "text_delta")) {
             break;
         }
         assert!(Instant::now() < deadline);
@@ -575,14 +411,8 @@ async fn after_kill_9_a_restart_marks_the_run_interrupted_and_keeps_its_text() {
     drop(live);
 
     let restarted = Process::start(dir.path()).await;
-    let trace: Value = client
-        .get(format!("{}/api/trace/{trace_id}", restarted.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let trace: Value =
+        client.get(format!("{}/api/trace/{trace_id}", restarted.base)).send().await.unwrap().json().await.unwrap();
     assert_eq!(trace["status"], "interrupted");
     let logged: String = trace["events"]
         .as_array()
@@ -594,10 +424,7 @@ async fn after_kill_9_a_restart_marks_the_run_interrupted_and_keeps_its_text() {
     assert!(!logged.is_empty());
     let conversation = start["conversation_id"].as_str().unwrap();
     let loaded: Value = client
-        .get(format!(
-            "{}/api/conversations/{conversation}",
-            restarted.base
-        ))
+        .get(format!("{}/api/conversations/{conversation}", restarted.base))
         .send()
         .await
         .unwrap()

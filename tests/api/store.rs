@@ -11,9 +11,7 @@ use crate::helpers::*;
 
 async fn open(backend: Backend) -> (Arc<dyn Store>, TestDb) {
     let db = TestDb::new(backend).await;
-    let store = store::connect(&db.url, 4)
-        .await
-        .expect("store opens and migrates");
+    let store = store::connect(&db.url, 4).await.expect("store opens and migrates");
     (store, db)
 }
 
@@ -35,12 +33,7 @@ fn conversation(user: &str, title: &str) -> Conversation {
 }
 
 fn run_start(conversation: &Conversation, new: bool) -> RunStart {
-    let user_message = Message::new(
-        conversation.id,
-        conversation.active_leaf_id,
-        Role::User,
-        "question".into(),
-    );
+    let user_message = Message::new(conversation.id, conversation.active_leaf_id, Role::User, "question".into());
     RunStart {
         new_conversation: new.then(|| conversation.clone()),
         comparison: None,

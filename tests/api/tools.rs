@@ -10,19 +10,11 @@ use crate::fixture::*;
 use crate::helpers::*;
 
 fn of<'a>(frames: &'a [Frame], kind: &str) -> Vec<&'a Value> {
-    frames
-        .iter()
-        .filter(|f| f.kind() == kind)
-        .map(|f| &f.data)
-        .collect()
+    frames.iter().filter(|f| f.kind() == kind).map(|f| &f.data).collect()
 }
 
 fn complete(frames: &[Frame]) -> &Value {
-    &frames
-        .iter()
-        .find(|f| f.kind() == "complete")
-        .expect("complete")
-        .data["payload"]
+    &frames.iter().find(|f| f.kind() == "complete").expect("complete").data["payload"]
 }
 
 fn http_tool(name: &str, base: &str, global: bool) -> String {
@@ -76,29 +68,24 @@ both_backends! {
 #[tokio::test]
 async fn a_failing_tool_goes_back_to_the_model_and_the_run_goes_on() {
     let app = TestApp::spawn(Backend::Sqlite, "").await;
-    let frames = app.chat("ann", json!({"message": r#"[mock:tool=calculator {"expression": "1 / 0"}] [mock:tool=no_such_tool]"#})).await;
+    let frames = app
+        .chat("ann", json!({"message": r#"[mock:tool=calculator {"expression": "1 / 0"}] [mock:tool=no_such_tool]"#}))
+        .await;
     let completes = of(&frames, "tool_complete");
     assert_eq!(completes[0]["status"], "error");
     assert_eq!(completes[1]["status"], "error");
     let payload = complete(&frames);
     assert_eq!(payload["tool_history"][0]["is_error"], true);
     let text = payload["message"].as_str().unwrap();
-    assert!(
-        text.contains("calculator said Error: Division by zero"),
-        "{text}"
-    );
-    assert!(
-        text.contains("no_such_tool said Error: No such tool is available"),
-        "{text}"
-    );
+    assert!(text.contains("calculator said Error: Division by zero"), "{text}");
+    assert!(text.contains("no_such_tool said Error: No such tool is available"), "{text}");
 }
 
 #[tokio::test]
 async fn parallel_http_tools_overlap_and_a_slow_one_times_out() {
-    let fast = Fixture::start(vec![
-        Scripted::json(200, json!({"hits": 3})).then(Part::Pause(Duration::from_millis(200))),
-    ])
-    .await;
+    let fast =
+        Fixture::start(vec![Scripted::json(200, json!({"hits": 3})).then(Part::Pause(Duration::from_millis(200)))])
+            .await;
     let slow = Fixture::start(vec![Scripted::json(200, json!({})).then(Part::Stall)]).await;
     let config = format!(
         "{}{}[tools]\ntimeout_secs = 1\n",
@@ -106,34 +93,19 @@ async fn parallel_http_tools_overlap_and_a_slow_one_times_out() {
         http_tool("slow", &slow.base, true)
     );
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
-    let frames = app
-        .chat(
-            "ann",
-            json!({"message": r#"[mock:tool=fast {"q": "x"}] [mock:tool=slow {"q": "y"}]"#}),
-        )
-        .await;
+    let frames =
+        app.chat("ann", json!({"message": r#"[mock:tool=fast {"q": "x"}] [mock:tool=slow {"q": "y"}]"#})).await;
     let kinds: Vec<&str> = frames.iter().map(Frame::kind).collect();
     let last_start = kinds.iter().rposition(|k| *k == "tool_start").unwrap();
     let first_output = kinds.iter().position(|k| *k == "tool_output").unwrap();
-    assert!(
-        last_start < first_output,
-        "both calls start before either ends: {kinds:?}"
-    );
+    assert!(last_start < first_output, "both calls start before either ends: {kinds:?}");
     let completes = of(&frames, "tool_complete");
-    let status =
-        |tool: &str| completes.iter().find(|c| c["tool"] == tool).unwrap()["status"].clone();
+    let status = |tool: &str| completes.iter().find(|c| c["tool"] == tool).unwrap()["status"].clone();
     assert_eq!(status("fast"), "success");
     assert_eq!(status("slow"), "timeout");
-    assert_eq!(
-        fast.received()[0].body,
-        json!({"q": "x"}),
-        "the model's arguments are POSTed as JSON"
-    );
+    assert_eq!(fast.received()[0].body, json!({"q": "x"}), "the model's arguments are POSTed as JSON");
     let text = complete(&frames)["message"].as_str().unwrap().to_owned();
-    assert!(
-        text.contains("fast said {\"hits\":3}") && text.contains("slow said Error:"),
-        "{text}"
-    );
+    assert!(text.contains("fast said {\"hits\":3}") && text.contains("slow said Error:"), "{text}");
 }
 
 #[tokio::test]
@@ -143,49 +115,32 @@ async fn a_retryable_tool_failure_is_retried_and_long_output_is_cut() {
         Scripted::json(200, json!({"text": "abcdefghijklmnopqrstuvwxyz", "payload": {"type": "letters", "data": {"n": 26}, "summary": "The alphabet"}})),
     ])
     .await;
-    let config = format!(
-        "{}[tools]\nmax_output_chars = 10\nmax_retries = 1\n",
-        http_tool("letters", &tool.base, true)
-    );
+    let config = format!("{}[tools]\nmax_output_chars = 10\nmax_retries = 1\n", http_tool("letters", &tool.base, true));
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
-    let frames = app
-        .chat("ann", json!({"message": "[mock:tool=letters {}]"}))
-        .await;
+    let frames = app.chat("ann", json!({"message": "[mock:tool=letters {}]"})).await;
     assert_eq!(tool.received().len(), 2, "one retry after the 503");
     let output = of(&frames, "tool_output")[0];
     assert_eq!(output["output"], "abcdefghij");
     assert_eq!(output["truncated"], true);
     assert_eq!(output["full_length"], 26);
     let payload = complete(&frames);
-    assert_eq!(
-        payload["tool_history"][0]["output"], "abcdefghijklmnopqrstuvwxyz",
-        "history keeps it whole"
-    );
+    assert_eq!(payload["tool_history"][0]["output"], "abcdefghijklmnopqrstuvwxyz", "history keeps it whole");
     assert_eq!(payload["custom_payload"]["type"], "letters");
     assert_eq!(payload["custom_payload"]["data"], json!({"n": 26}));
     assert_eq!(payload["custom_payload"]["summary"], "The alphabet");
     let conversation = frames[0].data["conversation_id"].as_str().unwrap();
-    let (_, loaded) = app
-        .get(&format!("/api/conversations/{conversation}"), "ann")
-        .await;
+    let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
     assert_eq!(loaded["messages"][1]["payloads"][0]["type"], "letters");
 }
 
 #[tokio::test]
 async fn the_loop_stops_at_max_iterations() {
     let app = TestApp::spawn(Backend::Sqlite, "[profiles.default]\nmax_iterations = 3").await;
-    let frames = app
-        .chat(
-            "ann",
-            json!({"message": r#"forever [mock:loop] [mock:tool=calculator {"expression": "2"}]"#}),
-        )
-        .await;
+    let frames =
+        app.chat("ann", json!({"message": r#"forever [mock:loop] [mock:tool=calculator {"expression": "2"}]"#})).await;
     assert_eq!(of(&frames, "usage").len(), 3, "three model calls");
     assert_eq!(of(&frames, "tool_start").len(), 3);
-    let indexes: Vec<u64> = of(&frames, "tool_complete")
-        .iter()
-        .map(|c| c["index"].as_u64().unwrap())
-        .collect();
+    let indexes: Vec<u64> = of(&frames, "tool_complete").iter().map(|c| c["index"].as_u64().unwrap()).collect();
     assert_eq!(indexes, [0, 1, 2]);
     let payload = complete(&frames);
     assert_eq!(payload["finish_reason"], "max_iterations");
@@ -212,54 +167,28 @@ async fn markers_become_fields_under_any_chunking_and_never_reach_the_text() {
             payload["suggested_values"],
             json!([{"label": "Yes, proceed", "value": "yes"}, {"label": "No", "value": "No"}])
         );
-        assert_eq!(
-            payload["suggested_actions"][0]["data"],
-            json!({"schema_id": 123})
-        );
+        assert_eq!(payload["suggested_actions"][0]["data"], json!({"schema_id": 123}));
         assert_eq!(payload["custom_payload"]["type"], "schema_proposal");
         assert_eq!(payload["custom_payload"]["summary"], "Two fields");
         let conversation = frames[0].data["conversation_id"].as_str().unwrap();
-        let (_, loaded) = app
-            .get(&format!("/api/conversations/{conversation}"), "ann")
-            .await;
+        let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
         let stored = &loaded["messages"][1];
         assert_eq!(stored["suggested_values"], payload["suggested_values"]);
         assert_eq!(stored["suggested_actions"], payload["suggested_actions"]);
-        assert_eq!(
-            stored["payloads"][0]["payload_id"],
-            payload["custom_payload"]["payload_id"]
-        );
+        assert_eq!(stored["payloads"][0]["payload_id"], payload["custom_payload"]["payload_id"]);
     }
 }
 
 #[tokio::test]
 async fn invalid_marker_json_stays_in_the_text_with_a_warning() {
-    let config =
-        "[[providers.mock.rules]]\nwhen = \"broken\"\ntext = \"Pick. SUGGESTED_VALUES: [oops]\"\n";
+    let config = "[[providers.mock.rules]]\nwhen = \"broken\"\ntext = \"Pick. SUGGESTED_VALUES: [oops]\"\n";
     let app = TestApp::spawn(Backend::Sqlite, config).await;
     let frames = app.chat("ann", json!({"message": "broken"})).await;
-    assert_eq!(
-        complete(&frames)["message"],
-        "Pick. SUGGESTED_VALUES: [oops]"
-    );
+    assert_eq!(complete(&frames)["message"], "Pick. SUGGESTED_VALUES: [oops]");
     assert_eq!(complete(&frames)["suggested_values"], json!([]));
-    let (_, trace) = app
-        .get(
-            &format!(
-                "/api/trace/{}",
-                frames[0].data["trace_id"].as_str().unwrap()
-            ),
-            "ann",
-        )
-        .await;
+    let (_, trace) = app.get(&format!("/api/trace/{}", frames[0].data["trace_id"].as_str().unwrap()), "ann").await;
     let warnings = &trace["spans"][0]["attributes"]["chatd.warnings"];
-    assert!(
-        warnings[0]
-            .as_str()
-            .unwrap()
-            .contains("SUGGESTED_VALUES: [oops]"),
-        "{warnings}"
-    );
+    assert!(warnings[0].as_str().unwrap().contains("SUGGESTED_VALUES: [oops]"), "{warnings}");
 }
 
 #[tokio::test]
@@ -277,44 +206,23 @@ async fn page_tools_are_offered_only_on_their_page_and_filtered_by_profile() {
         async move {
             let (status, body) = app.get(path, "ann").await;
             assert_eq!(status, 200, "{body}");
-            body["for_request"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|n| n.as_str().unwrap().to_owned())
-                .collect::<Vec<_>>()
+            body["for_request"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()).collect::<Vec<_>>()
         }
     };
-    assert_eq!(
-        names("/api/tools?profile=default").await,
-        ["current_time", "calculator"]
-    );
-    assert_eq!(
-        names("/api/tools?page=reports").await,
-        ["current_time", "calculator", "search_articles"]
-    );
+    assert_eq!(names("/api/tools?profile=default").await, ["current_time", "calculator"]);
+    assert_eq!(names("/api/tools?page=reports").await, ["current_time", "calculator", "search_articles"]);
     assert_eq!(
         names("/api/tools?page=reports&tab=articles").await,
         ["current_time", "calculator", "search_articles", "tab_tool"]
     );
-    assert_eq!(
-        names("/api/tools?page=reports&tab=articles&profile=narrow").await,
-        ["calculator", "search_articles"]
-    );
+    assert_eq!(names("/api/tools?page=reports&tab=articles&profile=narrow").await, ["calculator", "search_articles"]);
     let (_, all) = app.get("/api/tools", "ann").await;
-    let search = all["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == "search_articles")
-        .unwrap();
+    let search = all["tools"].as_array().unwrap().iter().find(|t| t["name"] == "search_articles").unwrap();
     assert_eq!(search["source"]["kind"], "http");
     assert_eq!(search["global"], false);
 
     // A model asking for a tool its page does not offer gets an error result, not the tool.
-    let frames = app
-        .chat("ann", json!({"message": "[mock:tool=search_articles {}]"}))
-        .await;
+    let frames = app.chat("ann", json!({"message": "[mock:tool=search_articles {}]"})).await;
     assert_eq!(of(&frames, "tool_complete")[0]["status"], "error");
     assert!(provider.received().is_empty());
 }
@@ -322,22 +230,13 @@ async fn page_tools_are_offered_only_on_their_page_and_filtered_by_profile() {
 #[tokio::test]
 async fn diagnostics_come_when_asked_and_allowed() {
     let app = TestApp::spawn(Backend::Sqlite, "").await;
-    let frames = app
-        .chat(
-            "ann",
-            json!({"message": "diag", "diagnostics": true, "context": {"current_page": "home"}}),
-        )
-        .await;
+    let frames =
+        app.chat("ann", json!({"message": "diag", "diagnostics": true, "context": {"current_page": "home"}})).await;
     let diagnostics = &complete(&frames)["diagnostics"];
     assert_eq!(diagnostics["model"], "mock-1");
     assert_eq!(diagnostics["max_iterations"], 5);
     assert_eq!(diagnostics["tools"], json!(["current_time", "calculator"]));
-    assert!(
-        diagnostics["system_prompt"]
-            .as_str()
-            .unwrap()
-            .contains("## Context")
-    );
+    assert!(diagnostics["system_prompt"].as_str().unwrap().contains("## Context"));
     assert_eq!(diagnostics["context"], json!({"current_page": "home"}));
     assert_eq!(diagnostics["messages"][0]["content"], "diag");
     assert_eq!(diagnostics["raw_llm_response"], "Mock reply: diag");
@@ -345,22 +244,13 @@ async fn diagnostics_come_when_asked_and_allowed() {
     assert!(complete(&frames).get("diagnostics").is_none());
 
     let app = TestApp::spawn(Backend::Sqlite, "[chat]\nallow_diagnostics = false").await;
-    let frames = app
-        .chat("ann", json!({"message": "diag", "diagnostics": true}))
-        .await;
-    assert!(
-        complete(&frames).get("diagnostics").is_none(),
-        "config forbids them"
-    );
+    let frames = app.chat("ann", json!({"message": "diag", "diagnostics": true})).await;
+    assert!(complete(&frames).get("diagnostics").is_none(), "config forbids them");
 }
 
 #[tokio::test]
 async fn an_executed_server_action_reaches_the_model_as_context() {
-    let handler = Fixture::start(vec![Scripted::json(
-        200,
-        json!({"applied": true, "schema_id": 123}),
-    )])
-    .await;
+    let handler = Fixture::start(vec![Scripted::json(200, json!({"applied": true, "schema_id": 123}))]).await;
     let provider = Fixture::start(vec![Scripted::sse(&[
         data(json!({"choices": [{"index": 0, "delta": {"content": "Applied."}, "finish_reason": "stop"}]})),
         "data: [DONE]\n\n".to_owned(),
@@ -380,19 +270,10 @@ async fn an_executed_server_action_reaches_the_model_as_context() {
     assert_eq!(call.body["action"], "apply_schema");
     assert_eq!(call.body["data"], json!({"schema_id": 123}));
     assert_eq!(call.body["context"]["current_page"], "schemas");
-    let system = provider.received()[0].body["messages"][0]["content"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let system = provider.received()[0].body["messages"][0]["content"].as_str().unwrap().to_owned();
     assert!(system.contains("## Action result"), "{system}");
-    assert!(
-        system.contains(r#"{"applied":true,"schema_id":123}"#),
-        "{system}"
-    );
-    assert!(
-        system.contains("- apply_schema: Applies a schema"),
-        "{system}"
-    );
+    assert!(system.contains(r#"{"applied":true,"schema_id":123}"#), "{system}");
+    assert!(system.contains("- apply_schema: Applies a schema"), "{system}");
 }
 
 #[tokio::test]
@@ -413,21 +294,11 @@ async fn earlier_payloads_are_listed_in_the_next_system_prompt() {
         provider.base
     );
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
-    let first = app
-        .chat("ann", json!({"message": "[mock:tool=make_report {}]"}))
-        .await;
-    let payload_id = complete(&first)["custom_payload"]["payload_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let first = app.chat("ann", json!({"message": "[mock:tool=make_report {}]"})).await;
+    let payload_id = complete(&first)["custom_payload"]["payload_id"].as_str().unwrap().to_owned();
     let conversation = first[0].data["conversation_id"].clone();
-    app.chat("ann", json!({"message": "what reports do we have?", "conversation_id": conversation, "profile": "fx"})).await;
-    let system = provider.received()[0].body["messages"][0]["content"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert!(
-        system.contains(&format!("- {payload_id} (report): Q3 report")),
-        "{system}"
-    );
+    app.chat("ann", json!({"message": "what reports do we have?", "conversation_id": conversation, "profile": "fx"}))
+        .await;
+    let system = provider.received()[0].body["messages"][0]["content"].as_str().unwrap().to_owned();
+    assert!(system.contains(&format!("- {payload_id} (report): Q3 report")), "{system}");
 }

@@ -1,0 +1,123 @@
+//! Who a request acts for, per `auth.mode`: `none` (the `X-Client-Id` header, else `local`),
+//! `token` (a configured bearer token) or `jwt` (a bearer JWT: HS256 or RS256, `sub` is the
+//! user, `exp` required, `aud`/`iss` checked when configured); and the per-user request
+//! rate limit.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use axum::http::header::AUTHORIZATION;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+
+use super::error::AppError;
+use crate::config::{AuthMode, Settings};
+
+/// The user of auth mode `none` when no `X-Client-Id` is sent.
+const LOCAL_USER: &str = "local";
+const MAX_USER_ID_CHARS: usize = 200;
+
+pub struct Authenticator {
+    mode: AuthMode,
+    tokens: std::collections::BTreeMap<String, String>,
+    jwt: Option<(DecodingKey, Validation)>,
+    limiter: Option<DefaultKeyedRateLimiter<String>>,
+}
+
+#[derive(Deserialize)]
+struct Claims {
+    sub: String,
+}
+
+impl Authenticator {
+    pub fn new(settings: &Settings) -> Result<Self, String> {
+        let jwt = match settings.auth.mode {
+            AuthMode::Jwt => {
+                let config = &settings.auth.jwt;
+                let (key, algorithm) = match (&config.public_key_pem, &config.secret) {
+                    (Some(pem), _) => (
+                        DecodingKey::from_rsa_pem(pem.as_bytes())
+                            .map_err(|e| format!("auth.jwt.public_key_file: {e}"))?,
+                        Algorithm::RS256,
+                    ),
+                    (None, Some(secret)) => (DecodingKey::from_secret(secret.expose().as_bytes()), Algorithm::HS256),
+                    (None, None) => return Err("auth.jwt has no key".to_owned()),
+                };
+                let mut validation = Validation::new(algorithm);
+                validation.set_required_spec_claims(&["exp", "sub"]);
+                validation.leeway = config.leeway_secs;
+                match &config.audience {
+                    Some(audience) => validation.set_audience(&[audience]),
+                    None => validation.validate_aud = false,
+                }
+                if let Some(issuer) = &config.issuer {
+                    validation.set_issuer(&[issuer]);
+                }
+                Some((key, validation))
+            }
+            _ => None,
+        };
+        let limiter = NonZeroU32::new(settings.limits.requests_per_minute)
+            .map(|per_minute| RateLimiter::keyed(Quota::per_minute(per_minute)));
+        Ok(Self { mode: settings.auth.mode, tokens: settings.auth.tokens.clone(), jwt, limiter })
+    }
+
+    /// The request's user, or 401 (400 for a malformed `X-Client-Id`).
+    pub fn user(&self, headers: &HeaderMap) -> Result<String, AppError> {
+        match self.mode {
+            AuthMode::None => match headers.get("x-client-id").map(|v| v.to_str().map(str::trim)) {
+                None | Some(Ok("")) => Ok(LOCAL_USER.to_owned()),
+                Some(Ok(id)) if id.chars().count() <= MAX_USER_ID_CHARS => Ok(id.to_owned()),
+                _ => Err(AppError::validation(
+                    "X-Client-Id",
+                    "X-Client-Id must be visible ASCII, at most 200 characters",
+                )),
+            },
+            AuthMode::Token => {
+                bearer(headers).and_then(|token| self.tokens.get(token).cloned()).ok_or_else(unauthorized)
+            }
+            AuthMode::Jwt => {
+                let (key, validation) = self.jwt.as_ref().ok_or_else(unauthorized)?;
+                let token = bearer(headers).ok_or_else(unauthorized)?;
+                let claims = jsonwebtoken::decode::<Claims>(token, key, validation).map_err(|e| {
+                    tracing::info!(error = %e, "JWT refused");
+                    unauthorized()
+                })?;
+                if claims.claims.sub.trim().is_empty() {
+                    return Err(unauthorized());
+                }
+                Ok(claims.claims.sub)
+            }
+        }
+    }
+
+    /// Counts a request against the user's rate; 429 with the wait when over it.
+    pub fn admit(&self, user: &str) -> Result<(), AppError> {
+        let Some(limiter) = &self.limiter else { return Ok(()) };
+        limiter.check_key(&user.to_owned()).map_err(|not_until| {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            AppError::RateLimited {
+                message: "Rate limited, try again".into(),
+                retry_after: wait.max(Duration::from_secs(1)),
+            }
+        })
+    }
+
+    /// Forgets the rate state of users idle for a while (call now and then).
+    pub fn forget_idle(&self) {
+        if let Some(limiter) = &self.limiter {
+            limiter.retain_recent();
+        }
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+}
+
+fn unauthorized() -> AppError {
+    AppError::Unauthorized("Missing or invalid credentials".into())
+}

@@ -1,0 +1,40 @@
+//! Prometheus metrics: one process-wide recorder, rendered at `GET /metrics`. The names:
+//! `chatd_http_requests_total{method,route,status}`, `chatd_active_runs`,
+//! `chatd_runs_total{status}`, `chatd_time_to_first_event_seconds{model}`,
+//! `chatd_tokens_total{model,direction}`, `chatd_tool_calls_total{tool,status}`,
+//! `chatd_provider_errors_total{code}`, `chatd_event_log_flush_seconds`.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::middleware::Next;
+use axum::response::Response;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The recorder, installed on first use (several apps in one test process share it).
+pub fn handle() -> &'static PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may already be set (an embedding program's); then ours only renders.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// Counts every request by method, route template and status.
+pub async fn track(request: Request, next: Next) -> Response {
+    let method = request.method().to_string();
+    let route =
+        request.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("chatd_http_requests_total", "method" => method, "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("chatd_http_request_seconds", "route" => route).record(started.elapsed().as_secs_f64());
+    response
+}
