@@ -21,7 +21,7 @@ pub fn new_id() -> Uuid {
 macro_rules! string_enum {
     ($(#[$meta:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
         #[serde(rename_all = "snake_case")]
         pub enum $name { $($variant),+ }
 
@@ -66,7 +66,7 @@ string_enum!(
 );
 
 /// Token counts of one model call, or summed over a run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -91,13 +91,13 @@ impl Usage {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SuggestedValue {
     pub label: String,
     pub value: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SuggestedAction {
     pub label: String,
     pub action: String,
@@ -114,7 +114,7 @@ fn client_handler() -> String {
 }
 
 /// One executed tool call as the client and the trace see it (`tool_history[N]`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolRecord {
     pub tool_call_id: String,
     pub tool_name: String,
@@ -125,7 +125,7 @@ pub struct ToolRecord {
 }
 
 /// A tool call as the model asked for it, kept to send back in later turns.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
@@ -133,7 +133,7 @@ pub struct ToolCall {
 }
 
 /// A tool's answer as the model gets it back.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolResult {
     pub tool_call_id: String,
     pub tool_name: String,
@@ -144,7 +144,7 @@ pub struct ToolResult {
 /// One model call of an assistant message: what the model said and asked for, and what
 /// its tools answered. Stored with the message so later turns send the exchange back to
 /// the provider in its own format.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AssistantTurn {
     pub text: String,
     /// Signed thinking blocks (Anthropic), sent back as received.
@@ -156,7 +156,7 @@ pub struct AssistantTurn {
     pub tool_results: Vec<ToolResult>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Feedback {
     pub rating: Option<Rating>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -164,7 +164,7 @@ pub struct Feedback {
     pub at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Conversation {
     pub id: Uuid,
     #[serde(skip)]
@@ -182,7 +182,7 @@ pub struct Conversation {
     pub last_message_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Message {
     pub id: Uuid,
     pub conversation_id: Uuid,
@@ -265,14 +265,14 @@ pub fn branch(messages: &[Message], leaf: Option<Uuid>) -> Vec<Message> {
 }
 
 /// One vote, as kept in a comparison's history.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Vote {
     pub preference: Preference,
     pub at: DateTime<Utc>,
 }
 
 /// Two answers to one user message, by two profiles, and the user's vote.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Comparison {
     pub comparison_id: Uuid,
     pub conversation_id: Uuid,
@@ -292,7 +292,7 @@ pub struct Comparison {
 }
 
 /// One event of a run's log: what was sent to clients, with its sequence number.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct LoggedEvent {
     pub seq: i64,
     pub at: DateTime<Utc>,
@@ -302,7 +302,7 @@ pub struct LoggedEvent {
 }
 
 /// A run as stored: its trace (CONTRACT.md §9), without the events.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Trace {
     pub trace_id: Uuid,
     pub conversation_id: Uuid,

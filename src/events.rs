@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::domain::{SuggestedAction, SuggestedValue, ToolRecord, Usage};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     Start {
@@ -119,7 +119,7 @@ impl Event {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolStatus {
     Success,
@@ -129,7 +129,7 @@ pub enum ToolStatus {
 }
 
 /// The `complete` event's payload (CONTRACT.md §5).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletePayload {
     pub message: String,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -26,6 +26,8 @@ enum Command {
     Migrate,
     /// Validate the configuration and print the effective one, secrets masked.
     CheckConfig,
+    /// Print the OpenAPI 3.1 document of the API.
+    Openapi,
 }
 
 #[tokio::main]
@@ -39,6 +41,9 @@ async fn main() -> anyhow::Result<()> {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
     match cli.command.unwrap_or(Command::Serve) {
+        Command::Openapi => {
+            println!("{}", chatd::http::openapi::document());
+        }
         Command::CheckConfig => {
             println!("{}", serde_json::to_string_pretty(&settings)?);
         }

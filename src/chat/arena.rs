@@ -11,7 +11,7 @@ use crate::domain::{Comparison, Preference};
 pub const START: f64 = 1000.0;
 pub const K: f64 = 32.0;
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Standing {
     pub model: String,
     pub rating: f64,

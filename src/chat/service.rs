@@ -27,7 +27,7 @@ use crate::store::{ConversationPatch, RunStart, Store, StoreError};
 use crate::tools::{PageScope, Registry, ToolCallContext};
 
 /// The body of `POST /api/chat/stream` (CONTRACT.md §4).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub message: String,
@@ -47,7 +47,7 @@ pub struct ChatRequest {
     pub diagnostics: bool,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum InteractionType {
     #[default]

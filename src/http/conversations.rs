@@ -11,6 +11,8 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
+#[allow(unused_imports)]
+use super::openapi::*;
 use crate::domain::{Conversation, Feedback, Rating, branch, new_id, now};
 use crate::store::{ConversationPatch, PageCursor, StoreError};
 
@@ -30,6 +32,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
+#[utoipa::path(get, operation_id = "list_conversations", path = "/api/conversations", tag = "conversations", params(("limit" = Option<u32>, Query, description = "Page size"), ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")), responses((status = 200, description = "Newest `last_message_at` first", body = ConversationList), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody)))]
 async fn list(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -54,7 +57,7 @@ async fn list(
     Ok(Json(json!({"conversations": conversations, "next_cursor": next_cursor})))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ConversationBody {
     title: Option<String>,
@@ -81,6 +84,7 @@ impl ConversationBody {
     }
 }
 
+#[utoipa::path(post, operation_id = "create_conversation", path = "/api/conversations", tag = "conversations", request_body = ConversationBody, responses((status = 201, description = "Created", body = ConversationView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn create(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -118,6 +122,7 @@ fn conversation_not_found(error: StoreError) -> AppError {
     }
 }
 
+#[utoipa::path(get, operation_id = "get_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 200, description = "The conversation with its active branch, oldest first", body = ConversationView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn load(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -131,6 +136,7 @@ async fn load(
     Ok(Json(body))
 }
 
+#[utoipa::path(patch, operation_id = "update_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), request_body = ConversationBody, responses((status = 200, description = "Changed", body = Conversation), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn patch(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -148,6 +154,7 @@ async fn patch(
     Ok(Json(json!(conversation)))
 }
 
+#[utoipa::path(delete, operation_id = "delete_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 204, description = "Deleted with its messages, traces and context state"), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn delete(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -159,13 +166,14 @@ async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct FeedbackBody {
     rating: Option<Rating>,
     comment: Option<String>,
 }
 
+#[utoipa::path(put, operation_id = "set_feedback", path = "/api/messages/{id}/feedback", tag = "conversations", params(("id" = Uuid, Path, description = "Message id")), request_body = FeedbackBody, responses((status = 200, description = "Stored", body = FeedbackResult), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn feedback(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -191,6 +199,7 @@ fn message_not_found(error: StoreError) -> AppError {
 
 /// The message and its siblings (the other answers to, or edits of, the same point), oldest
 /// first, each marked whether it is on the active branch.
+#[utoipa::path(get, operation_id = "list_siblings", path = "/api/messages/{id}/siblings", tag = "conversations", params(("id" = Uuid, Path, description = "Message id")), responses((status = 200, description = "The alternatives at that point", body = SiblingsView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn siblings(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -214,6 +223,7 @@ async fn siblings(
 
 /// Makes the branch through this message the active one (down to its newest descendants) and
 /// returns the conversation as it now loads.
+#[utoipa::path(post, operation_id = "activate_branch", path = "/api/messages/{id}/activate", tag = "conversations", params(("id" = Uuid, Path, description = "Message id")), responses((status = 200, description = "The conversation on its new active branch", body = ConversationView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn activate(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,

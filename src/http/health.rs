@@ -7,15 +7,29 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::AppError;
+#[allow(unused_imports)]
+use super::openapi::*;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(ready))
         .route("/api/profiles", get(profiles))
-        .route("/metrics", get(|| async { crate::metrics::handle().render() }))
+        .route("/metrics", get(metrics))
 }
 
+#[utoipa::path(get, operation_id = "healthz", path = "/healthz", tag = "health", responses((status = 200, description = "The process is up", body = StatusBody)))]
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+#[utoipa::path(get, operation_id = "metrics", path = "/metrics", tag = "health",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
+async fn metrics() -> String {
+    crate::metrics::handle().render()
+}
+
+#[utoipa::path(get, operation_id = "readyz", path = "/readyz", tag = "health", responses((status = 200, description = "The database answers", body = StatusBody), (status = 503, description = "It does not", body = ErrorBody)))]
 async fn ready(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
     state.store.ping().await.map_err(|e| {
         tracing::warn!(error = %e, "readiness check failed");
@@ -25,6 +39,7 @@ async fn ready(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
 }
 
 /// The configured profiles, without anything secret (keys live on providers, not here).
+#[utoipa::path(get, operation_id = "list_profiles", path = "/api/profiles", tag = "health", responses((status = 200, description = "Configured profiles, never a secret", body = ProfilesView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody)))]
 async fn profiles(State(state): State<AppState>, _user: super::extract::CurrentUser) -> Json<Value> {
     let settings = &state.settings;
     let profiles: Vec<Value> = settings

@@ -9,6 +9,7 @@ pub mod error;
 pub mod extract;
 mod health;
 mod legacy;
+pub mod openapi;
 mod tools;
 mod traces;
 
@@ -74,6 +75,13 @@ pub fn router(state: AppState) -> Router {
         .merge(legacy::routes())
         .merge(traces::routes())
         .merge(tools::routes())
+        .route(
+            "/openapi.json",
+            axum::routing::get(|| async {
+                ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi::document())
+            }),
+        )
+        .route("/docs", axum::routing::get(|| async { axum::response::Html(openapi::DOCS_PAGE) }))
         .fallback(|| async { error::AppError::not_found("No such endpoint") })
         .method_not_allowed_fallback(|| async { error::AppError::MethodNotAllowed })
         .route_layer(axum::middleware::from_fn(crate::metrics::track))

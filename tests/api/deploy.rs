@@ -1,0 +1,81 @@
+//! What can be checked of the deployment without Docker: the image's command runs as the
+//! Dockerfile starts it, and docker-compose.yml's environment sets real config keys.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn repo(file: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap()
+}
+
+/// `KEY: value` lines of the compose file's `chatd` service environment.
+fn compose_env() -> Vec<(String, String)> {
+    let compose = repo("docker-compose.yml");
+    let service = compose.split("\n  chatd:\n").nth(1).expect("a chatd service");
+    let environment = service.split("    environment:\n").nth(1).expect("an environment");
+    environment
+        .lines()
+        .take_while(|l| l.starts_with("      "))
+        .filter_map(|l| l.trim().split_once(": "))
+        .map(|(k, v)| (k.to_owned(), v.trim_matches('"').to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_compose_environment_sets_real_config_keys() {
+    let env = compose_env();
+    assert!(env.iter().any(|(k, _)| k == "CHATD_DATABASE__URL"));
+    let output = Command::new(env!("CARGO_BIN_EXE_chatd"))
+        .arg("check-config")
+        .envs(env.iter().filter(|(k, _)| k.starts_with("CHATD_")).map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let effective: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(effective["server"]["host"], "0.0.0.0");
+    assert_eq!(effective["server"]["port"], 8080);
+    assert_eq!(effective["server"]["json_logs"], true);
+    assert_eq!(effective["database"]["url"], "***", "the database URL holds a password: masked");
+    // Every CHATD_ variable names a key that exists (figment ignores unknown ones silently).
+    for (key, _) in env.iter().filter(|(k, _)| k.starts_with("CHATD_")) {
+        let path: Vec<String> = key["CHATD_".len()..].split("__").map(str::to_lowercase).collect();
+        let mut node = &effective;
+        for part in &path {
+            node = node.get(part).unwrap_or_else(|| panic!("{key} is not a config key"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_image_command_serves_from_any_folder() {
+    let dockerfile = repo("Dockerfile");
+    assert!(dockerfile.contains(r#"CMD ["chatd", "serve"]"#));
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // No config folder where it runs: the defaults compiled into the binary apply.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_chatd"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("CHATD_SERVER__HOST", "127.0.0.1")
+        .env("CHATD_SERVER__PORT", port.to_string())
+        .env("CHATD_DATABASE__URL", format!("sqlite://{}/data/chatd.db", dir.path().display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ready = loop {
+        match reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await {
+            Ok(response) => break response.status(),
+            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("chatd serve did not start: {e}"),
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(ready, 200);
+    assert!(dir.path().join("data/chatd.db").exists(), "the SQLite file and its folder were created");
+}
