@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""chatd's load benchmark: the same streams measured three ways in one run.
+
+  direct   client -> mockllm                   (the physical limit)
+  chatd    client -> chatd -> mockllm          (SQLite, traces and the event log on)
+  litellm  client -> LiteLLM proxy -> mockllm  (with --litellm; installed in its own venv)
+
+Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open streams,
+(d) a tool-calling run. Prints one table and writes target/bench/results.json. Figures are
+ratios against the direct path of the same run. Usage:
+
+  bench/run.py [--quick] [--litellm] [--scenarios a,b,c,d]
+"""
+import argparse, json, os, resource, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "target", "bench")
+REL = os.path.join(ROOT, "target", "release")
+LITELLM_VERSION = "1.109.1"
+MASTER_KEY = "sk-bench-master-7d1f"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_http(url, seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except Exception:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} never answered")
+
+
+def proc_stats(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    rss = hwm = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1])
+    return cpu, rss, hwm
+
+
+def start(cmd, env=None, log=None):
+    return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def stop(p):
+    if p and p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def loadgen(label, url, body, streams, headers=(), verify=None):
+    cmd = [os.path.join(REL, "loadgen"), "--label", label, "--url", url, "--body", json.dumps(body), "--streams", str(streams)]
+    for h in headers:
+        cmd += ["--header", h]
+    if verify:
+        cmd += ["--verify", verify]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def install_litellm():
+    venv = os.path.join(OUT, "litellm-venv")
+    marker = os.path.join(venv, ".installed")
+    if not (os.path.exists(marker) and open(marker).read() == LITELLM_VERSION):
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([os.path.join(venv, "bin", "pip"), "install", "--quiet", f"litellm[proxy]=={LITELLM_VERSION}"], check=True)
+        open(marker, "w").write(LITELLM_VERSION)
+    return os.path.join(venv, "bin", "litellm")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller scenarios")
+    ap.add_argument("--litellm", action="store_true", help="also measure the LiteLLM proxy")
+    ap.add_argument("--scenarios", default="a,b,c,d")
+    args = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the bench needs many sockets; chatd's defaults do not change
+    os.makedirs(OUT, exist_ok=True)
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--bins"], cwd=ROOT, check=True)
+
+    q = args.quick
+    scenarios = {
+        "a": dict(name="throughput", streams=16 if q else 64, tokens=500 if q else 2000, delay=0),
+        "b": dict(name="latency", streams=200 if q else 1000, tokens=20, delay=50),
+        "c": dict(name="capacity", streams=1000 if q else 10000, tokens=5 if q else 10, delay=1000),
+        "d": dict(name="tools", streams=16 if q else 64, tokens=50, delay=0, tool="calculator"),
+    }
+    litellm_bin = install_litellm() if args.litellm else None
+    results = []
+    for key in args.scenarios.split(","):
+        sc = scenarios[key]
+        work = tempfile.mkdtemp(prefix="chatd-bench-")
+        mock_port, chatd_port, litellm_port = free_port(), free_port(), free_port()
+        mock_cmd = [os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", str(sc["tokens"]), "--delay-ms", str(sc["delay"])]
+        if sc.get("tool"):
+            mock_cmd += ["--tool", sc["tool"]]
+        mock = start(mock_cmd)
+        config = os.path.join(work, "chatd.toml")
+        with open(config, "w") as f:
+            f.write(f"""[server]
+port = {chatd_port}
+[database]
+url = "sqlite://{work}/chatd.db"
+[limits]
+requests_per_minute = 0
+max_concurrent_runs_per_user = 100000
+[tools]
+builtins = ["calculator"]
+[providers.mock]
+kind = "openai_compatible"
+base_url = "http://127.0.0.1:{mock_port}/v1"
+max_retries = 0
+[profiles.default]
+provider = "mock"
+model = "mock"
+tools = ["{'*' if sc.get('tool') else 'none'}"]
+""")
+        chatd_log = open(os.path.join(work, "chatd.log"), "w")
+        chatd = start([os.path.join(REL, "chatd"), "--config", config], env={"RUST_LOG": "warn"}, log=chatd_log)
+        litellm = None
+        try:
+            wait_http(f"http://127.0.0.1:{chatd_port}/readyz")
+            openai_body = {"model": "mock", "messages": [{"role": "user", "content": "go"}], "stream": True}
+            if sc.get("tool"):
+                openai_body["tools"] = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+            row = {"scenario": key, **sc}
+            time.sleep(0.2)
+            row["direct"] = loadgen("direct", f"http://127.0.0.1:{mock_port}/v1/chat/completions", openai_body, sc["streams"])
+            cpu0, rss0, _ = proc_stats(chatd.pid)
+            row["chatd"] = loadgen("chatd", f"http://127.0.0.1:{chatd_port}/api/chat/stream", {"message": "go"}, sc["streams"],
+                                   verify=f"http://127.0.0.1:{chatd_port}")
+            cpu1, rss1, hwm1 = proc_stats(chatd.pid)
+            deltas = row["chatd"]["events"]
+            row["chatd_cpu_s"] = cpu1 - cpu0
+            row["chatd_cpu_us_per_event"] = (cpu1 - cpu0) * 1e6 / max(deltas, 1)
+            row["chatd_rss_kb"] = {"before": rss0, "after": rss1, "peak": hwm1}
+            row["chatd_rss_kb_per_stream"] = (hwm1 - rss0) / sc["streams"]
+            row["chatd_ttfe_added_p99_ms"] = row["chatd"]["ttfe_ms"]["p99"] - row["direct"]["ttfe_ms"]["p99"]
+            if litellm_bin:
+                with open(os.path.join(work, "litellm.yaml"), "w") as f:
+                    f.write(f"""model_list:
+  - model_name: mock
+    litellm_params:
+      model: openai/mock
+      api_base: http://127.0.0.1:{mock_port}/v1
+      api_key: sk-unused
+general_settings:
+  master_key: {MASTER_KEY}
+""")
+                litellm = start([litellm_bin, "--config", os.path.join(work, "litellm.yaml"), "--port", str(litellm_port), "--num_workers", "1"],
+                                env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"},
+                                log=open(os.path.join(work, "litellm.log"), "w"))
+                wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", 180)
+                row["litellm"] = loadgen("litellm", f"http://127.0.0.1:{litellm_port}/v1/chat/completions", openai_body, sc["streams"],
+                                         headers=[f"Authorization: Bearer {MASTER_KEY}"])
+            results.append(row)
+            report(row)
+        finally:
+            stop(litellm)
+            stop(chatd)
+            stop(mock)
+            chatd_log.close()
+            shutil.rmtree(work, ignore_errors=True)
+    with open(os.path.join(OUT, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+
+
+def report(row):
+    d, c, l = row["direct"], row["chatd"], row.get("litellm")
+    print(f"\n({row['scenario']}) {row['name']}: {row['streams']} streams x {row['tokens']} tokens, {row['delay']} ms apart")
+    for r in [d, c] + ([l] if l else []):
+        print(f"  {r['label']:>8}: ended {r['ended']}/{r['streams']}, errors {r['errors']}, persisted {r['persisted']}, "
+              f"{r['events_per_sec']:.0f} events/s, ttfe p50 {r['ttfe_ms']['p50']:.1f} ms p99 {r['ttfe_ms']['p99']:.1f} ms, "
+              f"gap p99 {r['gap_ms']['p99']:.1f} ms, wall {r['wall_ms']:.0f} ms")
+    print(f"  chatd CPU {row['chatd_cpu_s']:.3f} s = {row['chatd_cpu_us_per_event']:.2f} us per relayed event; "
+          f"RSS {row['chatd_rss_kb']['before']} -> peak {row['chatd_rss_kb']['peak']} kB = {row['chatd_rss_kb_per_stream']:.1f} kB per stream; "
+          f"added ttfe p99 {row['chatd_ttfe_added_p99_ms']:.1f} ms")
+    print(f"  throughput ratio chatd/direct {c['events_per_sec'] / max(d['events_per_sec'], 1e-9):.3f}", end="")
+    if l:
+        print(f", chatd/litellm {c['events_per_sec'] / max(l['events_per_sec'], 1e-9):.1f}x", end="")
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+//! A load generator for SSE chat endpoints: opens N concurrent streams, parses every event,
+//! and prints one JSON line of figures: time to first event, gaps between events, total
+//! time, bytes, events, errors, and whether every stream ended properly (`done` for chatd,
+//! `[DONE]` for OpenAI-style servers). With `--verify`, also checks that chatd persisted each
+//! answer.
+//!
+//! `loadgen --url http://127.0.0.1:8080/api/chat/stream --body '{"message":"go"}' --streams 64`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    url: String,
+    /// The JSON body POSTed for each stream.
+    #[arg(long)]
+    body: String,
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
+    /// Extra headers, `Name: value`.
+    #[arg(long)]
+    header: Vec<String>,
+    /// A name for this run in the output.
+    #[arg(long, default_value = "run")]
+    label: String,
+    /// chatd's base URL: check that each answer was persisted.
+    #[arg(long)]
+    verify: Option<String>,
+    /// Start streams at most this many at a time (opening 10,000 at once floods the listener).
+    #[arg(long, default_value_t = 512)]
+    ramp: usize,
+}
+
+#[derive(Default)]
+struct Stream {
+    first_event: Option<Duration>,
+    max_gap: Duration,
+    gaps: Vec<Duration>,
+    total: Duration,
+    bytes: usize,
+    events: usize,
+    ended: bool,
+    error: Option<String>,
+    conversation_id: Option<String>,
+}
+
+async fn one(client: reqwest::Client, args: Arc<Args>, start_gate: Arc<Semaphore>) -> Stream {
+    let mut stream = Stream::default();
+    let permit = start_gate.acquire_owned().await.expect("open semaphore");
+    let started = Instant::now();
+    let mut request = client.post(&args.url).header("content-type", "application/json").body(args.body.clone());
+    for header in &args.header {
+        if let Some((name, value)) = header.split_once(':') {
+            request = request.header(name.trim(), value.trim());
+        }
+    }
+    let response = match request.send().await {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            stream.error = Some(format!("status {}", r.status()));
+            return stream;
+        }
+        Err(e) => {
+            stream.error = Some(e.to_string());
+            return stream;
+        }
+    };
+    drop(permit);
+    let mut last = Instant::now();
+    let mut events = response.bytes_stream().eventsource();
+    while let Some(event) = events.next().await {
+        let now = Instant::now();
+        match event {
+            Ok(event) => {
+                stream.events += 1;
+                stream.bytes += event.data.len();
+                if stream.first_event.is_none() {
+                    stream.first_event = Some(now - started);
+                } else {
+                    let gap = now - last;
+                    stream.max_gap = stream.max_gap.max(gap);
+                    stream.gaps.push(gap);
+                }
+                last = now;
+                if event.data == "[DONE]" {
+                    stream.ended = true;
+                } else if let Ok(data) = serde_json::from_str::<Value>(&event.data) {
+                    if data["type"] == "start" {
+                        stream.conversation_id = data["conversation_id"].as_str().map(str::to_owned);
+                    }
+                    if data["type"] == "done" {
+                        stream.ended = true;
+                    }
+                }
+            }
+            Err(e) => {
+                stream.error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    stream.total = started.elapsed();
+    stream
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Arc::new(Args::parse());
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
+    let gate = Arc::new(Semaphore::new(args.ramp.max(1)));
+    let started = Instant::now();
+    let tasks: Vec<_> =
+        (0..args.streams).map(|_| tokio::spawn(one(client.clone(), args.clone(), gate.clone()))).collect();
+    let mut streams = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        streams.push(task.await.expect("stream task"));
+    }
+    let wall = started.elapsed();
+
+    let mut persisted = None;
+    if let Some(base) = &args.verify {
+        let mut ok = 0;
+        for id in streams.iter().filter_map(|s| s.conversation_id.as_ref()) {
+            let url = format!("{base}/api/conversations/{id}");
+            let mut request = client.get(url);
+            for header in &args.header {
+                if let Some((name, value)) = header.split_once(':') {
+                    request = request.header(name.trim(), value.trim());
+                }
+            }
+            let loaded: Option<Value> = match request.send().await {
+                Ok(r) => r.json().await.ok(),
+                Err(_) => None,
+            };
+            if loaded.is_some_and(|c| c["messages"][1]["content"].as_str().is_some_and(|t| !t.is_empty())) {
+                ok += 1;
+            }
+        }
+        persisted = Some(ok);
+    }
+
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut ttfe: Vec<f64> = streams.iter().filter_map(|s| s.first_event.map(ms)).collect();
+    ttfe.sort_by(f64::total_cmp);
+    let mut gaps: Vec<f64> = streams.iter().flat_map(|s| s.gaps.iter().copied().map(ms)).collect();
+    gaps.sort_by(f64::total_cmp);
+    let mut totals: Vec<f64> = streams.iter().map(|s| ms(s.total)).collect();
+    totals.sort_by(f64::total_cmp);
+    let events: usize = streams.iter().map(|s| s.events).sum();
+    let errors: Vec<&String> = streams.iter().filter_map(|s| s.error.as_ref()).collect();
+    println!(
+        "{}",
+        json!({
+            "label": args.label,
+            "streams": args.streams,
+            "ended": streams.iter().filter(|s| s.ended).count(),
+            "errors": errors.len(),
+            "first_error": errors.first(),
+            "persisted": persisted,
+            "events": events,
+            "bytes": streams.iter().map(|s| s.bytes).sum::<usize>(),
+            "wall_ms": ms(wall),
+            "events_per_sec": events as f64 / wall.as_secs_f64(),
+            "ttfe_ms": {"p50": percentile(&ttfe, 50.0), "p99": percentile(&ttfe, 99.0), "max": ttfe.last()},
+            "gap_ms": {"p50": percentile(&gaps, 50.0), "p99": percentile(&gaps, 99.0)},
+            "max_gap_ms": streams.iter().map(|s| ms(s.max_gap)).fold(0.0, f64::max),
+            "total_ms": {"p50": percentile(&totals, 50.0), "p99": percentile(&totals, 99.0)},
+        })
+    );
+}
