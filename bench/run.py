@@ -16,7 +16,7 @@ import argparse, json, os, resource, shutil, signal, socket, subprocess, sys, te
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "target", "bench")
 REL = os.path.join(ROOT, "target", "release")
-LITELLM_VERSION = "1.109.1"
+LITELLM_VERSION = "1.80.0"
 MASTER_KEY = "sk-bench-master-7d1f"
 
 

@@ -251,6 +251,9 @@ pub struct ChatSettings {
     /// After a new conversation's first answer, ask the default profile's model for a
     /// short title (in the background; the stream never waits for it).
     pub refine_titles: bool,
+    /// When context trimming drops history, have the model summarise it (once per trim)
+    /// and give the summary to the model in the system prompt.
+    pub summarize_dropped: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]

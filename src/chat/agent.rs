@@ -46,6 +46,8 @@ pub struct RunPlan {
     pub comparison: Option<(Uuid, String)>,
     pub context_limit: Option<u32>,
     pub context: ContextKeeper,
+    /// Whether dropped history is replaced by a model-written summary.
+    pub summarize_dropped: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -178,7 +180,10 @@ async fn call_model(
     emitter.emit(Event::Status { message: "Thinking…".to_owned() });
     let messages = &plan.request.messages;
     let protected = messages.iter().rposition(|m| m.role == Role::User).map_or(messages.len(), |i| messages.len() - i);
-    let fitted = context::fit(&plan.request, plan.context_limit, protected);
+    let mut fitted = context::fit(&plan.request, plan.context_limit, protected);
+    if plan.summarize_dropped {
+        summarize(plan, &mut fitted).await;
+    }
     if output.spans.is_empty() || fitted.state.is_some() {
         plan.context.record(fitted.state.as_ref()).await;
     }
@@ -237,6 +242,43 @@ async fn call_model(
         tool_results: Vec::new(),
     });
     ending
+}
+
+/// Replaces what trimming dropped by a summary the model writes, kept in the context state
+/// and written again only when more is dropped. A failed summary leaves the trim as it is.
+async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed) {
+    let Some(state) = fitted.state.as_mut() else { return };
+    let dropped = state["dropped"].as_u64().unwrap_or(0) as usize;
+    if dropped == 0 {
+        return;
+    }
+    let stored = plan.context.stored().await;
+    let cached = stored
+        .filter(|s| s["dropped_through"] == state["dropped_through"])
+        .and_then(|s| s["summary"].as_str().map(str::to_owned));
+    let summary = match cached {
+        Some(summary) => summary,
+        None => {
+            let request = context::summary_request(&plan.request, &plan.request.messages[..dropped]);
+            let Ok(mut stream) = plan.provider.stream(&request).await else { return };
+            let mut turn = Turn::new(0, Vec::new());
+            let mut ignored = Vec::new();
+            while let Some(Ok(event)) = stream.next().await {
+                if turn.apply(event, &mut ignored).is_err() || turn.finished() {
+                    break;
+                }
+            }
+            if !turn.finished() || turn.output.text.trim().is_empty() {
+                tracing::warn!("could not summarise the dropped context");
+                return;
+            }
+            turn.output.text.trim().to_owned()
+        }
+    };
+    let prompt = fitted.request.system_prompt.get_or_insert_with(String::new);
+    prompt.push_str(&format!("\n\n## Earlier in this conversation\n{summary}"));
+    state["strategy"] = json!("trim_oldest_with_summary");
+    state["summary"] = json!(summary);
 }
 
 fn status_of(ending: &Ending) -> &'static str {

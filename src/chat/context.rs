@@ -117,6 +117,11 @@ impl ContextKeeper {
         Self { store, user: user.to_owned(), conversation_id }
     }
 
+    /// The stored state, if any.
+    pub async fn stored(&self) -> Option<Value> {
+        self.store.context_state(&self.user, self.conversation_id).await.ok().flatten()
+    }
+
     /// Stores the state of the latest trim, or clears a stored one that no longer applies.
     pub async fn record(&self, state: Option<&Value>) {
         if let Err(e) = self.store.set_context_state(&self.user, self.conversation_id, state).await {
@@ -124,6 +129,25 @@ impl ContextKeeper {
         }
     }
 }
+
+/// The request that asks the model to summarise what trimming dropped.
+pub fn summary_request(request: &ModelRequest, dropped: &[Message]) -> ModelRequest {
+    let mut messages = dropped.to_vec();
+    messages.push(Message::new(Uuid::nil(), None, Role::User, SUMMARY_ASK.to_owned()));
+    ModelRequest {
+        system_prompt: Some(SUMMARY_PROMPT.to_owned()),
+        messages,
+        tools: Vec::new(),
+        enable_thinking: false,
+        thinking_budget: None,
+        max_tokens: Some(400),
+        ..request.clone()
+    }
+}
+
+pub const SUMMARY_PROMPT: &str = "You summarise conversations for an assistant that can no longer see \
+     their beginning. Keep names, numbers, decisions and open questions; at most a short paragraph.";
+pub const SUMMARY_ASK: &str = "Summarise the conversation so far.";
 
 #[cfg(test)]
 mod tests {

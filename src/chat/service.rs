@@ -429,6 +429,7 @@ impl ChatService {
             comparison: comparison.map(|(id, variant)| (id, variant.to_owned())),
             context_limit: profile.context_limit,
             context: ContextKeeper::new(self.store.clone(), user, turn.conversation_id),
+            summarize_dropped: self.settings.chat.summarize_dropped,
         };
         Ok(Side { trace, plan })
     }

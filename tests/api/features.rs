@@ -347,3 +347,22 @@ async fn titles_can_be_refined_in_the_background() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn dropped_history_can_be_summarised() {
+    let config = "[chat]\nsummarize_dropped = true\n[profiles.default]\ncontext_limit = 600\n";
+    let app = TestApp::spawn(Backend::Sqlite, config).await;
+    let long = "word ".repeat(60);
+    let first = app.chat("ann", json!({"message": format!("one {long}")})).await;
+    let conversation = first[0].data["conversation_id"].clone();
+    let mut last = first;
+    for n in 0..3 {
+        last = app.chat("ann", json!({"message": format!("turn {n} {long}"), "conversation_id": conversation})).await;
+    }
+    assert_eq!(last.last().unwrap().kind(), "done");
+    let (_, loaded) = app.get(&format!("/api/conversations/{}", conversation.as_str().unwrap()), "ann").await;
+    let state = &loaded["context_state"];
+    assert_eq!(state["strategy"], "trim_oldest_with_summary", "{state}");
+    assert_eq!(state["summary"], "Mock reply: Summarise the conversation so far.");
+    assert!(state["dropped"].as_u64().unwrap() > 0);
+}
