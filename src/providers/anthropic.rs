@@ -98,19 +98,10 @@ impl AnthropicProvider {
     }
 }
 
-/// Appends content blocks as a message of `role`, merged into the previous message when it
-/// has the same role (the API wants user and assistant to alternate).
+/// Appends content blocks as a message of `role` (the API wants user and assistant to
+/// alternate, so same-role neighbours merge).
 fn push(messages: &mut Vec<Value>, role: &str, content: Vec<Value>) {
-    if content.is_empty() {
-        return;
-    }
-    if let Some(last) = messages.last_mut().filter(|m| m["role"] == role) {
-        if let Some(blocks) = last["content"].as_array_mut() {
-            blocks.extend(content);
-            return;
-        }
-    }
-    messages.push(json!({"role": role, "content": content}));
+    super::push_merged(messages, role, "content", content);
 }
 
 #[async_trait]

@@ -84,16 +84,7 @@ impl GoogleProvider {
 
 /// Appends parts as a content of `role`, merged into the previous one of the same role.
 fn push(contents: &mut Vec<Value>, role: &str, parts: Vec<Value>) {
-    if parts.is_empty() {
-        return;
-    }
-    if let Some(last) = contents.last_mut().filter(|c| c["role"] == role) {
-        if let Some(existing) = last["parts"].as_array_mut() {
-            existing.extend(parts);
-            return;
-        }
-    }
-    contents.push(json!({"role": role, "parts": parts}));
+    super::push_merged(contents, role, "parts", parts);
 }
 
 #[async_trait]

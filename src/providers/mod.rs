@@ -173,6 +173,22 @@ impl Providers {
     }
 }
 
+/// Appends `items` as a message `{"role": role, field: items}`, or onto the previous message
+/// when it has the same role: Anthropic and Gemini want the roles to alternate, and a turn's
+/// tool results followed by the user's next message are both "user".
+fn push_merged(messages: &mut Vec<serde_json::Value>, role: &str, field: &str, items: Vec<serde_json::Value>) {
+    if items.is_empty() {
+        return;
+    }
+    if let Some(last) = messages.last_mut().filter(|m| m["role"] == role) {
+        if let Some(existing) = last[field].as_array_mut() {
+            existing.extend(items);
+            return;
+        }
+    }
+    messages.push(serde_json::json!({"role": role, field: items}));
+}
+
 /// The three streaming wire formats chatd speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WireFormat {
