@@ -184,10 +184,16 @@ async fn cancel_racing_completion_ends_with_exactly_one_terminal_event() {
     let app = TestApp::spawn(Backend::Sqlite, "").await;
     let (mut cancelled, mut completed) = (0, 0);
     for round in 0..30u64 {
-        let mut live = start(&app, "ann", json!({"message": "[mock:words=6] [mock:delay=1] [mock:think=off]"})).await;
+        let mut live = start(&app, "ann", json!({"message": "[mock:words=6] [mock:delay=2] [mock:think=off]"})).await;
         let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
-        // Cancel at a different moment each round, from right away to after the end.
-        tokio::time::sleep(Duration::from_micros(round * 300)).await;
+        // Cancel at a different moment each round, from right away to around the end; every
+        // fifth round right as `complete` arrives, so the race is run from both sides
+        // however fast or loaded the machine is.
+        if round % 5 == 4 {
+            live.until("complete").await;
+        } else {
+            tokio::time::sleep(Duration::from_micros(round * 300)).await;
+        }
         let (status, body) = app.post("/api/cancel_stream", "ann", json!({"trace_id": trace_id})).await;
         let frames = live.rest().await;
         let terminal = terminal_kinds(&frames);
