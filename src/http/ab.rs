@@ -15,12 +15,10 @@ use super::AppState;
 use super::chat::sse;
 use super::error::AppError;
 use super::extract::{AppJson, CurrentUser, IdPath, parse_json};
-#[allow(unused_imports)]
 use super::openapi::*;
 use crate::chat::arena;
 use crate::chat::{ChatRequest, Frame, LiveRun};
 use crate::domain::{Comparison, Preference, Trace};
-use crate::store::StoreError;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -88,14 +86,6 @@ fn merged(comparison: Comparison, a: Arc<LiveRun>, b: Arc<LiveRun>) -> impl Stre
     })
 }
 
-fn comparison_not_found(error: StoreError) -> AppError {
-    match error {
-        StoreError::NotFound => AppError::not_found("Comparison not found"),
-        StoreError::Conflict(message) => AppError::Conflict(message),
-        e => e.into(),
-    }
-}
-
 /// The comparison with, for each side, its trace's status, model, timings and usage.
 #[utoipa::path(get, operation_id = "get_comparison", path = "/api/ab/{id}", tag = "ab", params(("id" = Uuid, Path, description = "Comparison id")), responses((status = 200, description = "The comparison and both sides' costs", body = ComparisonView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn show(
@@ -103,7 +93,7 @@ async fn show(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let comparison = state.store.get_comparison(&user, id).await.map_err(comparison_not_found)?;
+    let comparison = state.store.get_comparison(&user, id).await.map_err(AppError::missing("Comparison not found"))?;
     describe(&state, &user, &comparison).await.map(Json)
 }
 
@@ -168,7 +158,8 @@ async fn cast(
     preference: Preference,
     change: bool,
 ) -> Result<Json<Value>, AppError> {
-    let comparison = state.store.vote(user, id, preference, change).await.map_err(comparison_not_found)?;
+    let comparison =
+        state.store.vote(user, id, preference, change).await.map_err(AppError::missing("Comparison not found"))?;
     describe(state, user, &comparison).await.map(Json)
 }
 

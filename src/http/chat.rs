@@ -21,12 +21,11 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
-#[allow(unused_imports)]
 use super::openapi::*;
 use crate::chat::{CancelOutcome, ChatRequest, Frame, LiveRun};
 use crate::config::OnDisconnect;
 use crate::domain::{Trace, TraceStatus};
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -179,10 +178,7 @@ fn from_log(
 }
 
 async fn owned_trace(store: &dyn Store, user: &str, trace_id: Uuid) -> Result<Trace, AppError> {
-    store.get_trace(user, trace_id).await.map_err(|e| match e {
-        StoreError::NotFound => AppError::not_found("Trace not found"),
-        e => e.into(),
-    })
+    store.get_trace(user, trace_id).await.map_err(AppError::missing("Trace not found"))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -205,10 +201,9 @@ async fn cancel(
     }
     let trace = match (body.trace_id, body.message_id) {
         (Some(trace_id), _) => owned_trace(&*state.store, &user, trace_id).await?,
-        (None, Some(message_id)) => state.store.trace_by_message(&user, message_id).await.map_err(|e| match e {
-            StoreError::NotFound => AppError::not_found("Trace not found"),
-            e => e.into(),
-        })?,
+        (None, Some(message_id)) => {
+            state.store.trace_by_message(&user, message_id).await.map_err(AppError::missing("Trace not found"))?
+        }
         (None, None) => {
             return Err(AppError::validation("trace_id", "trace_id or message_id is required"));
         }
@@ -227,10 +222,8 @@ async fn cancel(
 
 /// Cancels whichever sides of a comparison are still running.
 async fn cancel_comparison(state: &AppState, user: &str, comparison_id: Uuid) -> Result<Json<Value>, AppError> {
-    let comparison = state.store.get_comparison(user, comparison_id).await.map_err(|e| match e {
-        StoreError::NotFound => AppError::not_found("Comparison not found"),
-        e => e.into(),
-    })?;
+    let comparison =
+        state.store.get_comparison(user, comparison_id).await.map_err(AppError::missing("Comparison not found"))?;
     let mut cancelled = Vec::new();
     for trace_id in [comparison.trace_a, comparison.trace_b] {
         let trace = owned_trace(&*state.store, user, trace_id).await?;

@@ -11,10 +11,9 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
-#[allow(unused_imports)]
 use super::openapi::*;
 use crate::domain::{Conversation, Feedback, Rating, branch, new_id, now};
-use crate::store::{ConversationPatch, PageCursor, StoreError};
+use crate::store::{ConversationPatch, PageCursor};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -115,20 +114,14 @@ fn with_messages(conversation: &Conversation, messages: Vec<crate::domain::Messa
     value
 }
 
-fn conversation_not_found(error: StoreError) -> AppError {
-    match error {
-        StoreError::NotFound => AppError::not_found("Conversation not found"),
-        e => e.into(),
-    }
-}
-
 #[utoipa::path(get, operation_id = "get_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 200, description = "The conversation with its active branch, oldest first", body = ConversationView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn load(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let conversation = state.store.get_conversation(&user, id).await.map_err(conversation_not_found)?;
+    let conversation =
+        state.store.get_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
     let messages = state.store.messages(&user, id).await?;
     let active = branch(&messages, conversation.active_leaf_id);
     let mut body = with_messages(&conversation, active);
@@ -150,7 +143,11 @@ async fn patch(
         system_prompt: body.system_prompt,
         metadata: body.metadata,
     };
-    let conversation = state.store.update_conversation(&user, id, &patch).await.map_err(conversation_not_found)?;
+    let conversation = state
+        .store
+        .update_conversation(&user, id, &patch)
+        .await
+        .map_err(AppError::missing("Conversation not found"))?;
     Ok(Json(json!(conversation)))
 }
 
@@ -160,9 +157,9 @@ async fn delete(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<StatusCode, AppError> {
-    state.store.get_conversation(&user, id).await.map_err(conversation_not_found)?;
+    state.store.get_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
     state.chat.stop_runs_in(&user, id).await;
-    state.store.delete_conversation(&user, id).await.map_err(conversation_not_found)?;
+    state.store.delete_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -183,18 +180,9 @@ async fn feedback(
     let comment = body.comment.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty());
     let feedback =
         (body.rating.is_some() || comment.is_some()).then(|| Feedback { rating: body.rating, comment, at: now() });
-    let message = state.store.set_feedback(&user, id, feedback).await.map_err(|e| match e {
-        StoreError::NotFound => AppError::not_found("Message not found"),
-        e => e.into(),
-    })?;
+    let message =
+        state.store.set_feedback(&user, id, feedback).await.map_err(AppError::missing("Message not found"))?;
     Ok(Json(json!({"message_id": message.id, "feedback": message.feedback})))
-}
-
-fn message_not_found(error: StoreError) -> AppError {
-    match error {
-        StoreError::NotFound => AppError::not_found("Message not found"),
-        e => e.into(),
-    }
 }
 
 /// The message and its siblings (the other answers to, or edits of, the same point), oldest
@@ -205,7 +193,7 @@ async fn siblings(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let message = state.store.get_message(&user, id).await.map_err(message_not_found)?;
+    let message = state.store.get_message(&user, id).await.map_err(AppError::missing("Message not found"))?;
     let conversation = state.store.get_conversation(&user, message.conversation_id).await?;
     let all = state.store.messages(&user, message.conversation_id).await?;
     let active: Vec<uuid::Uuid> = branch(&all, conversation.active_leaf_id).iter().map(|m| m.id).collect();
@@ -229,7 +217,7 @@ async fn activate(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let message = state.store.get_message(&user, id).await.map_err(message_not_found)?;
+    let message = state.store.get_message(&user, id).await.map_err(AppError::missing("Message not found"))?;
     let all = state.store.messages(&user, message.conversation_id).await?;
     let mut leaf = message.id;
     // Messages come oldest first: the last child found is the newest.

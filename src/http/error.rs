@@ -49,6 +49,15 @@ impl AppError {
         Self::NotFound { field: None, message: message.into() }
     }
 
+    /// Maps a store error, naming what was missing when it was `NotFound`:
+    /// `.map_err(AppError::missing("Trace not found"))`.
+    pub fn missing(message: &'static str) -> impl FnOnce(StoreError) -> AppError {
+        move |error| match error {
+            StoreError::NotFound => AppError::not_found(message),
+            e => e.into(),
+        }
+    }
+
     fn parts(&self) -> (StatusCode, &'static str, Option<&str>) {
         match self {
             AppError::Validation { field, .. } => (StatusCode::BAD_REQUEST, "VALIDATION_ERROR", field.as_deref()),

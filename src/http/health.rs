@@ -7,7 +7,6 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::AppError;
-#[allow(unused_imports)]
 use super::openapi::*;
 
 pub fn routes() -> Router<AppState> {

@@ -15,12 +15,10 @@ use super::AppState;
 use super::chat::sse;
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser};
-#[allow(unused_imports)]
 use super::openapi::*;
 use crate::chat::{ChatRequest, Frame};
 use crate::config::AuthMode;
 use crate::domain::branch;
-use crate::store::StoreError;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -87,10 +85,11 @@ async fn load(
     CurrentUser(user): CurrentUser,
     AppQuery(query): AppQuery<LoadQuery>,
 ) -> Result<Json<Value>, AppError> {
-    let conversation = state.store.get_conversation(&user, query.conversation_id).await.map_err(|e| match e {
-        StoreError::NotFound => AppError::not_found("Conversation not found"),
-        e => e.into(),
-    })?;
+    let conversation = state
+        .store
+        .get_conversation(&user, query.conversation_id)
+        .await
+        .map_err(AppError::missing("Conversation not found"))?;
     let all = state.store.messages(&user, conversation.id).await?;
     let messages: Vec<Value> = branch(&all, conversation.active_leaf_id)
         .iter()

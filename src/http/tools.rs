@@ -10,7 +10,6 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::AppError;
 use super::extract::{AppQuery, CurrentUser};
-#[allow(unused_imports)]
 use super::openapi::*;
 use crate::tools::PageScope;
 

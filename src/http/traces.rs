@@ -8,10 +8,8 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::AppError;
 use super::extract::{CurrentUser, IdPath};
-#[allow(unused_imports)]
 use super::openapi::*;
 use crate::domain::Trace;
-use crate::store::StoreError;
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/trace/{id}", get(by_id)).route("/api/trace/by_message/{id}", get(by_message))
@@ -23,7 +21,7 @@ async fn by_id(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let trace = state.store.get_trace(&user, id).await.map_err(trace_not_found)?;
+    let trace = state.store.get_trace(&user, id).await.map_err(AppError::missing("Trace not found"))?;
     render(&state, trace).await
 }
 
@@ -33,15 +31,8 @@ async fn by_message(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
 ) -> Result<Json<Value>, AppError> {
-    let trace = state.store.trace_by_message(&user, id).await.map_err(trace_not_found)?;
+    let trace = state.store.trace_by_message(&user, id).await.map_err(AppError::missing("Trace not found"))?;
     render(&state, trace).await
-}
-
-fn trace_not_found(error: StoreError) -> AppError {
-    match error {
-        StoreError::NotFound => AppError::not_found("Trace not found"),
-        e => e.into(),
-    }
 }
 
 async fn render(state: &AppState, trace: Trace) -> Result<Json<Value>, AppError> {
