@@ -142,15 +142,17 @@ pub struct Emitter {
 impl Emitter {
     pub fn emit(&mut self, event: Event) {
         self.seq += 1;
-        let mut value = serde_json::to_value(&event).expect("events always serialize");
-        let mut data = value.to_string();
+        // Serialized once: the same text goes to every listener and into the log.
+        let mut data = serde_json::to_string(&event).expect("events always serialize");
         if data.contains("\\u0000") {
             // Postgres cannot store NUL in jsonb, and no client wants one: tool output is the
             // only text that may carry it this far.
+            let mut value: serde_json::Value = serde_json::from_str(&data).expect("just serialized");
             strip_nul(&mut value);
             data = value.to_string();
         }
-        let frame = Frame { seq: self.seq, data: data.into(), last: matches!(event, Event::Done { .. }) };
+        let data: Arc<str> = data.into();
+        let frame = Frame { seq: self.seq, data: data.clone(), last: matches!(event, Event::Done { .. }) };
         self.run.frames.lock().expect("frames lock").push(frame);
         self.run.sent.send_modify(|sent| *sent += 1);
         self.log.append(NewEvent {
@@ -158,7 +160,7 @@ impl Emitter {
             seq: self.seq as i64,
             at: now(),
             kind: event.kind(),
-            data: value,
+            data,
         });
     }
 

@@ -111,7 +111,8 @@ pub struct NewEvent {
     pub seq: i64,
     pub at: DateTime<Utc>,
     pub kind: &'static str,
-    pub data: Value,
+    /// The event's JSON text, exactly as it was sent.
+    pub data: Arc<str>,
 }
 
 #[async_trait]

@@ -192,12 +192,14 @@ macro_rules! impl_store {
                     let mut query = sqlx::QueryBuilder::<$db>::new(
                         "insert into trace_events (trace_id, seq, at, type, data) ",
                     );
-                    query.push_values(chunk, |mut row, e| {
-                        row.push_bind(e.trace_id)
-                            .push_bind(e.seq)
-                            .push_bind(e.at)
-                            .push_bind(e.kind)
-                            .push_bind(Json(&e.data));
+                    // The text was serialized when the event was sent: bind it as it is.
+                    let raw: Vec<&serde_json::value::RawValue> = chunk
+                        .iter()
+                        .map(|e| serde_json::from_str(&e.data))
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| StoreError::Corrupt(format!("event JSON: {e}")))?;
+                    query.push_values(chunk.iter().zip(raw), |mut row, (e, data)| {
+                        row.push_bind(e.trace_id).push_bind(e.seq).push_bind(e.at).push_bind(e.kind).push_bind(Json(data));
                     });
                     query.build().execute(&mut *tx).await?;
                 }

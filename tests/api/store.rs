@@ -112,7 +112,7 @@ both_backends! {
                 seq,
                 at: now(),
                 kind: "text_delta",
-                data: json!({"type": "text_delta", "text": format!("t{seq}")}),
+                data: json!({"type": "text_delta", "text": format!("t{seq}")}).to_string().into(),
             })
             .collect();
         store.append_events(&events).await.unwrap();
