@@ -260,19 +260,11 @@ async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed) {
         Some(summary) => summary,
         None => {
             let request = context::summary_request(&plan.request, &plan.request.messages[..dropped]);
-            let Ok(mut stream) = plan.provider.stream(&request).await else { return };
-            let mut turn = Turn::new(0, Vec::new());
-            let mut ignored = Vec::new();
-            while let Some(Ok(event)) = stream.next().await {
-                if turn.apply(event, &mut ignored).is_err() || turn.finished() {
-                    break;
-                }
-            }
-            if !turn.finished() || turn.output.text.trim().is_empty() {
+            let Some(summary) = super::turn::complete_text(&*plan.provider, &request).await else {
                 tracing::warn!("could not summarise the dropped context");
                 return;
-            }
-            turn.output.text.trim().to_owned()
+            };
+            summary
         }
     };
     let prompt = fitted.request.system_prompt.get_or_insert_with(String::new);

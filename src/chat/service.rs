@@ -502,8 +502,7 @@ impl ChatService {
             let Some(provider) = providers.get(&profile.provider) else {
                 return;
             };
-            let mut message = Message::new(conversation_id, None, Role::User, first_message.clone());
-            message.content = first_message.clone();
+            let message = Message::new(conversation_id, None, Role::User, first_message.clone());
             let request = ModelRequest {
                 model: profile.model.clone(),
                 system_prompt: Some(TITLE_PROMPT.to_owned()),
@@ -515,19 +514,9 @@ impl ChatService {
                 reasoning_effort: None,
                 tools: Vec::new(),
             };
-            let mut turn = super::turn::Turn::new(0, Vec::new());
-            let mut events = Vec::new();
-            let Ok(mut stream) = provider.stream(&request).await else {
-                return;
-            };
-            while let Some(Ok(event)) = futures_util::StreamExt::next(&mut stream).await {
-                if turn.apply(event, &mut events).is_err() || turn.finished() {
-                    break;
-                }
-            }
-            let title: String =
-                turn.output.text.trim().trim_matches('"').chars().take(settings.chat.title_max_chars).collect();
-            if !turn.finished() || title.is_empty() {
+            let Some(text) = super::turn::complete_text(&*provider, &request).await else { return };
+            let title: String = text.trim_matches('"').chars().take(settings.chat.title_max_chars).collect();
+            if title.is_empty() {
                 return;
             }
             let unchanged = store

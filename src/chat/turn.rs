@@ -147,3 +147,22 @@ impl Turn {
         self.output.finish_reason.is_some()
     }
 }
+
+/// One model call run to its end for its cleaned text alone (titles, summaries): `None` if
+/// the call fails, breaks off, or says nothing.
+pub async fn complete_text(
+    provider: &dyn crate::providers::LlmProvider,
+    request: &crate::providers::ModelRequest,
+) -> Option<String> {
+    use futures_util::StreamExt;
+    let mut stream = provider.stream(request).await.ok()?;
+    let mut turn = Turn::new(0, Vec::new());
+    let mut ignored = Vec::new();
+    while let Some(Ok(event)) = stream.next().await {
+        if turn.apply(event, &mut ignored).is_err() || turn.finished() {
+            break;
+        }
+    }
+    let text = turn.output.text.trim();
+    (turn.finished() && !text.is_empty()).then(|| text.to_owned())
+}
