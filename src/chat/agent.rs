@@ -188,11 +188,13 @@ async fn call_model(
         plan.context.record(fitted.state.as_ref()).await;
     }
     let mut turn = Turn::new(output.tool_history.len() as u32, markers);
+    emitter.hold(true);
     let ending = tokio::select! {
         biased;
         () = cancel.cancelled() => Ending::Cancelled,
         ending = stream_turn(plan, &fitted.request, emitter, &mut turn, output) => ending,
     };
+    emitter.hold(false);
     if matches!(ending, Ending::Cancelled) {
         let mut held = Vec::new();
         turn.flush(&mut held);
@@ -293,7 +295,7 @@ async fn stream_turn(
         Err(error) => return Ending::Failed(error),
     };
     let mut events = Vec::new();
-    while let Some(event) = stream.next().await {
+    while let Some(event) = next_event(&mut stream, emitter).await {
         let applied = event.and_then(|event| turn.apply(event, &mut events));
         for event in events.drain(..) {
             emit_content(emitter, output, event);
@@ -308,6 +310,22 @@ async fn stream_turn(
     // Adapters end their streams with an error when the terminal frame is missing; a
     // provider that simply stops is one more case of the same.
     Ending::Failed(transport::network_error())
+}
+
+/// The provider's next event. What the turn emitted from what already arrived goes out
+/// before it waits for the network, so listeners get each burst at once, in one piece.
+async fn next_event<S: futures_util::Stream + Unpin>(stream: &mut S, emitter: &mut Emitter) -> Option<S::Item> {
+    if let Some(item) = stream.next().now_or_never() {
+        return item;
+    }
+    // The HTTP client hands a body over chunk by chunk from its connection task: give that
+    // task a turn before taking the provider for quiet.
+    tokio::task::yield_now().await;
+    if let Some(item) = stream.next().now_or_never() {
+        return item;
+    }
+    emitter.publish();
+    stream.next().await
 }
 
 /// Emits a turn's event, keeping `output` equal to what the client assembles.

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::store::{NewEvent, Store, StoreError};
 
 enum Entry {
-    Event(NewEvent),
+    Events(Vec<NewEvent>),
     Flush(oneshot::Sender<Result<(), String>>),
 }
 
@@ -33,10 +33,10 @@ impl EventLog {
         Self { tx, batches }
     }
 
-    pub fn append(&self, event: NewEvent) {
+    pub fn append(&self, events: Vec<NewEvent>) {
         // The writer only stops when every handle is gone, so this cannot fail while `self`
         // exists.
-        let _ = self.tx.send(Entry::Event(event));
+        let _ = self.tx.send(Entry::Events(events));
     }
 
     /// Writes everything appended so far; returns once it is in the database.
@@ -71,11 +71,11 @@ async fn write_loop(
             None => rx.recv().await.map_or(Wake::Closed, Wake::Entry),
         };
         match wake {
-            Wake::Entry(Entry::Event(event)) => {
+            Wake::Entry(Entry::Events(events)) => {
                 if pending.is_empty() {
                     deadline = Some(Instant::now() + interval);
                 }
-                pending.push(event);
+                pending.extend(events);
                 if pending.len() < max_events {
                     continue;
                 }

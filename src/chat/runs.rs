@@ -104,7 +104,7 @@ impl Runs {
         });
         self.live.lock().expect("runs lock").insert(trace_id, run.clone());
         metrics::gauge!("chatd_active_runs").increment(1.0);
-        (run.clone(), Emitter { run, log, seq: 0 })
+        (run.clone(), Emitter { run, log, seq: 0, holding: false, held: 0, unlogged: Vec::new() })
     }
 
     pub fn get(&self, trace_id: Uuid) -> Option<Arc<LiveRun>> {
@@ -133,11 +133,23 @@ impl Runs {
 }
 
 /// The only way events enter a run: numbers them, hands them to listeners and to the log.
+///
+/// While a turn reads what the provider has already sent, the emitter holds its events and
+/// announces them together when the turn must wait for the network again: listeners then
+/// wake once per burst instead of once per token, and write the burst as one frame batch.
 pub struct Emitter {
     run: Arc<LiveRun>,
     log: EventLog,
     seq: u64,
+    holding: bool,
+    /// Frames pushed but not yet announced to listeners.
+    held: usize,
+    /// Events not yet handed to the log writer.
+    unlogged: Vec<NewEvent>,
 }
+
+/// Events held at most before they are announced anyway.
+const MAX_HELD: usize = 64;
 
 impl Emitter {
     pub fn emit(&mut self, event: Event) {
@@ -152,16 +164,38 @@ impl Emitter {
             data = value.to_string();
         }
         let data: Arc<str> = data.into();
-        let frame = Frame { seq: self.seq, data: data.clone(), last: matches!(event, Event::Done { .. }) };
-        self.run.frames.lock().expect("frames lock").push(frame);
-        self.run.sent.send_modify(|sent| *sent += 1);
-        self.log.append(NewEvent {
+        let last = matches!(event, Event::Done { .. });
+        self.run.frames.lock().expect("frames lock").push(Frame { seq: self.seq, data: data.clone(), last });
+        self.unlogged.push(NewEvent {
             trace_id: self.run.trace_id,
             seq: self.seq as i64,
             at: now(),
             kind: event.kind(),
             data,
         });
+        self.held += 1;
+        if !self.holding || last || self.held >= MAX_HELD {
+            self.publish();
+        }
+    }
+
+    /// Holds events from now on until [`publish`](Self::publish) (or `hold(false)`).
+    pub fn hold(&mut self, on: bool) {
+        self.holding = on;
+        if !on {
+            self.publish();
+        }
+    }
+
+    /// Announces the held events to listeners and hands them to the log.
+    pub fn publish(&mut self) {
+        if self.held > 0 {
+            let held = std::mem::take(&mut self.held);
+            self.run.sent.send_modify(|sent| *sent += held);
+        }
+        if !self.unlogged.is_empty() {
+            self.log.append(std::mem::take(&mut self.unlogged));
+        }
     }
 
     pub fn run(&self) -> &Arc<LiveRun> {
@@ -169,8 +203,15 @@ impl Emitter {
     }
 
     /// Waits until every event emitted so far is in the database.
-    pub async fn flush(&self) -> Result<(), String> {
+    pub async fn flush(&mut self) -> Result<(), String> {
+        self.publish();
         self.log.flush().await
+    }
+}
+
+impl Drop for Emitter {
+    fn drop(&mut self) {
+        self.publish();
     }
 }
 

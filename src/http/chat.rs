@@ -7,12 +7,13 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -46,17 +47,56 @@ async fn stream(
     Ok(sse(&state, frames))
 }
 
-/// The SSE response for a stream of frames; ends at `done` or when the server stops.
+/// Frames sent in one write, at most (a listener that fell behind catches up in a few).
+const FRAMES_PER_WRITE: usize = 512;
+
+/// The SSE response for a stream of frames; ends at `done` or when the server stops. Frames
+/// that are ready together go out as one write, and `: ping` goes out when idle.
 pub(super) fn sse(state: &AppState, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
-    let frames = frames.take_until(state.shutdown.clone().cancelled_owned());
-    let events =
-        frames.map(|frame| Ok::<_, Infallible>(SseEvent::default().id(frame.seq.to_string()).data(&*frame.data)));
-    let keepalive = KeepAlive::new().interval(state.keepalive()).text("ping");
-    let mut response = Sse::new(events).keep_alive(keepalive).into_response();
+    let frames = frames.take_until(state.shutdown.clone().cancelled_owned()).ready_chunks(FRAMES_PER_WRITE);
+    let keepalive = state.keepalive();
+    let body = async_stream::stream! {
+        let mut frames = std::pin::pin!(frames);
+        let mut idle = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+        idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A ping only after a whole interval without frames: re-arming the timer on every
+        // write would cost more than the frames themselves.
+        let mut sent = false;
+        loop {
+            tokio::select! {
+                biased;
+                batch = frames.next() => match batch {
+                    Some(batch) => {
+                        sent = true;
+                        yield Ok::<_, Infallible>(encode(&batch));
+                    }
+                    None => break,
+                },
+                _ = idle.tick() => {
+                    if !std::mem::take(&mut sent) {
+                        yield Ok(Bytes::from_static(b": ping\n\n"));
+                    }
+                }
+            }
+        }
+    };
+    let mut response = Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Proxies such as nginx must pass each frame on at once.
-    response.headers_mut().insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     response
+}
+
+/// Frames as SSE text: `id: <seq>`, `data: <json>` (compact JSON never holds a newline).
+fn encode(frames: &[Frame]) -> Bytes {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(frames.iter().map(|f| f.data.len() + 32).sum());
+    for frame in frames {
+        let _ = write!(out, "id: {}\ndata: {}\n\n", frame.seq, frame.data);
+    }
+    Bytes::from(out)
 }
 
 /// Cancels the run if the client goes away before `done` (with `on_disconnect = "cancel"`).
