@@ -419,7 +419,7 @@ async function loadProfiles() {
     return showError(error);
   }
   const options = () => profiles.map((p) => el("option", { value: p.id }, `${p.id} (${p.model})`));
-  $("profile").append(...options());
+  $("profile").replaceChildren(el("option", { value: "" }, "default"), ...options());
   $("profile-a").replaceChildren(...options());
   $("profile-b").replaceChildren(...options());
   if (profiles.length > 1) $("profile-b").selectedIndex = 1;
@@ -459,6 +459,9 @@ function wire() {
   window.addEventListener("pagehide", () => {
     saveRun(true);
     page.leaving = true;
+  });
+  window.addEventListener("pageshow", () => {
+    page.leaving = false; // back from the back/forward cache
   });
 }
 
