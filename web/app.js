@@ -335,7 +335,7 @@ async function compare(body, bubble, message) {
     });
   } catch (error) {
     if (!run.comparisonId) {
-      bubble.closest(".msg").remove();
+      bubble.remove();
       votes.parentElement.remove();
       $("input").value = message;
     }
@@ -353,7 +353,7 @@ function voteButtons(votes, comparisonId) {
     ["both_bad", "Both bad"],
   ];
   const result = el("span", { class: "vote-result", role: "status" });
-  const buttons = choices.map(([preference, label]) =>
+  const buttons = choices.map(([preference, label], chosen) =>
     el(
       "button",
       {
@@ -365,10 +365,10 @@ function voteButtons(votes, comparisonId) {
           } catch (error) {
             return showError(error);
           }
-          for (const button of buttons) {
+          buttons.forEach((button, i) => {
             button.disabled = true;
-            button.setAttribute("aria-pressed", String(button === buttons[choices.findIndex(([p]) => p === preference)]));
-          }
+            button.setAttribute("aria-pressed", String(i === chosen));
+          });
           result.textContent = `Vote recorded: ${label}`;
         },
       },
