@@ -6,6 +6,7 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY src src
 COPY migrations migrations
 COPY config config
+COPY web web
 RUN cargo build --release --locked --bin chatd
 
 FROM debian:bookworm-slim

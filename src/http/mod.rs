@@ -12,6 +12,7 @@ mod legacy;
 pub mod openapi;
 mod tools;
 mod traces;
+mod web;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,6 +76,7 @@ pub fn router(state: AppState) -> Router {
         .merge(legacy::routes())
         .merge(traces::routes())
         .merge(tools::routes())
+        .merge(web::routes())
         .route(
             "/openapi.json",
             axum::routing::get(|| async {

@@ -16,3 +16,4 @@ mod runs;
 mod security;
 mod store;
 mod tools;
+mod web;

@@ -1,0 +1,96 @@
+//! The reference web page at `/`: hand-written HTML, CSS and JavaScript modules from `web/`,
+//! compiled into the binary, so `cargo run` serves it with no Node and no build step.
+//!
+//! The files are small and their names carry no hash, so browsers revalidate them
+//! (`no-cache`) against an `ETag` computed at compile time: a new binary is never shadowed by
+//! an old cached file, and an unchanged file costs a 304.
+
+use axum::Router;
+use axum::extract::Path;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use super::AppState;
+use super::error::AppError;
+
+struct Asset {
+    name: &'static str,
+    content_type: &'static str,
+    body: &'static [u8],
+    /// FNV-1a of the body, computed at compile time: the `ETag`.
+    hash: u64,
+}
+
+macro_rules! asset {
+    ($name:literal, $content_type:literal) => {
+        Asset {
+            name: $name,
+            content_type: $content_type,
+            body: include_bytes!(concat!("../../web/", $name)),
+            hash: fnv1a(include_bytes!(concat!("../../web/", $name))),
+        }
+    };
+}
+
+const fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+const INDEX: Asset = asset!("index.html", "text/html; charset=utf-8");
+
+/// What `/assets/{file}` serves; any other name is a 404 in the contract's envelope.
+const ASSETS: &[Asset] = &[
+    asset!("style.css", "text/css; charset=utf-8"),
+    asset!("app.js", "text/javascript; charset=utf-8"),
+    asset!("api.js", "text/javascript; charset=utf-8"),
+    asset!("markdown.js", "text/javascript; charset=utf-8"),
+    asset!("render.js", "text/javascript; charset=utf-8"),
+];
+
+/// The page talks only to this server; nothing inline runs.
+const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/", get(index)).route("/assets/{file}", get(asset))
+}
+
+async fn index(headers: HeaderMap) -> Response {
+    serve(&INDEX, &headers)
+}
+
+async fn asset(Path(file): Path<String>, headers: HeaderMap) -> Response {
+    match ASSETS.iter().find(|a| a.name == file) {
+        Some(asset) => serve(asset, &headers),
+        None => AppError::not_found("No such asset").into_response(),
+    }
+}
+
+fn serve(asset: &Asset, request: &HeaderMap) -> Response {
+    let etag = format!("\"{:016x}\"", asset.hash);
+    let fresh = request
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|tags| tags.split(',').any(|t| t.trim() == etag));
+    let mut response = if fresh { StatusCode::NOT_MODIFIED.into_response() } else { asset.body.into_response() };
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Ok(etag) = HeaderValue::from_str(&etag) {
+        headers.insert(header::ETAG, etag);
+    }
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    if asset.content_type.starts_with("text/html") {
+        headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+        headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    }
+    response
+}

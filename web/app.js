@@ -1,0 +1,476 @@
+// The page: conversations in the sidebar, the chat beside them. A message goes out as
+// POST /api/chat/stream (or /api/ab/stream in A/B mode) and its events render as they come;
+// Stop is POST /api/cancel_stream. While a run streams, its trace id, last event seq and the
+// answer so far are kept in sessionStorage, so a reload picks the run up again with
+// GET /api/chat/stream/{trace_id} and Last-Event-ID. Errors show in the banner with the
+// contract's messages (the JSON envelope's `message`, or an `error` event's).
+
+import { api, ApiError, credentials } from "./api.js";
+import { AnswerView, el, traceView, userBubble } from "./render.js";
+
+const $ = (id) => document.getElementById(id);
+const RUN_KEY = "chatd.run";
+
+const page = {
+  conversationId: null,
+  /** The run being shown: {controller, view?, traceId?, cancel?, seq}. */
+  run: null,
+  leaving: false,
+};
+
+const hooks = {
+  suggest: (value) => send(value, { interaction_type: "value_selected" }),
+  act: runAction,
+  feedback: rate,
+  trace: showTrace,
+};
+
+// ---- errors ----------------------------------------------------------------------------
+
+function showError(error) {
+  $("banner-text").textContent = error.message || "Something went wrong";
+  $("banner").dataset.code = error.code ?? "";
+  $("banner").hidden = false;
+  // chatd refused our credentials (an `error` event with this code is the model's key instead).
+  if (error.status === 401) $("settings").open = true;
+}
+
+function clearError() {
+  $("banner").hidden = true;
+}
+
+// ---- conversations ---------------------------------------------------------------------
+
+async function loadConversations() {
+  try {
+    const { conversations } = await api.conversations();
+    $("conversations").replaceChildren(...conversations.map(conversationItem));
+    const current = conversations.find((c) => c.id === page.conversationId);
+    if (current) $("title").textContent = current.title;
+  } catch (error) {
+    showError(error);
+  }
+}
+
+function conversationItem(conversation) {
+  const item = el(
+    "li",
+    { class: "conv", "data-id": conversation.id, "aria-current": conversation.id === page.conversationId && "page" },
+    el("button", { class: "conv-open", onclick: () => openConversation(conversation.id) }, conversation.title),
+  );
+  item.append(
+    el("button", { class: "conv-rename", title: "Rename", "aria-label": "Rename", onclick: () => rename(item, conversation) }, "✎"),
+    el("button", { class: "conv-delete", title: "Delete", "aria-label": "Delete", onclick: () => remove(conversation) }, "✕"),
+  );
+  return item;
+}
+
+function rename(item, conversation) {
+  const input = el("input", { class: "conv-title", value: conversation.title, "aria-label": "New title" });
+  let finished = false;
+  const finish = async (save) => {
+    if (finished) return;
+    finished = true;
+    const title = input.value.trim();
+    if (save && title && title !== conversation.title) {
+      try {
+        await api.rename(conversation.id, title);
+        if (conversation.id === page.conversationId) $("title").textContent = title;
+      } catch (error) {
+        showError(error);
+      }
+    }
+    await loadConversations();
+  };
+  input.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") finish(true);
+    if (event.key === "Escape") finish(false);
+  });
+  input.addEventListener("blur", () => finish(true));
+  item.querySelector(".conv-open").replaceWith(input);
+  input.focus();
+  input.select();
+}
+
+async function remove(conversation) {
+  if (!confirm(`Delete "${conversation.title}" and all its messages?`)) return;
+  try {
+    await api.remove(conversation.id);
+  } catch (error) {
+    return showError(error);
+  }
+  if (conversation.id === page.conversationId) newChat();
+  await loadConversations();
+}
+
+function setConversation(id, title) {
+  page.conversationId = id;
+  history.replaceState(null, "", id ? `#/c/${id}` : location.pathname);
+  if (title !== undefined) $("title").textContent = title;
+  for (const item of document.querySelectorAll(".conv")) {
+    if (item.dataset.id === id) item.setAttribute("aria-current", "page");
+    else item.removeAttribute("aria-current");
+  }
+}
+
+function newChat() {
+  detach();
+  setConversation(null, "New chat");
+  $("messages").replaceChildren(el("p", { class: "empty" }, "Ask anything. Answers stream in as they are written."));
+  $("input").focus();
+}
+
+async function openConversation(id) {
+  detach();
+  let conversation;
+  try {
+    conversation = await api.conversation(id);
+  } catch (error) {
+    showError(error);
+    return false;
+  }
+  setConversation(id, conversation.title);
+  const nodes = conversation.messages.map((message) =>
+    message.role === "user"
+      ? userBubble(message.content)
+      : message.role === "assistant"
+        ? AnswerView.fromMessage(hooks, message).node
+        : null,
+  );
+  $("messages").replaceChildren(...nodes.filter(Boolean));
+  scrollDown();
+  return true;
+}
+
+function addNode(node) {
+  $("messages").querySelector(".empty")?.remove();
+  $("messages").append(node);
+  scrollDown();
+}
+
+function scrollDown() {
+  const messages = $("messages");
+  messages.scrollTop = messages.scrollHeight;
+}
+
+// ---- runs ------------------------------------------------------------------------------
+
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("stop").hidden = !busy;
+  $("stop").disabled = !page.run?.cancel;
+}
+
+/** Stops showing the current run (it goes on server-side, and stays in the conversation). */
+function detach() {
+  if (!page.run) return;
+  page.run.controller.abort();
+  page.run = null;
+  sessionStorage.removeItem(RUN_KEY);
+  setBusy(false);
+}
+
+/** Keeps what a reload needs: at most every 200 ms, and always when the page goes. */
+function saveRun(force = false) {
+  const run = page.run;
+  if (!run?.view || !run.traceId || (!force && Date.now() - (run.savedAt ?? 0) < 200)) return;
+  run.savedAt = Date.now();
+  const saved = {
+    trace_id: run.traceId,
+    conversation_id: page.conversationId,
+    message_id: run.view.state.messageId,
+    seq: run.seq,
+    state: run.view.snapshot(),
+  };
+  sessionStorage.setItem(RUN_KEY, JSON.stringify(saved));
+}
+
+async function send(text, extra = {}) {
+  const message = text.trim();
+  if (!message || page.run) return;
+  clearError();
+  const body = { message, ...extra };
+  if (page.conversationId) body.conversation_id = page.conversationId;
+  const bubble = userBubble(message);
+  addNode(bubble);
+  if ($("ab-mode").checked) {
+    await compare({ ...body, profile_a: $("profile-a").value, profile_b: $("profile-b").value }, bubble, message);
+  } else {
+    if ($("profile").value) body.profile = $("profile").value;
+    await chat(body, bubble, message);
+  }
+}
+
+async function chat(body, bubble, message) {
+  const view = new AnswerView(hooks);
+  addNode(view.node);
+  const run = { controller: new AbortController(), view, seq: 0 };
+  await stream(run, api.stream("/api/chat/stream", body, run.controller.signal), { bubble, message });
+}
+
+/** Shows a run's events in `run.view` until `done`; `refusal` undoes the send if it is refused. */
+async function stream(run, events, refusal) {
+  page.run = run;
+  setBusy(true);
+  const apply = (event) => {
+    if (event.type === "start") {
+      Object.assign(run, { traceId: event.trace_id, cancel: { trace_id: event.trace_id } });
+      const isNew = page.conversationId !== event.conversation_id;
+      setConversation(event.conversation_id);
+      if (isNew) loadConversations();
+      setBusy(true);
+    }
+    if (event.type === "error") showError(event);
+    run.view.apply(event);
+    saveRun();
+    scrollDown();
+  };
+  try {
+    await follow(run, events, apply);
+  } catch (error) {
+    if (refusal && !run.traceId) {
+      // Refused before the stream opened: nothing was stored; give the text back.
+      refusal.bubble.remove();
+      run.view.node.remove();
+      $("input").value = refusal.message;
+    } else {
+      run.view.apply({ type: "error", message: error.message });
+    }
+    showError(error);
+  } finally {
+    finish(run);
+  }
+}
+
+/** Feeds `events` to `apply` until `done`; when the connection drops, resumes by trace id. */
+async function follow(run, events, apply) {
+  for (let resumes = 0; ; resumes += 1) {
+    try {
+      for await (const event of events) {
+        run.seq = event.seq;
+        apply(event);
+        if (event.type === "done") return;
+      }
+    } catch (error) {
+      if (run.controller.signal.aborted) return;
+      if (!(error instanceof ApiError && error.status === 0 && run.traceId)) throw error;
+    }
+    if (run.controller.signal.aborted) return;
+    if (!run.traceId || resumes >= 3) throw new ApiError(0, "NETWORK_ERROR", "Connection failed");
+    await new Promise((resolve) => setTimeout(resolve, 250 * 2 ** resumes));
+    events = api.resume(run.traceId, run.seq, run.controller.signal);
+  }
+}
+
+function finish(run) {
+  if (page.run !== run || page.leaving) return;
+  page.run = null;
+  sessionStorage.removeItem(RUN_KEY);
+  setBusy(false);
+  loadConversations();
+}
+
+async function stop() {
+  const target = page.run?.cancel;
+  if (!target) return;
+  $("stop").disabled = true;
+  try {
+    await api.cancel(target);
+  } catch (error) {
+    // The run ended while the cancel was on its way: its own events say how.
+    if (error.code !== "CONFLICT") showError(error);
+  }
+}
+
+/** After a reload: shows the conversation, then follows the saved run from its last event. */
+async function resumeSaved() {
+  const saved = JSON.parse(sessionStorage.getItem(RUN_KEY) ?? "null");
+  if (!saved) return false;
+  sessionStorage.removeItem(RUN_KEY);
+  if (!(await openConversation(saved.conversation_id))) return true;
+  if (document.querySelector(`.msg[data-message-id="${saved.message_id}"]`)) return true; // stored since
+  const view = new AnswerView(hooks, saved.state);
+  addNode(view.node);
+  const run = { controller: new AbortController(), view, seq: saved.seq, traceId: saved.trace_id };
+  run.cancel = { trace_id: saved.trace_id };
+  await stream(run, api.resume(saved.trace_id, saved.seq, run.controller.signal));
+  return true;
+}
+
+// ---- A/B -------------------------------------------------------------------------------
+
+async function compare(body, bubble, message) {
+  const views = { a: new AnswerView(hooks), b: new AnswerView(hooks) };
+  const heads = { a: el("h3", {}, "A"), b: el("h3", {}, "B") };
+  const votes = el("div", { class: "votes", hidden: true });
+  addNode(
+    el(
+      "section",
+      { class: "comparison" },
+      el("div", { class: "ab" }, ...["a", "b"].map((side) => el("div", { class: `side side-${side}` }, heads[side], views[side].node))),
+      votes,
+    ),
+  );
+  const run = { controller: new AbortController(), seq: 0 };
+  page.run = run;
+  setBusy(true);
+  try {
+    await follow(run, api.stream("/api/ab/stream", body, run.controller.signal), (event) => {
+      if (event.type === "comparison") {
+        run.cancel = { comparison_id: event.comparison_id };
+        run.comparisonId = event.comparison_id;
+        heads.a.textContent = `A · ${event.a.model}`;
+        heads.b.textContent = `B · ${event.b.model}`;
+        setBusy(true);
+      } else if (event.variant) {
+        if (event.type === "start" && page.conversationId !== event.conversation_id) {
+          setConversation(event.conversation_id);
+        }
+        if (event.type === "error") showError(event);
+        views[event.variant].apply(event);
+      } else if (event.type === "done") {
+        voteButtons(votes, run.comparisonId);
+      }
+      scrollDown();
+    });
+  } catch (error) {
+    if (!run.comparisonId) {
+      bubble.remove();
+      votes.parentElement.remove();
+      $("input").value = message;
+    }
+    showError(error);
+  } finally {
+    finish(run);
+  }
+}
+
+function voteButtons(votes, comparisonId) {
+  const choices = [
+    ["a", "A is better"],
+    ["b", "B is better"],
+    ["tie", "Tie"],
+    ["both_bad", "Both bad"],
+  ];
+  const result = el("span", { class: "vote-result", role: "status" });
+  const buttons = choices.map(([preference, label], chosen) =>
+    el(
+      "button",
+      {
+        class: "vote",
+        "data-preference": preference,
+        onclick: async () => {
+          try {
+            await api.vote(comparisonId, preference);
+          } catch (error) {
+            return showError(error);
+          }
+          buttons.forEach((button, i) => {
+            button.disabled = true;
+            button.setAttribute("aria-pressed", String(i === chosen));
+          });
+          result.textContent = `Vote recorded: ${label}`;
+        },
+      },
+      label,
+    ),
+  );
+  votes.replaceChildren(el("span", {}, "Which answer is better?"), ...buttons, result);
+  votes.hidden = false;
+}
+
+// ---- message buttons -------------------------------------------------------------------
+
+function runAction(action) {
+  if (action.handler === "server") {
+    send(action.label, { interaction_type: "action_executed", action: { action: action.action, data: action.data } });
+  } else {
+    // Client actions belong to the app embedding chatd: it listens for this event.
+    window.dispatchEvent(new CustomEvent("chatd:action", { detail: action }));
+  }
+}
+
+async function rate(view, rating) {
+  try {
+    const result = await api.feedback(view.state.messageId, rating);
+    view.setRating(result.feedback?.rating ?? null);
+  } catch (error) {
+    showError(error);
+  }
+}
+
+async function showTrace(view) {
+  try {
+    const trace = await api.traceByMessage(view.state.messageId);
+    $("trace-body").replaceChildren(traceView(trace));
+    $("trace-dialog").showModal();
+  } catch (error) {
+    showError(error);
+  }
+}
+
+// ---- start -----------------------------------------------------------------------------
+
+async function loadProfiles() {
+  let profiles = [];
+  try {
+    ({ profiles } = await api.profiles());
+  } catch (error) {
+    return showError(error);
+  }
+  const options = () => profiles.map((p) => el("option", { value: p.id }, `${p.id} (${p.model})`));
+  $("profile").replaceChildren(el("option", { value: "" }, "default"), ...options());
+  $("profile-a").replaceChildren(...options());
+  $("profile-b").replaceChildren(...options());
+  if (profiles.length > 1) $("profile-b").selectedIndex = 1;
+}
+
+function wire() {
+  $("composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = $("input").value;
+    $("input").value = "";
+    send(text);
+  });
+  $("input").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      $("composer").requestSubmit();
+    }
+  });
+  $("stop").addEventListener("click", stop);
+  $("new-chat").addEventListener("click", newChat);
+  $("banner-close").addEventListener("click", clearError);
+  $("trace-close").addEventListener("click", () => $("trace-dialog").close());
+  $("ab-mode").addEventListener("change", () => {
+    $("ab-profiles").hidden = !$("ab-mode").checked;
+  });
+  $("token").value = credentials.token;
+  $("client-id").value = credentials.clientId;
+  $("settings-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    credentials.save($("token").value, $("client-id").value);
+    $("settings").open = false;
+    clearError();
+    newChat();
+    loadProfiles();
+    loadConversations();
+  });
+  window.addEventListener("pagehide", () => {
+    saveRun(true);
+    page.leaving = true;
+  });
+  window.addEventListener("pageshow", () => {
+    page.leaving = false; // back from the back/forward cache
+  });
+}
+
+async function start() {
+  wire();
+  await Promise.all([loadProfiles(), loadConversations()]);
+  if (await resumeSaved()) return;
+  const id = location.hash.match(/^#\/c\/([0-9a-f-]{36})$/)?.[1];
+  if (id) await openConversation(id);
+}
+
+start();
