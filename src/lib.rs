@@ -91,7 +91,10 @@ impl App {
         let shutdown = self.state.shutdown.clone();
         let router = http::router(self.state);
         tracing::info!(addr = %self.listener.local_addr()?, "chatd listening");
-        axum::serve(self.listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+        // `into_make_service`: each connection shares the router. Served as a bare `Router`,
+        // axum rebuilds every route for each connection, which cost an open stream tens of
+        // kilobytes.
+        axum::serve(self.listener, router.into_make_service()).with_graceful_shutdown(shutdown.cancelled_owned()).await
     }
 }
 

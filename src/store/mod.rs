@@ -4,6 +4,7 @@
 //! start-up. Every row carries the user it belongs to; user-scoped methods answer
 //! [`StoreError::NotFound`] for another user's ids.
 
+mod chunks;
 mod postgres;
 mod rows;
 mod sql;

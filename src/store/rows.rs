@@ -9,8 +9,8 @@ use uuid::Uuid;
 
 use super::{RunningTrace, StoreError};
 use crate::domain::{
-    Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Role, SuggestedAction, SuggestedValue,
-    ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
+    Comparison, Conversation, Feedback, Message, Preference, Role, SuggestedAction, SuggestedValue, ToolCall,
+    ToolRecord, Trace, TraceStatus, Usage, Vote,
 };
 
 pub const CONVERSATION_COLUMNS: &str = "id, user_id, title, profile, system_prompt, metadata, \
@@ -165,21 +165,6 @@ impl TryFrom<RunningRow> for RunningTrace {
 
     fn try_from(row: RunningRow) -> Result<Self, StoreError> {
         Ok(RunningTrace { trace: row.trace.try_into()?, replica_id: row.replica_id, heartbeat_at: row.heartbeat_at })
-    }
-}
-
-#[derive(sqlx::FromRow)]
-pub struct EventRow {
-    seq: i64,
-    at: DateTime<Utc>,
-    #[sqlx(rename = "type")]
-    kind: String,
-    data: Json<Value>,
-}
-
-impl From<EventRow> for LoggedEvent {
-    fn from(row: EventRow) -> Self {
-        LoggedEvent { seq: row.seq, at: row.at, kind: row.kind, data: row.data.0 }
     }
 }
 

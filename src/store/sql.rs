@@ -185,21 +185,15 @@ macro_rules! impl_store {
             }
 
             async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-                // One transaction per batch; five parameters a row, and both backends take
-                // well over 5,000 parameters in one statement.
+                // One transaction per batch and one row per run in it (see `chunks`).
+                let chunks = $crate::store::chunks::encode(events);
                 let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
-                for chunk in events.chunks(1000) {
+                for rows in chunks.chunks(1000) {
                     let mut query = sqlx::QueryBuilder::<$db>::new(
-                        "insert into trace_events (trace_id, seq, at, type, data) ",
+                        "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
                     );
-                    // The text was serialized when the event was sent: bind it as it is.
-                    let raw: Vec<&serde_json::value::RawValue> = chunk
-                        .iter()
-                        .map(|e| serde_json::from_str(&e.data))
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| StoreError::Corrupt(format!("event JSON: {e}")))?;
-                    query.push_values(chunk.iter().zip(raw), |mut row, (e, data)| {
-                        row.push_bind(e.trace_id).push_bind(e.seq).push_bind(e.at).push_bind(e.kind).push_bind(Json(data));
+                    query.push_values(rows, |mut row, c| {
+                        row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
                     });
                     query.build().execute(&mut *tx).await?;
                 }
@@ -401,15 +395,19 @@ macro_rules! impl_store {
             }
 
             async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
-                let rows: Vec<EventRow> = sqlx::query_as(
-                    "select seq, at, type, data from trace_events where trace_id = $1 and seq > $2 \
-                     order by seq",
+                let rows: Vec<(String,)> = sqlx::query_as(
+                    "select events from trace_event_chunks where trace_id = $1 and last_seq > $2 \
+                     order by first_seq",
                 )
                 .bind(trace_id)
                 .bind(after)
                 .fetch_all(&self.pool)
                 .await?;
-                Ok(rows.into_iter().map(LoggedEvent::from).collect())
+                let mut events = Vec::new();
+                for (text,) in rows {
+                    $crate::store::chunks::decode(&text, after, &mut events)?;
+                }
+                Ok(events)
             }
         }
 

@@ -115,13 +115,76 @@ both_backends! {
                 data: json!({"type": "text_delta", "text": format!("t{seq}")}).to_string().into(),
             })
             .collect();
-        store.append_events(&events).await.unwrap();
-        let after = store.trace_events(start.traces[0].trace_id, 2490).await.unwrap();
+        // Two batches: a resume point inside the first one must not repeat what came before.
+        store.append_events(&events[..1000]).await.unwrap();
+        store.append_events(&events[1000..]).await.unwrap();
+        let after = store.trace_events(start.traces[0].trace_id, 990).await.unwrap();
         let seqs: Vec<i64> = after.iter().map(|e| e.seq).collect();
-        assert_eq!(seqs, (2491..=2500).collect::<Vec<_>>());
-        assert_eq!(after[0].data["text"], "t2491");
+        assert_eq!(seqs, (991..=2500).collect::<Vec<_>>());
+        assert_eq!(after[0].data["text"], "t991");
         assert_eq!(after[0].kind, "text_delta");
-        assert_eq!(store.trace_events(start.traces[0].trace_id, 0).await.unwrap().len(), 2500);
+        assert_eq!(after[0].at, events[990].at);
+        let all = store.trace_events(start.traces[0].trace_id, 0).await.unwrap();
+        assert_eq!(all.len(), 2500);
+        assert_eq!(all.last().unwrap().data["text"], "t2500");
+        assert!(store.trace_events(start.traces[0].trace_id, 2500).await.unwrap().is_empty());
+    }
+
+    async fn an_event_log_from_before_chunks_is_carried_over(backend: Backend) {
+        // The log as versions before migration 0003 wrote it (a row per event), then that
+        // migration, then the store reads it.
+        let (store, db) = open(backend).await;
+        let c = conversation("ann", "old log");
+        let start = run_start(&c, true);
+        store.start_run(&start).await.unwrap();
+        let trace_id = start.traces[0].trace_id;
+        let at = now();
+        let old = [
+            json!({"type": "status", "message": "Thinking…"}),
+            json!({"type": "text_delta", "text": "a \"quoted\"\nline, ünïcode"}),
+            json!({"type": "done", "conversation_id": c.id}),
+        ];
+        macro_rules! rewind_and_migrate {
+            ($pool:expr, $old_table:expr, $migration:expr) => {{
+                let pool = $pool;
+                sqlx::raw_sql(concat!("drop table trace_event_chunks; ", $old_table)).execute(&pool).await.unwrap();
+                for (seq, event) in (1_i64..).zip(&old) {
+                    sqlx::query("insert into trace_events (trace_id, seq, at, type, data) values ($1, $2, $3, $4, $5)")
+                        .bind(trace_id)
+                        .bind(seq)
+                        .bind(at)
+                        .bind(event["type"].as_str())
+                        .bind(sqlx::types::Json(event))
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                }
+                sqlx::raw_sql(include_str!($migration)).execute(&pool).await.unwrap();
+            }};
+        }
+        match backend {
+            Backend::Sqlite => rewind_and_migrate!(
+                sqlx::SqlitePool::connect(&db.url).await.unwrap(),
+                "create table trace_events (trace_id blob not null references traces (id) on delete cascade, \
+                 seq integer not null, at text not null, type text not null, data text not null, \
+                 primary key (trace_id, seq)) without rowid;",
+                "../../migrations/sqlite/0003_event_chunks.sql"
+            ),
+            Backend::Postgres => rewind_and_migrate!(
+                sqlx::PgPool::connect(&db.url).await.unwrap(),
+                "create table trace_events (trace_id uuid not null references traces (id) on delete cascade, \
+                 seq bigint not null, at timestamptz not null, type text not null, data jsonb not null, \
+                 primary key (trace_id, seq));",
+                "../../migrations/postgres/0003_event_chunks.sql"
+            ),
+        }
+        let read = store.trace_events(trace_id, 0).await.unwrap();
+        assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(read.iter().map(|e| e.data.clone()).collect::<Vec<_>>(), old);
+        assert_eq!(read[1].kind, "text_delta");
+        // SQLite's date functions round to the millisecond; Postgres keeps every digit.
+        assert!(read.iter().all(|e| (e.at - at).num_microseconds().unwrap().abs() < 1000), "{at} {read:?}");
+        assert_eq!(store.trace_events(trace_id, 2).await.unwrap().len(), 1);
     }
 
     async fn every_read_and_write_is_scoped_to_its_user(backend: Backend) {

@@ -1,0 +1,113 @@
+//! The event log's storage format: a run's events are kept in chunks, one row per run per
+//! flush, instead of one row per event (a row per streamed token cost SQLite more than
+//! everything else chatd does for that token). A chunk's text is a JSON array of
+//! `[seq, at, event]`, `at` in microseconds since the epoch and `event` the JSON exactly as
+//! it was sent, so writing a chunk never parses an event.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use chrono::DateTime;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use super::{NewEvent, StoreError};
+use crate::domain::LoggedEvent;
+
+/// One row of the log: the events of one run, `first_seq..=last_seq`.
+#[derive(Debug, PartialEq)]
+pub struct Chunk {
+    pub trace_id: Uuid,
+    pub first_seq: i64,
+    pub last_seq: i64,
+    pub events: String,
+}
+
+/// Groups a batch into one chunk per run, each run's events in the order given.
+pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
+    let mut chunks: Vec<Chunk> = Vec::new();
+    let mut index: HashMap<Uuid, usize> = HashMap::new();
+    for event in events {
+        let at = event.at.timestamp_micros();
+        let i = *index.entry(event.trace_id).or_insert_with(|| {
+            chunks.push(Chunk {
+                trace_id: event.trace_id,
+                first_seq: event.seq,
+                last_seq: event.seq,
+                events: "[".into(),
+            });
+            chunks.len() - 1
+        });
+        let chunk = &mut chunks[i];
+        if chunk.events.len() > 1 {
+            chunk.events.push(',');
+        }
+        let _ = write!(chunk.events, "[{},{at},{}]", event.seq, event.data);
+        chunk.first_seq = chunk.first_seq.min(event.seq);
+        chunk.last_seq = chunk.last_seq.max(event.seq);
+    }
+    for chunk in &mut chunks {
+        chunk.events.push(']');
+    }
+    chunks
+}
+
+/// The events of a stored chunk with `seq > after`.
+pub fn decode(text: &str, after: i64, into: &mut Vec<LoggedEvent>) -> Result<(), StoreError> {
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt(format!("event log chunk: {e}"));
+    let entries: Vec<(i64, i64, &RawValue)> = serde_json::from_str(text).map_err(corrupt)?;
+    for (seq, at, event) in entries.into_iter().filter(|(seq, ..)| *seq > after) {
+        let data: Value = serde_json::from_str(event.get()).map_err(corrupt)?;
+        let at = DateTime::from_timestamp_micros(at)
+            .ok_or_else(|| StoreError::Corrupt(format!("event log chunk: time {at} out of range")))?;
+        let kind = data["type"].as_str().unwrap_or_default().to_owned();
+        into.push(LoggedEvent { seq, at, kind, data });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::domain::now;
+
+    fn event(trace_id: Uuid, seq: i64, text: &str) -> NewEvent {
+        let data = serde_json::json!({"type": "text_delta", "text": text}).to_string();
+        NewEvent { trace_id, seq, at: now(), kind: "text_delta", data: Arc::from(data) }
+    }
+
+    #[test]
+    fn interleaved_runs_get_one_chunk_each_and_read_back_exactly() {
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let events =
+            vec![event(a, 1, "a1"), event(b, 7, "b7"), event(a, 2, "a\"2\n"), event(b, 8, "b8"), event(a, 3, "a3")];
+        let chunks = encode(&events);
+        assert_eq!(chunks.len(), 2);
+        assert_eq!((chunks[0].trace_id, chunks[0].first_seq, chunks[0].last_seq), (a, 1, 3));
+        assert_eq!((chunks[1].trace_id, chunks[1].first_seq, chunks[1].last_seq), (b, 7, 8));
+        let mut read = Vec::new();
+        decode(&chunks[0].events, 0, &mut read).unwrap();
+        let texts: Vec<&str> = read.iter().map(|e| e.data["text"].as_str().unwrap()).collect();
+        assert_eq!(texts, ["a1", "a\"2\n", "a3"]);
+        assert_eq!(read[1].at, events[2].at);
+        assert_eq!(read[1].kind, "text_delta");
+    }
+
+    #[test]
+    fn reading_after_a_seq_skips_what_the_client_has() {
+        let a = Uuid::now_v7();
+        let chunks = encode(&[event(a, 4, "x"), event(a, 5, "y"), event(a, 6, "z")]);
+        let mut read = Vec::new();
+        decode(&chunks[0].events, 5, &mut read).unwrap();
+        assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [6]);
+    }
+
+    #[test]
+    fn a_damaged_chunk_is_an_error_not_a_panic() {
+        let mut read = Vec::new();
+        assert!(matches!(decode("[[1,2,{\"type\":", 0, &mut read), Err(StoreError::Corrupt(_))));
+    }
+}
