@@ -7,6 +7,7 @@
 //! describes; it is cleared when nothing needs trimming and deleted with the conversation.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -110,11 +111,15 @@ pub struct ContextKeeper {
     store: Arc<dyn Store>,
     user: String,
     conversation_id: Uuid,
+    /// Whether a state may be stored: not for a conversation this run created, until it
+    /// stores one (clearing what cannot exist would be one more write per new chat).
+    may_be_stored: Arc<AtomicBool>,
 }
 
 impl ContextKeeper {
-    pub fn new(store: Arc<dyn Store>, user: &str, conversation_id: Uuid) -> Self {
-        Self { store, user: user.to_owned(), conversation_id }
+    pub fn new(store: Arc<dyn Store>, user: &str, conversation_id: Uuid, new_conversation: bool) -> Self {
+        let may_be_stored = Arc::new(AtomicBool::new(!new_conversation));
+        Self { store, user: user.to_owned(), conversation_id, may_be_stored }
     }
 
     /// The stored state, if any.
@@ -124,6 +129,11 @@ impl ContextKeeper {
 
     /// Stores the state of the latest trim, or clears a stored one that no longer applies.
     pub async fn record(&self, state: Option<&Value>) {
+        if state.is_some() {
+            self.may_be_stored.store(true, Ordering::Relaxed);
+        } else if !self.may_be_stored.load(Ordering::Relaxed) {
+            return;
+        }
         if let Err(e) = self.store.set_context_state(&self.user, self.conversation_id, state).await {
             tracing::warn!(error = %e, conversation_id = %self.conversation_id, "could not store the context state");
         }

@@ -1,5 +1,6 @@
 //! A chat run: validating and starting it (`service`), the model loop (`agent`), live runs
-//! and their fan-out (`runs`) and the batched event log (`log`).
+//! and their fan-out (`runs`), the batched event log (`log`) and run starts written in groups
+//! (`starts`).
 
 pub mod agent;
 pub mod arena;
@@ -12,6 +13,7 @@ pub mod payloads;
 pub mod prompt;
 pub mod runs;
 pub mod service;
+mod starts;
 pub mod turn;
 
 pub use log::EventLog;

@@ -20,6 +20,7 @@ use super::log::EventLog;
 use super::payloads::LlmPayloadType;
 use super::prompt::{self, PromptParts};
 use super::runs::{LiveRun, Runs};
+use super::starts::StartWriter;
 use crate::config::{PayloadSource, Settings};
 use crate::domain::{Comparison, Conversation, Message, Role, Trace, TraceStatus, branch, new_id, now};
 use crate::providers::{ModelRequest, Providers, ToolSpec};
@@ -88,6 +89,7 @@ pub struct ChatService {
     tools: Arc<Registry>,
     runs: Runs,
     log: EventLog,
+    starts: StartWriter,
     /// For server-side action handlers given as URLs.
     http: reqwest::Client,
     /// This process, as the owner of the runs it starts.
@@ -120,6 +122,7 @@ impl ChatService {
             .build()
             .expect("the TLS backend initialises");
         Self {
+            starts: StartWriter::start(store.clone()),
             settings,
             store,
             providers,
@@ -428,7 +431,12 @@ impl ChatService {
             diagnostics,
             comparison: comparison.map(|(id, variant)| (id, variant.to_owned())),
             context_limit: profile.context_limit,
-            context: ContextKeeper::new(self.store.clone(), user, turn.conversation_id),
+            context: ContextKeeper::new(
+                self.store.clone(),
+                user,
+                turn.conversation_id,
+                turn.new_conversation.is_some(),
+            ),
             summarize_dropped: self.settings.chat.summarize_dropped,
         };
         Ok(Side { trace, plan })
@@ -452,7 +460,22 @@ impl ChatService {
             comparison,
             replica_id: self.replica_id.clone(),
         };
-        self.store.start_run(&start).await?;
+        // The start is written and the runs launched in a task of their own: a client that
+        // leaves meanwhile must not leave a run persisted as running that nobody runs.
+        let service = self.clone();
+        let user = user.to_owned();
+        tokio::spawn(async move { service.persist_and_run(&user, start, plans).await })
+            .await
+            .map_err(|e| ChatError::Unavailable(format!("the run could not start: {e}")))?
+    }
+
+    async fn persist_and_run(
+        &self,
+        user: &str,
+        start: RunStart,
+        plans: Vec<RunPlan>,
+    ) -> Result<Vec<Arc<LiveRun>>, ChatError> {
+        let start = self.starts.write(start).await?;
         let mut runs = Vec::new();
         for plan in plans {
             let (run, emitter) =

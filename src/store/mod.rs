@@ -152,7 +152,11 @@ pub trait Store: Send + Sync + 'static {
         feedback: Option<Feedback>,
     ) -> Result<Message, StoreError>;
 
-    async fn start_run(&self, start: &RunStart) -> Result<(), StoreError>;
+    async fn start_run(&self, start: &RunStart) -> Result<(), StoreError> {
+        self.start_runs(&[start]).await
+    }
+    /// Writes several starts in one transaction: all of them, or none.
+    async fn start_runs(&self, starts: &[&RunStart]) -> Result<(), StoreError>;
     /// Appends a batch of log events (one statement per batch, never one per event).
     async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError>;
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError>;

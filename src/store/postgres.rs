@@ -36,6 +36,13 @@ impl PostgresStore {
     }
 }
 
+impl PostgresStore {
+    /// Postgres takes concurrent writers: they share the one pool.
+    fn writer(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
 impl crate::store::Shared for PostgresStore {
     const BEGIN_WRITE: &'static str = "BEGIN";
     const SHARED: bool = true;

@@ -3,7 +3,8 @@
 //! the [`Store`](super::Store) methods are written once and expanded per backend by
 //! `impl_store!`. A backend keeps only what is its own (connecting, migrations) in its file.
 
-/// Implements `Store` for `$store` (a struct with a `pool: sqlx::Pool<$db>` field).
+/// Implements `Store` for `$store` (a struct with a `pool: sqlx::Pool<$db>` field for reads and
+/// a `writer()` pool for writes).
 macro_rules! impl_store {
     ($store:ty, $db:ty) => {
         #[async_trait::async_trait]
@@ -18,7 +19,7 @@ macro_rules! impl_store {
             }
 
             async fn create_conversation(&self, c: &Conversation) -> Result<(), StoreError> {
-                let mut conn = self.pool.acquire().await?;
+                let mut conn = self.writer().acquire().await?;
                 Self::insert_conversation(&mut *conn, c).await
             }
 
@@ -83,7 +84,7 @@ macro_rules! impl_store {
                     .bind(patch.system_prompt.as_deref())
                     .bind(patch.metadata.as_ref().map(Json))
                     .bind(now())
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(self.writer())
                     .await?;
                 row.map(Conversation::from).ok_or(StoreError::NotFound)
             }
@@ -92,7 +93,7 @@ macro_rules! impl_store {
                 let done = sqlx::query("delete from conversations where id = $1 and user_id = $2")
                     .bind(id)
                     .bind(user)
-                    .execute(&self.pool)
+                    .execute(self.writer())
                     .await?;
                 if done.rows_affected() == 0 {
                     return Err(StoreError::NotFound);
@@ -124,61 +125,64 @@ macro_rules! impl_store {
                     .bind(message_id)
                     .bind(user)
                     .bind(feedback.as_ref().map(Json))
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(self.writer())
                     .await?;
                 row.ok_or(StoreError::NotFound)?.try_into()
             }
 
-            async fn start_run(&self, start: &RunStart) -> Result<(), StoreError> {
-                let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
-                if let Some(conversation) = &start.new_conversation {
-                    Self::insert_conversation(&mut *tx, conversation).await?;
-                }
-                let user = &start.traces.first().ok_or(StoreError::Conflict("a run needs a trace".into()))?.user_id;
-                if start.user_message_is_new {
-                    Self::append_message(&mut *tx, user, &start.user_message).await?;
-                }
-                if let Some(c) = &start.comparison {
-                    sqlx::query(
-                        "insert into comparisons (id, conversation_id, user_id, user_message_id, trace_a, trace_b, \
-                         profile_a, profile_b, model_a, model_b, created_at) \
-                         values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                    )
-                    .bind(c.comparison_id)
-                    .bind(c.conversation_id)
-                    .bind(&c.user_id)
-                    .bind(c.user_message_id)
-                    .bind(c.trace_a)
-                    .bind(c.trace_b)
-                    .bind(&c.profile_a)
-                    .bind(&c.profile_b)
-                    .bind(&c.model_a)
-                    .bind(&c.model_b)
-                    .bind(c.created_at)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                for t in &start.traces {
-                    sqlx::query(
-                        "insert into traces (id, conversation_id, user_id, user_message_id, message_id, \
-                         status, model, profile, started_at, spans, comparison_id, variant, replica_id, \
-                         heartbeat_at) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $9)",
-                    )
-                    .bind(t.trace_id)
-                    .bind(t.conversation_id)
-                    .bind(&t.user_id)
-                    .bind(t.user_message_id)
-                    .bind(t.message_id)
-                    .bind(t.status.as_str())
-                    .bind(&t.model)
-                    .bind(&t.profile)
-                    .bind(t.started_at)
-                    .bind(Json(&t.spans))
-                    .bind(t.comparison_id)
-                    .bind(t.variant.as_deref())
-                    .bind(&start.replica_id)
-                    .execute(&mut *tx)
-                    .await?;
+            async fn start_runs(&self, starts: &[&RunStart]) -> Result<(), StoreError> {
+                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                for start in starts {
+                    if let Some(conversation) = &start.new_conversation {
+                        Self::insert_conversation(&mut *tx, conversation).await?;
+                    }
+                    let first = start.traces.first().ok_or(StoreError::Conflict("a run needs a trace".into()))?;
+                    let user = &first.user_id;
+                    if start.user_message_is_new {
+                        Self::append_message(&mut *tx, user, &start.user_message).await?;
+                    }
+                    if let Some(c) = &start.comparison {
+                        sqlx::query(
+                            "insert into comparisons (id, conversation_id, user_id, user_message_id, trace_a, trace_b, \
+                             profile_a, profile_b, model_a, model_b, created_at) \
+                             values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                        )
+                        .bind(c.comparison_id)
+                        .bind(c.conversation_id)
+                        .bind(&c.user_id)
+                        .bind(c.user_message_id)
+                        .bind(c.trace_a)
+                        .bind(c.trace_b)
+                        .bind(&c.profile_a)
+                        .bind(&c.profile_b)
+                        .bind(&c.model_a)
+                        .bind(&c.model_b)
+                        .bind(c.created_at)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    for t in &start.traces {
+                        sqlx::query(
+                            "insert into traces (id, conversation_id, user_id, user_message_id, message_id, \
+                             status, model, profile, started_at, spans, comparison_id, variant, replica_id, \
+                             heartbeat_at) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $9)",
+                        )
+                        .bind(t.trace_id)
+                        .bind(t.conversation_id)
+                        .bind(&t.user_id)
+                        .bind(t.user_message_id)
+                        .bind(t.message_id)
+                        .bind(t.status.as_str())
+                        .bind(&t.model)
+                        .bind(&t.profile)
+                        .bind(t.started_at)
+                        .bind(Json(&t.spans))
+                        .bind(t.comparison_id)
+                        .bind(t.variant.as_deref())
+                        .bind(&start.replica_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
                 }
                 tx.commit().await?;
                 Ok(())
@@ -187,7 +191,7 @@ macro_rules! impl_store {
             async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
                 // One transaction per batch and one row per run in it (see `chunks`).
                 let chunks = $crate::store::chunks::encode(events);
-                let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 for rows in chunks.chunks(1000) {
                     let mut query = sqlx::QueryBuilder::<$db>::new(
                         "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
@@ -202,7 +206,7 @@ macro_rules! impl_store {
             }
 
             async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
-                let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 // Only a running trace ends: if another process already closed it (marked it
                 // interrupted), this result is refused whole instead of overwriting that.
                 let owner: Option<(String,)> = sqlx::query_as(
@@ -259,7 +263,7 @@ macro_rules! impl_store {
                 .bind(user)
                 .bind(leaf)
                 .bind(now())
-                .execute(&self.pool)
+                .execute(self.writer())
                 .await?;
                 if done.rows_affected() == 0 {
                     return Err(StoreError::NotFound);
@@ -281,7 +285,7 @@ macro_rules! impl_store {
                 preference: Preference,
                 change: bool,
             ) -> Result<Comparison, StoreError> {
-                let mut tx = self.pool.begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
                 let row: Option<ComparisonRow> =
                     sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&mut *tx).await?;
@@ -355,14 +359,14 @@ macro_rules! impl_store {
                         .bind(strategy)
                         .bind(Json(state))
                         .bind(now())
-                        .execute(&self.pool)
+                        .execute(self.writer())
                         .await?;
                     }
                     None => {
                         sqlx::query("delete from context_states where conversation_id = $1 and user_id = $2")
                             .bind(conversation_id)
                             .bind(user)
-                            .execute(&self.pool)
+                            .execute(self.writer())
                             .await?;
                     }
                 }
@@ -381,7 +385,7 @@ macro_rules! impl_store {
                 sqlx::query("update traces set heartbeat_at = $2 where replica_id = $1 and status = 'running'")
                     .bind(replica_id)
                     .bind(at)
-                    .execute(&self.pool)
+                    .execute(self.writer())
                     .await?;
                 Ok(())
             }

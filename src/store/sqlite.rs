@@ -1,5 +1,7 @@
-//! The SQLite backend: one file (created with its folder on first run), WAL journal, a busy
-//! timeout so concurrent writers wait instead of failing. Single-process only.
+//! The SQLite backend: one file (created with its folder on first run), WAL journal, readers
+//! in a pool and one writer connection: SQLite takes one writer at a time anyway, and writes
+//! that queue here in order cost nothing, where writers racing for the file's lock sleep in
+//! its busy handler (milliseconds each). Single-process only.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -21,6 +23,7 @@ use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Pr
 
 pub struct SqliteStore {
     pool: SqlitePool,
+    writer: SqlitePool,
 }
 
 impl SqliteStore {
@@ -40,9 +43,14 @@ impl SqliteStore {
                     .map_err(|e| StoreError::Url(format!("cannot create {}: {e}", folder.display())))?;
             }
         }
+        let writer = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+        sqlx::migrate!("migrations/sqlite").run(&writer).await?;
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options).await?;
-        sqlx::migrate!("migrations/sqlite").run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self { pool, writer })
+    }
+
+    fn writer(&self) -> &SqlitePool {
+        &self.writer
     }
 }
 

@@ -6,6 +6,27 @@ use serde_json::json;
 use crate::helpers::*;
 
 both_backends! {
+    async fn a_burst_of_new_chats_all_start_stream_and_persist(backend: Backend) {
+        // Starts that arrive together are written in one transaction: every one of them
+        // must still get its own conversation, stream and stored answer.
+        let app = TestApp::spawn(backend, "").await;
+        let chats = (0..40).map(|i| app.chat("ann", json!({"message": format!("burst {i} [mock:words=30]")})));
+        let streams = futures_util::future::join_all(chats).await;
+        let mut conversations = std::collections::HashSet::new();
+        for frames in &streams {
+            assert_eq!(frames.first().unwrap().kind(), "start");
+            assert_eq!(frames.last().unwrap().kind(), "done");
+            assert!(!joined(frames, "text_delta").is_empty());
+            conversations.insert(frames[0].data["conversation_id"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(conversations.len(), 40);
+        let (status, page) = app.get("/api/conversations?limit=100", "ann").await;
+        assert_eq!(status, 200, "{page}");
+        let listed = page["conversations"].as_array().expect("a page of conversations");
+        assert_eq!(listed.len(), 40);
+        assert!(listed.iter().all(|c| c["message_count"] == 2), "each holds its question and its answer");
+    }
+
     async fn a_first_message_streams_every_event_in_order(backend: Backend) {
         let app = TestApp::spawn(backend, "").await;
         let frames = app.chat("ann", json!({"message": "Hello there"})).await;

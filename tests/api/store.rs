@@ -130,6 +130,24 @@ both_backends! {
         assert!(store.trace_events(start.traces[0].trace_id, 2500).await.unwrap().is_empty());
     }
 
+    async fn starts_written_together_are_all_or_nothing(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let (a, b) = (conversation("ann", "a"), conversation("bob", "b"));
+        let (start_a, start_b) = (run_start(&a, true), run_start(&b, true));
+        store.start_runs(&[&start_a, &start_b]).await.unwrap();
+        assert_eq!(store.get_trace("ann", start_a.traces[0].trace_id).await.unwrap().status, TraceStatus::Running);
+        assert_eq!(store.get_trace("bob", start_b.traces[0].trace_id).await.unwrap().status, TraceStatus::Running);
+        // A start into a conversation that does not exist fails, and takes its group with it.
+        let c = conversation("cat", "c");
+        let good = run_start(&c, true);
+        let orphan = run_start(&conversation("cat", "never stored"), false);
+        assert!(store.start_runs(&[&good, &orphan]).await.is_err());
+        assert!(matches!(store.get_conversation("cat", c.id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.get_trace("cat", good.traces[0].trace_id).await, Err(StoreError::NotFound)));
+        store.start_run(&good).await.unwrap();
+        assert_eq!(store.get_conversation("cat", c.id).await.unwrap().title, "c");
+    }
+
     async fn an_event_log_from_before_chunks_is_carried_over(backend: Backend) {
         // The log as versions before migration 0003 wrote it (a row per event), then that
         // migration, then the store reads it.
