@@ -143,7 +143,7 @@ pub struct MessageDecoder {
 impl Decoder for MessageDecoder {
     fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
         // The `type` in the data is authoritative; the SSE event name repeats it.
-        let data = frame_json(frame)?;
+        let data: Value = frame_json(frame)?;
         match data["type"].as_str().unwrap_or(frame.event.as_str()) {
             "message_start" => {
                 let usage = &data["message"]["usage"];

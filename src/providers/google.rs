@@ -115,7 +115,7 @@ pub struct ResponseDecoder {
 
 impl Decoder for ResponseDecoder {
     fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
-        let response = frame_json(frame)?;
+        let response: Value = frame_json(frame)?;
         if let Some(error) = response.get("error") {
             let message = error["message"].as_str().unwrap_or("Model error");
             return Err(match error["code"].as_u64() {

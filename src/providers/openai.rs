@@ -7,10 +7,12 @@
 //! `choices` and `usage`; then `data: [DONE]`. OpenRouter adds `: OPENROUTER PROCESSING`
 //! comments and reports failures as `data: {"error": …}` on an HTTP 200.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use eventsource_stream::Event as SseFrame;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json};
@@ -135,24 +137,24 @@ impl Decoder for ChunkDecoder {
             self.done = true;
             return Ok(());
         }
-        let chunk = frame_json(frame)?;
-        if let Some(error) = chunk.get("error") {
+        let chunk: Chunk = frame_json(frame)?;
+        if let Some(error) = &chunk.error {
             return Err(stream_error(error));
         }
-        if let Some(choice) = chunk["choices"].get(0) {
-            let delta = &choice["delta"];
-            for key in ["reasoning_content", "reasoning"] {
-                if let Some(text) = delta[key].as_str().filter(|t| !t.is_empty()) {
+        if let Some(choice) = chunk.choices.first() {
+            let delta = &choice.delta;
+            for text in [&delta.reasoning_content, &delta.reasoning] {
+                if let Some(text) = text.get() {
                     out.push(ProviderEvent::Thinking(text.to_owned()));
                 }
             }
-            if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+            if let Some(text) = delta.content.get() {
                 out.push(ProviderEvent::Text(text.to_owned()));
             }
-            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            for call in &delta.tool_calls {
                 self.tool_call(call, out)?;
             }
-            if let Some(reason) = choice["finish_reason"].as_str() {
+            if let Some(reason) = choice.finish_reason.get() {
                 if reason == "error" {
                     return Err(ProviderError::new(ProviderErrorKind::Unavailable, "Model error"));
                 }
@@ -160,7 +162,7 @@ impl Decoder for ChunkDecoder {
                 self.finish_reason = Some(reason.to_owned());
             }
         }
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+        if let Some(usage) = chunk.usage.as_ref().filter(|u| u.is_object()) {
             out.push(ProviderEvent::Usage(Usage {
                 input_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
                 output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
@@ -177,17 +179,17 @@ impl Decoder for ChunkDecoder {
 }
 
 impl ChunkDecoder {
-    fn tool_call(&mut self, call: &Value, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
-        let index = call["index"].as_u64().ok_or_else(super::transport::parse_error)? as u32;
+    fn tool_call(&mut self, call: &ToolCallDelta, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
+        let index = call.index.ok_or_else(super::transport::parse_error)?;
         if let std::collections::btree_map::Entry::Vacant(slot) = self.open_calls.entry(index) {
             slot.insert(());
             out.push(ProviderEvent::ToolCallStart {
                 index,
-                id: call["id"].as_str().unwrap_or_default().to_owned(),
-                name: call["function"]["name"].as_str().unwrap_or_default().to_owned(),
+                id: call.id.get().unwrap_or_default().to_owned(),
+                name: call.function.name.get().unwrap_or_default().to_owned(),
             });
         }
-        if let Some(arguments) = call["function"]["arguments"].as_str().filter(|a| !a.is_empty()) {
+        if let Some(arguments) = call.function.arguments.get() {
             out.push(ProviderEvent::ToolCallDelta { index, arguments: arguments.to_owned() });
         }
         Ok(())
@@ -208,5 +210,157 @@ fn stream_error(error: &Value) -> ProviderError {
         Some(401 | 403) => ProviderError::new(ProviderErrorKind::Unauthorized, "Invalid API key"),
         Some(429) => ProviderError::new(ProviderErrorKind::RateLimited, "Rate limited, try again"),
         _ => ProviderError::new(ProviderErrorKind::Unavailable, format!("Model error: {message}")),
+    }
+}
+
+/// A `chat.completion.chunk`, read without building a JSON tree: the text borrows from the
+/// frame unless it holds escapes. Fields chatd does not use are skipped unparsed.
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(default, borrow, deserialize_with = "null_as_default")]
+    choices: Vec<Choice<'a>>,
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(default, borrow, deserialize_with = "null_as_default")]
+    delta: Delta<'a>,
+    #[serde(default, borrow)]
+    finish_reason: Text<'a>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta<'a> {
+    #[serde(default, borrow)]
+    content: Text<'a>,
+    #[serde(default, borrow)]
+    reasoning_content: Text<'a>,
+    #[serde(default, borrow)]
+    reasoning: Text<'a>,
+    #[serde(default, borrow, deserialize_with = "null_as_default")]
+    tool_calls: Vec<ToolCallDelta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallDelta<'a> {
+    index: Option<u32>,
+    #[serde(default, borrow)]
+    id: Text<'a>,
+    #[serde(default, borrow, deserialize_with = "null_as_default")]
+    function: FunctionDelta<'a>,
+}
+
+#[derive(Deserialize, Default)]
+struct FunctionDelta<'a> {
+    #[serde(default, borrow)]
+    name: Text<'a>,
+    #[serde(default, borrow)]
+    arguments: Text<'a>,
+}
+
+/// A string field that servers also send as `null` (or, for some, as something else): only
+/// a non-empty string counts.
+#[derive(Default)]
+struct Text<'a>(Option<Cow<'a, str>>);
+
+impl Text<'_> {
+    fn get(&self) -> Option<&str> {
+        self.0.as_deref().filter(|t| !t.is_empty())
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Some(Cow::Borrowed(v))))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Text(Some(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Text(Some(Cow::Owned(v))))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(Text(None))
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(Text(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Text(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Text(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Text(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Text(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Text(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Text(None))
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
+}
+
+/// `null` where an object or a list belongs reads as empty.
+fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(frames: &[Value]) -> Result<Vec<ProviderEvent>, ProviderError> {
+        let mut decoder = ChunkDecoder::default();
+        let mut out = Vec::new();
+        for frame in frames {
+            decoder.frame(&SseFrame { data: frame.to_string(), ..SseFrame::default() }, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn nulls_and_odd_shapes_from_compatible_servers_read_as_absent() {
+        let events = decode(&[
+            json!({"choices": null}),
+            json!({"choices": [{"delta": null, "finish_reason": null}]}),
+            json!({"choices": [{"delta": {"content": null, "tool_calls": null, "reasoning": ""}}]}),
+            json!({"choices": [{"delta": {"content": [{"type": "text"}], "role": "assistant"}}], "usage": null}),
+            json!({"choices": [{"delta": {"content": "say \"hi\"\n", "reasoning_content": "hm"}}]}),
+        ])
+        .unwrap();
+        assert_eq!(events, [ProviderEvent::Thinking("hm".into()), ProviderEvent::Text("say \"hi\"\n".into())]);
+    }
+
+    #[test]
+    fn a_tool_call_without_an_index_is_a_parse_error() {
+        let error =
+            decode(&[json!({"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "f"}}]}}]})])
+                .unwrap_err();
+        assert_eq!(error.kind, ProviderErrorKind::Parse);
     }
 }

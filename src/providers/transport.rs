@@ -170,8 +170,9 @@ pub fn parse_error() -> ProviderError {
     ProviderError::new(ProviderErrorKind::Parse, "Failed to parse response")
 }
 
-/// Parses one frame's JSON, or fails the run with "Failed to parse response".
-pub fn json(frame: &SseFrame) -> Result<Value, ProviderError> {
+/// Parses one frame's JSON (into a `Value`, or a typed frame borrowing from it), or fails
+/// the run with "Failed to parse response".
+pub fn json<'a, T: serde::Deserialize<'a>>(frame: &'a SseFrame) -> Result<T, ProviderError> {
     serde_json::from_str(&frame.data).map_err(|e| {
         tracing::warn!(error = %e, data = %truncate(&frame.data, 200), "unparsable provider frame");
         parse_error()

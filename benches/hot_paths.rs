@@ -1,0 +1,302 @@
+//! Criterion benchmarks of the per-token hot paths, each beside a baseline measured in the
+//! same run, so the figures read as ratios:
+//!
+//! - `parse/*`: provider SSE bytes to provider events (eventsource-stream + our decoders), per
+//!   wire format, against `parse/forward` (handing the same reads on untouched).
+//! - `clean`: provider events to client events (`<think>` splitting, control characters,
+//!   markers), against `clean/concat` (only appending each text to the answer).
+//! - `serialize`: client events to their JSON text, once per event.
+//! - `event_log/*`: a flush of 1,000 events from 10 runs into a SQLite file, as chatd writes it
+//!   (one chunk row per run) and as it used to (one row per event).
+//!
+//! Run: `cargo bench --bench hot_paths` (figures only; nothing here asserts on time).
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chatd::chat::turn::Turn;
+use chatd::domain::{Conversation, Message, Role, Trace, TraceStatus, new_id, now};
+use chatd::events::Event;
+use chatd::providers::{ProviderEvent, WireFormat, decode_sse};
+use chatd::store::{self, NewEvent, RunStart, Store};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+const TOKENS: usize = 1_000;
+/// Bytes per network read, as a provider's HTTP/1.1 chunks arrive.
+const READ: usize = 1024;
+
+fn token(i: usize) -> String {
+    format!(" tok{}", i % 97)
+}
+
+fn openai_body() -> String {
+    let mut body = String::new();
+    for i in 0..TOKENS {
+        let frame = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": token(i)}, "finish_reason": null}]});
+        body.push_str(&format!("data: {frame}\n\n"));
+    }
+    let last = json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+    body.push_str(&format!("data: {last}\n\ndata: [DONE]\n\n"));
+    body
+}
+
+fn anthropic_body() -> String {
+    let frame = |v: Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
+    let mut body =
+        frame(json!({"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}}));
+    body.push_str(&frame(
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    ));
+    for i in 0..TOKENS {
+        let delta =
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token(i)}});
+        body.push_str(&frame(delta));
+    }
+    body.push_str(&frame(json!({"type": "content_block_stop", "index": 0})));
+    body.push_str(&frame(
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": TOKENS}}),
+    ));
+    body.push_str(&frame(json!({"type": "message_stop"})));
+    body
+}
+
+fn google_body() -> String {
+    let mut body = String::new();
+    for i in 0..TOKENS {
+        let mut candidate = json!({"content": {"role": "model", "parts": [{"text": token(i)}]}, "index": 0});
+        if i + 1 == TOKENS {
+            candidate["finishReason"] = json!("STOP");
+        }
+        let usage = json!({"promptTokenCount": 8, "candidatesTokenCount": i + 1, "totalTokenCount": i + 9});
+        body.push_str(&format!("data: {}\r\n\r\n", json!({"candidates": [candidate], "usageMetadata": usage})));
+    }
+    body
+}
+
+fn reads(body: &str) -> Vec<Bytes> {
+    body.as_bytes().chunks(READ).map(Bytes::copy_from_slice).collect()
+}
+
+async fn decode(format: WireFormat, chunks: Vec<Bytes>) -> Vec<ProviderEvent> {
+    let stream = decode_sse(format, futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>)));
+    stream.map(|event| event.expect("decodes")).collect().await
+}
+
+fn parse(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut group = c.benchmark_group("parse");
+    group.throughput(Throughput::Elements(TOKENS as u64));
+    let openai = openai_body();
+    group.bench_function("forward", |b| {
+        b.iter_batched(
+            || reads(&openai),
+            |chunks| {
+                let mut sink = Vec::with_capacity(READ);
+                for chunk in chunks {
+                    sink.clear();
+                    sink.extend_from_slice(&chunk);
+                    black_box(&sink);
+                }
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    for (name, format, body) in [
+        ("openai", WireFormat::OpenAi, openai),
+        ("anthropic", WireFormat::Anthropic, anthropic_body()),
+        ("google", WireFormat::Google, google_body()),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_batched(|| reads(&body), |chunks| runtime.block_on(decode(format, chunks)), BatchSize::SmallInput)
+        });
+    }
+    group.finish();
+}
+
+fn provider_events() -> Vec<ProviderEvent> {
+    let mut events: Vec<ProviderEvent> = (0..TOKENS).map(|i| ProviderEvent::Text(token(i))).collect();
+    events[10] = ProviderEvent::Text("<thi".into());
+    events[11] = ProviderEvent::Text("nk>".into());
+    events[500] = ProviderEvent::Text("</think>".into());
+    events.push(ProviderEvent::Finish("stop".into()));
+    events
+}
+
+fn clean(c: &mut Criterion) {
+    let mut group = c.benchmark_group("clean");
+    group.throughput(Throughput::Elements(TOKENS as u64));
+    let events = provider_events();
+    group.bench_function("concat", |b| {
+        b.iter_batched(
+            || events.clone(),
+            |events| {
+                let mut answer = String::new();
+                for event in events {
+                    if let ProviderEvent::Text(text) = event {
+                        answer.push_str(&text);
+                    }
+                }
+                black_box(answer)
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("turn", |b| {
+        b.iter_batched(
+            || events.clone(),
+            |events| {
+                let mut turn = Turn::new(0, vec!["SUGGESTED_VALUES:".into(), "SUGGESTED_ACTIONS:".into()]);
+                let mut out = Vec::with_capacity(events.len());
+                for event in events {
+                    turn.apply(event, &mut out).expect("applies");
+                }
+                black_box(out)
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+fn serialize(c: &mut Criterion) {
+    let mut group = c.benchmark_group("serialize");
+    group.throughput(Throughput::Elements(TOKENS as u64));
+    let events: Vec<Event> = (0..TOKENS).map(|i| Event::TextDelta { text: token(i) }).collect();
+    group.bench_function("text_delta", |b| {
+        b.iter(|| {
+            for event in &events {
+                black_box(serde_json::to_string(event).expect("serializes"));
+            }
+        })
+    });
+    group.finish();
+}
+
+/// A store with `runs` running traces, in a fresh SQLite file.
+async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>, Vec<uuid::Uuid>) {
+    let store = store::connect(&format!("sqlite://{}/bench.db", dir.display()), 4).await.expect("store opens");
+    let mut traces = Vec::new();
+    for _ in 0..runs {
+        let at = now();
+        let conversation = Conversation {
+            id: new_id(),
+            user_id: "bench".into(),
+            title: "bench".into(),
+            profile: None,
+            system_prompt: None,
+            metadata: json!({}),
+            active_leaf_id: None,
+            message_count: 0,
+            created_at: at,
+            updated_at: at,
+            last_message_at: at,
+        };
+        let user_message = Message::new(conversation.id, None, Role::User, "go".into());
+        let trace = Trace {
+            trace_id: new_id(),
+            conversation_id: conversation.id,
+            user_message_id: user_message.id,
+            message_id: new_id(),
+            user_id: "bench".into(),
+            status: TraceStatus::Running,
+            model: "m".into(),
+            profile: "p".into(),
+            started_at: at,
+            ended_at: None,
+            usage: None,
+            error: None,
+            spans: vec![],
+            comparison_id: None,
+            variant: None,
+        };
+        traces.push(trace.trace_id);
+        let start = RunStart {
+            new_conversation: Some(conversation),
+            user_message,
+            user_message_is_new: true,
+            traces: vec![trace],
+            comparison: None,
+            replica_id: "bench".into(),
+        };
+        store.start_run(&start).await.expect("run starts");
+    }
+    (store, traces)
+}
+
+fn event_log(c: &mut Criterion) {
+    const RUNS: usize = 10;
+    const EVENTS: usize = 1_000;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, traces) = runtime.block_on(store_with_runs(dir.path(), RUNS));
+    // The table as chatd wrote the log before chunks: a row per event.
+    let legacy = runtime.block_on(async {
+        let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}/bench.db", dir.path().display())).await.unwrap();
+        sqlx::query(
+            "create table per_event (trace_id blob not null, seq integer not null, at text not null, \
+             type text not null, data text not null, primary key (trace_id, seq)) without rowid",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool
+    });
+    let mut seq = 0_i64;
+    // Every batch continues each run's sequence, as a run's flushes do.
+    let mut batch = move || -> Vec<NewEvent> {
+        seq += (EVENTS / RUNS) as i64;
+        (0..EVENTS)
+            .map(|i| {
+                let text = json!({"type": "text_delta", "text": token(i)}).to_string();
+                NewEvent {
+                    trace_id: traces[i % RUNS],
+                    seq: seq + (i / RUNS) as i64,
+                    at: now(),
+                    kind: "text_delta",
+                    data: Arc::from(text),
+                }
+            })
+            .collect()
+    };
+    let mut group = c.benchmark_group("event_log");
+    group.throughput(Throughput::Elements(EVENTS as u64));
+    group.sample_size(20);
+    group.bench_function("row_per_event", |b| {
+        b.iter_batched(
+            &mut batch,
+            |events| {
+                runtime.block_on(async {
+                    let mut tx = legacy.begin().await.unwrap();
+                    let mut query = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                        "insert into per_event (trace_id, seq, at, type, data) ",
+                    );
+                    query.push_values(&events, |mut row, e| {
+                        row.push_bind(e.trace_id)
+                            .push_bind(e.seq)
+                            .push_bind(e.at)
+                            .push_bind(e.kind)
+                            .push_bind(&*e.data);
+                    });
+                    query.build().execute(&mut *tx).await.unwrap();
+                    tx.commit().await.unwrap();
+                })
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("chunk_per_run", |b| {
+        b.iter_batched(
+            &mut batch,
+            |events| runtime.block_on(store.append_events(&events)).expect("appends"),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, parse, clean, serialize, event_log);
+criterion_main!(benches);
