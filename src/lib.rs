@@ -61,7 +61,7 @@ impl App {
         lifecycle::recover_orphans(&*store, &runs).await;
         let chat = ChatService::new(settings.clone(), store.clone(), providers, tools.clone(), runs.clone(), log);
         lifecycle::spawn_background(store.clone(), runs, chat.replica_id().to_owned(), shutdown.clone());
-        let listener = TcpListener::bind((settings.server.host.as_str(), settings.server.port)).await?;
+        let listener = listen(&settings.server.host, settings.server.port).await?;
         let auth = Arc::new(Authenticator::new(&settings).map_err(anyhow::Error::msg)?);
         let state = AppState { settings, store, chat, tools, auth, shutdown };
         Ok(Self { listener, state })
@@ -113,4 +113,21 @@ impl Shutdown {
         lifecycle::drain(self.state.chat.runs(), grace).await;
         self.state.shutdown.cancel();
     }
+}
+
+/// Pending connections the listener queues: a burst of new clients waits here instead of
+/// having its connections dropped and retried a second later (the kernel caps it at
+/// `net.core.somaxconn`; tokio's own default is 1,024).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `host:port` (the first address it resolves to) with [`LISTEN_BACKLOG`].
+pub async fn listen(host: &str, port: u16) -> std::io::Result<TcpListener> {
+    let addr = tokio::net::lookup_host((host, port))
+        .await?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host} resolves to nothing")))?;
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }

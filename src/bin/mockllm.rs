@@ -40,7 +40,7 @@ async fn main() {
         .route("/chat/completions", post(openai))
         .route("/v1/messages", post(anthropic))
         .with_state(args.clone());
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port)).await.expect("port free");
+    let listener = chatd::listen("127.0.0.1", args.port).await.expect("port free");
     eprintln!("mockllm on 127.0.0.1:{} ({} tokens, {} ms apart)", args.port, args.tokens, args.delay_ms);
     axum::serve(listener, app).await.expect("serves");
 }

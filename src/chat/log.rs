@@ -1,48 +1,60 @@
 //! The event log writer: every event a run sends is appended to its trace's log, in batches.
-//! One writer task serves all runs; it writes when `flush_max_events` are waiting or
-//! `flush_interval` has passed since the oldest waiting event, and at once when a run asks
-//! for a flush (at its end). Never a database write per token.
+//! One writer task serves all runs; every `flush_interval` it writes what waits as one batch,
+//! sooner when `flush_max_events` are waiting, and at once when a run asks for a flush (at
+//! its end). Never a database write per token, and no wake-up of the writer per token either.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
+use tokio::time::MissedTickBehavior;
 
 use crate::store::{NewEvent, Store, StoreError};
 
-enum Entry {
-    Events(Vec<NewEvent>),
+enum Control {
     Flush(oneshot::Sender<Result<(), String>>),
+    /// `flush_max_events` are waiting: write now.
+    Full,
 }
 
-/// A handle to the writer task; cheap to clone.
+/// A handle to the writer task; cheap to clone. Appending only takes a lock: the writer is
+/// not woken per event, it wakes every interval (or when asked to flush, or when full).
 #[derive(Clone)]
 pub struct EventLog {
-    tx: mpsc::UnboundedSender<Entry>,
+    pending: Arc<Mutex<Vec<NewEvent>>>,
+    control: mpsc::UnboundedSender<Control>,
+    max_events: usize,
     batches: Arc<AtomicU64>,
 }
 
 impl EventLog {
     /// Starts the writer task. It ends once every handle is dropped, after writing what waits.
     pub fn start(store: Arc<dyn Store>, interval: Duration, max_events: usize) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (control, rx) = mpsc::unbounded_channel();
+        let pending = Arc::new(Mutex::new(Vec::new()));
         let batches = Arc::new(AtomicU64::new(0));
-        tokio::spawn(write_loop(store, rx, interval, max_events, batches.clone()));
-        Self { tx, batches }
+        tokio::spawn(write_loop(store, pending.clone(), rx, interval, batches.clone()));
+        Self { pending, control, max_events: max_events.max(1), batches }
     }
 
     pub fn append(&self, events: Vec<NewEvent>) {
-        // The writer only stops when every handle is gone, so this cannot fail while `self`
-        // exists.
-        let _ = self.tx.send(Entry::Events(events));
+        let full = {
+            let mut pending = self.pending.lock().expect("event log lock");
+            pending.extend(events);
+            pending.len() >= self.max_events
+        };
+        if full {
+            // The writer only stops when every handle is gone, so this cannot fail while
+            // `self` exists.
+            let _ = self.control.send(Control::Full);
+        }
     }
 
     /// Writes everything appended so far; returns once it is in the database.
     pub async fn flush(&self) -> Result<(), String> {
         let (done, wait) = oneshot::channel();
-        self.tx.send(Entry::Flush(done)).map_err(|_| "event log writer stopped".to_owned())?;
+        self.control.send(Control::Flush(done)).map_err(|_| "event log writer stopped".to_owned())?;
         wait.await.map_err(|_| "event log writer stopped".to_owned())?
     }
 
@@ -54,52 +66,42 @@ impl EventLog {
 
 async fn write_loop(
     store: Arc<dyn Store>,
-    mut rx: mpsc::UnboundedReceiver<Entry>,
+    pending: Arc<Mutex<Vec<NewEvent>>>,
+    mut control: mpsc::UnboundedReceiver<Control>,
     interval: Duration,
-    max_events: usize,
     batches: Arc<AtomicU64>,
 ) {
-    let mut pending: Vec<NewEvent> = Vec::new();
-    let mut waiting: Vec<oneshot::Sender<Result<(), String>>> = Vec::new();
-    let mut deadline: Option<Instant> = None;
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // What is being written, and what a failed write keeps for the next try.
+    let mut batch: Vec<NewEvent> = Vec::new();
+    let mut waiting = Vec::new();
     loop {
-        let wake = match deadline {
-            Some(at) => tokio::select! {
-                entry = rx.recv() => entry.map_or(Wake::Closed, Wake::Entry),
-                () = tokio::time::sleep_until(at) => Wake::Due,
+        let closed = tokio::select! {
+            message = control.recv() => match message {
+                Some(Control::Flush(done)) => {
+                    waiting.push(done);
+                    false
+                }
+                Some(Control::Full) => false,
+                None => true,
             },
-            None => rx.recv().await.map_or(Wake::Closed, Wake::Entry),
+            _ = tick.tick() => false,
         };
-        match wake {
-            Wake::Entry(Entry::Events(events)) => {
-                if pending.is_empty() {
-                    deadline = Some(Instant::now() + interval);
-                }
-                pending.extend(events);
-                if pending.len() < max_events {
-                    continue;
-                }
-            }
-            Wake::Entry(Entry::Flush(done)) => waiting.push(done),
-            Wake::Due => {}
-            Wake::Closed => {
-                let _ = write(&*store, &mut pending, &batches).await;
-                return;
+        while let Ok(message) = control.try_recv() {
+            if let Control::Flush(done) = message {
+                waiting.push(done);
             }
         }
-        let result = write(&*store, &mut pending, &batches).await;
-        // After a failed write the events stay, and the next try comes an interval later.
-        deadline = (!pending.is_empty()).then(|| Instant::now() + interval);
+        batch.append(&mut pending.lock().expect("event log lock"));
+        let result = write(&*store, &mut batch, &batches).await;
         for done in waiting.drain(..) {
             let _ = done.send(result.clone().map_err(|e| e.to_string()));
         }
+        if closed {
+            return;
+        }
     }
-}
-
-enum Wake {
-    Entry(Entry),
-    Due,
-    Closed,
 }
 
 /// Writes what waits as one batch. If the batch fails, each run's events are tried on their

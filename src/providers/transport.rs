@@ -68,7 +68,8 @@ impl Transport {
                 Ok(Ok(response)) if response.status().is_success() => return Ok(response),
                 Ok(Ok(response)) => http_error(response, self.api_key.as_ref()).await,
                 Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "provider request failed");
+                    let cause = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+                    tracing::warn!(error = %e, cause, "provider request failed");
                     network_error()
                 }
                 Err(_) => network_error(),

@@ -3,6 +3,10 @@
 //! the [`Store`](super::Store) methods are written once and expanded per backend by
 //! `impl_store!`. A backend keeps only what is its own (connecting, migrations) in its file.
 
+/// Rows in one multi-row insert, at most: 21 parameters a message row stays well under
+/// SQLite's 32,766 and Postgres's 65,535 parameters a statement.
+pub const ROWS_PER_INSERT: usize = 500;
+
 /// Implements `Store` for `$store` (a struct with a `pool: sqlx::Pool<$db>` field for reads and
 /// a `writer()` pool for writes).
 macro_rules! impl_store {
@@ -131,15 +135,41 @@ macro_rules! impl_store {
             }
 
             async fn start_runs(&self, starts: &[&RunStart]) -> Result<(), StoreError> {
-                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                // A few statements for any number of starts: new conversations, messages and
+                // traces go in as one multi-row insert each (a statement is a round trip to
+                // the database, and these come in bursts). A new conversation is inserted as
+                // it stands after its first message; an existing one is updated per message.
+                let mut conversations = Vec::new();
+                let mut messages = Vec::new();
+                let mut traces = Vec::new();
                 for start in starts {
-                    if let Some(conversation) = &start.new_conversation {
-                        Self::insert_conversation(&mut *tx, conversation).await?;
-                    }
                     let first = start.traces.first().ok_or(StoreError::Conflict("a run needs a trace".into()))?;
-                    let user = &first.user_id;
+                    if let Some(c) = &start.new_conversation {
+                        let mut c = c.clone();
+                        if start.user_message_is_new {
+                            let m = &start.user_message;
+                            c.active_leaf_id = Some(m.id);
+                            c.message_count += 1;
+                            (c.last_message_at, c.updated_at) = (m.created_at, m.created_at);
+                        }
+                        conversations.push(c);
+                    }
                     if start.user_message_is_new {
-                        Self::append_message(&mut *tx, user, &start.user_message).await?;
+                        messages.push((first.user_id.as_str(), &start.user_message));
+                    }
+                    traces.extend(start.traces.iter().map(|t| (t, start.replica_id.as_str())));
+                }
+                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                for rows in conversations.chunks($crate::store::sql::ROWS_PER_INSERT) {
+                    Self::insert_conversations(&mut *tx, rows).await?;
+                }
+                for rows in messages.chunks($crate::store::sql::ROWS_PER_INSERT) {
+                    Self::insert_messages(&mut *tx, rows).await?;
+                }
+                for start in starts {
+                    if start.user_message_is_new && start.new_conversation.is_none() {
+                        let user = &start.traces[0].user_id;
+                        Self::touch_conversation(&mut *tx, user, &start.user_message).await?;
                     }
                     if let Some(c) = &start.comparison {
                         sqlx::query(
@@ -161,28 +191,29 @@ macro_rules! impl_store {
                         .execute(&mut *tx)
                         .await?;
                     }
-                    for t in &start.traces {
-                        sqlx::query(
-                            "insert into traces (id, conversation_id, user_id, user_message_id, message_id, \
-                             status, model, profile, started_at, spans, comparison_id, variant, replica_id, \
-                             heartbeat_at) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $9)",
-                        )
-                        .bind(t.trace_id)
-                        .bind(t.conversation_id)
-                        .bind(&t.user_id)
-                        .bind(t.user_message_id)
-                        .bind(t.message_id)
-                        .bind(t.status.as_str())
-                        .bind(&t.model)
-                        .bind(&t.profile)
-                        .bind(t.started_at)
-                        .bind(Json(&t.spans))
-                        .bind(t.comparison_id)
-                        .bind(t.variant.as_deref())
-                        .bind(&start.replica_id)
-                        .execute(&mut *tx)
-                        .await?;
-                    }
+                }
+                for rows in traces.chunks($crate::store::sql::ROWS_PER_INSERT) {
+                    let mut query = sqlx::QueryBuilder::<$db>::new(
+                        "insert into traces (id, conversation_id, user_id, user_message_id, message_id, status, \
+                         model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at) ",
+                    );
+                    query.push_values(rows, |mut row, (t, replica_id)| {
+                        row.push_bind(t.trace_id)
+                            .push_bind(t.conversation_id)
+                            .push_bind(&t.user_id)
+                            .push_bind(t.user_message_id)
+                            .push_bind(t.message_id)
+                            .push_bind(t.status.as_str())
+                            .push_bind(&t.model)
+                            .push_bind(&t.profile)
+                            .push_bind(t.started_at)
+                            .push_bind(Json(&t.spans))
+                            .push_bind(t.comparison_id)
+                            .push_bind(t.variant.as_deref())
+                            .push_bind(*replica_id)
+                            .push_bind(t.started_at);
+                    });
+                    query.build().execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
                 Ok(())
@@ -420,24 +451,69 @@ macro_rules! impl_store {
                 conn: &mut <$db as sqlx::Database>::Connection,
                 c: &Conversation,
             ) -> Result<(), StoreError> {
-                sqlx::query(
+                Self::insert_conversations(conn, std::slice::from_ref(c)).await
+            }
+
+            async fn insert_conversations(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                rows: &[Conversation],
+            ) -> Result<(), StoreError> {
+                let mut query = sqlx::QueryBuilder::<$db>::new(
                     "insert into conversations (id, user_id, title, profile, system_prompt, metadata, \
-                     active_leaf_id, message_count, created_at, updated_at, last_message_at) \
-                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                )
-                .bind(c.id)
-                .bind(&c.user_id)
-                .bind(&c.title)
-                .bind(c.profile.as_deref())
-                .bind(c.system_prompt.as_deref())
-                .bind(Json(&c.metadata))
-                .bind(c.active_leaf_id)
-                .bind(c.message_count)
-                .bind(c.created_at)
-                .bind(c.updated_at)
-                .bind(c.last_message_at)
-                .execute(&mut *conn)
-                .await?;
+                     active_leaf_id, message_count, created_at, updated_at, last_message_at) ",
+                );
+                query.push_values(rows, |mut row, c| {
+                    row.push_bind(c.id)
+                        .push_bind(&c.user_id)
+                        .push_bind(&c.title)
+                        .push_bind(c.profile.as_deref())
+                        .push_bind(c.system_prompt.as_deref())
+                        .push_bind(Json(&c.metadata))
+                        .push_bind(c.active_leaf_id)
+                        .push_bind(c.message_count)
+                        .push_bind(c.created_at)
+                        .push_bind(c.updated_at)
+                        .push_bind(c.last_message_at);
+                });
+                query.build().execute(&mut *conn).await?;
+                Ok(())
+            }
+
+            /// Inserts messages, each `(owner, message)`, without touching their conversations.
+            async fn insert_messages(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                rows: &[(&str, &Message)],
+            ) -> Result<(), StoreError> {
+                let mut query = sqlx::QueryBuilder::<$db>::new(
+                    "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
+                     thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
+                     suggested_actions, cancelled, model, trace_id, usage, feedback, comparison_id, \
+                     variant, created_at) ",
+                );
+                query.push_values(rows, |mut row, (user, m)| {
+                    row.push_bind(m.id)
+                        .push_bind(m.conversation_id)
+                        .push_bind(*user)
+                        .push_bind(m.parent_id)
+                        .push_bind(m.role.as_str())
+                        .push_bind(&m.content)
+                        .push_bind(m.thinking.as_deref())
+                        .push_bind(m.provider_state.as_ref().map(Json))
+                        .push_bind(Json(&m.tool_calls))
+                        .push_bind(Json(&m.tool_history))
+                        .push_bind(Json(&m.payloads))
+                        .push_bind(Json(&m.suggested_values))
+                        .push_bind(Json(&m.suggested_actions))
+                        .push_bind(m.cancelled)
+                        .push_bind(m.model.as_deref())
+                        .push_bind(m.trace_id)
+                        .push_bind(m.usage.as_ref().map(Json))
+                        .push_bind(m.feedback.as_ref().map(Json))
+                        .push_bind(m.comparison_id)
+                        .push_bind(m.variant.as_deref())
+                        .push_bind(m.created_at);
+                });
+                query.build().execute(&mut *conn).await?;
                 Ok(())
             }
 
@@ -447,36 +523,16 @@ macro_rules! impl_store {
                 user: &str,
                 m: &Message,
             ) -> Result<(), StoreError> {
-                sqlx::query(
-                    "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
-                     thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
-                     suggested_actions, cancelled, model, trace_id, usage, feedback, comparison_id, \
-                     variant, created_at) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-                     $13, $14, $15, $16, $17, $18, $19, $20, $21)",
-                )
-                .bind(m.id)
-                .bind(m.conversation_id)
-                .bind(user)
-                .bind(m.parent_id)
-                .bind(m.role.as_str())
-                .bind(&m.content)
-                .bind(m.thinking.as_deref())
-                .bind(m.provider_state.as_ref().map(Json))
-                .bind(Json(&m.tool_calls))
-                .bind(Json(&m.tool_history))
-                .bind(Json(&m.payloads))
-                .bind(Json(&m.suggested_values))
-                .bind(Json(&m.suggested_actions))
-                .bind(m.cancelled)
-                .bind(m.model.as_deref())
-                .bind(m.trace_id)
-                .bind(m.usage.as_ref().map(Json))
-                .bind(m.feedback.as_ref().map(Json))
-                .bind(m.comparison_id)
-                .bind(m.variant.as_deref())
-                .bind(m.created_at)
-                .execute(&mut *conn)
-                .await?;
+                Self::insert_messages(conn, &[(user, m)]).await?;
+                Self::touch_conversation(conn, user, m).await
+            }
+
+            /// Counts a new message in its conversation and makes it the active leaf.
+            async fn touch_conversation(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                user: &str,
+                m: &Message,
+            ) -> Result<(), StoreError> {
                 // The second answer of a comparison does not take over the branch: A stays
                 // active until a vote says otherwise.
                 let updated = sqlx::query(
