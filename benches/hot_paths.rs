@@ -182,19 +182,7 @@ async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>,
     let mut traces = Vec::new();
     for _ in 0..runs {
         let at = now();
-        let conversation = Conversation {
-            id: new_id(),
-            user_id: "bench".into(),
-            title: "bench".into(),
-            profile: None,
-            system_prompt: None,
-            metadata: json!({}),
-            active_leaf_id: None,
-            message_count: 0,
-            created_at: at,
-            updated_at: at,
-            last_message_at: at,
-        };
+        let conversation = Conversation::new("bench", "bench".into());
         let user_message = Message::new(conversation.id, None, Role::User, "go".into());
         let trace = Trace {
             trace_id: new_id(),

@@ -182,6 +182,26 @@ pub struct Conversation {
     pub last_message_at: DateTime<Utc>,
 }
 
+impl Conversation {
+    /// A new, empty conversation of `user`, created now.
+    pub fn new(user_id: &str, title: String) -> Self {
+        let at = now();
+        Conversation {
+            id: new_id(),
+            user_id: user_id.to_owned(),
+            title,
+            profile: None,
+            system_prompt: None,
+            metadata: Value::Object(Default::default()),
+            active_leaf_id: None,
+            message_count: 0,
+            created_at: at,
+            updated_at: at,
+            last_message_at: at,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Message {
     pub id: Uuid,

@@ -301,21 +301,11 @@ impl ChatService {
             },
             None => existing.as_ref().and_then(|c| c.active_leaf_id),
         };
-        let started = now();
         let new_conversation = match &existing {
             Some(_) => None,
             None => Some(Conversation {
-                id: new_id(),
-                user_id: user.to_owned(),
-                title: title_from(text, self.settings.chat.title_max_chars),
                 profile: request.profile.clone(),
-                system_prompt: None,
-                metadata: Value::Object(Default::default()),
-                active_leaf_id: None,
-                message_count: 0,
-                created_at: started,
-                updated_at: started,
-                last_message_at: started,
+                ..Conversation::new(user, title_from(text, self.settings.chat.title_max_chars))
             }),
         };
         let conversation = existing.as_ref().or(new_conversation.as_ref()).expect("one of the two is set");

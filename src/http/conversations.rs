@@ -12,7 +12,7 @@ use super::AppState;
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
 use super::openapi::*;
-use crate::domain::{Conversation, Feedback, Rating, branch, new_id, now};
+use crate::domain::{Conversation, Feedback, Rating, branch, now};
 use crate::store::{ConversationPatch, PageCursor};
 
 pub fn routes() -> Router<AppState> {
@@ -90,19 +90,11 @@ async fn create(
     AppJson(body): AppJson<ConversationBody>,
 ) -> Result<(StatusCode, Json<Value>), AppError> {
     body.validate(&state)?;
-    let at = now();
     let conversation = Conversation {
-        id: new_id(),
-        user_id: user,
-        title: body.title.map_or_else(|| "New conversation".to_owned(), |t| t.trim().to_owned()),
         profile: body.profile,
         system_prompt: body.system_prompt,
         metadata: body.metadata.unwrap_or_else(|| json!({})),
-        active_leaf_id: None,
-        message_count: 0,
-        created_at: at,
-        updated_at: at,
-        last_message_at: at,
+        ..Conversation::new(&user, body.title.map_or_else(|| "New conversation".to_owned(), |t| t.trim().to_owned()))
     };
     state.store.create_conversation(&conversation).await?;
     Ok((StatusCode::CREATED, Json(with_messages(&conversation, Vec::new()))))

@@ -16,20 +16,7 @@ async fn open(backend: Backend) -> (Arc<dyn Store>, TestDb) {
 }
 
 fn conversation(user: &str, title: &str) -> Conversation {
-    let at = now();
-    Conversation {
-        id: new_id(),
-        user_id: user.into(),
-        title: title.into(),
-        profile: None,
-        system_prompt: None,
-        metadata: json!({}),
-        active_leaf_id: None,
-        message_count: 0,
-        created_at: at,
-        updated_at: at,
-        last_message_at: at,
-    }
+    Conversation::new(user, title.into())
 }
 
 fn run_start(conversation: &Conversation, new: bool) -> RunStart {
