@@ -166,8 +166,8 @@ fn push_visible(out: &mut String, text: &str) {
 
 /// The first `<think>` or `</think>` in `text`, with its position.
 fn first_tag(text: &str) -> Option<(usize, &'static str)> {
-    let open = text.find(OPEN).map(|at| (at, OPEN));
-    let close = text.find(CLOSE).map(|at| (at, CLOSE));
+    let open = find(text, OPEN).map(|at| (at, OPEN));
+    let close = find(text, CLOSE).map(|at| (at, CLOSE));
     match (open, close) {
         (Some(o), Some(c)) => Some(if o.0 < c.0 { o } else { c }),
         (o, c) => o.or(c),
@@ -176,7 +176,28 @@ fn first_tag(text: &str) -> Option<(usize, &'static str)> {
 
 /// The length of the longest end of `text` that is a proper beginning of `tag`.
 fn partial_tag_len(text: &str, tag: &str) -> usize {
-    (1..tag.len()).rev().find(|&n| text.ends_with(&tag[..n])).unwrap_or(0)
+    partial_len(text, tag)
+}
+
+/// Where `pattern` first occurs in `text`. Runs once per token for every tag and marker,
+/// and nearly always finds nothing: a scan for the first byte answers that before a
+/// substring search is set up.
+pub(crate) fn find(text: &str, pattern: &str) -> Option<usize> {
+    let first = *pattern.as_bytes().first()?;
+    if !text.as_bytes().contains(&first) {
+        return None;
+    }
+    text.find(pattern)
+}
+
+/// The length of the longest end of `text` that `pattern` begins with, short of the whole
+/// pattern: a tag or marker cut by a chunk boundary. Only ends that start with the
+/// pattern's first byte are compared.
+pub(crate) fn partial_len(text: &str, pattern: &str) -> usize {
+    let (text, pattern) = (text.as_bytes(), pattern.as_bytes());
+    let Some(&first) = pattern.first() else { return 0 };
+    let from = text.len().saturating_sub(pattern.len() - 1);
+    (from..text.len()).find(|&i| text[i] == first && pattern.starts_with(&text[i..])).map_or(0, |i| text.len() - i)
 }
 
 /// Runs chunks (`true` for the reasoning channel) through one cleaner; returns its pieces.
@@ -282,6 +303,17 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn the_fast_searches_agree_with_the_plain_ones(text in "[ab<é/]{0,12}", pattern in "[ab<é/]{1,5}") {
+            let plain_partial = (1..pattern.len())
+                .rev()
+                .filter(|&n| pattern.is_char_boundary(n))
+                .find(|&n| text.ends_with(&pattern[..n]))
+                .unwrap_or(0);
+            prop_assert_eq!(partial_len(&text, &pattern), plain_partial);
+            prop_assert_eq!(find(&text, &pattern), text.find(pattern.as_str()));
+        }
+
         #[test]
         fn the_output_does_not_depend_on_the_chunking(
             text in tricky(),

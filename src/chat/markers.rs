@@ -4,6 +4,8 @@
 //! it is known not to be one, and a marker's JSON is captured up to its balanced end. A
 //! block whose JSON turns out not to parse stays in the text.
 
+use super::clean::{find, partial_len};
+
 /// A captured block: its marker and the JSON text after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Captured {
@@ -106,7 +108,7 @@ impl MarkerFilter {
     fn first_marker(&self, text: &str) -> Option<(usize, String)> {
         self.markers
             .iter()
-            .filter_map(|m| text.find(m.as_str()).map(|at| (at, m.clone())))
+            .filter_map(|m| find(text, m).map(|at| (at, m.clone())))
             .min_by_key(|(at, m)| (*at, std::cmp::Reverse(m.len())))
     }
 }
@@ -163,11 +165,6 @@ impl Capture {
         }
         Feed::More
     }
-}
-
-/// The length of the longest end of `text` that is a proper beginning of `marker`.
-fn partial_len(text: &str, marker: &str) -> usize {
-    (1..marker.len()).rev().filter(|&n| marker.is_char_boundary(n)).find(|&n| text.ends_with(&marker[..n])).unwrap_or(0)
 }
 
 #[cfg(test)]

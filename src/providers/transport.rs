@@ -122,17 +122,31 @@ where
     async_stream::stream! {
         let mut frames = Box::pin(bytes.eventsource());
         let mut out = Vec::new();
-        let mut wait = first_byte;
+        // One timer for the whole stream. A frame only notes the time; the timer, when it
+        // fires, moves itself to `last frame + idle` if frames came meanwhile (re-arming a
+        // timer for every frame cost more than decoding the frame).
+        let stall = tokio::time::sleep(first_byte);
+        tokio::pin!(stall);
+        let mut last_frame: Option<tokio::time::Instant> = None;
         loop {
-            let next = match tokio::time::timeout(wait, frames.next()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    tracing::warn!(after_ms = wait.as_millis() as u64, "provider stream stalled");
+            let next = tokio::select! {
+                biased;
+                next = frames.next() => next,
+                () = &mut stall => {
+                    if let Some(at) = last_frame.filter(|at| at.elapsed() < idle) {
+                        stall.as_mut().reset(later(at, idle));
+                        continue;
+                    }
+                    let waited = if last_frame.is_some() { idle } else { first_byte };
+                    tracing::warn!(after_ms = waited.as_millis() as u64, "provider stream stalled");
                     yield Err(network_error());
                     return;
                 }
             };
-            wait = idle;
+            let now = tokio::time::Instant::now();
+            if last_frame.replace(now).is_none() {
+                stall.as_mut().reset(later(now, idle));
+            }
             match next {
                 Some(Ok(frame)) => {
                     let decoded = decoder.frame(&frame, &mut out);
@@ -161,6 +175,11 @@ where
         }
     }
     .boxed()
+}
+
+/// `at + wait`, or a year from `at` for a wait too long to add (an unlimited timeout).
+fn later(at: tokio::time::Instant, wait: Duration) -> tokio::time::Instant {
+    at.checked_add(wait).unwrap_or_else(|| at + Duration::from_secs(365 * 24 * 3600))
 }
 
 pub fn network_error() -> ProviderError {
