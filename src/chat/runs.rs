@@ -149,7 +149,7 @@ pub struct Emitter {
 }
 
 /// Events held at most before they are announced anyway.
-const MAX_HELD: usize = 64;
+const MAX_HELD: usize = 256;
 
 impl Emitter {
     pub fn emit(&mut self, event: Event) {
