@@ -7,6 +7,8 @@ COPY src src
 COPY migrations migrations
 COPY config config
 COPY web web
+# Cargo checks every target the manifest names, benches included, even to build one binary.
+COPY benches benches
 RUN cargo build --release --locked --bin chatd
 
 FROM debian:bookworm-slim
