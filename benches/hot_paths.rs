@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use chatd::chat::turn::Turn;
-use chatd::domain::{Conversation, Message, Role, Trace, TraceStatus, new_id, now};
+use chatd::domain::{Conversation, Message, Role, Trace, now};
 use chatd::events::Event;
 use chatd::providers::{ProviderEvent, WireFormat, decode_sse};
 use chatd::store::{self, NewEvent, RunStart, Store};
@@ -181,26 +181,9 @@ async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>,
     let store = store::connect(&format!("sqlite://{}/bench.db", dir.display()), 4).await.expect("store opens");
     let mut traces = Vec::new();
     for _ in 0..runs {
-        let at = now();
         let conversation = Conversation::new("bench", "bench".into());
         let user_message = Message::new(conversation.id, None, Role::User, "go".into());
-        let trace = Trace {
-            trace_id: new_id(),
-            conversation_id: conversation.id,
-            user_message_id: user_message.id,
-            message_id: new_id(),
-            user_id: "bench".into(),
-            status: TraceStatus::Running,
-            model: "m".into(),
-            profile: "p".into(),
-            started_at: at,
-            ended_at: None,
-            usage: None,
-            error: None,
-            spans: vec![],
-            comparison_id: None,
-            variant: None,
-        };
+        let trace = Trace::start("bench", &user_message, "m", "p");
         traces.push(trace.trace_id);
         let start = RunStart {
             new_conversation: Some(conversation),

@@ -341,6 +341,29 @@ pub struct Trace {
     pub variant: Option<String>,
 }
 
+impl Trace {
+    /// A new running trace of `user`'s run answering `user_message`, started now.
+    pub fn start(user_id: &str, user_message: &Message, model: &str, profile: &str) -> Self {
+        Trace {
+            trace_id: new_id(),
+            conversation_id: user_message.conversation_id,
+            user_message_id: user_message.id,
+            message_id: new_id(),
+            user_id: user_id.to_owned(),
+            status: TraceStatus::Running,
+            model: model.to_owned(),
+            profile: profile.to_owned(),
+            started_at: now(),
+            ended_at: None,
+            usage: None,
+            error: None,
+            spans: Vec::new(),
+            comparison_id: None,
+            variant: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

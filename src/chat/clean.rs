@@ -86,7 +86,7 @@ impl Cleaner {
             }
             self.in_think = tag == OPEN;
         }
-        let keep = partial_tag_len(rest, OPEN).max(partial_tag_len(rest, CLOSE));
+        let keep = partial_len(rest, OPEN).max(partial_len(rest, CLOSE));
         let (now, later) = rest.split_at(rest.len() - keep);
         self.emit(now, out);
         self.held = later.to_owned();
@@ -101,7 +101,7 @@ impl Cleaner {
             self.push_thinking(&rest[..at], out);
             rest = &rest[at + tag.len()..];
         }
-        let keep = partial_tag_len(rest, OPEN).max(partial_tag_len(rest, CLOSE));
+        let keep = partial_len(rest, OPEN).max(partial_len(rest, CLOSE));
         let (now, later) = rest.split_at(rest.len() - keep);
         self.push_thinking(now, out);
         self.held_thinking = later.to_owned();
@@ -172,11 +172,6 @@ fn first_tag(text: &str) -> Option<(usize, &'static str)> {
         (Some(o), Some(c)) => Some(if o.0 < c.0 { o } else { c }),
         (o, c) => o.or(c),
     }
-}
-
-/// The length of the longest end of `text` that is a proper beginning of `tag`.
-fn partial_tag_len(text: &str, tag: &str) -> usize {
-    partial_len(text, tag)
 }
 
 /// Where `pattern` first occurs in `text`. Runs once per token for every tag and marker,

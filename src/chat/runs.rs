@@ -104,7 +104,7 @@ impl Runs {
         });
         self.live.lock().expect("runs lock").insert(trace_id, run.clone());
         metrics::gauge!("chatd_active_runs").increment(1.0);
-        (run.clone(), Emitter { run, log, seq: 0, holding: false, held: 0, unlogged: Vec::new() })
+        (run.clone(), Emitter { run, log, seq: 0, holding: false, held: Vec::new() })
     }
 
     pub fn get(&self, trace_id: Uuid) -> Option<Arc<LiveRun>> {
@@ -142,10 +142,9 @@ pub struct Emitter {
     log: EventLog,
     seq: u64,
     holding: bool,
-    /// Frames pushed but not yet announced to listeners.
-    held: usize,
-    /// Events not yet handed to the log writer.
-    unlogged: Vec<NewEvent>,
+    /// Events pushed to the run's frames but not yet announced to listeners nor handed to
+    /// the log writer.
+    held: Vec<NewEvent>,
 }
 
 /// Events held at most before they are announced anyway.
@@ -166,15 +165,14 @@ impl Emitter {
         let data: Arc<str> = data.into();
         let last = matches!(event, Event::Done { .. });
         self.run.frames.lock().expect("frames lock").push(Frame { seq: self.seq, data: data.clone(), last });
-        self.unlogged.push(NewEvent {
+        self.held.push(NewEvent {
             trace_id: self.run.trace_id,
             seq: self.seq as i64,
             at: now(),
             kind: event.kind(),
             data,
         });
-        self.held += 1;
-        if !self.holding || last || self.held >= MAX_HELD {
+        if !self.holding || last || self.held.len() >= MAX_HELD {
             self.publish();
         }
     }
@@ -189,12 +187,10 @@ impl Emitter {
 
     /// Announces the held events to listeners and hands them to the log.
     pub fn publish(&mut self) {
-        if self.held > 0 {
+        if !self.held.is_empty() {
             let held = std::mem::take(&mut self.held);
-            self.run.sent.send_modify(|sent| *sent += held);
-        }
-        if !self.unlogged.is_empty() {
-            self.log.append(std::mem::take(&mut self.unlogged));
+            self.run.sent.send_modify(|sent| *sent += held.len());
+            self.log.append(held);
         }
     }
 

@@ -345,21 +345,9 @@ impl ChatService {
         let profile = self.settings.profiles.get(profile_name).ok_or_else(|| not_found(field, "Profile not found"))?;
         let provider = self.providers.get(&profile.provider).ok_or_else(|| not_found(field, "Profile not found"))?;
         let trace = Trace {
-            trace_id: new_id(),
-            conversation_id: turn.conversation_id,
-            user_message_id: turn.user_message.id,
-            message_id: new_id(),
-            user_id: user.to_owned(),
-            status: TraceStatus::Running,
-            model: profile.model.clone(),
-            profile: profile_name.to_owned(),
-            started_at: now(),
-            ended_at: None,
-            usage: None,
-            error: None,
-            spans: Vec::new(),
             comparison_id: comparison.map(|(id, _)| id),
             variant: comparison.map(|(_, v)| v.to_owned()),
+            ..Trace::start(user, &turn.user_message, &profile.model, profile_name)
         };
         let scope = PageScope::resolve(&self.settings, request.context.as_ref());
         let tools = self.tools.for_request(&scope, &profile.tools);

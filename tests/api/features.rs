@@ -151,9 +151,9 @@ async fn an_ab_stream_where_one_side_fails_still_completes_the_other() {
     assert_eq!((status.as_u16(), error["field"].as_str()), (404, Some("profile_b")));
 }
 
-#[tokio::test]
-async fn cancelling_one_side_leaves_the_other_running() {
-    let app = TestApp::spawn(Backend::Sqlite, "[providers.mock]\ndelay_ms = 10").await;
+/// Starts a slow A/B run; returns its first event and the rest, parsed, as they come.
+async fn open_comparison(app: &TestApp) -> (Value, futures_util::stream::BoxStream<'static, Value>) {
+    use futures_util::StreamExt;
     let response = app
         .client
         .post(app.url("/api/ab/stream"))
@@ -161,38 +161,36 @@ async fn cancelling_one_side_leaves_the_other_running() {
         .send()
         .await
         .unwrap();
-    let mut events = Box::pin(eventsource_stream::Eventsource::eventsource(response.bytes_stream()));
-    let first: Value =
-        serde_json::from_str(&futures_util::StreamExt::next(&mut events).await.unwrap().unwrap().data).unwrap();
+    let mut events = eventsource_stream::Eventsource::eventsource(response.bytes_stream())
+        .map(|event| serde_json::from_str::<Value>(&event.unwrap().data).unwrap())
+        .boxed();
+    let first = events.next().await.unwrap();
+    (first, events)
+}
+
+#[tokio::test]
+async fn cancelling_one_side_leaves_the_other_running() {
+    let app = TestApp::spawn(Backend::Sqlite, "[providers.mock]\ndelay_ms = 10").await;
+    let (first, mut events) = open_comparison(&app).await;
     let trace_b = first["b"]["trace_id"].clone();
     let (status, body) = app.post("/api/cancel_stream", "local", json!({"trace_id": trace_b})).await;
     assert_eq!(status, 200, "{body}");
     let mut rest = Vec::new();
     while let Some(event) = futures_util::StreamExt::next(&mut events).await {
-        rest.push(serde_json::from_str::<Value>(&event.unwrap().data).unwrap());
+        rest.push(event);
     }
     let terminal = |variant: &str| rest.iter().rev().find(|e| e["variant"] == variant).unwrap()["type"].clone();
     assert_eq!(terminal("b"), "cancelled");
     assert_eq!(terminal("a"), "complete");
 
     // comparison_id cancels both.
-    let response = app
-        .client
-        .post(app.url("/api/ab/stream"))
-        .json(&json!({"message": "[mock:words=80] [mock:think=off]", "profile_a": "default", "profile_b": "other"}))
-        .send()
-        .await
-        .unwrap();
-    let mut events = Box::pin(eventsource_stream::Eventsource::eventsource(response.bytes_stream()));
-    let first: Value =
-        serde_json::from_str(&futures_util::StreamExt::next(&mut events).await.unwrap().unwrap().data).unwrap();
+    let (first, mut events) = open_comparison(&app).await;
     let (status, body) =
         app.post("/api/cancel_stream", "local", json!({"comparison_id": first["comparison_id"]})).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["trace_ids"].as_array().unwrap().len(), 2);
     let mut kinds = Vec::new();
     while let Some(event) = futures_util::StreamExt::next(&mut events).await {
-        let event: Value = serde_json::from_str(&event.unwrap().data).unwrap();
         kinds.push((event["variant"].clone(), event["type"].clone()));
     }
     assert!(

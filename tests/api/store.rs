@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use chatd::domain::{Conversation, Message, Role, Trace, TraceStatus, Usage, new_id, now};
+use chatd::domain::{Conversation, Message, Role, Trace, TraceStatus, Usage, now};
 use chatd::store::{self, NewEvent, PageCursor, RunFinish, RunStart, Store, StoreError};
 use serde_json::json;
 
@@ -25,23 +25,7 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
         new_conversation: new.then(|| conversation.clone()),
         comparison: None,
         user_message_is_new: true,
-        traces: vec![Trace {
-            trace_id: new_id(),
-            conversation_id: conversation.id,
-            user_message_id: user_message.id,
-            message_id: new_id(),
-            user_id: conversation.user_id.clone(),
-            status: TraceStatus::Running,
-            model: "m".into(),
-            profile: "p".into(),
-            started_at: now(),
-            ended_at: None,
-            usage: None,
-            error: None,
-            spans: vec![],
-            comparison_id: None,
-            variant: None,
-        }],
+        traces: vec![Trace::start(&conversation.user_id, &user_message, "m", "p")],
         user_message,
         replica_id: "replica-a".into(),
     }
