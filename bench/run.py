@@ -9,7 +9,10 @@ Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open s
 (d) a tool-calling run. Prints one table and writes target/bench/results.json. Figures are
 ratios against the direct path of the same run. Usage:
 
-  bench/run.py [--quick] [--litellm] [--scenarios a,b,c,d]
+  bench/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1]
+
+chatd reaches the mock over HTTP/2 (`http2 = true` on the provider), so that its streams
+share one connection; --provider-http1 measures one HTTP/1.1 connection per stream instead.
 """
 import argparse, json, os, resource, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.request
 
@@ -67,8 +70,9 @@ def stop(p):
             p.kill()
 
 
-def loadgen(label, url, body, streams, headers=(), verify=None):
-    cmd = [os.path.join(REL, "loadgen"), "--label", label, "--url", url, "--body", json.dumps(body), "--streams", str(streams)]
+def loadgen(label, url, body, streams, headers=(), verify=None, probes=0):
+    cmd = [os.path.join(REL, "loadgen"), "--label", label, "--url", url, "--body", json.dumps(body), "--streams", str(streams),
+           "--probes", str(probes)]
     for h in headers:
         cmd += ["--header", h]
     if verify:
@@ -93,6 +97,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller scenarios")
     ap.add_argument("--litellm", action="store_true", help="also measure the LiteLLM proxy")
     ap.add_argument("--scenarios", default="a,b,c,d")
+    ap.add_argument("--provider-http1", action="store_true",
+                    help="chatd reaches the mock over HTTP/1.1, one connection per stream, instead of HTTP/2")
     args = ap.parse_args()
     # The bench needs many sockets (chatd holds two per stream: the client's and the model's);
     # it raises its own limit, inherited by what it starts. chatd's defaults do not change.
@@ -107,7 +113,9 @@ def main():
     q = args.quick
     scenarios = {
         "a": dict(name="throughput", streams=16 if q else 64, tokens=500 if q else 2000, delay=0),
-        "b": dict(name="latency", streams=200 if q else 1000, tokens=20, delay=50),
+        # 1,000 streams at 20 tokens/s, 10 s each; once all stream, 200 more open one every
+        # 20 ms: their time to first event is the latency a new chat sees at that load.
+        "b": dict(name="latency", streams=200 if q else 1000, tokens=100 if q else 200, delay=50, probes=50 if q else 200),
         "c": dict(name="capacity", streams=1000 if q else 10000, tokens=5 if q else 10, delay=1000),
         "d": dict(name="tools", streams=16 if q else 64, tokens=50, delay=0, tool="calculator"),
     }
@@ -136,6 +144,7 @@ builtins = ["calculator"]
 kind = "openai_compatible"
 base_url = "http://127.0.0.1:{mock_port}/v1"
 max_retries = 0
+http2 = {'false' if args.provider_http1 else 'true'}
 [profiles.default]
 provider = "mock"
 model = "mock"
@@ -151,17 +160,21 @@ tools = ["{'*' if sc.get('tool') else 'none'}"]
                 openai_body["tools"] = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
             row = {"scenario": key, **sc}
             time.sleep(0.2)
-            row["direct"] = loadgen("direct", f"http://127.0.0.1:{mock_port}/v1/chat/completions", openai_body, sc["streams"])
+            probes = sc.get("probes", 0)
+            row["direct"] = loadgen("direct", f"http://127.0.0.1:{mock_port}/v1/chat/completions", openai_body, sc["streams"],
+                                    probes=probes)
             cpu0, rss0, _ = proc_stats(chatd.pid)
             row["chatd"] = loadgen("chatd", f"http://127.0.0.1:{chatd_port}/api/chat/stream", {"message": "go"}, sc["streams"],
-                                   verify=f"http://127.0.0.1:{chatd_port}")
+                                   verify=f"http://127.0.0.1:{chatd_port}", probes=probes)
             cpu1, rss1, hwm1 = proc_stats(chatd.pid)
             deltas = row["chatd"]["events"]
             row["chatd_cpu_s"] = cpu1 - cpu0
             row["chatd_cpu_us_per_event"] = (cpu1 - cpu0) * 1e6 / max(deltas, 1)
             row["chatd_rss_kb"] = {"before": rss0, "after": rss1, "peak": hwm1}
-            row["chatd_rss_kb_per_stream"] = (hwm1 - rss0) / sc["streams"]
+            row["chatd_rss_kb_per_stream"] = (hwm1 - rss0) / row["chatd"]["streams"]
             row["chatd_ttfe_added_p99_ms"] = row["chatd"]["ttfe_ms"]["p99"] - row["direct"]["ttfe_ms"]["p99"]
+            if probes:
+                row["chatd_probe_ttfe_added_p99_ms"] = row["chatd"]["probe_ttfe_ms"]["p99"] - row["direct"]["probe_ttfe_ms"]["p99"]
             if litellm_bin:
                 with open(os.path.join(work, "litellm.yaml"), "w") as f:
                     f.write(f"""model_list:
@@ -178,7 +191,7 @@ general_settings:
                                 log=open(os.path.join(work, "litellm.log"), "w"))
                 wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", 180)
                 row["litellm"] = loadgen("litellm", f"http://127.0.0.1:{litellm_port}/v1/chat/completions", openai_body, sc["streams"],
-                                         headers=[f"Authorization: Bearer {MASTER_KEY}"])
+                                         headers=[f"Authorization: Bearer {MASTER_KEY}"], probes=probes)
             results.append(row)
             report(row)
         finally:
@@ -198,9 +211,15 @@ def report(row):
         print(f"  {r['label']:>8}: ended {r['ended']}/{r['streams']}, errors {r['errors']}, persisted {r['persisted']}, "
               f"{r['events_per_sec']:.0f} events/s, ttfe p50 {r['ttfe_ms']['p50']:.1f} ms p99 {r['ttfe_ms']['p99']:.1f} ms, "
               f"gap p99 {r['gap_ms']['p99']:.1f} ms, wall {r['wall_ms']:.0f} ms")
+        if r.get("probes"):
+            print(f"            {r['probes']} probes while the others stream: ttfe p50 {r['probe_ttfe_ms']['p50']:.2f} ms "
+                  f"p99 {r['probe_ttfe_ms']['p99']:.2f} ms max {r['probe_ttfe_ms']['max']:.2f} ms")
     print(f"  chatd CPU {row['chatd_cpu_s']:.3f} s = {row['chatd_cpu_us_per_event']:.2f} us per relayed event; "
           f"RSS {row['chatd_rss_kb']['before']} -> peak {row['chatd_rss_kb']['peak']} kB = {row['chatd_rss_kb_per_stream']:.1f} kB per stream; "
-          f"added ttfe p99 {row['chatd_ttfe_added_p99_ms']:.1f} ms")
+          f"added ttfe p99 {row['chatd_ttfe_added_p99_ms']:.1f} ms (all starting at once)", end="")
+    if "chatd_probe_ttfe_added_p99_ms" in row:
+        print(f", {row['chatd_probe_ttfe_added_p99_ms']:.2f} ms (probes at load)", end="")
+    print()
     print(f"  throughput ratio chatd/direct {c['events_per_sec'] / max(d['events_per_sec'], 1e-9):.3f}", end="")
     if l:
         print(f", chatd/litellm {c['events_per_sec'] / max(l['events_per_sec'], 1e-9):.1f}x", end="")

@@ -298,6 +298,12 @@ pub struct ProviderSettings {
     /// The longest wait between two tries, `Retry-After` included.
     #[serde(default = "default_retry_max")]
     pub retry_max_secs: f64,
+    /// Speak HTTP/2 to this provider: its streams share connections instead of holding one
+    /// each (negotiated by ALPN over `https`, with prior knowledge over plain `http`). Off by
+    /// default: one HTTP/2 connection carries only as many streams at once as the server
+    /// allows (often 100 to 250), and further requests wait for a free one.
+    #[serde(default)]
+    pub http2: bool,
     /// Options of the built-in mock model (`kind = "mock"` only).
     #[serde(flatten)]
     pub mock: MockSettings,
@@ -469,6 +475,7 @@ impl Settings {
                 max_retries: default_max_retries(),
                 retry_base_secs: default_retry_base(),
                 retry_max_secs: default_retry_max(),
+                http2: false,
                 mock: MockSettings::default(),
             });
             self.profiles.insert(

@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -91,10 +92,15 @@ impl App {
         let shutdown = self.state.shutdown.clone();
         let router = http::router(self.state);
         tracing::info!(addr = %self.listener.local_addr()?, "chatd listening");
+        // No Nagle: an SSE event written just after the response head would otherwise wait
+        // for the head's ACK, which the client delays by up to 40 ms.
+        let listener = self.listener.tap_io(|socket| {
+            let _ = socket.set_nodelay(true);
+        });
         // `into_make_service`: each connection shares the router. Served as a bare `Router`,
         // axum rebuilds every route for each connection, which cost an open stream tens of
         // kilobytes.
-        axum::serve(self.listener, router.into_make_service()).with_graceful_shutdown(shutdown.cancelled_owned()).await
+        axum::serve(listener, router.into_make_service()).with_graceful_shutdown(shutdown.cancelled_owned()).await
     }
 }
 

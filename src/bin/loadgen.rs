@@ -4,6 +4,10 @@
 //! `[DONE]` for OpenAI-style servers). With `--verify`, also checks that chatd persisted each
 //! answer.
 //!
+//! With `--probes`, once every stream has its first event (the burst of starts is over), it
+//! opens that many more streams one by one at a steady pace and reports their time to first
+//! event on its own: the latency a new request sees while the others stream.
+//!
 //! `loadgen --url http://127.0.0.1:8080/api/chat/stream --body '{"message":"go"}' --streams 64`
 
 use std::sync::Arc;
@@ -13,7 +17,8 @@ use clap::Parser;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio::sync::{Notify, Semaphore};
 
 #[derive(Parser)]
 struct Args {
@@ -36,6 +41,15 @@ struct Args {
     /// Start streams at most this many at a time (opening 10,000 at once floods the listener).
     #[arg(long, default_value_t = 512)]
     ramp: usize,
+    /// Streams opened one by one after the first ones all stream, timed on their own.
+    #[arg(long, default_value_t = 0)]
+    probes: usize,
+    /// Milliseconds between two probes.
+    #[arg(long, default_value_t = 20)]
+    probe_every_ms: u64,
+    /// Milliseconds to wait, once every stream has its first event, before the first probe.
+    #[arg(long, default_value_t = 500)]
+    settle_ms: u64,
 }
 
 #[derive(Default)]
@@ -51,7 +65,27 @@ struct Stream {
     conversation_id: Option<String>,
 }
 
-async fn one(client: reqwest::Client, args: Arc<Args>, start_gate: Arc<Semaphore>) -> Stream {
+/// Counts the streams that have their first event.
+#[derive(Default)]
+struct Started {
+    count: AtomicUsize,
+    changed: Notify,
+}
+
+impl Started {
+    /// Notes one more stream past its start (with its first event, or failed).
+    fn note(&self) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+}
+
+async fn one(
+    client: reqwest::Client,
+    args: Arc<Args>,
+    start_gate: Arc<Semaphore>,
+    started_all: Arc<Started>,
+) -> Stream {
     let mut stream = Stream::default();
     let permit = start_gate.acquire_owned().await.expect("open semaphore");
     let started = Instant::now();
@@ -62,13 +96,15 @@ async fn one(client: reqwest::Client, args: Arc<Args>, start_gate: Arc<Semaphore
         }
     }
     let response = match request.send().await {
-        Ok(r) if r.status().is_success() => r,
-        Ok(r) => {
-            stream.error = Some(format!("status {}", r.status()));
-            return stream;
-        }
+        Ok(r) if r.status().is_success() => Ok(r),
+        Ok(r) => Err(format!("status {}", r.status())),
+        Err(e) => Err(e.to_string()),
+    };
+    let response = match response {
+        Ok(r) => r,
         Err(e) => {
-            stream.error = Some(e.to_string());
+            stream.error = Some(e);
+            started_all.note();
             return stream;
         }
     };
@@ -83,6 +119,7 @@ async fn one(client: reqwest::Client, args: Arc<Args>, start_gate: Arc<Semaphore
                 stream.bytes += event.data.len();
                 if stream.first_event.is_none() {
                     stream.first_event = Some(now - started);
+                    started_all.note();
                 } else {
                     let gap = now - last;
                     stream.max_gap = stream.max_gap.max(gap);
@@ -106,6 +143,9 @@ async fn one(client: reqwest::Client, args: Arc<Args>, start_gate: Arc<Semaphore
             }
         }
     }
+    if stream.first_event.is_none() {
+        started_all.note();
+    }
     stream.total = started.elapsed();
     stream
 }
@@ -124,11 +164,39 @@ async fn main() {
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
     let gate = Arc::new(Semaphore::new(args.ramp.max(1)));
     let started = Instant::now();
-    let tasks: Vec<_> =
-        (0..args.streams).map(|_| tokio::spawn(one(client.clone(), args.clone(), gate.clone()))).collect();
-    let mut streams = Vec::with_capacity(tasks.len());
+    let started_all = Arc::new(Started::default());
+    let tasks: Vec<_> = (0..args.streams)
+        .map(|_| tokio::spawn(one(client.clone(), args.clone(), gate.clone(), started_all.clone())))
+        .collect();
+    let mut probes = Vec::with_capacity(args.probes);
+    if args.probes > 0 {
+        loop {
+            let changed = started_all.changed.notified();
+            if started_all.count.load(Ordering::Relaxed) >= args.streams {
+                break;
+            }
+            changed.await;
+        }
+        tokio::time::sleep(Duration::from_millis(args.settle_ms)).await;
+        let ignored = Arc::new(Started::default());
+        let mut pace = tokio::time::interval(Duration::from_millis(args.probe_every_ms.max(1)));
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for _ in 0..args.probes {
+            pace.tick().await;
+            // Each probe has a gate of its own: probes never wait for each other.
+            let gate = Arc::new(Semaphore::new(1));
+            probes.push(tokio::spawn(one(client.clone(), args.clone(), gate, ignored.clone())));
+        }
+    }
+    let mut streams = Vec::with_capacity(tasks.len() + probes.len());
     for task in tasks {
         streams.push(task.await.expect("stream task"));
+    }
+    let mut probe_ttfe = Vec::with_capacity(probes.len());
+    for task in probes {
+        let probe = task.await.expect("probe task");
+        probe_ttfe.extend(probe.first_event);
+        streams.push(probe);
     }
     let wall = started.elapsed();
 
@@ -155,8 +223,10 @@ async fn main() {
     }
 
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let mut ttfe: Vec<f64> = streams.iter().filter_map(|s| s.first_event.map(ms)).collect();
+    let mut ttfe: Vec<f64> = streams[..args.streams].iter().filter_map(|s| s.first_event.map(ms)).collect();
     ttfe.sort_by(f64::total_cmp);
+    let mut probe_ttfe: Vec<f64> = probe_ttfe.into_iter().map(ms).collect();
+    probe_ttfe.sort_by(f64::total_cmp);
     let mut gaps: Vec<f64> = streams.iter().flat_map(|s| s.gaps.iter().copied().map(ms)).collect();
     gaps.sort_by(f64::total_cmp);
     let mut totals: Vec<f64> = streams.iter().map(|s| ms(s.total)).collect();
@@ -167,7 +237,7 @@ async fn main() {
         "{}",
         json!({
             "label": args.label,
-            "streams": args.streams,
+            "streams": streams.len(),
             "ended": streams.iter().filter(|s| s.ended).count(),
             "errors": errors.len(),
             "first_error": errors.first(),
@@ -177,6 +247,8 @@ async fn main() {
             "wall_ms": ms(wall),
             "events_per_sec": events as f64 / wall.as_secs_f64(),
             "ttfe_ms": {"p50": percentile(&ttfe, 50.0), "p99": percentile(&ttfe, 99.0), "max": ttfe.last()},
+            "probes": probe_ttfe.len(),
+            "probe_ttfe_ms": {"p50": percentile(&probe_ttfe, 50.0), "p99": percentile(&probe_ttfe, 99.0), "max": probe_ttfe.last()},
             "gap_ms": {"p50": percentile(&gaps, 50.0), "p99": percentile(&gaps, 99.0)},
             "max_gap_ms": streams.iter().map(|s| ms(s.max_gap)).fold(0.0, f64::max),
             "total_ms": {"p50": percentile(&totals, 50.0), "p99": percentile(&totals, 99.0)},

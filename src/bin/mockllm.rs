@@ -2,6 +2,9 @@
 //! (`POST /v1/chat/completions`) and Anthropic's (`POST /v1/messages`) with a configurable
 //! number of tokens, pause between tokens and, optionally, one tool call on the first turn.
 //!
+//! It speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on the same port, with no cap on
+//! the streams of one HTTP/2 connection.
+//!
 //! `mockllm --port 9100 --tokens 2000 --delay-ms 0 [--tool calculator]`
 
 use std::convert::Infallible;
@@ -15,6 +18,9 @@ use axum::routing::post;
 use axum::{Json, Router};
 use clap::Parser;
 use futures_util::StreamExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
 use serde_json::{Value, json};
 
 #[derive(Parser, Clone)]
@@ -42,7 +48,16 @@ async fn main() {
         .with_state(args.clone());
     let listener = chatd::listen("127.0.0.1", args.port).await.expect("port free");
     eprintln!("mockllm on 127.0.0.1:{} ({} tokens, {} ms apart)", args.port, args.tokens, args.delay_ms);
-    axum::serve(listener, app).await.expect("serves");
+    // axum::serve caps an HTTP/2 connection at hyper's default of 200 streams; the capacity
+    // scenario puts 10,000 on one.
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http2().max_concurrent_streams(None);
+    loop {
+        let Ok((socket, _)) = listener.accept().await else { continue };
+        let _ = socket.set_nodelay(true);
+        let (builder, service) = (builder.clone(), TowerToHyperService::new(app.clone()));
+        tokio::spawn(async move { builder.serve_connection(TokioIo::new(socket), service).await });
+    }
 }
 
 /// Whether this request should get a tool call: it offers tools and has no results yet.

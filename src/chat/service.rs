@@ -118,6 +118,7 @@ impl ChatService {
         log: EventLog,
     ) -> Self {
         let http = reqwest::Client::builder()
+            .http1_only()
             .timeout(Duration::from_secs_f64(settings.tools.timeout_secs.max(0.001)))
             .build()
             .expect("the TLS backend initialises");

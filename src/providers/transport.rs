@@ -39,11 +39,15 @@ pub struct Transport {
 
 impl Transport {
     pub fn new(settings: &ProviderSettings) -> Self {
-        let client = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .connect_timeout(secs(settings.connect_timeout_secs))
-            .user_agent(concat!("chatd/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .expect("the TLS backend initialises");
+            .user_agent(concat!("chatd/", env!("CARGO_PKG_VERSION")));
+        let builder = match (settings.http2, settings.base_url.as_deref().is_some_and(|u| u.starts_with("http:"))) {
+            (false, _) => builder.http1_only(),
+            (true, true) => builder.http2_prior_knowledge(),
+            (true, false) => builder,
+        };
+        let client = builder.build().expect("the TLS backend initialises");
         Self {
             client,
             api_key: settings.api_key.clone(),
@@ -112,6 +116,43 @@ fn secs(value: f64) -> Duration {
     Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(Duration::MAX)
 }
 
+/// Cuts every chunk after each line feed, without copying. eventsource-stream copies what is
+/// left of its buffer for each line it parses, so a large read holding many frames (an
+/// HTTP/2 DATA frame carries up to 16 KiB) would cost time quadratic in its length; line by
+/// line, what is left is at most a line.
+fn lines<S, E>(bytes: S) -> impl Stream<Item = Result<Bytes, E>> + Send
+where
+    S: Stream<Item = Result<Bytes, E>> + Send,
+    E: Send,
+{
+    bytes.flat_map(|chunk| {
+        futures_util::stream::iter(match chunk {
+            Ok(rest) => Cuts::Lines(rest),
+            Err(e) => Cuts::Failed(Some(e)),
+        })
+    })
+}
+
+enum Cuts<E> {
+    Lines(Bytes),
+    Failed(Option<E>),
+}
+
+impl<E> Iterator for Cuts<E> {
+    type Item = Result<Bytes, E>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Cuts::Lines(rest) if rest.is_empty() => None,
+            Cuts::Lines(rest) => {
+                let end = memchr::memchr(b'\n', rest).map_or(rest.len(), |i| i + 1);
+                Some(Ok(rest.split_to(end)))
+            }
+            Cuts::Failed(e) => e.take().map(Err),
+        }
+    }
+}
+
 /// Runs `decoder` over an SSE byte stream. Frames may be split anywhere between chunks.
 /// Ends after the terminal frame; a stream that stops before it is an error.
 pub fn decode<S, E>(bytes: S, mut decoder: impl Decoder, first_byte: Duration, idle: Duration) -> ProviderStream
@@ -120,7 +161,7 @@ where
     E: std::fmt::Display + Send + 'static,
 {
     async_stream::stream! {
-        let mut frames = Box::pin(bytes.eventsource());
+        let mut frames = Box::pin(lines(bytes).eventsource());
         let mut out = Vec::new();
         // One timer for the whole stream. A frame only notes the time; the timer, when it
         // fires, moves itself to `last frame + idle` if frames came meanwhile (re-arming a
@@ -256,4 +297,19 @@ fn truncate(text: &str, max: usize) -> &str {
 /// Joins a configured API root and a path without doubling or losing the slash.
 pub fn join(base: &str, path: &str) -> String {
     format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn chunks_are_cut_after_each_line_feed_and_errors_pass_through() {
+        let chunks = vec![Ok(Bytes::from("data: a\n\ndata: b")), Ok(Bytes::from("c\r\n\r\n")), Err("cut")];
+        let pieces: Vec<Result<Bytes, &str>> = lines(futures_util::stream::iter(chunks)).collect().await;
+        let expected = ["data: a\n", "\n", "data: b", "c\r\n", "\r\n"].map(|p| Ok(Bytes::from(p)));
+        assert_eq!(pieces[..5], expected);
+        assert_eq!(pieces[5], Err("cut"));
+        assert_eq!(pieces.len(), 6);
+    }
 }

@@ -207,6 +207,10 @@ trait Shared {
     /// How a transaction that will write starts. SQLite needs `BEGIN IMMEDIATE`: a deferred
     /// transaction that reads first cannot wait for the write lock and fails at once.
     const BEGIN_WRITE: &'static str;
+    /// Chunks of the event log written per transaction. SQLite has one writer: a flush of a
+    /// thousand runs in one transaction held it for milliseconds, and a new chat's start
+    /// waited behind it; in smaller transactions, starts get the writer in between.
+    const LOG_ROWS_PER_TRANSACTION: usize;
 }
 
 /// Opens the store the URL names and runs its migrations.

@@ -46,6 +46,8 @@ impl PostgresStore {
 impl crate::store::Shared for PostgresStore {
     const BEGIN_WRITE: &'static str = "BEGIN";
     const SHARED: bool = true;
+    // Each commit waits for the WAL to reach the disk; writers do not block each other.
+    const LOG_ROWS_PER_TRANSACTION: usize = 1000;
 }
 
 impl_store!(PostgresStore, Postgres);

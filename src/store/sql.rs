@@ -220,19 +220,22 @@ macro_rules! impl_store {
             }
 
             async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-                // One transaction per batch and one row per run in it (see `chunks`).
+                // One row per run (see `chunks`), in transactions of a bounded size: a run's
+                // chunk is whole in one of them. Writing a chunk again is a no-op, so a batch
+                // that failed halfway can be retried run by run.
                 let chunks = $crate::store::chunks::encode(events);
-                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
-                for rows in chunks.chunks(1000) {
+                for rows in chunks.chunks(<Self as $crate::store::Shared>::LOG_ROWS_PER_TRANSACTION) {
+                    let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                     let mut query = sqlx::QueryBuilder::<$db>::new(
                         "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
                     );
                     query.push_values(rows, |mut row, c| {
                         row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
                     });
+                    query.push(" on conflict (trace_id, first_seq) do nothing");
                     query.build().execute(&mut *tx).await?;
+                    tx.commit().await?;
                 }
-                tx.commit().await?;
                 Ok(())
             }
 

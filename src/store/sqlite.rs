@@ -9,6 +9,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::types::Json;
 use sqlx::{Sqlite, SqlitePool};
+use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
 use super::rows::*;
@@ -24,7 +25,12 @@ use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Pr
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: SqlitePool,
+    /// Stops the checkpoint task with the store.
+    _checkpoints: DropGuard,
 }
+
+/// How often the WAL is copied back into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` and runs the SQLite migrations.
@@ -36,7 +42,9 @@ impl SqliteStore {
             // lose the last transactions.
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // Checkpoints run beside the writer (see `checkpoints`), not inside its commits.
+            .pragma("wal_autocheckpoint", "0");
         if let Some(folder) = options.get_filename().parent() {
             if !folder.as_os_str().is_empty() {
                 std::fs::create_dir_all(folder)
@@ -46,7 +54,9 @@ impl SqliteStore {
         let writer = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
         sqlx::migrate!("migrations/sqlite").run(&writer).await?;
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options).await?;
-        Ok(Self { pool, writer })
+        let stop = CancellationToken::new();
+        tokio::spawn(checkpoints(pool.clone(), stop.clone()));
+        Ok(Self { pool, writer, _checkpoints: stop.drop_guard() })
     }
 
     fn writer(&self) -> &SqlitePool {
@@ -54,9 +64,28 @@ impl SqliteStore {
     }
 }
 
+/// Copies the WAL back into the database file every [`CHECKPOINT_EVERY`], on a reading
+/// connection. SQLite's automatic checkpoint runs inside the commit that crosses 1,000 pages,
+/// with an fsync, while that commit holds the one writer: a new chat's start queued behind it
+/// for a tenth of a second at a time. A passive checkpoint waits for no reader or writer.
+async fn checkpoints(pool: SqlitePool, stop: CancellationToken) {
+    let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Err(e) = sqlx::query("pragma wal_checkpoint(passive)").execute(&pool).await {
+            tracing::warn!(error = %e, "WAL checkpoint failed");
+        }
+    }
+}
+
 impl crate::store::Shared for SqliteStore {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const SHARED: bool = false;
+    const LOG_ROWS_PER_TRANSACTION: usize = 100;
 }
 
 impl_store!(SqliteStore, Sqlite);

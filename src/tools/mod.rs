@@ -146,6 +146,7 @@ impl Registry {
         }
         // No overall timeout here: the agent times every call and reports `timeout` itself.
         let client = reqwest::Client::builder()
+            .http1_only()
             .connect_timeout(std::time::Duration::from_secs(10))
             .build()
             .map_err(|e| e.to_string())?;

@@ -71,6 +71,8 @@ impl Scripted {
 #[derive(Clone, Debug)]
 pub struct Received {
     pub path: String,
+    /// HTTP/1.1, or HTTP/2 when the provider is configured with `http2` (the fixture speaks both).
+    pub version: axum::http::Version,
     pub headers: HeaderMap,
     pub body: Value,
 }
@@ -107,6 +109,7 @@ async fn answer(State(shared): State<Shared>, request: Request) -> Response {
     let path = parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
     shared.received.lock().unwrap().push(Received {
         path,
+        version: parts.version,
         headers: parts.headers,
         body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     });

@@ -44,6 +44,11 @@ impl Run {
 
 /// Starts a fixture with `script`, and chatd with a profile `fx` on it; sends `message`.
 async fn run(kind: &str, script: Vec<Scripted>, extra: &str, message: &str) -> Run {
+    run_on(kind, script, "", extra, message).await
+}
+
+/// [`run`], with `provider_extra` added to the provider's settings.
+async fn run_on(kind: &str, script: Vec<Scripted>, provider_extra: &str, extra: &str, message: &str) -> Run {
     let fixture = Fixture::start(script).await;
     let key = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(key.path(), format!("{KEY}\n")).unwrap();
@@ -65,6 +70,7 @@ async fn run(kind: &str, script: Vec<Scripted>, extra: &str, message: &str) -> R
         retry_max_secs = 0.05
         first_byte_timeout_secs = 5
         idle_timeout_secs = 0.4
+        {provider_extra}
         [profiles.fx]
         provider = "fx"
         model = "fx-model"
@@ -292,6 +298,32 @@ async fn a_dropped_connection_is_a_network_error() {
     assert_eq!(error["message"], "Connection failed");
     assert_eq!(error["retryable"], true);
     assert_eq!(r.kinds().last(), Some(&"done"));
+}
+
+#[tokio::test]
+async fn providers_speak_http1_unless_http2_is_configured() {
+    let r = run("openai", vec![Scripted::sse(&openai_text(&["One"]))], "", "go").await;
+    assert_eq!(joined(&r.frames, "text_delta"), "One");
+    assert_eq!(r.fixture.received()[0].version, axum::http::Version::HTTP_11);
+
+    // `http2 = true` over plain http: HTTP/2 with prior knowledge, same events.
+    let r = run_on("openai", vec![Scripted::sse(&openai_text(&["Two", " streams"]))], "http2 = true", "", "go").await;
+    assert_eq!(joined(&r.frames, "text_delta"), "Two streams");
+    assert_eq!(r.last("usage")["output_tokens"], 12);
+    assert_eq!(r.fixture.received()[0].version, axum::http::Version::HTTP_2);
+}
+
+#[tokio::test]
+async fn a_stream_reset_over_http2_is_a_network_error() {
+    let script = Scripted::sse(&[openai_chunk(json!({"content": "Half"}), None)])
+        .then(Part::Pause(std::time::Duration::from_millis(50)))
+        .then(Part::Drop);
+    let r = run_on("openai", vec![script], "http2 = true", "", "go").await;
+    assert_eq!(r.fixture.received()[0].version, axum::http::Version::HTTP_2);
+    assert_eq!(joined(&r.frames, "text_delta"), "Half");
+    assert_eq!(r.last("error")["code"], "NETWORK_ERROR");
+    assert_eq!(r.kinds().last(), Some(&"done"));
+    assert_eq!(r.trace().await["error"]["partial_text"], "Half");
 }
 
 #[tokio::test]

@@ -120,8 +120,9 @@ both_backends! {
     }
 
     async fn an_event_log_from_before_chunks_is_carried_over(backend: Backend) {
-        // The log as versions before migration 0003 wrote it (a row per event), then that
-        // migration, then the store reads it.
+        // The log as versions before migration 0003 wrote it (a row per event), then the
+        // migrations since (SQLite's 0004 moves the chunks to a table in write order), then
+        // the store reads it.
         let (store, db) = open(backend).await;
         let c = conversation("ann", "old log");
         let start = run_start(&c, true);
@@ -134,7 +135,7 @@ both_backends! {
             json!({"type": "done", "conversation_id": c.id}),
         ];
         macro_rules! rewind_and_migrate {
-            ($pool:expr, $old_table:expr, $migration:expr) => {{
+            ($pool:expr, $old_table:expr, $($migration:expr),+) => {{
                 let pool = $pool;
                 sqlx::raw_sql(concat!("drop table trace_event_chunks; ", $old_table)).execute(&pool).await.unwrap();
                 for (seq, event) in (1_i64..).zip(&old) {
@@ -148,7 +149,7 @@ both_backends! {
                         .await
                         .unwrap();
                 }
-                sqlx::raw_sql(include_str!($migration)).execute(&pool).await.unwrap();
+                $(sqlx::raw_sql(include_str!($migration)).execute(&pool).await.unwrap();)+
             }};
         }
         match backend {
@@ -157,7 +158,8 @@ both_backends! {
                 "create table trace_events (trace_id blob not null references traces (id) on delete cascade, \
                  seq integer not null, at text not null, type text not null, data text not null, \
                  primary key (trace_id, seq)) without rowid;",
-                "../../migrations/sqlite/0003_event_chunks.sql"
+                "../../migrations/sqlite/0003_event_chunks.sql",
+                "../../migrations/sqlite/0004_event_chunks_in_write_order.sql"
             ),
             Backend::Postgres => rewind_and_migrate!(
                 sqlx::PgPool::connect(&db.url).await.unwrap(),
