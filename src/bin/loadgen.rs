@@ -178,14 +178,14 @@ async fn main() {
             changed.await;
         }
         tokio::time::sleep(Duration::from_millis(args.settle_ms)).await;
-        let ignored = Arc::new(Started::default());
+        // A gate with room for every probe (they never wait for each other), and a count no
+        // one waits on.
+        let (gate, ignored) = (Arc::new(Semaphore::new(args.probes)), Arc::new(Started::default()));
         let mut pace = tokio::time::interval(Duration::from_millis(args.probe_every_ms.max(1)));
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for _ in 0..args.probes {
             pace.tick().await;
-            // Each probe has a gate of its own: probes never wait for each other.
-            let gate = Arc::new(Semaphore::new(1));
-            probes.push(tokio::spawn(one(client.clone(), args.clone(), gate, ignored.clone())));
+            probes.push(tokio::spawn(one(client.clone(), args.clone(), gate.clone(), ignored.clone())));
         }
     }
     let mut streams = Vec::with_capacity(tasks.len() + probes.len());

@@ -33,7 +33,11 @@ pub struct AnthropicProvider {
 impl AnthropicProvider {
     pub fn new(settings: &ProviderSettings) -> Self {
         let base = settings.base_url.as_deref().unwrap_or("https://api.anthropic.com");
-        Self { transport: Transport::new(settings), url: join(base, "v1/messages"), api_key: settings.api_key.clone() }
+        Self {
+            transport: Transport::new(settings, base),
+            url: join(base, "v1/messages"),
+            api_key: settings.api_key.clone(),
+        }
     }
 
     fn body(request: &ModelRequest) -> Value {

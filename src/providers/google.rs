@@ -25,7 +25,7 @@ impl GoogleProvider {
     pub fn new(settings: &ProviderSettings) -> Self {
         let base =
             settings.base_url.clone().unwrap_or_else(|| "https://generativelanguage.googleapis.com/v1beta".to_owned());
-        Self { transport: Transport::new(settings), base, api_key: settings.api_key.clone() }
+        Self { transport: Transport::new(settings, &base), base, api_key: settings.api_key.clone() }
     }
 
     fn body(request: &ModelRequest) -> Value {

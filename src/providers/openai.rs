@@ -34,7 +34,7 @@ impl OpenAiProvider {
         let default = if native { "https://api.openai.com/v1" } else { "http://127.0.0.1:11434/v1" };
         let base = settings.base_url.as_deref().unwrap_or(default);
         Self {
-            transport: Transport::new(settings),
+            transport: Transport::new(settings, base),
             url: join(base, "chat/completions"),
             api_key: settings.api_key.clone(),
             native,

@@ -38,11 +38,13 @@ pub struct Transport {
 }
 
 impl Transport {
-    pub fn new(settings: &ProviderSettings) -> Self {
+    /// The transport to a provider whose API root is `base` (its `base_url` or the kind's
+    /// default): with `http2`, a plain `http` root is spoken to with prior knowledge.
+    pub fn new(settings: &ProviderSettings, base: &str) -> Self {
         let builder = reqwest::Client::builder()
             .connect_timeout(secs(settings.connect_timeout_secs))
             .user_agent(concat!("chatd/", env!("CARGO_PKG_VERSION")));
-        let builder = match (settings.http2, settings.base_url.as_deref().is_some_and(|u| u.starts_with("http:"))) {
+        let builder = match (settings.http2, base.starts_with("http:")) {
             (false, _) => builder.http1_only(),
             (true, true) => builder.http2_prior_knowledge(),
             (true, false) => builder,
