@@ -270,13 +270,23 @@ async fn metrics_change_after_a_run() {
     };
     let (before, _) = (app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap(), ());
     app.chat("ann", json!({"message": "count me [mock:tool=calculator {\"expression\": \"1+1\"}]"})).await;
-    let after = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    // The run's last events are flushed to the log after `done` goes out, so that series may
+    // grow a moment after the stream ends.
+    let flushes = "chatd_event_log_flush_seconds_count";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let after = loop {
+        let after = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        if value(&after, flushes) > value(&before, flushes) || std::time::Instant::now() > deadline {
+            break after;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     for series in [
         "chatd_runs_total{status=\"completed\"}",
         "chatd_tool_calls_total{tool=\"calculator\",status=\"success\"}",
         "chatd_tokens_total{model=\"mock-1\",direction=\"output\"}",
         "chatd_time_to_first_token_seconds_count{model=\"mock-1\"}",
-        "chatd_event_log_flush_seconds_count",
+        flushes,
     ] {
         assert!(value(&after, series) > value(&before, series), "{series} did not grow:\n{after}");
     }
