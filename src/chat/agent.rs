@@ -114,7 +114,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
             emitter.emit(Event::Done { conversation_id, message_id, trace_id });
         }
     }
-    if let Err(e) = emitter.flush().await {
+    if let Err(e) = emitter.seal().await {
         tracing::error!(error = %e, %trace_id, "the run's last events could not be logged");
     }
     runs.remove(trace_id);

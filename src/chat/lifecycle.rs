@@ -94,7 +94,9 @@ pub fn spawn_background(store: Arc<dyn Store>, runs: Runs, replica_id: String, s
                 () = beat_stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if !beat_runs.is_empty() {
+            // A store only this process uses has nobody to tell (its orphans are recovered at
+            // start-up, whatever their heartbeat).
+            if beat_store.is_shared() && !beat_runs.is_empty() {
                 if let Err(e) = beat_store.heartbeat(&replica_id, now()).await {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }

@@ -2,6 +2,7 @@
 //! One writer task serves all runs; every `flush_interval` it writes what waits as one batch,
 //! sooner when `flush_max_events` are waiting, and at once when a run asks for a flush (at
 //! its end). Never a database write per token, and no wake-up of the writer per token either.
+//! A run that has ended hands over its whole log to be sealed with the next batch.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,8 +13,12 @@ use tokio::time::MissedTickBehavior;
 
 use crate::store::{NewEvent, Store, StoreError};
 
+type Done = oneshot::Sender<Result<(), String>>;
+
 enum Control {
-    Flush(oneshot::Sender<Result<(), String>>),
+    Flush(Done),
+    /// Writes what waits, then keeps this run's whole log.
+    Seal(Vec<NewEvent>, Done),
     /// `flush_max_events` are waiting: write now.
     Full,
 }
@@ -58,6 +63,14 @@ impl EventLog {
         wait.await.map_err(|_| "event log writer stopped".to_owned())?
     }
 
+    /// Writes everything appended so far, then keeps `log` (every event of a run that has
+    /// ended) as the run's log; returns once both are in the database.
+    pub async fn seal(&self, log: Vec<NewEvent>) -> Result<(), String> {
+        let (done, wait) = oneshot::channel();
+        self.control.send(Control::Seal(log, done)).map_err(|_| "event log writer stopped".to_owned())?;
+        wait.await.map_err(|_| "event log writer stopped".to_owned())?
+    }
+
     /// How many batches have been written since start (for tests and metrics).
     pub fn batches_written(&self) -> u64 {
         self.batches.load(Ordering::Relaxed)
@@ -75,28 +88,49 @@ async fn write_loop(
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // What is being written, and what a failed write keeps for the next try.
     let mut batch: Vec<NewEvent> = Vec::new();
-    let mut waiting = Vec::new();
+    let mut waiting: Vec<Done> = Vec::new();
+    let mut sealing: Vec<(Vec<NewEvent>, Done)> = Vec::new();
+    let mut unsealed: Vec<Vec<NewEvent>> = Vec::new();
     loop {
-        let closed = tokio::select! {
-            message = control.recv() => match message {
-                Some(Control::Flush(done)) => {
-                    waiting.push(done);
-                    false
-                }
-                Some(Control::Full) => false,
-                None => true,
-            },
-            _ = tick.tick() => false,
+        let mut closed = false;
+        let mut take = |message: Option<Control>| match message {
+            Some(Control::Flush(done)) => waiting.push(done),
+            Some(Control::Seal(log, done)) => sealing.push((log, done)),
+            Some(Control::Full) => {}
+            None => closed = true,
         };
+        tokio::select! {
+            message = control.recv() => take(message),
+            _ = tick.tick() => {}
+        }
         while let Ok(message) = control.try_recv() {
-            if let Control::Flush(done) = message {
-                waiting.push(done);
-            }
+            take(Some(message));
         }
         batch.append(&mut pending.lock().expect("event log lock"));
         let result = write(&*store, &mut batch, &batches).await;
         for done in waiting.drain(..) {
             let _ = done.send(result.clone().map_err(|e| e.to_string()));
+        }
+        if !sealing.is_empty() || !unsealed.is_empty() {
+            let (mut logs, done): (Vec<Vec<NewEvent>>, Vec<Done>) = sealing.drain(..).unzip();
+            logs.append(&mut unsealed);
+            let sealed = match &result {
+                Ok(()) => store.seal_logs(&logs).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = &sealed {
+                // Until a log is sealed its chunks stay (it reads the same), and so do those
+                // of every run after it: it is tried again at the next write, and by the
+                // store when it next opens.
+                tracing::error!(error = %e, runs = logs.len(), "could not seal the logs of ended runs; will retry");
+                unsealed = logs;
+                if unsealed.len() > MAX_UNSEALED {
+                    unsealed.drain(..unsealed.len() - MAX_UNSEALED);
+                }
+            }
+            for done in done {
+                let _ = done.send(sealed.clone());
+            }
         }
         if closed {
             return;
@@ -151,6 +185,9 @@ async fn write(store: &dyn Store, pending: &mut Vec<NewEvent>, batches: &AtomicU
     }
     Err(Arc::new(error))
 }
+
+/// Logs of ended runs kept for another try at sealing them, at most.
+const MAX_UNSEALED: usize = 10_000;
 
 /// Events kept for a retry while the database is down, at most.
 const MAX_PENDING: usize = 1_000_000;

@@ -3,8 +3,10 @@
 //! listener can join at any sequence number and gets every later event, then follows live.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use chrono::{DateTime, Utc};
 use futures_util::Stream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -32,6 +34,8 @@ pub struct LiveRun {
     pub cancel: CancellationToken,
     frames: Mutex<Vec<Frame>>,
     sent: watch::Sender<usize>,
+    /// Set once `done` is among the frames: read without the frames' lock.
+    finished: AtomicBool,
 }
 
 impl LiveRun {
@@ -73,7 +77,7 @@ impl LiveRun {
     }
 
     pub fn is_finished(&self) -> bool {
-        self.frames.lock().expect("frames lock").last().is_some_and(|f| f.last)
+        self.finished.load(Ordering::Acquire)
     }
 }
 
@@ -101,10 +105,11 @@ impl Runs {
             cancel: CancellationToken::new(),
             frames: Mutex::new(Vec::new()),
             sent: watch::Sender::new(0),
+            finished: AtomicBool::new(false),
         });
         self.live.lock().expect("runs lock").insert(trace_id, run.clone());
         metrics::gauge!("chatd_active_runs").increment(1.0);
-        (run.clone(), Emitter { run, log, seq: 0, holding: false, held: Vec::new() })
+        (run.clone(), Emitter { run, log, seq: 0, holding: false, held: Vec::new(), logged: Vec::new() })
     }
 
     pub fn get(&self, trace_id: Uuid) -> Option<Arc<LiveRun>> {
@@ -126,6 +131,11 @@ impl Runs {
         self.len() == 0
     }
 
+    /// How many of `user`'s runs have not sent `done` yet.
+    pub fn running_for(&self, user: &str) -> usize {
+        self.live.lock().expect("runs lock").values().filter(|r| r.user_id == user && !r.is_finished()).count()
+    }
+
     /// Every run in this process now.
     pub fn all(&self) -> Vec<Arc<LiveRun>> {
         self.live.lock().expect("runs lock").values().cloned().collect()
@@ -145,6 +155,8 @@ pub struct Emitter {
     /// Events pushed to the run's frames but not yet announced to listeners nor handed to
     /// the log writer.
     held: Vec<NewEvent>,
+    /// When each frame was sent, and its type: with the frames, the run's whole log.
+    logged: Vec<(DateTime<Utc>, &'static str)>,
 }
 
 /// Events held at most before they are announced anyway.
@@ -165,13 +177,12 @@ impl Emitter {
         let data: Arc<str> = data.into();
         let last = matches!(event, Event::Done { .. });
         self.run.frames.lock().expect("frames lock").push(Frame { seq: self.seq, data: data.clone(), last });
-        self.held.push(NewEvent {
-            trace_id: self.run.trace_id,
-            seq: self.seq as i64,
-            at: now(),
-            kind: event.kind(),
-            data,
-        });
+        if last {
+            self.run.finished.store(true, Ordering::Release);
+        }
+        let (at, kind) = (now(), event.kind());
+        self.logged.push((at, kind));
+        self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at, kind, data });
         if !self.holding || last || self.held.len() >= MAX_HELD {
             self.publish();
         }
@@ -198,10 +209,25 @@ impl Emitter {
         &self.run
     }
 
-    /// Waits until every event emitted so far is in the database.
-    pub async fn flush(&mut self) -> Result<(), String> {
+    /// Once the run has sent `done`: waits until every event is in the database, and the
+    /// run's whole log is kept as one.
+    pub async fn seal(&mut self) -> Result<(), String> {
         self.publish();
-        self.log.flush().await
+        let log = {
+            let frames = self.run.frames.lock().expect("frames lock");
+            frames
+                .iter()
+                .zip(&self.logged)
+                .map(|(frame, &(at, kind))| NewEvent {
+                    trace_id: self.run.trace_id,
+                    seq: frame.seq as i64,
+                    at,
+                    kind,
+                    data: frame.data.clone(),
+                })
+                .collect()
+        };
+        self.log.seal(log).await
     }
 }
 

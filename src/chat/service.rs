@@ -256,7 +256,7 @@ impl ChatService {
         if text.is_empty() {
             return Err(ChatError::Invalid { field: "message", message: "Message cannot be empty".into() });
         }
-        let running = self.runs.all().iter().filter(|r| r.user_id == user && !r.is_finished()).count();
+        let running = self.runs.running_for(user);
         if running >= self.settings.limits.max_concurrent_runs_per_user {
             return Err(ChatError::Busy {
                 message: format!("{running} answers are still streaming; wait for one to finish"),

@@ -159,6 +159,9 @@ macro_rules! impl_store {
                     }
                     traces.extend(start.traces.iter().map(|t| (t, start.replica_id.as_str())));
                 }
+                if <Self as $crate::store::Shared>::MANY_STATEMENTS_PER_QUERY {
+                    return self.start_runs_in_one_query(&conversations, &messages, starts, &traces).await;
+                }
                 let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 for rows in conversations.chunks($crate::store::sql::ROWS_PER_INSERT) {
                     Self::insert_conversations(&mut *tx, rows).await?;
@@ -172,47 +175,14 @@ macro_rules! impl_store {
                         Self::touch_conversation(&mut *tx, user, &start.user_message).await?;
                     }
                     if let Some(c) = &start.comparison {
-                        sqlx::query(
-                            "insert into comparisons (id, conversation_id, user_id, user_message_id, trace_a, trace_b, \
-                             profile_a, profile_b, model_a, model_b, created_at) \
-                             values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                        )
-                        .bind(c.comparison_id)
-                        .bind(c.conversation_id)
-                        .bind(&c.user_id)
-                        .bind(c.user_message_id)
-                        .bind(c.trace_a)
-                        .bind(c.trace_b)
-                        .bind(&c.profile_a)
-                        .bind(&c.profile_b)
-                        .bind(&c.model_a)
-                        .bind(&c.model_b)
-                        .bind(c.created_at)
-                        .execute(&mut *tx)
-                        .await?;
+                        let mut query = sqlx::QueryBuilder::<$db>::new("");
+                        Self::push_comparison(&mut query, c);
+                        query.build().execute(&mut *tx).await?;
                     }
                 }
                 for rows in traces.chunks($crate::store::sql::ROWS_PER_INSERT) {
-                    let mut query = sqlx::QueryBuilder::<$db>::new(
-                        "insert into traces (id, conversation_id, user_id, user_message_id, message_id, status, \
-                         model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at) ",
-                    );
-                    query.push_values(rows, |mut row, (t, replica_id)| {
-                        row.push_bind(t.trace_id)
-                            .push_bind(t.conversation_id)
-                            .push_bind(&t.user_id)
-                            .push_bind(t.user_message_id)
-                            .push_bind(t.message_id)
-                            .push_bind(t.status.as_str())
-                            .push_bind(&t.model)
-                            .push_bind(&t.profile)
-                            .push_bind(t.started_at)
-                            .push_bind(Json(&t.spans))
-                            .push_bind(t.comparison_id)
-                            .push_bind(t.variant.as_deref())
-                            .push_bind(*replica_id)
-                            .push_bind(t.started_at);
-                    });
+                    let mut query = sqlx::QueryBuilder::<$db>::new("");
+                    Self::push_traces(&mut query, rows);
                     query.build().execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
@@ -232,7 +202,7 @@ macro_rules! impl_store {
                     query.push_values(rows, |mut row, c| {
                         row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
                     });
-                    query.push(" on conflict (trace_id, first_seq) do nothing");
+                    query.push(<Self as $crate::store::Shared>::LOG_INSERT_TAIL);
                     query.build().execute(&mut *tx).await?;
                     tx.commit().await?;
                 }
@@ -433,19 +403,11 @@ macro_rules! impl_store {
             }
 
             async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
-                let rows: Vec<(String,)> = sqlx::query_as(
-                    "select events from trace_event_chunks where trace_id = $1 and last_seq > $2 \
-                     order by first_seq",
-                )
-                .bind(trace_id)
-                .bind(after)
-                .fetch_all(&self.pool)
-                .await?;
-                let mut events = Vec::new();
-                for (text,) in rows {
-                    $crate::store::chunks::decode(&text, after, &mut events)?;
-                }
-                Ok(events)
+                self.trace_events_impl(trace_id, after).await
+            }
+
+            async fn seal_logs(&self, logs: &[Vec<NewEvent>]) -> Result<(), StoreError> {
+                self.seal_logs_impl(logs).await
             }
         }
 
@@ -461,7 +423,14 @@ macro_rules! impl_store {
                 conn: &mut <$db as sqlx::Database>::Connection,
                 rows: &[Conversation],
             ) -> Result<(), StoreError> {
-                let mut query = sqlx::QueryBuilder::<$db>::new(
+                let mut query = sqlx::QueryBuilder::<$db>::new("");
+                Self::push_conversations(&mut query, rows);
+                query.build().execute(&mut *conn).await?;
+                Ok(())
+            }
+
+            fn push_conversations<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, rows: &'a [Conversation]) {
+                query.push(
                     "insert into conversations (id, user_id, title, profile, system_prompt, metadata, \
                      active_leaf_id, message_count, created_at, updated_at, last_message_at) ",
                 );
@@ -478,8 +447,6 @@ macro_rules! impl_store {
                         .push_bind(c.updated_at)
                         .push_bind(c.last_message_at);
                 });
-                query.build().execute(&mut *conn).await?;
-                Ok(())
             }
 
             /// Inserts messages, each `(owner, message)`, without touching their conversations.
@@ -487,7 +454,14 @@ macro_rules! impl_store {
                 conn: &mut <$db as sqlx::Database>::Connection,
                 rows: &[(&str, &Message)],
             ) -> Result<(), StoreError> {
-                let mut query = sqlx::QueryBuilder::<$db>::new(
+                let mut query = sqlx::QueryBuilder::<$db>::new("");
+                Self::push_messages(&mut query, rows);
+                query.build().execute(&mut *conn).await?;
+                Ok(())
+            }
+
+            fn push_messages<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, rows: &'a [(&'a str, &'a Message)]) {
+                query.push(
                     "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
                      thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
                      suggested_actions, cancelled, model, trace_id, usage, feedback, comparison_id, \
@@ -516,7 +490,107 @@ macro_rules! impl_store {
                         .push_bind(m.variant.as_deref())
                         .push_bind(m.created_at);
                 });
-                query.build().execute(&mut *conn).await?;
+            }
+
+            fn push_comparison<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, c: &'a Comparison) {
+                query.push(
+                    "insert into comparisons (id, conversation_id, user_id, user_message_id, trace_a, trace_b, \
+                     profile_a, profile_b, model_a, model_b, created_at) ",
+                );
+                query.push_values([c], |mut row, c| {
+                    row.push_bind(c.comparison_id)
+                        .push_bind(c.conversation_id)
+                        .push_bind(&c.user_id)
+                        .push_bind(c.user_message_id)
+                        .push_bind(c.trace_a)
+                        .push_bind(c.trace_b)
+                        .push_bind(&c.profile_a)
+                        .push_bind(&c.profile_b)
+                        .push_bind(&c.model_a)
+                        .push_bind(&c.model_b)
+                        .push_bind(c.created_at);
+                });
+            }
+
+            fn push_traces<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, rows: &'a [(&'a Trace, &'a str)]) {
+                query.push(
+                    "insert into traces (id, conversation_id, user_id, user_message_id, message_id, status, \
+                     model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at) ",
+                );
+                query.push_values(rows, |mut row, (t, replica_id)| {
+                    row.push_bind(t.trace_id)
+                        .push_bind(t.conversation_id)
+                        .push_bind(&t.user_id)
+                        .push_bind(t.user_message_id)
+                        .push_bind(t.message_id)
+                        .push_bind(t.status.as_str())
+                        .push_bind(&t.model)
+                        .push_bind(&t.profile)
+                        .push_bind(t.started_at)
+                        .push_bind(Json(&t.spans))
+                        .push_bind(t.comparison_id)
+                        .push_bind(t.variant.as_deref())
+                        .push_bind(*replica_id)
+                        .push_bind(t.started_at);
+                });
+            }
+
+            /// The whole group of starts as one query of several statements, the transaction
+            /// included: one round trip to the database instead of one per statement (SQLite
+            /// runs each on its own thread; under load, every trip back waited its turn on a
+            /// busy runtime). A conversation deleted meanwhile fails its message's or trace's
+            /// foreign key, and reads as not found, as a conversation that no update touched
+            /// does on the other path.
+            async fn start_runs_in_one_query(
+                &self,
+                conversations: &[Conversation],
+                messages: &[(&str, &Message)],
+                starts: &[&RunStart],
+                traces: &[(&Trace, &str)],
+            ) -> Result<(), StoreError> {
+                let mut query = sqlx::QueryBuilder::<$db>::new(<Self as $crate::store::Shared>::BEGIN_WRITE);
+                for rows in conversations.chunks($crate::store::sql::ROWS_PER_INSERT) {
+                    query.push("; ");
+                    Self::push_conversations(&mut query, rows);
+                }
+                for rows in messages.chunks($crate::store::sql::ROWS_PER_INSERT) {
+                    query.push("; ");
+                    Self::push_messages(&mut query, rows);
+                }
+                for start in starts {
+                    if start.user_message_is_new && start.new_conversation.is_none() {
+                        let m = &start.user_message;
+                        query.push("; update conversations set active_leaf_id = ");
+                        if m.variant.as_deref() == Some("b") {
+                            query.push("active_leaf_id");
+                        } else {
+                            query.push_bind(m.id);
+                        }
+                        query.push(", message_count = message_count + 1, last_message_at = ");
+                        query.push_bind(m.created_at).push(", updated_at = ").push_bind(m.created_at);
+                        query.push(" where id = ").push_bind(m.conversation_id);
+                        query.push(" and user_id = ").push_bind(&start.traces[0].user_id);
+                    }
+                    if let Some(c) = &start.comparison {
+                        query.push("; ");
+                        Self::push_comparison(&mut query, c);
+                    }
+                }
+                for rows in traces.chunks($crate::store::sql::ROWS_PER_INSERT) {
+                    query.push("; ");
+                    Self::push_traces(&mut query, rows);
+                }
+                query.push("; COMMIT");
+                let mut conn = self.writer().acquire().await?;
+                let result = query.build().execute(&mut *conn).await;
+                if let Err(e) = result {
+                    // The statements stopped at the failing one: end the transaction they began.
+                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                    return Err(match e.as_database_error() {
+                        Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
+                        _ => e.into(),
+                    });
+                }
                 Ok(())
             }
 

@@ -121,8 +121,8 @@ both_backends! {
 
     async fn an_event_log_from_before_chunks_is_carried_over(backend: Backend) {
         // The log as versions before migration 0003 wrote it (a row per event), then the
-        // migrations since (SQLite's 0004 moves the chunks to a table in write order), then
-        // the store reads it.
+        // migrations since (SQLite's 0004 moves the chunks to a table in write order, 0005
+        // seals each run's chunks into one row), then the store reads it.
         let (store, db) = open(backend).await;
         let c = conversation("ann", "old log");
         let start = run_start(&c, true);
@@ -135,9 +135,9 @@ both_backends! {
             json!({"type": "done", "conversation_id": c.id}),
         ];
         macro_rules! rewind_and_migrate {
-            ($pool:expr, $old_table:expr, $($migration:expr),+) => {{
+            ($pool:expr, $rewind:expr, $($migration:expr),+) => {{
                 let pool = $pool;
-                sqlx::raw_sql(concat!("drop table trace_event_chunks; ", $old_table)).execute(&pool).await.unwrap();
+                sqlx::raw_sql($rewind).execute(&pool).await.unwrap();
                 for (seq, event) in (1_i64..).zip(&old) {
                     sqlx::query("insert into trace_events (trace_id, seq, at, type, data) values ($1, $2, $3, $4, $5)")
                         .bind(trace_id)
@@ -155,15 +155,20 @@ both_backends! {
         match backend {
             Backend::Sqlite => rewind_and_migrate!(
                 sqlx::SqlitePool::connect(&db.url).await.unwrap(),
-                "create table trace_events (trace_id blob not null references traces (id) on delete cascade, \
+                "drop trigger traces_log_from; drop index traces_unsealed; \
+                 alter table traces drop column log_from; alter table traces drop column log_sealed; \
+                 drop table trace_logs; drop table trace_event_chunks; \
+                 create table trace_events (trace_id blob not null references traces (id) on delete cascade, \
                  seq integer not null, at text not null, type text not null, data text not null, \
                  primary key (trace_id, seq)) without rowid;",
                 "../../migrations/sqlite/0003_event_chunks.sql",
-                "../../migrations/sqlite/0004_event_chunks_in_write_order.sql"
+                "../../migrations/sqlite/0004_event_chunks_in_write_order.sql",
+                "../../migrations/sqlite/0005_event_log_sealed_per_run.sql"
             ),
             Backend::Postgres => rewind_and_migrate!(
                 sqlx::PgPool::connect(&db.url).await.unwrap(),
-                "create table trace_events (trace_id uuid not null references traces (id) on delete cascade, \
+                "drop table trace_event_chunks; \
+                 create table trace_events (trace_id uuid not null references traces (id) on delete cascade, \
                  seq bigint not null, at timestamptz not null, type text not null, data jsonb not null, \
                  primary key (trace_id, seq));",
                 "../../migrations/postgres/0003_event_chunks.sql"
@@ -252,4 +257,96 @@ both_backends! {
         seen.dedup();
         assert_eq!(seen.len(), 4);
     }
+
+    async fn a_chunk_written_twice_is_read_once(backend: Backend) {
+        // A batch that failed halfway is retried run by run: chunks already in are written again.
+        let (store, _db) = open(backend).await;
+        let c = conversation("ann", "retried");
+        let start = run_start(&c, true);
+        store.start_run(&start).await.unwrap();
+        let events = text_deltas(start.traces[0].trace_id, 1..=3);
+        store.append_events(&events).await.unwrap();
+        store.append_events(&events).await.unwrap();
+        let seqs: Vec<i64> = store.trace_events(start.traces[0].trace_id, 0).await.unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2, 3]);
+    }
+}
+
+fn text_deltas(trace_id: uuid::Uuid, seqs: std::ops::RangeInclusive<i64>) -> Vec<NewEvent> {
+    seqs.map(|seq| NewEvent {
+        trace_id,
+        seq,
+        at: now(),
+        kind: "text_delta",
+        data: json!({"type": "text_delta", "text": format!("t{seq}")}).to_string().into(),
+    })
+    .collect()
+}
+
+/// Rows in SQLite's table of running runs' chunks.
+async fn sqlite_chunks(url: &str) -> i64 {
+    let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("select count(*) from trace_event_chunks").fetch_one(&pool).await.unwrap();
+    pool.close().await;
+    n
+}
+
+#[tokio::test]
+async fn sqlite_keeps_an_ended_runs_log_as_one_row_and_lets_its_chunks_go() {
+    let (store, db) = open(Backend::Sqlite).await;
+    let (a, b) = (conversation("ann", "ended"), conversation("ann", "running"));
+    let (ended, running) = (run_start(&a, true), run_start(&b, true));
+    store.start_runs(&[&ended, &running]).await.unwrap();
+    let (ended_id, running_id) = (ended.traces[0].trace_id, running.traces[0].trace_id);
+    let log = text_deltas(ended_id, 1..=4);
+    store.append_events(&log[..2]).await.unwrap();
+    store.append_events(&text_deltas(running_id, 1..=2)).await.unwrap();
+    store.append_events(&log[2..]).await.unwrap();
+    assert_eq!(sqlite_chunks(&db.url).await, 3);
+    store.seal_logs(std::slice::from_ref(&log)).await.unwrap();
+    // Chunks go from the front of the table, up to the oldest run not sealed: here the
+    // running run started with the ended one, so nothing goes yet.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(sqlite_chunks(&db.url).await, 3, "the running run's chunks stay");
+    let read = store.trace_events(ended_id, 1).await.unwrap();
+    assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3, 4]);
+    assert_eq!(read[0].at, log[1].at);
+    assert_eq!(read[2].data["text"], "t4");
+    assert_eq!(store.trace_events(running_id, 0).await.unwrap().len(), 2, "read from its chunks");
+    store.seal_logs(&[text_deltas(running_id, 1..=2)]).await.unwrap();
+    let mut left = sqlite_chunks(&db.url).await;
+    for _ in 0..50 {
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        left = sqlite_chunks(&db.url).await;
+    }
+    assert_eq!(left, 0, "every run is sealed: its chunks are deleted");
+    assert_eq!(store.trace_events(ended_id, 0).await.unwrap().len(), 4);
+    assert_eq!(store.trace_events(running_id, 0).await.unwrap().len(), 2);
+    // A sealed log goes with its conversation.
+    store.delete_conversation("ann", a.id).await.unwrap();
+    assert!(store.trace_events(ended_id, 0).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn sqlite_seals_the_logs_a_stopped_process_left_in_chunks() {
+    let (store, db) = open(Backend::Sqlite).await;
+    let c = conversation("ann", "left over");
+    let start = run_start(&c, true);
+    store.start_run(&start).await.unwrap();
+    let trace_id = start.traces[0].trace_id;
+    let events = text_deltas(trace_id, 1..=5);
+    store.append_events(&events[..3]).await.unwrap();
+    store.append_events(&events[2..]).await.unwrap();
+    drop(store);
+    let reopened = store::connect(&db.url, 2).await.unwrap();
+    let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+    let (sealed,): (i64,) =
+        sqlx::query_as("select log_sealed from traces where id = $1").bind(trace_id).fetch_one(&pool).await.unwrap();
+    assert_eq!(sealed, 1);
+    let read = reopened.trace_events(trace_id, 0).await.unwrap();
+    assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4, 5], "the repeated event once");
+    assert_eq!(read[4].data["text"], "t5");
 }
