@@ -1,21 +1,13 @@
--- The event log in two parts. While a run streams, its chunks are appended to
--- trace_event_chunks in write order with no index: an index led by the run put every flush's
--- rows in a thousand places, and SQLite wrote a page for each (a gigabyte of WAL for 25 MB of
--- events at 1,000 streams). When the run ends, its whole log is written once, as one row of
--- trace_logs, and its chunks become garbage, deleted in order from the front of the table.
---
--- traces.log_from is the last chunk id written before the run started: its chunks come after.
--- traces.log_sealed is 0 until the run's row in trace_logs is written; no chunk at or below
--- the smallest log_from of an unsealed run is deleted.
+-- The event log's chunks without an index. An index led by the run put every flush's rows in
+-- a thousand places, and SQLite wrote a page for each: a gigabyte of WAL for 25 MB of events
+-- at 1,000 streams. Chunks are now only appended, in write order. When a run ends, the ids
+-- of its chunks are written once, as its row of trace_logs ("sealed"); a running run's
+-- chunks are found from traces.log_from, the last chunk id written before it started.
 create table trace_logs (
     trace_id blob primary key not null references traces (id) on delete cascade,
-    events text not null
+    -- a JSON array of trace_event_chunks ids
+    chunk_ids text not null
 );
-
-insert into trace_logs (trace_id, events)
-select trace_id, '[' || group_concat(substr(events, 2, length(events) - 2), ',' order by first_seq) || ']'
-from trace_event_chunks
-group by trace_id;
 
 create table trace_event_chunks_unindexed (
     id integer primary key,
@@ -24,8 +16,18 @@ create table trace_event_chunks_unindexed (
     last_seq integer not null,
     events text not null
 );
+insert into trace_event_chunks_unindexed (id, trace_id, first_seq, last_seq, events)
+select id, trace_id, first_seq, last_seq, events from trace_event_chunks;
+insert into trace_logs (trace_id, chunk_ids)
+select trace_id, json_group_array(id) from trace_event_chunks group by trace_id;
 drop table trace_event_chunks;
 alter table trace_event_chunks_unindexed rename to trace_event_chunks;
+
+-- A run's chunks go with its log, and so with its trace and conversation.
+create trigger trace_logs_take_their_chunks after delete on trace_logs
+begin
+    delete from trace_event_chunks where id in (select value from json_each(old.chunk_ids));
+end;
 
 alter table traces add column log_from integer not null default 0;
 alter table traces add column log_sealed integer not null default 1;

@@ -2,7 +2,7 @@
 //! One writer task serves all runs; every `flush_interval` it writes what waits as one batch,
 //! sooner when `flush_max_events` are waiting, and at once when a run asks for a flush (at
 //! its end). Never a database write per token, and no wake-up of the writer per token either.
-//! A run that has ended hands over its whole log to be sealed with the next batch.
+//! A run that has ended has its log sealed right after its last events are written.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,14 +11,16 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 
+use uuid::Uuid;
+
 use crate::store::{NewEvent, Store, StoreError};
 
 type Done = oneshot::Sender<Result<(), String>>;
 
 enum Control {
     Flush(Done),
-    /// Writes what waits, then keeps this run's whole log.
-    Seal(Vec<NewEvent>, Done),
+    /// Writes what waits, then seals this run's log.
+    Seal(Uuid, Done),
     /// `flush_max_events` are waiting: write now.
     Full,
 }
@@ -63,11 +65,11 @@ impl EventLog {
         wait.await.map_err(|_| "event log writer stopped".to_owned())?
     }
 
-    /// Writes everything appended so far, then keeps `log` (every event of a run that has
-    /// ended) as the run's log; returns once both are in the database.
-    pub async fn seal(&self, log: Vec<NewEvent>) -> Result<(), String> {
+    /// Writes everything appended so far, then seals the log of `trace_id`, a run that has
+    /// sent `done` ([`Store::seal_logs`]); returns once both are in the database.
+    pub async fn seal(&self, trace_id: Uuid) -> Result<(), String> {
         let (done, wait) = oneshot::channel();
-        self.control.send(Control::Seal(log, done)).map_err(|_| "event log writer stopped".to_owned())?;
+        self.control.send(Control::Seal(trace_id, done)).map_err(|_| "event log writer stopped".to_owned())?;
         wait.await.map_err(|_| "event log writer stopped".to_owned())?
     }
 
@@ -89,13 +91,13 @@ async fn write_loop(
     // What is being written, and what a failed write keeps for the next try.
     let mut batch: Vec<NewEvent> = Vec::new();
     let mut waiting: Vec<Done> = Vec::new();
-    let mut sealing: Vec<(Vec<NewEvent>, Done)> = Vec::new();
-    let mut unsealed: Vec<Vec<NewEvent>> = Vec::new();
+    let mut sealing: Vec<(Uuid, Done)> = Vec::new();
+    let mut unsealed: Vec<Uuid> = Vec::new();
     loop {
         let mut closed = false;
         let mut take = |message: Option<Control>| match message {
             Some(Control::Flush(done)) => waiting.push(done),
-            Some(Control::Seal(log, done)) => sealing.push((log, done)),
+            Some(Control::Seal(trace_id, done)) => sealing.push((trace_id, done)),
             Some(Control::Full) => {}
             None => closed = true,
         };
@@ -112,16 +114,15 @@ async fn write_loop(
             let _ = done.send(result.clone().map_err(|e| e.to_string()));
         }
         if !sealing.is_empty() || !unsealed.is_empty() {
-            let (mut logs, done): (Vec<Vec<NewEvent>>, Vec<Done>) = sealing.drain(..).unzip();
+            let (mut logs, done): (Vec<Uuid>, Vec<Done>) = sealing.drain(..).unzip();
             logs.append(&mut unsealed);
             let sealed = match &result {
                 Ok(()) => store.seal_logs(&logs).await.map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
             if let Err(e) = &sealed {
-                // Until a log is sealed its chunks stay (it reads the same), and so do those
-                // of every run after it: it is tried again at the next write, and by the
-                // store when it next opens.
+                // An unsealed log reads the same, more slowly: it is tried again at the next
+                // write, and by the store when it next opens.
                 tracing::error!(error = %e, runs = logs.len(), "could not seal the logs of ended runs; will retry");
                 unsealed = logs;
                 if unsealed.len() > MAX_UNSEALED {

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use chrono::{DateTime, Utc};
 use futures_util::Stream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -109,7 +108,7 @@ impl Runs {
         });
         self.live.lock().expect("runs lock").insert(trace_id, run.clone());
         metrics::gauge!("chatd_active_runs").increment(1.0);
-        (run.clone(), Emitter { run, log, seq: 0, holding: false, held: Vec::new(), logged: Vec::new() })
+        (run.clone(), Emitter { run, log, seq: 0, holding: false, held: Vec::new() })
     }
 
     pub fn get(&self, trace_id: Uuid) -> Option<Arc<LiveRun>> {
@@ -155,8 +154,6 @@ pub struct Emitter {
     /// Events pushed to the run's frames but not yet announced to listeners nor handed to
     /// the log writer.
     held: Vec<NewEvent>,
-    /// When each frame was sent, and its type: with the frames, the run's whole log.
-    logged: Vec<(DateTime<Utc>, &'static str)>,
 }
 
 /// Events held at most before they are announced anyway.
@@ -180,9 +177,13 @@ impl Emitter {
         if last {
             self.run.finished.store(true, Ordering::Release);
         }
-        let (at, kind) = (now(), event.kind());
-        self.logged.push((at, kind));
-        self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at, kind, data });
+        self.held.push(NewEvent {
+            trace_id: self.run.trace_id,
+            seq: self.seq as i64,
+            at: now(),
+            kind: event.kind(),
+            data,
+        });
         if !self.holding || last || self.held.len() >= MAX_HELD {
             self.publish();
         }
@@ -209,25 +210,11 @@ impl Emitter {
         &self.run
     }
 
-    /// Once the run has sent `done`: waits until every event is in the database, and the
-    /// run's whole log is kept as one.
+    /// Once the run has sent `done`: waits until every event is in the database and the
+    /// run's log is sealed.
     pub async fn seal(&mut self) -> Result<(), String> {
         self.publish();
-        let log = {
-            let frames = self.run.frames.lock().expect("frames lock");
-            frames
-                .iter()
-                .zip(&self.logged)
-                .map(|(frame, &(at, kind))| NewEvent {
-                    trace_id: self.run.trace_id,
-                    seq: frame.seq as i64,
-                    at,
-                    kind,
-                    data: frame.data.clone(),
-                })
-                .collect()
-        };
-        self.log.seal(log).await
+        self.log.seal(self.run.trace_id).await
     }
 }
 

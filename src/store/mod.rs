@@ -159,11 +159,10 @@ pub trait Store: Send + Sync + 'static {
     async fn start_runs(&self, starts: &[&RunStart]) -> Result<(), StoreError>;
     /// Appends a batch of log events (one statement per batch, never one per event).
     async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError>;
-    /// Keeps the whole log of runs that have ended, each given as every event it sent, once
-    /// their last events are appended. Where the appended chunks are the log (Postgres) there
-    /// is nothing more to write; SQLite writes each run's log as one row and lets its
-    /// chunks go.
-    async fn seal_logs(&self, logs: &[Vec<NewEvent>]) -> Result<(), StoreError>;
+    /// Closes the logs of runs that have ended, once their last events are appended. Where
+    /// a run's chunks are found by an index (Postgres) there is nothing to write; SQLite's
+    /// chunks have none, and a sealed run's row lists its chunks.
+    async fn seal_logs(&self, traces: &[Uuid]) -> Result<(), StoreError>;
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError>;
     async fn get_trace(&self, user: &str, trace_id: Uuid) -> Result<Trace, StoreError>;
     /// The trace whose run produced (or is producing) `message_id`.
@@ -216,9 +215,6 @@ trait Shared {
     /// thousand runs in one transaction held it for milliseconds, and a new chat's start
     /// waited behind it; in smaller transactions, starts get the writer in between.
     const LOG_ROWS_PER_TRANSACTION: usize;
-    /// How a chunk that is already written is skipped (a batch retried run by run after it
-    /// failed halfway). SQLite's chunks have no index to find one by; its reads skip repeats.
-    const LOG_INSERT_TAIL: &'static str;
     /// Whether one query may hold several statements (sqlx runs SQLite's in turn; a Postgres
     /// prepared statement is one statement).
     const MANY_STATEMENTS_PER_QUERY: bool;

@@ -48,7 +48,6 @@ impl crate::store::Shared for PostgresStore {
     const SHARED: bool = true;
     // Each commit waits for the WAL to reach the disk; writers do not block each other.
     const LOG_ROWS_PER_TRANSACTION: usize = 1000;
-    const LOG_INSERT_TAIL: &'static str = " on conflict (trace_id, first_seq) do nothing";
     const MANY_STATEMENTS_PER_QUERY: bool = false;
 }
 
@@ -73,8 +72,28 @@ impl PostgresStore {
         Ok(events)
     }
 
+    /// One row per run per flush (see `chunks`), in transactions of a bounded size: a run's
+    /// chunk is whole in one of them. Writing a chunk again is a no-op, so a batch that
+    /// failed halfway can be retried run by run.
+    async fn append_events_impl(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        let chunks = super::chunks::encode(events);
+        for rows in chunks.chunks(<Self as super::Shared>::LOG_ROWS_PER_TRANSACTION) {
+            let mut tx = self.pool.begin().await?;
+            let mut query = sqlx::QueryBuilder::<Postgres>::new(
+                "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
+            );
+            query.push_values(rows, |mut row, c| {
+                row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
+            });
+            query.push(" on conflict (trace_id, first_seq) do nothing");
+            query.build().execute(&mut *tx).await?;
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
     /// The chunks, indexed by run, are the log: nothing more to write.
-    async fn seal_logs_impl(&self, _logs: &[Vec<NewEvent>]) -> Result<(), StoreError> {
+    async fn seal_logs_impl(&self, _traces: &[Uuid]) -> Result<(), StoreError> {
         Ok(())
     }
 

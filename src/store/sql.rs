@@ -190,23 +190,7 @@ macro_rules! impl_store {
             }
 
             async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-                // One row per run (see `chunks`), in transactions of a bounded size: a run's
-                // chunk is whole in one of them. Writing a chunk again is a no-op, so a batch
-                // that failed halfway can be retried run by run.
-                let chunks = $crate::store::chunks::encode(events);
-                for rows in chunks.chunks(<Self as $crate::store::Shared>::LOG_ROWS_PER_TRANSACTION) {
-                    let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
-                    let mut query = sqlx::QueryBuilder::<$db>::new(
-                        "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
-                    );
-                    query.push_values(rows, |mut row, c| {
-                        row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
-                    });
-                    query.push(<Self as $crate::store::Shared>::LOG_INSERT_TAIL);
-                    query.build().execute(&mut *tx).await?;
-                    tx.commit().await?;
-                }
-                Ok(())
+                self.append_events_impl(events).await
             }
 
             async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
@@ -406,8 +390,8 @@ macro_rules! impl_store {
                 self.trace_events_impl(trace_id, after).await
             }
 
-            async fn seal_logs(&self, logs: &[Vec<NewEvent>]) -> Result<(), StoreError> {
-                self.seal_logs_impl(logs).await
+            async fn seal_logs(&self, traces: &[Uuid]) -> Result<(), StoreError> {
+                self.seal_logs_impl(traces).await
             }
         }
 

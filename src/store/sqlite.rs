@@ -3,12 +3,14 @@
 //! that queue here in order cost nothing, where writers racing for the file's lock sleep in
 //! its busy handler (milliseconds each). Single-process only.
 //!
-//! The event log (migration 0005): a running run's chunks are appended to
-//! `trace_event_chunks`, which has no index; its whole log is written as one row of
-//! `trace_logs` when it ends ([`Store::seal_logs`](super::Store::seal_logs)), and the chunks
-//! of ended runs are deleted from the front of the table as they age out.
+//! The event log (migration 0005): chunks are appended to `trace_event_chunks`, which has no
+//! index. A running run's chunks are those after its `log_from` with its trace id; when it
+//! ends, the ids of its chunks (kept here meanwhile) become its row of `trace_logs`
+//! ([`Store::seal_logs`](super::Store::seal_logs)), and the row's deletion takes them along.
 
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -30,8 +32,10 @@ use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Pr
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: SqlitePool,
-    /// Stops the upkeep task with the store.
-    _upkeep: DropGuard,
+    /// The ids of the chunks written for each run not sealed yet.
+    chunk_ids: Mutex<HashMap<Uuid, Vec<i64>>>,
+    /// Stops the checkpoint task with the store.
+    _checkpoints: DropGuard,
 }
 
 /// How often the WAL is copied back into the database file.
@@ -48,7 +52,7 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true)
-            // Checkpoints run beside the writer (see `upkeep`), not inside its commits.
+            // Checkpoints run beside the writer (see `checkpoints`), not inside its commits.
             .pragma("wal_autocheckpoint", "0")
             .pragma("journal_size_limit", "67108864");
         if let Some(folder) = options.get_filename().parent() {
@@ -62,8 +66,8 @@ impl SqliteStore {
         seal_left_over_logs(&writer).await?;
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options).await?;
         let stop = CancellationToken::new();
-        tokio::spawn(upkeep(pool.clone(), writer.clone(), stop.clone()));
-        Ok(Self { pool, writer, _upkeep: stop.drop_guard() })
+        tokio::spawn(checkpoints(pool.clone(), stop.clone()));
+        Ok(Self { pool, writer, chunk_ids: Mutex::default(), _checkpoints: stop.drop_guard() })
     }
 
     fn writer(&self) -> &SqlitePool {
@@ -71,19 +75,14 @@ impl SqliteStore {
     }
 }
 
-/// Chunks of ended runs deleted per statement, at most.
-const CHUNKS_DELETED_PER_STATEMENT: i64 = 2000;
-
-/// Every [`CHECKPOINT_EVERY`]: copies the WAL back into the database file, and deletes the
-/// chunks of runs whose log is sealed.
-///
-/// The copy runs on a reading connection: SQLite's automatic checkpoint runs inside the
-/// commit that crosses 1,000 pages, with an fsync, while that commit holds the one writer, and
-/// a new chat's start queued behind it. A passive checkpoint waits for nobody; the WAL starts
-/// over at the first write after one that caught up (writes come in batches, with pauses
-/// between them), and `journal_size_limit` then gives back what a burst made it grow to. A
-/// checkpoint on the writer to force the catch-up held it for up to a second (its fsync).
-async fn upkeep(pool: SqlitePool, writer: SqlitePool, stop: CancellationToken) {
+/// Every [`CHECKPOINT_EVERY`], copies the WAL back into the database file, on a reading
+/// connection. SQLite's automatic checkpoint runs inside the commit that crosses 1,000 pages,
+/// with an fsync, while that commit holds the one writer, and a new chat's start queued
+/// behind it. A passive checkpoint waits for nobody; the WAL starts over at the first write
+/// after one that caught up (writes come in batches, with pauses between them), and
+/// `journal_size_limit` then gives back what a burst made it grow to. (A checkpoint on the
+/// writer, to force the catch-up, held it for up to a second: its fsync.)
+async fn checkpoints(pool: SqlitePool, stop: CancellationToken) {
     let mut every = tokio::time::interval(CHECKPOINT_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -94,42 +93,19 @@ async fn upkeep(pool: SqlitePool, writer: SqlitePool, stop: CancellationToken) {
         if let Err(e) = sqlx::query("pragma wal_checkpoint(passive)").execute(&pool).await {
             tracing::warn!(error = %e, "WAL checkpoint failed");
         }
-        if let Err(e) = delete_sealed_chunks(&writer).await {
-            tracing::warn!(error = %e, "could not delete the chunks of sealed logs");
-        }
-    }
-}
-
-/// Deletes the chunks written before the oldest run whose log is not sealed yet, a bounded
-/// number per statement: a new chat's start waits for one statement at most.
-async fn delete_sealed_chunks(writer: &SqlitePool) -> Result<(), sqlx::Error> {
-    loop {
-        let deleted = sqlx::query(
-            "delete from trace_event_chunks where id <= min( \
-                 coalesce((select min(log_from) from traces where log_sealed = 0), \
-                          (select max(id) from trace_event_chunks)), \
-                 (select min(id) from trace_event_chunks) + $1 - 1)",
-        )
-        .bind(CHUNKS_DELETED_PER_STATEMENT)
-        .execute(writer)
-        .await?
-        .rows_affected();
-        if i64::try_from(deleted).unwrap_or(i64::MAX) < CHUNKS_DELETED_PER_STATEMENT {
-            return Ok(());
-        }
     }
 }
 
 /// Seals the logs of runs that ended, or were running, when the process that ran them
-/// stopped: from their chunks, in order (a chunk written twice by a retry is dropped when
-/// read).
+/// stopped: from their chunks after `log_from`.
 async fn seal_left_over_logs(writer: &SqlitePool) -> Result<(), StoreError> {
     let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
     sqlx::query(
-        "insert or replace into trace_logs (trace_id, events) \
-         select t.id, '[' || group_concat(substr(c.events, 2, length(c.events) - 2), ',' order by c.id) || ']' \
+        "insert into trace_logs (trace_id, chunk_ids) \
+         select t.id, json_group_array(c.id) \
          from traces t join trace_event_chunks c on c.id > t.log_from and c.trace_id = t.id \
-         where t.log_sealed = 0 group by t.id",
+         where t.log_sealed = 0 group by t.id \
+         on conflict (trace_id) do update set chunk_ids = excluded.chunk_ids",
     )
     .execute(&mut *tx)
     .await?;
@@ -142,26 +118,59 @@ impl crate::store::Shared for SqliteStore {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const SHARED: bool = false;
     const LOG_ROWS_PER_TRANSACTION: usize = 100;
-    const LOG_INSERT_TAIL: &'static str = "";
     const MANY_STATEMENTS_PER_QUERY: bool = true;
 }
 
 impl_store!(SqliteStore, Sqlite);
 
 /// Sealed logs written per transaction, at most.
-const LOGS_PER_TRANSACTION: usize = 100;
+const LOGS_PER_TRANSACTION: usize = 500;
 
 impl SqliteStore {
-    /// A sealed run's log is its row in `trace_logs`; a running one's, its chunks since
-    /// `log_from`. Both are read in one transaction: a log sealed meanwhile loses its chunks.
+    /// One row per run per flush (see `chunks`), in transactions of a bounded size (a new
+    /// chat's start waits for one of them, not for a whole flush). The ids of the rows are
+    /// kept for sealing.
+    async fn append_events_impl(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        let chunks = super::chunks::encode(events);
+        for rows in chunks.chunks(<Self as super::Shared>::LOG_ROWS_PER_TRANSACTION) {
+            let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+            let mut query = sqlx::QueryBuilder::<Sqlite>::new(
+                "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
+            );
+            query.push_values(rows, |mut row, c| {
+                row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
+            });
+            query.push(" returning id, trace_id");
+            let ids: Vec<(i64, Uuid)> = query.build_query_as().fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
+            for (id, trace_id) in ids {
+                kept.entry(trace_id).or_default().push(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// A sealed run's chunks are those its row lists; a running one's, those after its
+    /// `log_from`. Both are read in one transaction. A chunk written twice (a batch retried
+    /// run by run after it failed halfway) is read once.
     async fn trace_events_impl(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let sealed: Option<(String,)> = sqlx::query_as("select events from trace_logs where trace_id = $1")
+        let sealed: Option<(String,)> = sqlx::query_as("select chunk_ids from trace_logs where trace_id = $1")
             .bind(trace_id)
             .fetch_optional(&mut *tx)
             .await?;
-        let texts = match sealed {
-            Some(text) => vec![text],
+        let texts: Vec<(String,)> = match sealed {
+            Some((ids,)) => {
+                sqlx::query_as(
+                    "select events from trace_event_chunks \
+                     where id in (select value from json_each($1)) and last_seq > $2 order by id",
+                )
+                .bind(ids)
+                .bind(after)
+                .fetch_all(&mut *tx)
+                .await?
+            }
             None => {
                 sqlx::query_as(
                     "select events from trace_event_chunks \
@@ -179,33 +188,60 @@ impl SqliteStore {
         for (text,) in texts {
             super::chunks::decode(&text, after, &mut events)?;
         }
-        // A chunk written again by a retried batch repeats its events.
         events.sort_by_key(|e| e.seq);
         events.dedup_by_key(|e| e.seq);
         Ok(events)
     }
 
-    /// Each run's log as one row; a run deleted meanwhile is skipped.
-    async fn seal_logs_impl(&self, logs: &[Vec<NewEvent>]) -> Result<(), StoreError> {
-        let chunks: Vec<super::chunks::Chunk> = logs.iter().flat_map(|log| super::chunks::encode(log)).collect();
-        for rows in chunks.chunks(LOGS_PER_TRANSACTION) {
+    /// Writes each run's list of chunks as its row of `trace_logs`. The chunks of a run
+    /// deleted meanwhile have no row to go with: they are deleted here.
+    async fn seal_logs_impl(&self, traces: &[Uuid]) -> Result<(), StoreError> {
+        for traces in traces.chunks(LOGS_PER_TRANSACTION) {
+            let lists: Vec<(Uuid, String)> = {
+                let kept = self.chunk_ids.lock().expect("chunk ids lock");
+                traces
+                    .iter()
+                    .map(|t| {
+                        let ids = kept.get(t).map(Vec::as_slice).unwrap_or_default();
+                        (*t, serde_json::to_string(ids).expect("ids serialize"))
+                    })
+                    .collect()
+            };
             let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-            let mut insert = sqlx::QueryBuilder::<Sqlite>::new(
-                "insert or replace into trace_logs (trace_id, events) select column1, column2 from (",
-            );
-            insert.push_values(rows, |mut row, c| {
-                row.push_bind(c.trace_id).push_bind(&c.events);
-            });
-            insert.push(") where column1 in (select id from traces)");
-            insert.build().execute(&mut *tx).await?;
-            let mut mark = sqlx::QueryBuilder::<Sqlite>::new("update traces set log_sealed = 1 where id in (");
-            let mut ids = mark.separated(", ");
-            for c in rows {
-                ids.push_bind(c.trace_id);
+            let mut rows = sqlx::QueryBuilder::<Sqlite>::new("select id from traces where id in (");
+            let mut ids = rows.separated(", ");
+            for t in traces {
+                ids.push_bind(t);
             }
-            mark.push(")");
-            mark.build().execute(&mut *tx).await?;
+            rows.push(")");
+            let existing: Vec<(Uuid,)> = rows.build_query_as().fetch_all(&mut *tx).await?;
+            let existing: std::collections::HashSet<Uuid> = existing.into_iter().map(|(t,)| t).collect();
+            let (kept, gone): (Vec<_>, Vec<_>) = lists.iter().partition(|(t, _)| existing.contains(t));
+            if !kept.is_empty() {
+                let mut insert = sqlx::QueryBuilder::<Sqlite>::new("insert into trace_logs (trace_id, chunk_ids) ");
+                insert.push_values(&kept, |mut row, (trace_id, ids)| {
+                    row.push_bind(trace_id).push_bind(ids);
+                });
+                insert.push(" on conflict (trace_id) do update set chunk_ids = excluded.chunk_ids");
+                insert.push("; update traces set log_sealed = 1 where id in (");
+                let mut ids = insert.separated(", ");
+                for (t, _) in &kept {
+                    ids.push_bind(t);
+                }
+                insert.push(")");
+                insert.build().execute(&mut *tx).await?;
+            }
+            for (_, ids) in gone {
+                sqlx::query("delete from trace_event_chunks where id in (select value from json_each($1))")
+                    .bind(ids)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
+            let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
+            for t in traces {
+                kept.remove(t);
+            }
         }
         Ok(())
     }

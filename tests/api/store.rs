@@ -122,7 +122,7 @@ both_backends! {
     async fn an_event_log_from_before_chunks_is_carried_over(backend: Backend) {
         // The log as versions before migration 0003 wrote it (a row per event), then the
         // migrations since (SQLite's 0004 moves the chunks to a table in write order, 0005
-        // seals each run's chunks into one row), then the store reads it.
+        // lists each run's chunks in its row of trace_logs), then the store reads it.
         let (store, db) = open(backend).await;
         let c = conversation("ann", "old log");
         let start = run_start(&c, true);
@@ -155,7 +155,7 @@ both_backends! {
         match backend {
             Backend::Sqlite => rewind_and_migrate!(
                 sqlx::SqlitePool::connect(&db.url).await.unwrap(),
-                "drop trigger traces_log_from; drop index traces_unsealed; \
+                "drop trigger traces_log_from; drop trigger trace_logs_take_their_chunks; drop index traces_unsealed; \
                  alter table traces drop column log_from; alter table traces drop column log_sealed; \
                  drop table trace_logs; drop table trace_event_chunks; \
                  create table trace_events (trace_id blob not null references traces (id) on delete cascade, \
@@ -292,7 +292,7 @@ async fn sqlite_chunks(url: &str) -> i64 {
 }
 
 #[tokio::test]
-async fn sqlite_keeps_an_ended_runs_log_as_one_row_and_lets_its_chunks_go() {
+async fn sqlite_finds_a_runs_chunks_without_an_index_and_deletes_them_with_it() {
     let (store, db) = open(Backend::Sqlite).await;
     let (a, b) = (conversation("ann", "ended"), conversation("ann", "running"));
     let (ended, running) = (run_start(&a, true), run_start(&b, true));
@@ -302,32 +302,28 @@ async fn sqlite_keeps_an_ended_runs_log_as_one_row_and_lets_its_chunks_go() {
     store.append_events(&log[..2]).await.unwrap();
     store.append_events(&text_deltas(running_id, 1..=2)).await.unwrap();
     store.append_events(&log[2..]).await.unwrap();
-    assert_eq!(sqlite_chunks(&db.url).await, 3);
-    store.seal_logs(std::slice::from_ref(&log)).await.unwrap();
-    // Chunks go from the front of the table, up to the oldest run not sealed: here the
-    // running run started with the ended one, so nothing goes yet.
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    assert_eq!(sqlite_chunks(&db.url).await, 3, "the running run's chunks stay");
+    store.seal_logs(&[ended_id]).await.unwrap();
     let read = store.trace_events(ended_id, 1).await.unwrap();
-    assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3, 4]);
+    assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3, 4], "from the sealed list");
     assert_eq!(read[0].at, log[1].at);
     assert_eq!(read[2].data["text"], "t4");
-    assert_eq!(store.trace_events(running_id, 0).await.unwrap().len(), 2, "read from its chunks");
-    store.seal_logs(&[text_deltas(running_id, 1..=2)]).await.unwrap();
-    let mut left = sqlite_chunks(&db.url).await;
-    for _ in 0..50 {
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        left = sqlite_chunks(&db.url).await;
-    }
-    assert_eq!(left, 0, "every run is sealed: its chunks are deleted");
-    assert_eq!(store.trace_events(ended_id, 0).await.unwrap().len(), 4);
-    assert_eq!(store.trace_events(running_id, 0).await.unwrap().len(), 2);
-    // A sealed log goes with its conversation.
+    let running_log = store.trace_events(running_id, 0).await.unwrap();
+    assert_eq!(running_log.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2], "from the chunks after log_from");
+    // A later run starts after every chunk written so far: none of them is read as its own.
+    let c = conversation("ann", "later");
+    let later = run_start(&c, true);
+    store.start_run(&later).await.unwrap();
+    assert!(store.trace_events(later.traces[0].trace_id, 0).await.unwrap().is_empty());
+    // A sealed log goes with its conversation, chunks and all; the other run's stay.
+    assert_eq!(sqlite_chunks(&db.url).await, 3);
     store.delete_conversation("ann", a.id).await.unwrap();
     assert!(store.trace_events(ended_id, 0).await.unwrap().is_empty());
+    assert_eq!(sqlite_chunks(&db.url).await, 1);
+    assert_eq!(store.trace_events(running_id, 0).await.unwrap().len(), 2);
+    // The chunks of a run deleted before it was sealed go when it is.
+    store.delete_conversation("ann", b.id).await.unwrap();
+    store.seal_logs(&[running_id]).await.unwrap();
+    assert_eq!(sqlite_chunks(&db.url).await, 0);
 }
 
 #[tokio::test]
