@@ -211,10 +211,6 @@ trait Shared {
     /// How a transaction that will write starts. SQLite needs `BEGIN IMMEDIATE`: a deferred
     /// transaction that reads first cannot wait for the write lock and fails at once.
     const BEGIN_WRITE: &'static str;
-    /// Chunks of the event log written per transaction. SQLite has one writer: a flush of a
-    /// thousand runs in one transaction held it for milliseconds, and a new chat's start
-    /// waited behind it; in smaller transactions, starts get the writer in between.
-    const LOG_ROWS_PER_TRANSACTION: usize;
     /// Whether one query may hold several statements (sqlx runs SQLite's in turn; a Postgres
     /// prepared statement is one statement).
     const MANY_STATEMENTS_PER_QUERY: bool;

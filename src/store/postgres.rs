@@ -43,11 +43,13 @@ impl PostgresStore {
     }
 }
 
+/// Chunks of the event log written per transaction: each commit waits for the WAL to reach
+/// the disk, and writers do not block each other.
+const LOG_ROWS_PER_TRANSACTION: usize = 1000;
+
 impl crate::store::Shared for PostgresStore {
     const BEGIN_WRITE: &'static str = "BEGIN";
     const SHARED: bool = true;
-    // Each commit waits for the WAL to reach the disk; writers do not block each other.
-    const LOG_ROWS_PER_TRANSACTION: usize = 1000;
     const MANY_STATEMENTS_PER_QUERY: bool = false;
 }
 
@@ -77,14 +79,10 @@ impl PostgresStore {
     /// failed halfway can be retried run by run.
     async fn append_events_impl(&self, events: &[NewEvent]) -> Result<(), StoreError> {
         let chunks = super::chunks::encode(events);
-        for rows in chunks.chunks(<Self as super::Shared>::LOG_ROWS_PER_TRANSACTION) {
+        for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
             let mut tx = self.pool.begin().await?;
-            let mut query = sqlx::QueryBuilder::<Postgres>::new(
-                "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
-            );
-            query.push_values(rows, |mut row, c| {
-                row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
-            });
+            let mut query = sqlx::QueryBuilder::<Postgres>::new("");
+            Self::push_chunks(&mut query, rows);
             query.push(" on conflict (trace_id, first_seq) do nothing");
             query.build().execute(&mut *tx).await?;
             tx.commit().await?;

@@ -543,17 +543,8 @@ macro_rules! impl_store {
                 }
                 for start in starts {
                     if start.user_message_is_new && start.new_conversation.is_none() {
-                        let m = &start.user_message;
-                        query.push("; update conversations set active_leaf_id = ");
-                        if m.variant.as_deref() == Some("b") {
-                            query.push("active_leaf_id");
-                        } else {
-                            query.push_bind(m.id);
-                        }
-                        query.push(", message_count = message_count + 1, last_message_at = ");
-                        query.push_bind(m.created_at).push(", updated_at = ").push_bind(m.created_at);
-                        query.push(" where id = ").push_bind(m.conversation_id);
-                        query.push(" and user_id = ").push_bind(&start.traces[0].user_id);
+                        query.push("; ");
+                        Self::push_touch(&mut query, &start.traces[0].user_id, &start.user_message);
                     }
                     if let Some(c) = &start.comparison {
                         query.push("; ");
@@ -594,24 +585,34 @@ macro_rules! impl_store {
                 user: &str,
                 m: &Message,
             ) -> Result<(), StoreError> {
-                // The second answer of a comparison does not take over the branch: A stays
-                // active until a vote says otherwise.
-                let updated = sqlx::query(
-                    "update conversations set active_leaf_id = case when $5 then active_leaf_id else $2 end, \
-                     message_count = message_count + 1, last_message_at = $3, updated_at = $3 \
-                     where id = $1 and user_id = $4",
-                )
-                .bind(m.conversation_id)
-                .bind(m.id)
-                .bind(m.created_at)
-                .bind(user)
-                .bind(m.variant.as_deref() == Some("b"))
-                .execute(&mut *conn)
-                .await?;
+                let mut query = sqlx::QueryBuilder::<$db>::new("");
+                Self::push_touch(&mut query, user, m);
+                let updated = query.build().execute(&mut *conn).await?;
                 if updated.rows_affected() == 0 {
                     return Err(StoreError::NotFound);
                 }
                 Ok(())
+            }
+
+            /// The update of [`touch_conversation`](Self::touch_conversation). The second answer
+            /// of a comparison does not take over the branch: A stays active until a vote says
+            /// otherwise.
+            fn push_touch<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, user: &'a str, m: &'a Message) {
+                query.push("update conversations set active_leaf_id = case when ");
+                query.push_bind(m.variant.as_deref() == Some("b"));
+                query.push(" then active_leaf_id else ").push_bind(m.id);
+                query.push(" end, message_count = message_count + 1, last_message_at = ").push_bind(m.created_at);
+                query.push(", updated_at = ").push_bind(m.created_at);
+                query.push(" where id = ").push_bind(m.conversation_id);
+                query.push(" and user_id = ").push_bind(user);
+            }
+
+            /// The insert of a batch of the event log's chunks.
+            fn push_chunks<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, rows: &'a [$crate::store::chunks::Chunk]) {
+                query.push("insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ");
+                query.push_values(rows, |mut row, c| {
+                    row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
+                });
             }
         }
     };

@@ -114,10 +114,14 @@ async fn seal_left_over_logs(writer: &SqlitePool) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Chunks of the event log written per transaction. SQLite has one writer: a flush of a
+/// thousand runs in one transaction held it for milliseconds, and a new chat's start waited
+/// behind it; in smaller transactions, starts get the writer in between.
+const LOG_ROWS_PER_TRANSACTION: usize = 100;
+
 impl crate::store::Shared for SqliteStore {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const SHARED: bool = false;
-    const LOG_ROWS_PER_TRANSACTION: usize = 100;
     const MANY_STATEMENTS_PER_QUERY: bool = true;
 }
 
@@ -132,14 +136,10 @@ impl SqliteStore {
     /// kept for sealing.
     async fn append_events_impl(&self, events: &[NewEvent]) -> Result<(), StoreError> {
         let chunks = super::chunks::encode(events);
-        for rows in chunks.chunks(<Self as super::Shared>::LOG_ROWS_PER_TRANSACTION) {
+        for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
             let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-            let mut query = sqlx::QueryBuilder::<Sqlite>::new(
-                "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
-            );
-            query.push_values(rows, |mut row, c| {
-                row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
-            });
+            let mut query = sqlx::QueryBuilder::<Sqlite>::new("");
+            Self::push_chunks(&mut query, rows);
             query.push(" returning id, trace_id");
             let ids: Vec<(i64, Uuid)> = query.build_query_as().fetch_all(&mut *tx).await?;
             tx.commit().await?;
