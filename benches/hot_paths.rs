@@ -8,6 +8,9 @@
 //! - `serialize`: client events to their JSON text, once per event.
 //! - `event_log/*`: a flush of 1,000 events from 10 runs into a SQLite file, as chatd writes it
 //!   (one chunk row per run) and as it used to (one row per event).
+//! - `sqlite_writer/*`: one small write transaction after another, sent as one query, on a
+//!   connection behind a lock (chatd's SQLite writer) and on a pool of one connection with
+//!   sqlx's defaults (the writer as it was: a ping before each use and on each return).
 //!
 //! Run: `cargo bench --bench hot_paths` (figures only; nothing here asserts on time).
 
@@ -269,5 +272,49 @@ fn event_log(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, parse, clean, serialize, event_log);
+fn sqlite_writer(c: &mut Criterion) {
+    use sqlx::{ConnectOptions, Connection};
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let options: sqlx::sqlite::SqliteConnectOptions = format!("sqlite://{}/writer.db", dir.path().display())
+        .parse::<sqlx::sqlite::SqliteConnectOptions>()
+        .unwrap()
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Normal);
+    let (locked, pool) = runtime.block_on(async {
+        let mut connection = options.connect().await.unwrap();
+        sqlx::query("create table w (id integer primary key, v text not null)").execute(&mut connection).await.unwrap();
+        let pool =
+            sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await.unwrap();
+        (tokio::sync::Mutex::new(connection), pool)
+    });
+    const WRITE: &str = "BEGIN IMMEDIATE; insert into w (v) values ('a start'); COMMIT";
+    let mut group = c.benchmark_group("sqlite_writer");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("pool_of_one", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let mut connection = pool.acquire().await.unwrap();
+                sqlx::query(WRITE).execute(&mut *connection).await.unwrap();
+            })
+        })
+    });
+    group.bench_function("locked_connection", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let mut connection = locked.lock().await;
+                sqlx::query(WRITE).execute(&mut *connection).await.unwrap();
+            })
+        })
+    });
+    group.finish();
+    runtime.block_on(async move {
+        pool.close().await;
+        locked.into_inner().close().await.unwrap();
+    });
+}
+
+criterion_group!(benches, parse, clean, serialize, event_log, sqlite_writer);
 criterion_main!(benches);

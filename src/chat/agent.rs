@@ -84,8 +84,23 @@ enum Ending {
     Failed(ProviderError),
 }
 
-/// Runs the plan in its own task and cleans up after it, even if the run panics: the trace
-/// is closed as an error and every listener still gets `error` then `done`.
+/// Emits the run's `start`. Its starter calls this before it spawns the run's task, so that
+/// the event is there when the response goes out: it leaves with the headers instead of a
+/// trip through the runtime's queues later (at load, each trip is a wait).
+pub fn announce(plan: &RunPlan, emitter: &mut Emitter) {
+    emitter.emit(Event::Start {
+        conversation_id: plan.conversation_id,
+        user_message_id: plan.user_message_id,
+        message_id: plan.message_id,
+        trace_id: plan.trace_id,
+        model: plan.request.model.clone(),
+        profile: plan.profile.clone(),
+    });
+}
+
+/// Runs an [announced](announce) plan in its own task and cleans up after it, even if the
+/// run panics: the trace is closed as an error and every listener still gets `error` then
+/// `done`.
 pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs) {
     let (trace_id, conversation_id, message_id) = (plan.trace_id, plan.conversation_id, plan.message_id);
     let run = AssertUnwindSafe(execute(plan, &mut emitter, &*store)).catch_unwind().await;
@@ -120,19 +135,11 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
     runs.remove(trace_id);
 }
 
-/// Runs the plan to its end. Every path emits exactly one of `complete`, `cancelled`,
-/// `error`, then `done`, and persists what it must.
+/// Runs the plan to its end, after its `start`. Every path emits exactly one of `complete`,
+/// `cancelled`, `error`, then `done`, and persists what it must.
 #[tracing::instrument(skip_all, fields(trace_id = %plan.trace_id, conversation_id = %plan.conversation_id))]
 async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &dyn Store) {
     let cancel = emitter.run().cancel.clone();
-    emitter.emit(Event::Start {
-        conversation_id: plan.conversation_id,
-        user_message_id: plan.user_message_id,
-        message_id: plan.message_id,
-        trace_id: plan.trace_id,
-        model: plan.request.model.clone(),
-        profile: plan.profile.clone(),
-    });
     let mut output =
         Output { awaiting_first_token: Some((Instant::now(), plan.request.model.clone())), ..Output::default() };
     let markers: Vec<String> = [payloads::SUGGESTED_VALUES, payloads::SUGGESTED_ACTIONS]

@@ -457,8 +457,9 @@ impl ChatService {
         let start = self.starts.write(start).await?;
         let mut runs = Vec::new();
         for plan in plans {
-            let (run, emitter) =
+            let (run, mut emitter) =
                 self.runs.register(plan.trace_id, plan.message_id, plan.conversation_id, user, self.log.clone());
+            agent::announce(&plan, &mut emitter);
             tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone()));
             runs.push(run);
         }

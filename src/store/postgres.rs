@@ -38,8 +38,8 @@ impl PostgresStore {
 
 impl PostgresStore {
     /// Postgres takes concurrent writers: they share the one pool.
-    fn writer(&self) -> &PgPool {
-        &self.pool
+    async fn writer(&self) -> Result<sqlx::pool::PoolConnection<Postgres>, StoreError> {
+        Ok(self.pool.acquire().await?)
     }
 }
 

@@ -8,7 +8,7 @@
 pub const ROWS_PER_INSERT: usize = 500;
 
 /// Implements `Store` for `$store` (a struct with a `pool: sqlx::Pool<$db>` field for reads and
-/// a `writer()` pool for writes).
+/// an async `writer()` giving the connection to write on).
 macro_rules! impl_store {
     ($store:ty, $db:ty) => {
         #[async_trait::async_trait]
@@ -23,7 +23,7 @@ macro_rules! impl_store {
             }
 
             async fn create_conversation(&self, c: &Conversation) -> Result<(), StoreError> {
-                let mut conn = self.writer().acquire().await?;
+                let mut conn = self.writer().await?;
                 Self::insert_conversation(&mut *conn, c).await
             }
 
@@ -88,7 +88,7 @@ macro_rules! impl_store {
                     .bind(patch.system_prompt.as_deref())
                     .bind(patch.metadata.as_ref().map(Json))
                     .bind(now())
-                    .fetch_optional(self.writer())
+                    .fetch_optional(&mut *self.writer().await?)
                     .await?;
                 row.map(Conversation::from).ok_or(StoreError::NotFound)
             }
@@ -97,7 +97,7 @@ macro_rules! impl_store {
                 let done = sqlx::query("delete from conversations where id = $1 and user_id = $2")
                     .bind(id)
                     .bind(user)
-                    .execute(self.writer())
+                    .execute(&mut *self.writer().await?)
                     .await?;
                 if done.rows_affected() == 0 {
                     return Err(StoreError::NotFound);
@@ -129,7 +129,7 @@ macro_rules! impl_store {
                     .bind(message_id)
                     .bind(user)
                     .bind(feedback.as_ref().map(Json))
-                    .fetch_optional(self.writer())
+                    .fetch_optional(&mut *self.writer().await?)
                     .await?;
                 row.ok_or(StoreError::NotFound)?.try_into()
             }
@@ -162,7 +162,8 @@ macro_rules! impl_store {
                 if <Self as $crate::store::Shared>::MANY_STATEMENTS_PER_QUERY {
                     return self.start_runs_in_one_query(&conversations, &messages, starts, &traces).await;
                 }
-                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                let mut writer = self.writer().await?;
+                let mut tx = sqlx::Connection::begin_with(&mut *writer, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 for rows in conversations.chunks($crate::store::sql::ROWS_PER_INSERT) {
                     Self::insert_conversations(&mut *tx, rows).await?;
                 }
@@ -194,7 +195,8 @@ macro_rules! impl_store {
             }
 
             async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
-                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                let mut writer = self.writer().await?;
+                let mut tx = sqlx::Connection::begin_with(&mut *writer, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 // Only a running trace ends: if another process already closed it (marked it
                 // interrupted), this result is refused whole instead of overwriting that.
                 let owner: Option<(String,)> = sqlx::query_as(
@@ -251,7 +253,7 @@ macro_rules! impl_store {
                 .bind(user)
                 .bind(leaf)
                 .bind(now())
-                .execute(self.writer())
+                .execute(&mut *self.writer().await?)
                 .await?;
                 if done.rows_affected() == 0 {
                     return Err(StoreError::NotFound);
@@ -273,7 +275,8 @@ macro_rules! impl_store {
                 preference: Preference,
                 change: bool,
             ) -> Result<Comparison, StoreError> {
-                let mut tx = self.writer().begin_with(<Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                let mut writer = self.writer().await?;
+                let mut tx = sqlx::Connection::begin_with(&mut *writer, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                 let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
                 let row: Option<ComparisonRow> =
                     sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&mut *tx).await?;
@@ -347,14 +350,14 @@ macro_rules! impl_store {
                         .bind(strategy)
                         .bind(Json(state))
                         .bind(now())
-                        .execute(self.writer())
+                        .execute(&mut *self.writer().await?)
                         .await?;
                     }
                     None => {
                         sqlx::query("delete from context_states where conversation_id = $1 and user_id = $2")
                             .bind(conversation_id)
                             .bind(user)
-                            .execute(self.writer())
+                            .execute(&mut *self.writer().await?)
                             .await?;
                     }
                 }
@@ -373,7 +376,7 @@ macro_rules! impl_store {
                 sqlx::query("update traces set heartbeat_at = $2 where replica_id = $1 and status = 'running'")
                     .bind(replica_id)
                     .bind(at)
-                    .execute(self.writer())
+                    .execute(&mut *self.writer().await?)
                     .await?;
                 Ok(())
             }
@@ -556,7 +559,7 @@ macro_rules! impl_store {
                     Self::push_traces(&mut query, rows);
                 }
                 query.push("; COMMIT");
-                let mut conn = self.writer().acquire().await?;
+                let mut conn = self.writer().await?;
                 let result = query.build().execute(&mut *conn).await;
                 if let Err(e) = result {
                     // The statements stopped at the failing one: end the transaction they began.

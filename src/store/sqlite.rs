@@ -3,6 +3,10 @@
 //! that queue here in order cost nothing, where writers racing for the file's lock sleep in
 //! its busy handler (milliseconds each). Single-process only.
 //!
+//! The writer is a connection behind a lock, not a pool of one: sqlx's pool tests every
+//! connection given back to it with a ping, a trip to the connection's thread during which
+//! the next write waits (at load, each trip waits for a worker too).
+//!
 //! The event log (migration 0005): chunks are appended to `trace_event_chunks`, which has no
 //! index. A running run's chunks are those after its `log_from` with its trace id; when it
 //! ends, the ids of its chunks (kept here meanwhile) become its row of `trace_logs`
@@ -15,7 +19,7 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::types::Json;
-use sqlx::{Sqlite, SqlitePool};
+use sqlx::{ConnectOptions, Sqlite, SqliteConnection, SqlitePool};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
@@ -31,7 +35,7 @@ use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Pr
 
 pub struct SqliteStore {
     pool: SqlitePool,
-    writer: SqlitePool,
+    writer: tokio::sync::Mutex<SqliteConnection>,
     /// The ids of the chunks written for each run not sealed yet.
     chunk_ids: Mutex<HashMap<Uuid, Vec<i64>>>,
     /// Stops the checkpoint task with the store.
@@ -61,17 +65,29 @@ impl SqliteStore {
                     .map_err(|e| StoreError::Url(format!("cannot create {}: {e}", folder.display())))?;
             }
         }
-        let writer = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
-        sqlx::migrate!("migrations/sqlite").run(&writer).await?;
-        seal_left_over_logs(&writer).await?;
-        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options).await?;
+        let mut writer = options.connect().await?;
+        sqlx::migrate!("migrations/sqlite").run(&mut writer).await?;
+        seal_left_over_logs(&mut writer).await?;
+        // A connection to a local file does not go stale: no ping before each use (sqlx's
+        // default), which cost every read a second trip to the connection's thread.
+        let pool = SqlitePoolOptions::new()
+            .test_before_acquire(false)
+            .max_connections(max_connections)
+            .connect_with(options)
+            .await?;
         let stop = CancellationToken::new();
         tokio::spawn(checkpoints(pool.clone(), stop.clone()));
-        Ok(Self { pool, writer, chunk_ids: Mutex::default(), _checkpoints: stop.drop_guard() })
+        Ok(Self {
+            pool,
+            writer: tokio::sync::Mutex::new(writer),
+            chunk_ids: Mutex::default(),
+            _checkpoints: stop.drop_guard(),
+        })
     }
 
-    fn writer(&self) -> &SqlitePool {
-        &self.writer
+    /// The writer, once the writes before this one are done (in the order they asked).
+    async fn writer(&self) -> Result<tokio::sync::MutexGuard<'_, SqliteConnection>, StoreError> {
+        Ok(self.writer.lock().await)
     }
 }
 
@@ -98,8 +114,8 @@ async fn checkpoints(pool: SqlitePool, stop: CancellationToken) {
 
 /// Seals the logs of runs that ended, or were running, when the process that ran them
 /// stopped: from their chunks after `log_from`.
-async fn seal_left_over_logs(writer: &SqlitePool) -> Result<(), StoreError> {
-    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+async fn seal_left_over_logs(writer: &mut SqliteConnection) -> Result<(), StoreError> {
+    let mut tx = sqlx::Connection::begin_with(writer, "BEGIN IMMEDIATE").await?;
     sqlx::query(
         "insert into trace_logs (trace_id, chunk_ids) \
          select t.id, json_group_array(c.id) \
@@ -132,17 +148,26 @@ const LOGS_PER_TRANSACTION: usize = 500;
 
 impl SqliteStore {
     /// One row per run per flush (see `chunks`), in transactions of a bounded size (a new
-    /// chat's start waits for one of them, not for a whole flush). The ids of the rows are
-    /// kept for sealing.
+    /// chat's start waits for one of them, not for a whole flush), each sent as one query
+    /// (`BEGIN IMMEDIATE; insert …; COMMIT`): one trip to the connection's thread instead of
+    /// three, each of which, at load, waits in the runtime's queue on its way back while the
+    /// transaction holds the writer. The ids of the rows are kept for sealing.
     async fn append_events_impl(&self, events: &[NewEvent]) -> Result<(), StoreError> {
         let chunks = super::chunks::encode(events);
         for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
-            let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-            let mut query = sqlx::QueryBuilder::<Sqlite>::new("");
+            let mut query = sqlx::QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE; ");
             Self::push_chunks(&mut query, rows);
-            query.push(" returning id, trace_id");
-            let ids: Vec<(i64, Uuid)> = query.build_query_as().fetch_all(&mut *tx).await?;
-            tx.commit().await?;
+            query.push(" returning id, trace_id; COMMIT");
+            let mut conn = self.writer().await?;
+            let ids: Vec<(i64, Uuid)> = match query.build_query_as().fetch_all(&mut *conn).await {
+                Ok(ids) => ids,
+                Err(e) => {
+                    // The statements stopped at the failing one: end the transaction they began.
+                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                    return Err(e.into());
+                }
+            };
+            drop(conn);
             let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
             for (id, trace_id) in ids {
                 kept.entry(trace_id).or_default().push(id);
@@ -194,7 +219,8 @@ impl SqliteStore {
     }
 
     /// Writes each run's list of chunks as its row of `trace_logs`. The chunks of a run
-    /// deleted meanwhile have no row to go with: they are deleted here.
+    /// deleted meanwhile have no row to go with: they are deleted here. Each group of runs is
+    /// one query, as for appends.
     async fn seal_logs_impl(&self, traces: &[Uuid]) -> Result<(), StoreError> {
         for traces in traces.chunks(LOGS_PER_TRANSACTION) {
             let lists: Vec<(Uuid, String)> = {
@@ -207,37 +233,34 @@ impl SqliteStore {
                     })
                     .collect()
             };
-            let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-            let mut rows = sqlx::QueryBuilder::<Sqlite>::new("select id from traces where id in (");
-            let mut ids = rows.separated(", ");
-            for t in traces {
-                ids.push_bind(t);
-            }
-            rows.push(")");
-            let existing: Vec<(Uuid,)> = rows.build_query_as().fetch_all(&mut *tx).await?;
-            let existing: std::collections::HashSet<Uuid> = existing.into_iter().map(|(t,)| t).collect();
-            let (kept, gone): (Vec<_>, Vec<_>) = lists.iter().partition(|(t, _)| existing.contains(t));
-            if !kept.is_empty() {
-                let mut insert = sqlx::QueryBuilder::<Sqlite>::new("insert into trace_logs (trace_id, chunk_ids) ");
-                insert.push_values(&kept, |mut row, (trace_id, ids)| {
-                    row.push_bind(trace_id).push_bind(ids);
+            let lists_as_values = |query: &mut sqlx::QueryBuilder<'_, Sqlite>| {
+                query.push_values(&lists, |mut row, (trace_id, ids)| {
+                    row.push_bind(*trace_id).push_bind(ids.clone());
                 });
-                insert.push(" on conflict (trace_id) do update set chunk_ids = excluded.chunk_ids");
-                insert.push("; update traces set log_sealed = 1 where id in (");
-                let mut ids = insert.separated(", ");
-                for (t, _) in &kept {
-                    ids.push_bind(t);
-                }
-                insert.push(")");
-                insert.build().execute(&mut *tx).await?;
+            };
+            // (The `where` tells SQLite that `on conflict` belongs to the insert.)
+            let mut query = sqlx::QueryBuilder::<Sqlite>::new(
+                "BEGIN IMMEDIATE; insert into trace_logs (trace_id, chunk_ids) select column1, column2 from (",
+            );
+            lists_as_values(&mut query);
+            query.push(
+                ") where column1 in (select id from traces) \
+                 on conflict (trace_id) do update set chunk_ids = excluded.chunk_ids; \
+                 update traces set log_sealed = 1 where id in (",
+            );
+            let mut ids = query.separated(", ");
+            for t in traces {
+                ids.push_bind(*t);
             }
-            for (_, ids) in gone {
-                sqlx::query("delete from trace_event_chunks where id in (select value from json_each($1))")
-                    .bind(ids)
-                    .execute(&mut *tx)
-                    .await?;
+            query.push("); delete from trace_event_chunks where id in (select chunk.value from (");
+            lists_as_values(&mut query);
+            query.push(") as list, json_each(list.column2) as chunk where list.column1 not in (select id from traces)); COMMIT");
+            let mut conn = self.writer().await?;
+            if let Err(e) = query.build().execute(&mut *conn).await {
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                return Err(e.into());
             }
-            tx.commit().await?;
+            drop(conn);
             let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
             for t in traces {
                 kept.remove(t);
