@@ -81,8 +81,12 @@ impl PostgresStore {
         let chunks = super::chunks::encode(events);
         for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
             let mut tx = self.pool.begin().await?;
-            let mut query = sqlx::QueryBuilder::<Postgres>::new("");
-            Self::push_chunks(&mut query, rows);
+            let mut query = sqlx::QueryBuilder::<Postgres>::new(
+                "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
+            );
+            query.push_values(rows, |mut row, c| {
+                row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
+            });
             query.push(" on conflict (trace_id, first_seq) do nothing");
             query.build().execute(&mut *tx).await?;
             tx.commit().await?;

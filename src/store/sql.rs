@@ -610,13 +610,6 @@ macro_rules! impl_store {
                 query.push(" and user_id = ").push_bind(user);
             }
 
-            /// The insert of a batch of the event log's chunks.
-            fn push_chunks<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, rows: &'a [$crate::store::chunks::Chunk]) {
-                query.push("insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ");
-                query.push_values(rows, |mut row, c| {
-                    row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
-                });
-            }
         }
     };
 }

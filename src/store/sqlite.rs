@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -38,6 +39,9 @@ pub struct SqliteStore {
     writer: tokio::sync::Mutex<SqliteConnection>,
     /// The ids of the chunks written for each run not sealed yet.
     chunk_ids: Mutex<HashMap<Uuid, Vec<i64>>>,
+    /// The id the next chunk gets: above every id in the table, so a run's chunks are all
+    /// after its `log_from` (taken only while holding the writer).
+    next_chunk_id: AtomicI64,
     /// Stops the checkpoint task with the store.
     _checkpoints: DropGuard,
 }
@@ -68,6 +72,8 @@ impl SqliteStore {
         let mut writer = options.connect().await?;
         sqlx::migrate!("migrations/sqlite").run(&mut writer).await?;
         seal_left_over_logs(&mut writer).await?;
+        let (last_chunk_id,): (i64,) =
+            sqlx::query_as("select coalesce(max(id), 0) from trace_event_chunks").fetch_one(&mut writer).await?;
         // A connection to a local file does not go stale: no ping before each use (sqlx's
         // default), which cost every read a second trip to the connection's thread.
         let pool = SqlitePoolOptions::new()
@@ -81,6 +87,7 @@ impl SqliteStore {
             pool,
             writer: tokio::sync::Mutex::new(writer),
             chunk_ids: Mutex::default(),
+            next_chunk_id: AtomicI64::new(last_chunk_id + 1),
             _checkpoints: stop.drop_guard(),
         })
     }
@@ -151,26 +158,35 @@ impl SqliteStore {
     /// chat's start waits for one of them, not for a whole flush), each sent as one query
     /// (`BEGIN IMMEDIATE; insert …; COMMIT`): one trip to the connection's thread instead of
     /// three, each of which, at load, waits in the runtime's queue on its way back while the
-    /// transaction holds the writer. The ids of the rows are kept for sealing.
+    /// transaction holds the writer. The rows' ids are given here, under the writer's lock,
+    /// and kept for sealing: read back with `returning`, they came through sqlx's channel one
+    /// row at a time, its thread blocking whenever the channel was full.
     async fn append_events_impl(&self, events: &[NewEvent]) -> Result<(), StoreError> {
         let chunks = super::chunks::encode(events);
         for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
-            let mut query = sqlx::QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE; ");
-            Self::push_chunks(&mut query, rows);
-            query.push(" returning id, trace_id; COMMIT");
             let mut conn = self.writer().await?;
-            let ids: Vec<(i64, Uuid)> = match query.build_query_as().fetch_all(&mut *conn).await {
-                Ok(ids) => ids,
-                Err(e) => {
-                    // The statements stopped at the failing one: end the transaction they began.
-                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                    return Err(e.into());
-                }
-            };
+            let first_id = self.next_chunk_id.fetch_add(rows.len() as i64, Ordering::Relaxed);
+            let ids = first_id..;
+            let mut query = sqlx::QueryBuilder::<Sqlite>::new(
+                "BEGIN IMMEDIATE; insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) ",
+            );
+            query.push_values(rows.iter().zip(ids.clone()), |mut row, (c, id)| {
+                row.push_bind(id)
+                    .push_bind(c.trace_id)
+                    .push_bind(c.first_seq)
+                    .push_bind(c.last_seq)
+                    .push_bind(&c.events);
+            });
+            query.push("; COMMIT");
+            if let Err(e) = query.build().execute(&mut *conn).await {
+                // The statements stopped at the failing one: end the transaction they began.
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                return Err(e.into());
+            }
             drop(conn);
             let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
-            for (id, trace_id) in ids {
-                kept.entry(trace_id).or_default().push(id);
+            for (c, id) in rows.iter().zip(ids) {
+                kept.entry(c.trace_id).or_default().push(id);
             }
         }
         Ok(())
