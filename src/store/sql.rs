@@ -560,14 +560,22 @@ macro_rules! impl_store {
                 }
                 query.push("; COMMIT");
                 let mut conn = self.writer().await?;
-                let result = query.build().execute(&mut *conn).await;
-                if let Err(e) = result {
-                    // The statements stopped at the failing one: end the transaction they began.
+                Self::transaction_as_one_query(&mut conn, query).await.map_err(|e| match e.as_database_error() {
+                    Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
+                    _ => e.into(),
+                })
+            }
+
+            /// Runs `query`, a whole transaction (`BEGIN …; …; COMMIT`) sent as one query, on
+            /// `conn`; when a statement fails, the statements stop there and the transaction
+            /// they began is rolled back.
+            async fn transaction_as_one_query(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                mut query: sqlx::QueryBuilder<'_, $db>,
+            ) -> Result<(), sqlx::Error> {
+                if let Err(e) = query.build().execute(&mut *conn).await {
                     let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                    return Err(match e.as_database_error() {
-                        Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
-                        _ => e.into(),
-                    });
+                    return Err(e);
                 }
                 Ok(())
             }

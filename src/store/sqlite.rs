@@ -150,6 +150,13 @@ impl crate::store::Shared for SqliteStore {
 
 impl_store!(SqliteStore, Sqlite);
 
+/// Runs and their lists of chunk ids as a `values` table (`column1`, `column2`).
+fn lists_as_values<'a>(query: &mut sqlx::QueryBuilder<'a, Sqlite>, lists: &'a [(Uuid, String)]) {
+    query.push_values(lists, |mut row, (trace_id, ids)| {
+        row.push_bind(*trace_id).push_bind(ids.as_str());
+    });
+}
+
 /// Sealed logs written per transaction, at most.
 const LOGS_PER_TRANSACTION: usize = 500;
 
@@ -178,11 +185,7 @@ impl SqliteStore {
                     .push_bind(&c.events);
             });
             query.push("; COMMIT");
-            if let Err(e) = query.build().execute(&mut *conn).await {
-                // The statements stopped at the failing one: end the transaction they began.
-                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                return Err(e.into());
-            }
+            Self::transaction_as_one_query(&mut conn, query).await?;
             drop(conn);
             let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
             for (c, id) in rows.iter().zip(ids) {
@@ -249,16 +252,11 @@ impl SqliteStore {
                     })
                     .collect()
             };
-            let lists_as_values = |query: &mut sqlx::QueryBuilder<'_, Sqlite>| {
-                query.push_values(&lists, |mut row, (trace_id, ids)| {
-                    row.push_bind(*trace_id).push_bind(ids.clone());
-                });
-            };
             // (The `where` tells SQLite that `on conflict` belongs to the insert.)
             let mut query = sqlx::QueryBuilder::<Sqlite>::new(
                 "BEGIN IMMEDIATE; insert into trace_logs (trace_id, chunk_ids) select column1, column2 from (",
             );
-            lists_as_values(&mut query);
+            lists_as_values(&mut query, &lists);
             query.push(
                 ") where column1 in (select id from traces) \
                  on conflict (trace_id) do update set chunk_ids = excluded.chunk_ids; \
@@ -269,14 +267,9 @@ impl SqliteStore {
                 ids.push_bind(*t);
             }
             query.push("); delete from trace_event_chunks where id in (select chunk.value from (");
-            lists_as_values(&mut query);
+            lists_as_values(&mut query, &lists);
             query.push(") as list, json_each(list.column2) as chunk where list.column1 not in (select id from traces)); COMMIT");
-            let mut conn = self.writer().await?;
-            if let Err(e) = query.build().execute(&mut *conn).await {
-                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                return Err(e.into());
-            }
-            drop(conn);
+            Self::transaction_as_one_query(&mut *self.writer().await?, query).await?;
             let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
             for t in traces {
                 kept.remove(t);
