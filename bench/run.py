@@ -9,7 +9,10 @@ Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open s
 (d) a tool-calling run. Prints one table and writes target/bench/results.json. Figures are
 ratios against the direct path of the same run. Usage:
 
-  bench/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1]
+  bench/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1] [--repeat N] [--chatd BIN]
+
+Single runs on a shared 2-core machine vary by 20 % and more; --repeat N measures the
+direct and chatd paths N times in turn, on the same processes, and also prints the medians.
 
 chatd reaches the mock over HTTP/2 (`http2 = true` on the provider), so that its streams
 share one connection; --provider-http1 measures one HTTP/1.1 connection per stream instead.
@@ -99,6 +102,8 @@ def main():
     ap.add_argument("--scenarios", default="a,b,c,d")
     ap.add_argument("--provider-http1", action="store_true",
                     help="chatd reaches the mock over HTTP/1.1, one connection per stream, instead of HTTP/2")
+    ap.add_argument("--repeat", type=int, default=1, help="measure the direct and chatd paths this many times each")
+    ap.add_argument("--chatd", default=os.path.join(REL, "chatd"), help="the chatd binary to measure (to compare two builds)")
     args = ap.parse_args()
     # The bench needs many sockets (chatd holds two per stream: the client's and the model's);
     # it raises its own limit, inherited by what it starts. chatd's defaults do not change.
@@ -151,30 +156,22 @@ model = "mock"
 tools = ["{'*' if sc.get('tool') else 'none'}"]
 """)
         chatd_log = open(os.path.join(work, "chatd.log"), "w")
-        chatd = start([os.path.join(REL, "chatd"), "--config", config], env={"RUST_LOG": "warn"}, log=chatd_log)
+        chatd = start([args.chatd, "--config", config], env={"RUST_LOG": "warn"}, log=chatd_log)
         litellm = None
         try:
             wait_http(f"http://127.0.0.1:{chatd_port}/readyz")
             openai_body = {"model": "mock", "messages": [{"role": "user", "content": "go"}], "stream": True}
             if sc.get("tool"):
                 openai_body["tools"] = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
-            row = {"scenario": key, **sc}
             time.sleep(0.2)
             probes = sc.get("probes", 0)
-            row["direct"] = loadgen("direct", f"http://127.0.0.1:{mock_port}/v1/chat/completions", openai_body, sc["streams"],
-                                    probes=probes)
-            cpu0, rss0, _ = proc_stats(chatd.pid)
-            row["chatd"] = loadgen("chatd", f"http://127.0.0.1:{chatd_port}/api/chat/stream", {"message": "go"}, sc["streams"],
-                                   verify=f"http://127.0.0.1:{chatd_port}", probes=probes)
-            cpu1, rss1, hwm1 = proc_stats(chatd.pid)
-            deltas = row["chatd"]["events"]
-            row["chatd_cpu_s"] = cpu1 - cpu0
-            row["chatd_cpu_us_per_event"] = (cpu1 - cpu0) * 1e6 / max(deltas, 1)
-            row["chatd_rss_kb"] = {"before": rss0, "after": rss1, "peak": hwm1}
-            row["chatd_rss_kb_per_stream"] = (hwm1 - rss0) / row["chatd"]["streams"]
-            row["chatd_ttfe_added_p99_ms"] = row["chatd"]["ttfe_ms"]["p99"] - row["direct"]["ttfe_ms"]["p99"]
-            if probes:
-                row["chatd_probe_ttfe_added_p99_ms"] = row["chatd"]["probe_ttfe_ms"]["p99"] - row["direct"]["probe_ttfe_ms"]["p99"]
+            reps = []
+            for rep in range(max(args.repeat, 1)):
+                row = {"scenario": key, **sc, "run": rep + 1}
+                measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes)
+                reps.append(row)
+                if rep + 1 < args.repeat:
+                    report(row)
             if litellm_bin:
                 with open(os.path.join(work, "litellm.yaml"), "w") as f:
                     f.write(f"""model_list:
@@ -192,8 +189,10 @@ general_settings:
                 wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", 180)
                 row["litellm"] = loadgen("litellm", f"http://127.0.0.1:{litellm_port}/v1/chat/completions", openai_body, sc["streams"],
                                          headers=[f"Authorization: Bearer {MASTER_KEY}"], probes=probes)
-            results.append(row)
+            results.extend(reps)
             report(row)
+            if len(reps) > 1:
+                report_medians(reps)
         finally:
             stop(litellm)
             stop(chatd)
@@ -204,9 +203,48 @@ general_settings:
         json.dump(results, f, indent=2)
 
 
+def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
+    """The direct path, then chatd's, with chatd's CPU and memory over its run, into `row`."""
+    row["direct"] = loadgen("direct", f"http://127.0.0.1:{mock_port}/v1/chat/completions", openai_body, sc["streams"],
+                            probes=probes)
+    try:
+        # Resets the peak RSS, so that each run's growth is its own.
+        with open(f"/proc/{chatd.pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    cpu0, rss0, _ = proc_stats(chatd.pid)
+    row["chatd"] = loadgen("chatd", f"http://127.0.0.1:{chatd_port}/api/chat/stream", {"message": "go"}, sc["streams"],
+                           verify=f"http://127.0.0.1:{chatd_port}", probes=probes)
+    cpu1, rss1, hwm1 = proc_stats(chatd.pid)
+    deltas = row["chatd"]["events"]
+    row["chatd_cpu_s"] = cpu1 - cpu0
+    row["chatd_cpu_us_per_event"] = (cpu1 - cpu0) * 1e6 / max(deltas, 1)
+    row["chatd_rss_kb"] = {"before": rss0, "after": rss1, "peak": hwm1}
+    row["chatd_rss_kb_per_stream"] = (hwm1 - rss0) / row["chatd"]["streams"]
+    row["chatd_ttfe_added_p99_ms"] = row["chatd"]["ttfe_ms"]["p99"] - row["direct"]["ttfe_ms"]["p99"]
+    if probes:
+        row["chatd_probe_ttfe_added_p99_ms"] = row["chatd"]["probe_ttfe_ms"]["p99"] - row["direct"]["probe_ttfe_ms"]["p99"]
+
+
+def report_medians(reps):
+    def median(values):
+        values = sorted(values)
+        return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+    cpu = [r["chatd_cpu_us_per_event"] for r in reps]
+    ratio = [r["chatd"]["events_per_sec"] / max(r["direct"]["events_per_sec"], 1e-9) for r in reps]
+    print(f"  over {len(reps)} runs: chatd CPU per event median {median(cpu):.2f} us ({min(cpu):.2f}-{max(cpu):.2f}); "
+          f"throughput ratio chatd/direct median {median(ratio):.3f}", end="")
+    added = [r["chatd_probe_ttfe_added_p99_ms"] for r in reps if "chatd_probe_ttfe_added_p99_ms" in r]
+    if added:
+        print(f"; added ttfe p99 of probes at load median {median(added):.2f} ms ({min(added):.2f} to {max(added):.2f})", end="")
+    print()
+
+
 def report(row):
     d, c, l = row["direct"], row["chatd"], row.get("litellm")
-    print(f"\n({row['scenario']}) {row['name']}: {row['streams']} streams x {row['tokens']} tokens, {row['delay']} ms apart")
+    again = f", run {row['run']}" if "run" in row else ""
+    print(f"\n({row['scenario']}) {row['name']}: {row['streams']} streams x {row['tokens']} tokens, {row['delay']} ms apart{again}")
     for r in [d, c] + ([l] if l else []):
         print(f"  {r['label']:>8}: ended {r['ended']}/{r['streams']}, errors {r['errors']}, persisted {r['persisted']}, "
               f"{r['events_per_sec']:.0f} events/s, ttfe p50 {r['ttfe_ms']['p50']:.1f} ms p99 {r['ttfe_ms']['p99']:.1f} ms, "

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod providers;
 pub mod store;
 pub mod tools;
+pub mod wake;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

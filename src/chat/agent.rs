@@ -25,6 +25,7 @@ use crate::events::{CompletePayload, Event, ToolStatus};
 use crate::providers::{LlmProvider, ModelRequest, ProviderError, transport};
 use crate::store::{RunFinish, Store};
 use crate::tools::{Tool, ToolCallContext, ToolError, ToolProgress};
+use crate::wake::when_woken;
 
 /// Everything a started run needs; built by the service once validation passed.
 pub struct RunPlan {
@@ -198,7 +199,7 @@ async fn call_model(
     emitter.hold(true);
     let ending = tokio::select! {
         biased;
-        () = cancel.cancelled() => Ending::Cancelled,
+        () = when_woken(cancel.cancelled()) => Ending::Cancelled,
         ending = stream_turn(plan, &fitted.request, emitter, &mut turn, output) => ending,
     };
     emitter.hold(false);

@@ -45,9 +45,18 @@ impl MarkerFilter {
             out.push_str(chunk);
             return;
         }
-        let mut buffer = std::mem::take(&mut self.held);
-        buffer.push_str(chunk);
-        let mut rest = buffer.as_str();
+        if self.held.is_empty() {
+            // The usual case: nothing held back, so the chunk is scanned where it lies.
+            self.scan(chunk, out);
+        } else {
+            let mut buffer = std::mem::take(&mut self.held);
+            buffer.push_str(chunk);
+            self.scan(&buffer, out);
+        }
+    }
+
+    /// Filters `rest` (held text and the new chunk), holding back a possible marker start.
+    fn scan(&mut self, mut rest: &str, out: &mut String) {
         loop {
             if let Some(capture) = &mut self.capture {
                 match capture.feed(rest) {
@@ -76,7 +85,7 @@ impl MarkerFilter {
                     let keep = self.markers.iter().map(|m| partial_len(rest, m)).max().unwrap_or(0);
                     let (now, later) = rest.split_at(rest.len() - keep);
                     out.push_str(now);
-                    self.held = later.to_owned();
+                    self.held.push_str(later);
                     return;
                 }
             }

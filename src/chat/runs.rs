@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 
 use futures_util::Stream;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -31,34 +31,54 @@ pub struct LiveRun {
     pub conversation_id: Uuid,
     pub user_id: String,
     pub cancel: CancellationToken,
-    frames: Mutex<Vec<Frame>>,
-    sent: watch::Sender<usize>,
+    frames: Mutex<Frames>,
     /// Set once `done` is among the frames: read without the frames' lock.
     finished: AtomicBool,
+}
+
+/// A run's frames and the listeners waiting for more, under one lock: a listener that finds
+/// nothing new leaves its waker under the same lock, so no announcement falls in between.
+#[derive(Default)]
+struct Frames {
+    sent: Vec<Frame>,
+    waiting: Vec<Waker>,
+}
+
+impl Frames {
+    fn wait(&mut self, waker: &Waker) {
+        if !self.waiting.iter().any(|w| w.will_wake(waker)) {
+            self.waiting.push(waker.clone());
+        }
+    }
 }
 
 impl LiveRun {
     /// The run's events with `seq > after`, then the live ones, until `done`.
     pub fn follow(self: Arc<Self>, after: u64) -> impl Stream<Item = Frame> + Send + 'static {
         async_stream::stream! {
-            let mut changed = self.sent.subscribe();
             // seq n is at index n - 1, so the first frame after `after` is at index `after`.
             let mut next = usize::try_from(after).unwrap_or(usize::MAX);
             loop {
-                let (batch, finished): (Vec<Frame>, bool) = {
-                    let frames = self.frames.lock().expect("frames lock");
-                    let batch = frames.get(next..).map(<[Frame]>::to_vec).unwrap_or_default();
-                    (batch, frames.last().is_some_and(|f| f.last))
-                };
+                let (batch, finished) = std::future::poll_fn(|cx| {
+                    let mut frames = self.frames.lock().expect("frames lock");
+                    let finished = frames.sent.last().is_some_and(|f| f.last);
+                    match frames.sent.get(next..) {
+                        Some(batch) if !batch.is_empty() => Poll::Ready((batch.to_vec(), finished)),
+                        // A listener that asked for more than a finished run sent has
+                        // nothing to wait for.
+                        _ if finished => Poll::Ready((Vec::new(), true)),
+                        _ => {
+                            frames.wait(cx.waker());
+                            Poll::Pending
+                        }
+                    }
+                })
+                .await;
                 next = next.saturating_add(batch.len());
-                let mut ended = false;
                 for frame in batch {
-                    ended |= frame.last;
                     yield frame;
                 }
-                // A listener that asked for more than a finished run sent has nothing to wait
-                // for (what it read was taken under the same lock as `finished`).
-                if ended || finished || changed.changed().await.is_err() {
+                if finished {
                     break;
                 }
             }
@@ -67,12 +87,15 @@ impl LiveRun {
 
     /// Waits until the run has sent `done`.
     pub async fn finished(&self) {
-        let mut changed = self.sent.subscribe();
-        while !self.is_finished() {
-            if changed.changed().await.is_err() {
-                return;
+        std::future::poll_fn(|cx| {
+            let mut frames = self.frames.lock().expect("frames lock");
+            if self.is_finished() {
+                return Poll::Ready(());
             }
-        }
+            frames.wait(cx.waker());
+            Poll::Pending
+        })
+        .await;
     }
 
     pub fn is_finished(&self) -> bool {
@@ -102,8 +125,7 @@ impl Runs {
             conversation_id,
             user_id: user_id.to_owned(),
             cancel: CancellationToken::new(),
-            frames: Mutex::new(Vec::new()),
-            sent: watch::Sender::new(0),
+            frames: Mutex::default(),
             finished: AtomicBool::new(false),
         });
         self.live.lock().expect("runs lock").insert(trace_id, run.clone());
@@ -173,9 +195,12 @@ impl Emitter {
         }
         let data: Arc<str> = data.into();
         let last = matches!(event, Event::Done { .. });
-        self.run.frames.lock().expect("frames lock").push(Frame { seq: self.seq, data: data.clone(), last });
-        if last {
-            self.run.finished.store(true, Ordering::Release);
+        {
+            let mut frames = self.run.frames.lock().expect("frames lock");
+            frames.sent.push(Frame { seq: self.seq, data: data.clone(), last });
+            if last {
+                self.run.finished.store(true, Ordering::Release);
+            }
         }
         self.held.push(NewEvent {
             trace_id: self.run.trace_id,
@@ -201,7 +226,8 @@ impl Emitter {
     pub fn publish(&mut self) {
         if !self.held.is_empty() {
             let held = std::mem::take(&mut self.held);
-            self.run.sent.send_modify(|sent| *sent += held.len());
+            let waiting = std::mem::take(&mut self.run.frames.lock().expect("frames lock").waiting);
+            waiting.into_iter().for_each(Waker::wake);
             self.log.append(held);
         }
     }

@@ -5,7 +5,6 @@
 //! it was sent, so writing a chunk never parses an event.
 
 use std::collections::HashMap;
-use std::fmt::Write;
 
 use chrono::DateTime;
 use serde_json::Value;
@@ -43,7 +42,14 @@ pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
         if chunk.events.len() > 1 {
             chunk.events.push(',');
         }
-        let _ = write!(chunk.events, "[{},{at},{}]", event.seq, event.data);
+        let mut number = itoa::Buffer::new();
+        chunk.events.push('[');
+        chunk.events.push_str(number.format(event.seq));
+        chunk.events.push(',');
+        chunk.events.push_str(number.format(at));
+        chunk.events.push(',');
+        chunk.events.push_str(&event.data);
+        chunk.events.push(']');
         chunk.first_seq = chunk.first_seq.min(event.seq);
         chunk.last_seq = chunk.last_seq.max(event.seq);
     }
