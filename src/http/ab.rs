@@ -1,8 +1,6 @@
 //! A/B comparisons (CONTRACT.md §10): one message answered by two profiles over one SSE
 //! stream, the comparison with what each side cost and did, votes, and the leaderboard.
 
-use std::sync::Arc;
-
 use axum::extract::State;
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -12,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::AppState;
-use super::chat::sse;
+use super::chat::{from_the_start, sse};
 use super::error::AppError;
 use super::extract::{AppJson, CurrentUser, IdPath, parse_json};
 use super::openapi::*;
@@ -42,19 +40,27 @@ async fn stream(
     let (profile_a, profile_b) = (profile("profile_a")?, profile("profile_b")?);
     let request: ChatRequest = parse_json(&serde_json::to_vec(&body).expect("a map serializes"))?;
     let (comparison, run_a, run_b) = state.chat.start_comparison(&user, &request, &profile_a, &profile_b).await?;
-    Ok(sse(&state, merged(comparison, run_a, run_b)))
+    let (frames_a, frames_b) = (from_the_start(&state, run_a.clone()), from_the_start(&state, run_b.clone()));
+    Ok(sse(&state, merged(comparison, &run_a, &run_b, frames_a, frames_b)))
 }
 
 /// Both runs as one stream: `comparison` first, then every event of both (but their own
 /// `done`) tagged with its `variant`, then one `done`. Frames are numbered afresh; to resume
 /// one side, follow its trace id.
-fn merged(comparison: Comparison, a: Arc<LiveRun>, b: Arc<LiveRun>) -> impl Stream<Item = Frame> + Send + 'static {
-    let side = |run: &Arc<LiveRun>, model: &str| json!({"trace_id": run.trace_id, "message_id": run.message_id, "model": model});
+fn merged(
+    comparison: Comparison,
+    a: &LiveRun,
+    b: &LiveRun,
+    frames_a: impl Stream<Item = Frame> + Send + 'static,
+    frames_b: impl Stream<Item = Frame> + Send + 'static,
+) -> impl Stream<Item = Frame> + Send + 'static {
+    let side =
+        |run: &LiveRun, model: &str| json!({"trace_id": run.trace_id, "message_id": run.message_id, "model": model});
     let first = json!({
         "type": "comparison",
         "comparison_id": comparison.comparison_id,
-        "a": side(&a, &comparison.model_a),
-        "b": side(&b, &comparison.model_b),
+        "a": side(a, &comparison.model_a),
+        "b": side(b, &comparison.model_b),
     });
     let last = json!({
         "type": "done",
@@ -73,8 +79,8 @@ fn merged(comparison: Comparison, a: Arc<LiveRun>, b: Arc<LiveRun>) -> impl Stre
         }
     };
     let events = futures_util::stream::select(
-        a.follow(0).filter_map(move |f| std::future::ready(tag("a")(f))),
-        b.follow(0).filter_map(move |f| std::future::ready(tag("b")(f))),
+        frames_a.filter_map(move |f| std::future::ready(tag("a")(f))),
+        frames_b.filter_map(move |f| std::future::ready(tag("b")(f))),
     );
     let all = futures_util::stream::once(std::future::ready(first))
         .chain(events)

@@ -43,9 +43,15 @@ async fn stream(
     AppJson(request): AppJson<ChatRequest>,
 ) -> Result<Response, AppError> {
     let run = state.chat.start(&user, request).await?;
+    Ok(sse(&state, from_the_start(&state, run)))
+}
+
+/// A run's frames from its first, for the client that started it: with `on_disconnect =
+/// "cancel"`, the run is cancelled if that client goes away before `done` (a resuming
+/// client never cancels by leaving).
+pub(super) fn from_the_start(state: &AppState, run: Arc<LiveRun>) -> impl Stream<Item = Frame> + Send + 'static {
     let cancel_on_drop = state.settings.stream.on_disconnect == OnDisconnect::Cancel;
-    let frames = DisconnectGuard { run: run.clone(), cancel_on_drop, done: false }.watch(run.follow(0));
-    Ok(sse(&state, frames))
+    DisconnectGuard { run: run.clone(), cancel_on_drop, done: false }.watch(run.follow(0))
 }
 
 /// Frames sent in one write, at most (a listener that fell behind catches up in a few).

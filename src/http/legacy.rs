@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::AppState;
-use super::chat::sse;
+use super::chat::{from_the_start, sse};
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser};
 use super::openapi::*;
@@ -35,7 +35,8 @@ async fn stream(
 ) -> Result<Response, AppError> {
     let run = state.chat.start(&user, request).await?;
     let mut conversation_id = Value::Null;
-    let frames = run.follow(0).filter_map(move |frame| std::future::ready(legacy(frame, &mut conversation_id)));
+    let frames =
+        from_the_start(&state, run).filter_map(move |frame| std::future::ready(legacy(frame, &mut conversation_id)));
     Ok(sse(&state, frames))
 }
 

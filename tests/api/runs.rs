@@ -50,8 +50,12 @@ impl Live {
 }
 
 async fn start(app: &TestApp, user: &str, body: Value) -> Live {
-    let response =
-        app.client.post(app.url("/api/chat/stream")).header("x-client-id", user).json(&body).send().await.unwrap();
+    open(app, user, "/api/chat/stream", body).await
+}
+
+/// POSTs `body` to a streaming endpoint and reads its frames.
+async fn open(app: &TestApp, user: &str, path: &str, body: Value) -> Live {
+    let response = app.client.post(app.url(path)).header("x-client-id", user).json(&body).send().await.unwrap();
     Live::open(response).await
 }
 
@@ -230,6 +234,66 @@ async fn several_followers_see_the_same_run() {
     assert_eq!(ids(&a), ids(&own));
     assert_eq!(ids(&b), ids(&own)[1..].to_vec());
     assert_eq!(joined(&a, "text_delta"), joined(&own, "text_delta"));
+}
+
+/// Polls a run's trace until it is no longer running.
+async fn ended_trace(app: &TestApp, user: &str, trace_id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, trace) = app.get(&format!("/api/trace/{trace_id}"), user).await;
+        if trace["status"] != "running" || Instant::now() > deadline {
+            return trace;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn with_on_disconnect_cancel_a_client_leaving_cancels_its_runs_on_every_stream() {
+    let app = TestApp::spawn(Backend::Sqlite, "[stream]\non_disconnect = \"cancel\"").await;
+    let mut live = start(&app, "ann", json!({"message": SLOW})).await;
+    let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
+    live.until("text_delta").await;
+    drop(live);
+    let trace = ended_trace(&app, "ann", &trace_id).await;
+    assert_eq!(trace["status"], "cancelled", "the run stopped when its client left");
+
+    // The legacy stream is the same run in other words: leaving it cancels the run too.
+    let mut legacy = open(&app, "ann", "/api/get_chat_response_stream", json!({"message": SLOW})).await;
+    let conversation = legacy.until("chunk").await.data["conversation_id"].as_str().unwrap().to_owned();
+    drop(legacy);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
+        if loaded["messages"][1].is_object() || Instant::now() > deadline {
+            break loaded["messages"][1].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(answer["cancelled"], true, "{answer}");
+    assert!(answer["content"].as_str().unwrap().ends_with("[cancelled]"), "{answer}");
+
+    // Leaving an A/B stream cancels both of its runs.
+    let body = json!({"message": SLOW, "profile_a": "default", "profile_b": "other"});
+    let mut both = open(&app, "ann", "/api/ab/stream", body).await;
+    let sides = both.until("comparison").await.data.clone();
+    both.until("text_delta").await;
+    drop(both);
+    for side in ["a", "b"] {
+        let trace = ended_trace(&app, "ann", sides[side]["trace_id"].as_str().unwrap()).await;
+        assert_eq!(trace["status"], "cancelled", "side {side}");
+    }
+}
+
+#[tokio::test]
+async fn by_default_a_client_leaving_does_not_stop_its_run() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let mut live = start(&app, "ann", json!({"message": "[mock:words=40] [mock:delay=10]"})).await;
+    let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
+    live.until("text_delta").await;
+    drop(live);
+    let trace = ended_trace(&app, "ann", &trace_id).await;
+    assert_eq!(trace["status"], "completed");
 }
 
 #[tokio::test]
