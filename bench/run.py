@@ -243,8 +243,8 @@ def report_medians(reps):
 
 def report(row):
     d, c, l = row["direct"], row["chatd"], row.get("litellm")
-    again = f", run {row['run']}" if "run" in row else ""
-    print(f"\n({row['scenario']}) {row['name']}: {row['streams']} streams x {row['tokens']} tokens, {row['delay']} ms apart{again}")
+    print(f"\n({row['scenario']}) {row['name']}: {row['streams']} streams x {row['tokens']} tokens, {row['delay']} ms apart, "
+          f"run {row['run']}")
     for r in [d, c] + ([l] if l else []):
         print(f"  {r['label']:>8}: ended {r['ended']}/{r['streams']}, errors {r['errors']}, persisted {r['persisted']}, "
               f"{r['events_per_sec']:.0f} events/s, ttfe p50 {r['ttfe_ms']['p50']:.1f} ms p99 {r['ttfe_ms']['p99']:.1f} ms, "

@@ -61,7 +61,8 @@ impl LiveRun {
             loop {
                 let (batch, finished) = std::future::poll_fn(|cx| {
                     let mut frames = self.frames.lock().expect("frames lock");
-                    let finished = frames.sent.last().is_some_and(|f| f.last);
+                    // Set under this lock with `done`: read here, it agrees with the frames.
+                    let finished = self.is_finished();
                     match frames.sent.get(next..) {
                         Some(batch) if !batch.is_empty() => Poll::Ready((batch.to_vec(), finished)),
                         // A listener that asked for more than a finished run sent has

@@ -27,6 +27,7 @@ pub struct Chunk {
 pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
     let mut chunks: Vec<Chunk> = Vec::new();
     let mut index: HashMap<Uuid, usize> = HashMap::new();
+    let mut number = itoa::Buffer::new();
     for event in events {
         let at = event.at.timestamp_micros();
         let i = *index.entry(event.trace_id).or_insert_with(|| {
@@ -42,7 +43,6 @@ pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
         if chunk.events.len() > 1 {
             chunk.events.push(',');
         }
-        let mut number = itoa::Buffer::new();
         chunk.events.push('[');
         chunk.events.push_str(number.format(event.seq));
         chunk.events.push(',');

@@ -236,16 +236,21 @@ async fn several_followers_see_the_same_run() {
     assert_eq!(joined(&a, "text_delta"), joined(&own, "text_delta"));
 }
 
-/// Polls a run's trace until it is no longer running.
-async fn ended_trace(app: &TestApp, user: &str, trace_id: &str) -> Value {
+/// GETs `path` until `ready` holds for the body (or 10 s have passed); returns the last body.
+async fn poll_until(app: &TestApp, user: &str, path: &str, ready: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, trace) = app.get(&format!("/api/trace/{trace_id}"), user).await;
-        if trace["status"] != "running" || Instant::now() > deadline {
-            return trace;
+        let (_, body) = app.get(path, user).await;
+        if ready(&body) || Instant::now() > deadline {
+            return body;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A run's trace once it is no longer running.
+async fn ended_trace(app: &TestApp, user: &str, trace_id: &str) -> Value {
+    poll_until(app, user, &format!("/api/trace/{trace_id}"), |trace| trace["status"] != "running").await
 }
 
 #[tokio::test]
@@ -262,14 +267,9 @@ async fn with_on_disconnect_cancel_a_client_leaving_cancels_its_runs_on_every_st
     let mut legacy = open(&app, "ann", "/api/get_chat_response_stream", json!({"message": SLOW})).await;
     let conversation = legacy.until("chunk").await.data["conversation_id"].as_str().unwrap().to_owned();
     drop(legacy);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let answer = loop {
-        let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
-        if loaded["messages"][1].is_object() || Instant::now() > deadline {
-            break loaded["messages"][1].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let path = format!("/api/conversations/{conversation}");
+    let loaded = poll_until(&app, "ann", &path, |loaded| loaded["messages"][1].is_object()).await;
+    let answer = &loaded["messages"][1];
     assert_eq!(answer["cancelled"], true, "{answer}");
     assert!(answer["content"].as_str().unwrap().ends_with("[cancelled]"), "{answer}");
 
