@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::agent::{self, RunPlan, ToolLimits};
@@ -439,22 +440,21 @@ impl ChatService {
             comparison,
             replica_id: self.replica_id.clone(),
         };
-        // The start is written and the runs launched in a task of their own: a client that
-        // leaves meanwhile must not leave a run persisted as running that nobody runs.
+        // The start writer launches the runs right after the commit, whether or not this
+        // request is still waiting: a client that leaves meanwhile must not leave a run
+        // persisted as running that nobody runs.
+        let (done, launched) = oneshot::channel();
         let service = self.clone();
         let user = user.to_owned();
-        tokio::spawn(async move { service.persist_and_run(&user, start, plans).await })
-            .await
-            .map_err(|e| ChatError::Unavailable(format!("the run could not start: {e}")))?
+        self.starts.write(start, move |written| {
+            let runs = written.map_err(ChatError::from).map(|start| service.run_written(&user, start, plans));
+            let _ = done.send(runs);
+        });
+        launched.await.map_err(|_| ChatError::Unavailable("the run could not start".into()))?
     }
 
-    async fn persist_and_run(
-        &self,
-        user: &str,
-        start: RunStart,
-        plans: Vec<RunPlan>,
-    ) -> Result<Vec<Arc<LiveRun>>, ChatError> {
-        let start = self.starts.write(start).await?;
+    /// Registers and spawns the runs of a start that is in the database.
+    fn run_written(&self, user: &str, start: RunStart, plans: Vec<RunPlan>) -> Vec<Arc<LiveRun>> {
         let mut runs = Vec::new();
         for plan in plans {
             let (run, mut emitter) =
@@ -468,7 +468,7 @@ impl ChatService {
                 self.refine_title(user, start.user_message.conversation_id, &start.user_message.content, run.clone());
             }
         }
-        Ok(runs)
+        runs
     }
 }
 

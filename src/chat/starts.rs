@@ -1,21 +1,28 @@
 //! Run starts are written together: every start that arrives while the previous write is
 //! under way goes into the next transaction (a group commit). A lone start is written at
 //! once, as before; a burst of new chats shares one commit instead of queueing for one each.
+//!
+//! What follows a start's commit (launching its runs) is done by the writer's task itself,
+//! right after the commit: it happens whether or not the request that asked is still
+//! waiting, and a new chat's start reaches its client without one more trip through the
+//! runtime's queues.
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::store::{RunStart, Store, StoreError};
 
 /// Starts written in one transaction, at most.
 const MAX_GROUP: usize = 256;
 
-type Written = (RunStart, Result<(), StoreError>);
+/// What is done with a start once it is written, or could not be; called in the writer's
+/// task, so it must not block.
+type Then = Box<dyn FnOnce(Result<RunStart, StoreError>) + Send>;
 
 struct Pending {
     start: RunStart,
-    done: oneshot::Sender<Written>,
+    then: Then,
 }
 
 /// A handle to the writer task; cheap to clone.
@@ -31,13 +38,11 @@ impl StartWriter {
         Self { tx }
     }
 
-    /// Persists `start`; returns it once it is in the database.
-    pub async fn write(&self, start: RunStart) -> Result<RunStart, StoreError> {
-        let stopped = || StoreError::Conflict("the start writer stopped".into());
-        let (done, wait) = oneshot::channel();
-        self.tx.send(Pending { start, done }).map_err(|_| stopped())?;
-        let (start, result) = wait.await.map_err(|_| stopped())?;
-        result.map(|()| start)
+    /// Persists `start`, then calls `then` with it (or with why it could not be written).
+    pub fn write(&self, start: RunStart, then: impl FnOnce(Result<RunStart, StoreError>) + Send + 'static) {
+        if let Err(mpsc::error::SendError(p)) = self.tx.send(Pending { start, then: Box::new(then) }) {
+            (p.then)(Err(StoreError::Conflict("the start writer stopped".into())));
+        }
     }
 }
 
@@ -50,19 +55,19 @@ async fn write_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Pendi
         match result {
             Ok(()) => {
                 for p in group.drain(..) {
-                    let _ = p.done.send((p.start, Ok(())));
+                    (p.then)(Ok(p.start));
                 }
             }
             // One start that cannot be written (its conversation was deleted meanwhile)
             // must not fail the others: each is tried on its own.
             Err(e) if group.len() == 1 => {
                 let p = group.pop().expect("one start");
-                let _ = p.done.send((p.start, Err(e)));
+                (p.then)(Err(e));
             }
             Err(_) => {
                 for p in group.drain(..) {
                     let result = store.start_runs(&[&p.start]).await;
-                    let _ = p.done.send((p.start, result));
+                    (p.then)(result.map(|()| p.start));
                 }
             }
         }

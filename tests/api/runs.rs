@@ -297,6 +297,29 @@ async fn by_default_a_client_leaving_does_not_stop_its_run() {
 }
 
 #[tokio::test]
+async fn clients_that_leave_while_their_start_is_written_leave_no_run_behind() {
+    // A start that is written is run, even when its request is gone by the time the write
+    // returns: no question may stay with a run persisted as running that nobody runs.
+    let app =
+        TestApp::spawn(Backend::Sqlite, "[limits]\nmax_concurrent_runs_per_user = 100\nrequests_per_minute = 0").await;
+    let leaving = (0..60u64).map(|i| {
+        let body = json!({"message": format!("leaving {i} [mock:words=3]")});
+        let request = app.client.post(app.url("/api/chat/stream")).header("x-client-id", "ann").json(&body).send();
+        // Each gives up a little later than the one before: some before their start is
+        // written, some while it is, some after.
+        tokio::time::timeout(Duration::from_micros(200 * i), request)
+    });
+    futures_util::future::join_all(leaving).await;
+    // Starts are written in the order they come: once this one's answer is in, every start
+    // of those that left is written.
+    let stayed = app.chat("ann", json!({"message": "stayed [mock:words=3]"})).await;
+    assert_eq!(stayed.last().unwrap().kind(), "done");
+    let answered = |page: &Value| page["conversations"].as_array().unwrap().iter().all(|c| c["message_count"] == 2);
+    let page = poll_until(&app, "ann", "/api/conversations?limit=100", answered).await;
+    assert!(answered(&page), "a question was left without its answer: {page}");
+}
+
+#[tokio::test]
 async fn a_long_answer_is_logged_in_few_batches() {
     let app = TestApp::spawn(Backend::Sqlite, "[providers.mock]\nchunk_chars = 3").await;
     let before = app.log.batches_written();
