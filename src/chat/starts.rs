@@ -55,21 +55,74 @@ async fn write_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Pendi
         match result {
             Ok(()) => {
                 for p in group.drain(..) {
-                    (p.then)(Ok(p.start));
+                    hand_over(p.then, Ok(p.start));
                 }
             }
             // One start that cannot be written (its conversation was deleted meanwhile)
             // must not fail the others: each is tried on its own.
             Err(e) if group.len() == 1 => {
                 let p = group.pop().expect("one start");
-                (p.then)(Err(e));
+                hand_over(p.then, Err(e));
             }
             Err(_) => {
                 for p in group.drain(..) {
                     let result = store.start_runs(&[&p.start]).await;
-                    (p.then)(result.map(|()| p.start));
+                    hand_over(p.then, result.map(|()| p.start));
                 }
             }
         }
+    }
+}
+
+/// Hands a start's outcome to its `then`. One that panics (a bug) fails its own request,
+/// whose wait ends with the `then` dropped; the writer goes on with the other starts.
+fn hand_over(then: Then, result: Result<RunStart, StoreError>) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| then(result))).is_err() {
+        tracing::error!("what follows a run's start panicked; that request fails, the others go on");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::domain::{Conversation, Message, Role, Trace};
+
+    fn new_chat(user: &str) -> RunStart {
+        let conversation = Conversation::new(user, "a question".into());
+        let user_message = Message::new(conversation.id, None, Role::User, "a question".into());
+        RunStart {
+            traces: vec![Trace::start(user, &user_message, "m", "p")],
+            new_conversation: Some(conversation),
+            user_message,
+            user_message_is_new: true,
+            comparison: None,
+            replica_id: "replica".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_follow_up_that_panics_fails_its_own_start_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/chatd.db", dir.path().display());
+        let store = crate::store::connect(&url, 2).await.expect("a store");
+        let writer = StartWriter::start(store.clone());
+
+        let (done, dropped) = oneshot::channel::<()>();
+        writer.write(new_chat("ann"), move |_| {
+            let _done = done;
+            panic!("a bug in what follows a start");
+        });
+        assert!(dropped.await.is_err(), "the panicking follow-up's wait ends");
+
+        let (done, written) = oneshot::channel();
+        let next = new_chat("bob");
+        let id = next.user_message.conversation_id;
+        writer.write(next, move |result| {
+            let _ = done.send(result.map(|start| start.user_message.conversation_id));
+        });
+        assert_eq!(written.await.expect("the writer goes on").expect("written"), id);
+        assert!(store.get_conversation("bob", id).await.is_ok());
     }
 }
