@@ -18,6 +18,7 @@ chatd reaches the mock over HTTP/2 (`http2 = true` on the provider), so that its
 share one connection; --provider-http1 measures one HTTP/1.1 connection per stream instead.
 """
 import argparse, json, os, resource, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.request
+from statistics import median
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "target", "bench")
@@ -228,9 +229,6 @@ def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
 
 
 def report_medians(reps):
-    def median(values):
-        values = sorted(values)
-        return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
     cpu = [r["chatd_cpu_us_per_event"] for r in reps]
     ratio = [r["chatd"]["events_per_sec"] / max(r["direct"]["events_per_sec"], 1e-9) for r in reps]
     print(f"  over {len(reps)} runs: chatd CPU per event median {median(cpu):.2f} us ({min(cpu):.2f}-{max(cpu):.2f}); "
