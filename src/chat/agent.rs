@@ -104,7 +104,7 @@ pub fn announce(plan: &RunPlan, emitter: &mut Emitter) {
 /// `done`.
 pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs) {
     let (trace_id, conversation_id, message_id) = (plan.trace_id, plan.conversation_id, plan.message_id);
-    let run = AssertUnwindSafe(execute(plan, &mut emitter, &*store)).catch_unwind().await;
+    let run = AssertUnwindSafe(execute(plan, &mut emitter, &store)).catch_unwind().await;
     if run.is_err() {
         tracing::error!(%trace_id, "run panicked");
         let failed = RunFinish {
@@ -139,7 +139,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
 /// Runs the plan to its end, after its `start`. Every path emits exactly one of `complete`,
 /// `cancelled`, `error`, then `done`, and persists what it must.
 #[tracing::instrument(skip_all, fields(trace_id = %plan.trace_id, conversation_id = %plan.conversation_id))]
-async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &dyn Store) {
+async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store>) {
     let cancel = emitter.run().cancel.clone();
     let mut output =
         Output { awaiting_first_token: Some((Instant::now(), plan.request.model.clone())), ..Output::default() };
@@ -576,7 +576,7 @@ fn tool_done(
     }));
 }
 
-async fn finish(plan: &RunPlan, emitter: &mut Emitter, store: &dyn Store, ending: Ending, mut output: Output) {
+async fn finish(plan: &RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store>, ending: Ending, mut output: Output) {
     if matches!(ending, Ending::Cancelled) {
         // A call cancelled before its result (or before its arguments were whole) would be
         // an unanswered call that providers refuse in every later turn: drop it.
@@ -670,10 +670,13 @@ async fn finish(plan: &RunPlan, emitter: &mut Emitter, store: &dyn Store, ending
         assistant_message: assistant,
     };
     // The answer is stored before the client hears `complete`, so a load right after sees it.
-    let terminal = match store.finish_run(&record).await {
+    let terminal = match save(&**store, &record).await {
         Ok(()) => terminal,
         Err(e) => {
             tracing::error!(error = %e, "could not persist the run's result");
+            if e.is_unavailable() {
+                save_later(store, unsaved(record, &e));
+            }
             error_event(plan, "SERVICE_UNAVAILABLE", "The answer could not be saved", true)
         }
     };
@@ -682,6 +685,65 @@ async fn finish(plan: &RunPlan, emitter: &mut Emitter, store: &dyn Store, ending
         conversation_id: plan.conversation_id,
         message_id: plan.message_id,
         trace_id: plan.trace_id,
+    });
+}
+
+/// How long a run's end keeps trying to save its result while the database cannot take
+/// writes: a short fault (a disk full for a moment) costs the client a wait, not its answer.
+const SAVE_FOR: Duration = Duration::from_secs(5);
+/// How long the record of a run whose result could not be saved is tried again, after its
+/// client heard so: its trace must not stay `running` once the database is back.
+const SAVE_LATER_FOR: Duration = Duration::from_secs(3600);
+
+/// Saves a run's result, trying again (with backoff) for up to `SAVE_FOR` while the
+/// database is unavailable. Other errors (the run was ended elsewhere) are final.
+async fn save(store: &dyn Store, record: &RunFinish) -> Result<(), crate::store::StoreError> {
+    retry_while_unavailable(store, record, SAVE_FOR).await
+}
+
+async fn retry_while_unavailable(
+    store: &dyn Store,
+    record: &RunFinish,
+    within: Duration,
+) -> Result<(), crate::store::StoreError> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match store.finish_run(record).await {
+            Err(e) if e.is_unavailable() && tokio::time::Instant::now() + pause < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            result => return result,
+        }
+    }
+}
+
+/// What is recorded of a run whose client was told its answer could not be saved: an error
+/// with what it had said so far, and no assistant message, as that client saw it.
+fn unsaved(mut record: RunFinish, error: &crate::store::StoreError) -> RunFinish {
+    let partial_text = record.assistant_message.take().map(|m| m.content).unwrap_or_default();
+    tracing::debug!(%error, "recording the run as unsaved");
+    record.status = TraceStatus::Error;
+    record.error = Some(json!({
+        "code": "SERVICE_UNAVAILABLE",
+        "message": "The answer could not be saved",
+        "partial_text": partial_text,
+    }));
+    record
+}
+
+/// Keeps trying to close the trace of a run whose result could not be saved, in the
+/// background, until the database takes it (or `SAVE_LATER_FOR` passed: then the trace is
+/// closed as interrupted at the next start).
+fn save_later(store: &Arc<dyn Store>, record: RunFinish) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let trace_id = record.trace_id;
+        match retry_while_unavailable(&*store, &record, SAVE_LATER_FOR).await {
+            Ok(()) => tracing::info!(%trace_id, "closed the trace of a run whose answer could not be saved"),
+            Err(e) => tracing::error!(%trace_id, error = %e, "gave up closing the trace of a run"),
+        }
     });
 }
 

@@ -142,7 +142,8 @@ async fn write_loop(
 /// Writes what waits as one batch. If the batch fails, each run's events are tried on their
 /// own, so one run whose events cannot be written (its conversation was deleted meanwhile)
 /// never holds back the others; those are dropped with an error in the log. A database that
-/// is down fails every run: then everything stays for the next try, up to `MAX_PENDING`.
+/// is down or cannot write (a fault, or every run failing) keeps everything for the next
+/// try, up to `MAX_PENDING`.
 async fn write(store: &dyn Store, pending: &mut Vec<NewEvent>, batches: &AtomicU64) -> Result<(), Arc<StoreError>> {
     if pending.is_empty() {
         return Ok(());
@@ -155,6 +156,7 @@ async fn write(store: &dyn Store, pending: &mut Vec<NewEvent>, batches: &AtomicU
             pending.clear();
             return Ok(());
         }
+        Err(e) if e.is_unavailable() => return Err(keep_for_retry(pending, e)),
         Err(e) => e,
     };
     let mut traces: Vec<uuid::Uuid> = pending.iter().map(|e| e.trace_id).collect();
@@ -178,13 +180,18 @@ async fn write(store: &dyn Store, pending: &mut Vec<NewEvent>, batches: &AtomicU
         pending.clear();
         return Ok(());
     }
+    Err(keep_for_retry(pending, error))
+}
+
+/// Keeps a batch the database did not take for the next try, up to `MAX_PENDING` events.
+fn keep_for_retry(pending: &mut Vec<NewEvent>, error: StoreError) -> Arc<StoreError> {
     tracing::error!(error = %error, events = pending.len(), "event log write failed; will retry");
     if pending.len() > MAX_PENDING {
         let excess = pending.len() - MAX_PENDING;
         tracing::error!(dropped = excess, "event log backlog full; dropping the oldest events");
         pending.drain(..excess);
     }
-    Err(Arc::new(error))
+    Arc::new(error)
 }
 
 /// Logs of ended runs kept for another try at sealing them, at most.

@@ -58,6 +58,13 @@ async fn write_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Pendi
                     hand_over(p.then, Ok(p.start));
                 }
             }
+            // The database cannot be written: no start can.
+            Err(e) if e.is_unavailable() => {
+                let why = e.to_string();
+                for p in group.drain(..) {
+                    hand_over(p.then, Err(StoreError::Unavailable(why.clone())));
+                }
+            }
             // One start that cannot be written (its conversation was deleted meanwhile)
             // must not fail the others: each is tried on its own.
             Err(e) if group.len() == 1 => {

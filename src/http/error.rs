@@ -94,7 +94,7 @@ impl From<StoreError> for AppError {
         match error {
             StoreError::NotFound => AppError::not_found("Not found"),
             StoreError::Conflict(message) => AppError::Conflict(message),
-            StoreError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed) => {
+            error if error.is_unavailable() => {
                 tracing::error!(%error, "database unavailable");
                 AppError::Unavailable("Database unavailable".into())
             }

@@ -36,6 +36,43 @@ pub enum StoreError {
     Corrupt(String),
     #[error("database url: {0}")]
     Url(String),
+    /// The database cannot be written just now (its writer could not be opened again, or
+    /// its file is gone).
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// Whether this is a fault of the database, not of the request: it cannot be reached,
+    /// or cannot take writes just now (disk full, I/O error, a lost connection, a server
+    /// shutting down). Those answer 503 and are worth retrying later; a constraint, a missing
+    /// row or a bug are not.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_) => true,
+            StoreError::Database(e) => is_fault(e),
+            _ => false,
+        }
+    }
+}
+
+fn is_fault(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let Some(code) = db.code() else { return false };
+            match code.parse::<i32>() {
+                // SQLite's (extended) result codes: the primary code is the low byte.
+                // BUSY, LOCKED, NOMEM, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, PROTOCOL, NOTADB.
+                Ok(sqlite) => matches!(sqlite & 0xff, 5 | 6 | 7 | 8 | 10 | 11 | 13 | 14 | 15 | 26),
+                // Postgres SQLSTATE classes: connection exception, transaction rollback
+                // (serialization), insufficient resources (disk full), operator intervention
+                // (shutdown), system error (I/O); and a read-only transaction (a standby).
+                Err(_) => matches!(&code[..code.len().min(2)], "08" | "40" | "53" | "57" | "58") || code == "25006",
+            }
+        }
+        _ => false,
+    }
 }
 
 /// Keyset position in the conversation list: the last row of the previous page.
@@ -118,7 +155,8 @@ pub struct NewEvent {
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Whether the database answers (for `/readyz`).
+    /// Whether the database answers and takes writes (for `/readyz`). SQLite's writes are
+    /// tried again here while they were failing.
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Whether several chatd processes may share this store (Postgres), so that a running

@@ -37,9 +37,26 @@ impl PostgresStore {
 }
 
 impl PostgresStore {
-    /// Postgres takes concurrent writers: they share the one pool.
-    async fn writer(&self) -> Result<sqlx::pool::PoolConnection<Postgres>, StoreError> {
-        Ok(self.pool.acquire().await?)
+    /// Runs `f` on a connection of the pool: Postgres takes concurrent writers. A connection
+    /// that a fault (or a transaction left open) made unfit is closed instead of going back
+    /// to the pool.
+    async fn write<T>(
+        &self,
+        f: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let result = f(&mut conn).await;
+        if let Err(e) = &result {
+            if e.is_unavailable() || sqlx::Connection::is_in_transaction(&*conn) {
+                conn.close_on_drop();
+            }
+        }
+        result
+    }
+
+    async fn ping_impl(&self) -> Result<(), StoreError> {
+        sqlx::query("select 1").execute(&self.pool).await?;
+        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@
 pub const ROWS_PER_INSERT: usize = 500;
 
 /// Implements `Store` for `$store` (a struct with a `pool: sqlx::Pool<$db>` field for reads and
-/// an async `writer()` giving the connection to write on).
+/// an async `write(f)` that runs `f` on a connection to write on).
 macro_rules! impl_store {
     ($store:ty, $db:ty) => {
         #[async_trait::async_trait]
@@ -18,13 +18,11 @@ macro_rules! impl_store {
             }
 
             async fn ping(&self) -> Result<(), StoreError> {
-                sqlx::query("select 1").execute(&self.pool).await?;
-                Ok(())
+                self.ping_impl().await
             }
 
             async fn create_conversation(&self, c: &Conversation) -> Result<(), StoreError> {
-                let mut conn = self.writer().await?;
-                Self::insert_conversation(&mut *conn, c).await
+                self.write(async |conn| Self::insert_conversation(conn, c).await).await
             }
 
             async fn list_conversations(
@@ -80,24 +78,32 @@ macro_rules! impl_store {
                      metadata = coalesce($6, metadata), updated_at = $7 \
                      where id = $1 and user_id = $2 returning {CONVERSATION_COLUMNS}"
                 );
-                let row: Option<ConversationRow> = sqlx::query_as(&sql)
-                    .bind(id)
-                    .bind(user)
-                    .bind(patch.title.as_deref())
-                    .bind(patch.profile.as_deref())
-                    .bind(patch.system_prompt.as_deref())
-                    .bind(patch.metadata.as_ref().map(Json))
-                    .bind(now())
-                    .fetch_optional(&mut *self.writer().await?)
+                let row: Option<ConversationRow> = self
+                    .write(async |conn| {
+                        Ok(sqlx::query_as(&sql)
+                            .bind(id)
+                            .bind(user)
+                            .bind(patch.title.as_deref())
+                            .bind(patch.profile.as_deref())
+                            .bind(patch.system_prompt.as_deref())
+                            .bind(patch.metadata.as_ref().map(Json))
+                            .bind(now())
+                            .fetch_optional(conn)
+                            .await?)
+                    })
                     .await?;
                 row.map(Conversation::from).ok_or(StoreError::NotFound)
             }
 
             async fn delete_conversation(&self, user: &str, id: Uuid) -> Result<(), StoreError> {
-                let done = sqlx::query("delete from conversations where id = $1 and user_id = $2")
-                    .bind(id)
-                    .bind(user)
-                    .execute(&mut *self.writer().await?)
+                let done = self
+                    .write(async |conn| {
+                        Ok(sqlx::query("delete from conversations where id = $1 and user_id = $2")
+                            .bind(id)
+                            .bind(user)
+                            .execute(conn)
+                            .await?)
+                    })
                     .await?;
                 if done.rows_affected() == 0 {
                     return Err(StoreError::NotFound);
@@ -125,11 +131,15 @@ macro_rules! impl_store {
                     "update messages set feedback = $3 where id = $1 and user_id = $2 \
                      returning {MESSAGE_COLUMNS}"
                 );
-                let row: Option<MessageRow> = sqlx::query_as(&sql)
-                    .bind(message_id)
-                    .bind(user)
-                    .bind(feedback.as_ref().map(Json))
-                    .fetch_optional(&mut *self.writer().await?)
+                let row: Option<MessageRow> = self
+                    .write(async |conn| {
+                        Ok(sqlx::query_as(&sql)
+                            .bind(message_id)
+                            .bind(user)
+                            .bind(feedback.as_ref().map(Json))
+                            .fetch_optional(conn)
+                            .await?)
+                    })
                     .await?;
                 row.ok_or(StoreError::NotFound)?.try_into()
             }
@@ -162,32 +172,34 @@ macro_rules! impl_store {
                 if <Self as $crate::store::Shared>::MANY_STATEMENTS_PER_QUERY {
                     return self.start_runs_in_one_query(&conversations, &messages, starts, &traces).await;
                 }
-                let mut writer = self.writer().await?;
-                let mut tx = sqlx::Connection::begin_with(&mut *writer, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
-                for rows in conversations.chunks($crate::store::sql::ROWS_PER_INSERT) {
-                    Self::insert_conversations(&mut *tx, rows).await?;
-                }
-                for rows in messages.chunks($crate::store::sql::ROWS_PER_INSERT) {
-                    Self::insert_messages(&mut *tx, rows).await?;
-                }
-                for start in starts {
-                    if start.user_message_is_new && start.new_conversation.is_none() {
-                        let user = &start.traces[0].user_id;
-                        Self::touch_conversation(&mut *tx, user, &start.user_message).await?;
+                self.write(async |conn| {
+                    let mut tx = sqlx::Connection::begin_with(conn, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                    for rows in conversations.chunks($crate::store::sql::ROWS_PER_INSERT) {
+                        Self::insert_conversations(&mut *tx, rows).await?;
                     }
-                    if let Some(c) = &start.comparison {
+                    for rows in messages.chunks($crate::store::sql::ROWS_PER_INSERT) {
+                        Self::insert_messages(&mut *tx, rows).await?;
+                    }
+                    for start in starts {
+                        if start.user_message_is_new && start.new_conversation.is_none() {
+                            let user = &start.traces[0].user_id;
+                            Self::touch_conversation(&mut *tx, user, &start.user_message).await?;
+                        }
+                        if let Some(c) = &start.comparison {
+                            let mut query = sqlx::QueryBuilder::<$db>::new("");
+                            Self::push_comparison(&mut query, c);
+                            query.build().execute(&mut *tx).await?;
+                        }
+                    }
+                    for rows in traces.chunks($crate::store::sql::ROWS_PER_INSERT) {
                         let mut query = sqlx::QueryBuilder::<$db>::new("");
-                        Self::push_comparison(&mut query, c);
+                        Self::push_traces(&mut query, rows);
                         query.build().execute(&mut *tx).await?;
                     }
-                }
-                for rows in traces.chunks($crate::store::sql::ROWS_PER_INSERT) {
-                    let mut query = sqlx::QueryBuilder::<$db>::new("");
-                    Self::push_traces(&mut query, rows);
-                    query.build().execute(&mut *tx).await?;
-                }
-                tx.commit().await?;
-                Ok(())
+                    tx.commit().await?;
+                    Ok(())
+                })
+                .await
             }
 
             async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
@@ -195,30 +207,32 @@ macro_rules! impl_store {
             }
 
             async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
-                let mut writer = self.writer().await?;
-                let mut tx = sqlx::Connection::begin_with(&mut *writer, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
-                // Only a running trace ends: if another process already closed it (marked it
-                // interrupted), this result is refused whole instead of overwriting that.
-                let owner: Option<(String,)> = sqlx::query_as(
-                    "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6 \
-                     where id = $1 and status = 'running' returning user_id",
-                )
-                .bind(finish.trace_id)
-                .bind(finish.status.as_str())
-                .bind(finish.ended_at)
-                .bind(Json(&finish.usage))
-                .bind(finish.error.as_ref().map(Json))
-                .bind(Json(&finish.spans))
-                .fetch_optional(&mut *tx)
-                .await?;
-                let Some((user,)) = owner else {
-                    return Err(StoreError::Conflict("the run has already ended".into()));
-                };
-                if let Some(message) = &finish.assistant_message {
-                    Self::append_message(&mut *tx, &user, message).await?;
-                }
-                tx.commit().await?;
-                Ok(())
+                self.write(async |conn| {
+                    let mut tx = sqlx::Connection::begin_with(conn, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                    // Only a running trace ends: if another process already closed it (marked it
+                    // interrupted), this result is refused whole instead of overwriting that.
+                    let owner: Option<(String,)> = sqlx::query_as(
+                        "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6 \
+                         where id = $1 and status = 'running' returning user_id",
+                    )
+                    .bind(finish.trace_id)
+                    .bind(finish.status.as_str())
+                    .bind(finish.ended_at)
+                    .bind(Json(&finish.usage))
+                    .bind(finish.error.as_ref().map(Json))
+                    .bind(Json(&finish.spans))
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    let Some((user,)) = owner else {
+                        return Err(StoreError::Conflict("the run has already ended".into()));
+                    };
+                    if let Some(message) = &finish.assistant_message {
+                        Self::append_message(&mut *tx, &user, message).await?;
+                    }
+                    tx.commit().await?;
+                    Ok(())
+                })
+                .await
             }
 
             async fn get_trace(&self, user: &str, trace_id: Uuid) -> Result<Trace, StoreError> {
@@ -245,16 +259,20 @@ macro_rules! impl_store {
             }
 
             async fn set_active_leaf(&self, user: &str, conversation_id: Uuid, leaf: Uuid) -> Result<(), StoreError> {
-                let done = sqlx::query(
-                    "update conversations set active_leaf_id = $3, updated_at = $4 where id = $1 and user_id = $2 \
-                     and exists (select 1 from messages where id = $3 and conversation_id = $1)",
-                )
-                .bind(conversation_id)
-                .bind(user)
-                .bind(leaf)
-                .bind(now())
-                .execute(&mut *self.writer().await?)
-                .await?;
+                let done = self
+                    .write(async |conn| {
+                        Ok(sqlx::query(
+                            "update conversations set active_leaf_id = $3, updated_at = $4 where id = $1 and user_id = $2 \
+                             and exists (select 1 from messages where id = $3 and conversation_id = $1)",
+                        )
+                        .bind(conversation_id)
+                        .bind(user)
+                        .bind(leaf)
+                        .bind(now())
+                        .execute(conn)
+                        .await?)
+                    })
+                    .await?;
                 if done.rows_affected() == 0 {
                     return Err(StoreError::NotFound);
                 }
@@ -275,42 +293,44 @@ macro_rules! impl_store {
                 preference: Preference,
                 change: bool,
             ) -> Result<Comparison, StoreError> {
-                let mut writer = self.writer().await?;
-                let mut tx = sqlx::Connection::begin_with(&mut *writer, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
-                let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
-                let row: Option<ComparisonRow> =
-                    sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&mut *tx).await?;
-                let mut comparison: Comparison = row.ok_or(StoreError::NotFound)?.try_into()?;
-                match comparison.preference {
-                    Some(current) if current == preference => return Ok(comparison),
-                    Some(_) if !change => {
-                        return Err(StoreError::Conflict("This comparison has another vote; change it with PUT".into()));
+                self.write(async |conn| {
+                    let mut tx = sqlx::Connection::begin_with(conn, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                    let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
+                    let row: Option<ComparisonRow> =
+                        sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&mut *tx).await?;
+                    let mut comparison: Comparison = row.ok_or(StoreError::NotFound)?.try_into()?;
+                    match comparison.preference {
+                        Some(current) if current == preference => return Ok(comparison),
+                        Some(_) if !change => {
+                            return Err(StoreError::Conflict("This comparison has another vote; change it with PUT".into()));
+                        }
+                        _ => {}
                     }
-                    _ => {}
-                }
-                let at = now();
-                comparison.preference = Some(preference);
-                comparison.voted_at = Some(at);
-                comparison.vote_history.push(Vote { preference, at });
-                sqlx::query("update comparisons set preference = $2, voted_at = $3, vote_history = $4 where id = $1")
-                    .bind(id)
-                    .bind(preference.as_str())
-                    .bind(at)
-                    .bind(Json(&comparison.vote_history))
+                    let at = now();
+                    comparison.preference = Some(preference);
+                    comparison.voted_at = Some(at);
+                    comparison.vote_history.push(Vote { preference, at });
+                    sqlx::query("update comparisons set preference = $2, voted_at = $3, vote_history = $4 where id = $1")
+                        .bind(id)
+                        .bind(preference.as_str())
+                        .bind(at)
+                        .bind(Json(&comparison.vote_history))
+                        .execute(&mut *tx)
+                        .await?;
+                    // The preferred answer (A for a tie or both bad) becomes the active branch.
+                    let trace = if preference == Preference::B { comparison.trace_b } else { comparison.trace_a };
+                    sqlx::query(
+                        "update conversations set active_leaf_id = (select message_id from traces where id = $2) \
+                         where id = $1 and exists (select 1 from messages where id = (select message_id from traces where id = $2))",
+                    )
+                    .bind(comparison.conversation_id)
+                    .bind(trace)
                     .execute(&mut *tx)
                     .await?;
-                // The preferred answer (A for a tie or both bad) becomes the active branch.
-                let trace = if preference == Preference::B { comparison.trace_b } else { comparison.trace_a };
-                sqlx::query(
-                    "update conversations set active_leaf_id = (select message_id from traces where id = $2) \
-                     where id = $1 and exists (select 1 from messages where id = (select message_id from traces where id = $2))",
-                )
-                .bind(comparison.conversation_id)
-                .bind(trace)
-                .execute(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                Ok(comparison)
+                    tx.commit().await?;
+                    Ok(comparison)
+                })
+                .await
             }
 
             async fn voted_comparisons(&self) -> Result<Vec<Comparison>, StoreError> {
@@ -337,6 +357,7 @@ macro_rules! impl_store {
                 conversation_id: Uuid,
                 state: Option<&Value>,
             ) -> Result<(), StoreError> {
+                self.write(async |conn| {
                 match state {
                     Some(state) => {
                         let strategy = state["strategy"].as_str().unwrap_or("trim_oldest");
@@ -350,18 +371,20 @@ macro_rules! impl_store {
                         .bind(strategy)
                         .bind(Json(state))
                         .bind(now())
-                        .execute(&mut *self.writer().await?)
+                        .execute(&mut *conn)
                         .await?;
                     }
                     None => {
                         sqlx::query("delete from context_states where conversation_id = $1 and user_id = $2")
                             .bind(conversation_id)
                             .bind(user)
-                            .execute(&mut *self.writer().await?)
+                            .execute(&mut *conn)
                             .await?;
                     }
                 }
                 Ok(())
+                })
+                .await
             }
 
             async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError> {
@@ -373,12 +396,15 @@ macro_rules! impl_store {
             }
 
             async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
-                sqlx::query("update traces set heartbeat_at = $2 where replica_id = $1 and status = 'running'")
-                    .bind(replica_id)
-                    .bind(at)
-                    .execute(&mut *self.writer().await?)
-                    .await?;
-                Ok(())
+                self.write(async |conn| {
+                    sqlx::query("update traces set heartbeat_at = $2 where replica_id = $1 and status = 'running'")
+                        .bind(replica_id)
+                        .bind(at)
+                        .execute(conn)
+                        .await?;
+                    Ok(())
+                })
+                .await
             }
 
             async fn notify_cancel(&self, trace_id: Uuid) -> Result<(), StoreError> {
@@ -559,11 +585,13 @@ macro_rules! impl_store {
                     Self::push_traces(&mut query, rows);
                 }
                 query.push("; COMMIT");
-                let mut conn = self.writer().await?;
-                Self::transaction_as_one_query(&mut conn, query).await.map_err(|e| match e.as_database_error() {
-                    Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
-                    _ => e.into(),
+                self.write(async |conn| {
+                    Self::transaction_as_one_query(conn, query).await.map_err(|e| match e.as_database_error() {
+                        Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
+                        _ => e.into(),
+                    })
                 })
+                .await
             }
 
             /// Runs `query`, a whole transaction (`BEGIN …; …; COMMIT`) sent as one query, on

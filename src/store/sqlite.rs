@@ -13,9 +13,10 @@
 //! ([`Store::seal_logs`](super::Store::seal_logs)), and the row's deletion takes them along.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -36,7 +37,13 @@ use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Pr
 
 pub struct SqliteStore {
     pool: SqlitePool,
-    writer: tokio::sync::Mutex<SqliteConnection>,
+    /// The one connection that writes; `None` once a fault made it unfit (see [`Self::write`]),
+    /// until the next write opens a new one.
+    writer: tokio::sync::Mutex<Option<SqliteConnection>>,
+    /// How the writer is opened again after a fault.
+    options: SqliteConnectOptions,
+    /// What tells whether writes work now, for readiness (shared with the checkpoint task).
+    health: Arc<WriteHealth>,
     /// The ids of the chunks written for each run not sealed yet.
     chunk_ids: Mutex<HashMap<Uuid, Vec<i64>>>,
     /// The id the next chunk gets: above every id in the table, so a run's chunks are all
@@ -69,6 +76,7 @@ impl SqliteStore {
                     .map_err(|e| StoreError::Url(format!("cannot create {}: {e}", folder.display())))?;
             }
         }
+        let path = options.get_filename().to_owned();
         let mut writer = options.connect().await?;
         sqlx::migrate!("migrations/sqlite").run(&mut writer).await?;
         seal_left_over_logs(&mut writer).await?;
@@ -79,22 +87,146 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .test_before_acquire(false)
             .max_connections(max_connections)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
+        let health = Arc::new(WriteHealth { failing: AtomicBool::new(false), file: FileIdentity::of(&path)? });
         let stop = CancellationToken::new();
-        tokio::spawn(checkpoints(pool.clone(), stop.clone()));
+        tokio::spawn(checkpoints(pool.clone(), health.clone(), stop.clone()));
         Ok(Self {
             pool,
-            writer: tokio::sync::Mutex::new(writer),
+            writer: tokio::sync::Mutex::new(Some(writer)),
+            options,
+            health,
             chunk_ids: Mutex::default(),
             next_chunk_id: AtomicI64::new(last_chunk_id + 1),
             _checkpoints: stop.drop_guard(),
         })
     }
 
-    /// The writer, once the writes before this one are done (in the order they asked).
-    async fn writer(&self) -> Result<tokio::sync::MutexGuard<'_, SqliteConnection>, StoreError> {
-        Ok(self.writer.lock().await)
+    /// Runs `f` on the writer, once the writes before this one are done (in the order they
+    /// asked). A write that fails for a fault of the database (disk full, I/O error, the
+    /// file gone) or that leaves a transaction open (its `ROLLBACK` may have failed too)
+    /// takes the connection with it: closing it rolls back whatever it held, and the next
+    /// write opens a new one. Without that, one failed `COMMIT` left sqlx's transaction depth
+    /// at one and every later write failed until a restart. Until a write succeeds again,
+    /// the store reports itself unwritable ([`Store::ping`](super::Store::ping)).
+    async fn write<T>(
+        &self,
+        f: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut slot = self.writer.lock().await;
+        self.health.file.check()?;
+        let conn = match &mut *slot {
+            Some(conn) => conn,
+            empty => match self.options.connect().await {
+                Ok(conn) => {
+                    tracing::info!("opened a new SQLite writer connection");
+                    empty.insert(conn)
+                }
+                Err(e) => {
+                    self.health.failing.store(true, Ordering::Relaxed);
+                    return Err(StoreError::Unavailable(format!("cannot open the database for writing: {e}")));
+                }
+            },
+        };
+        let result = f(conn).await;
+        match &result {
+            Ok(_) => {
+                if self.health.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("the database takes writes again");
+                }
+            }
+            Err(e) if e.is_unavailable() || sqlx::Connection::is_in_transaction(&*conn) => {
+                if e.is_unavailable() {
+                    self.health.failing.store(true, Ordering::Relaxed);
+                }
+                tracing::error!(error = %e, "a write failed; the writer connection is closed and opened anew for the next one");
+                *slot = None;
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// A write that changes a page of the file: what readiness tries while writes fail.
+    async fn probe_write(&self) -> Result<(), StoreError> {
+        self.write(async |conn| {
+            sqlx::query(
+                "insert into write_probe (id, at) values (1, $1) on conflict (id) do update set at = excluded.at",
+            )
+            .bind(crate::domain::now())
+            .execute(conn)
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Reads answer, and writes work (tried again while they were failing).
+    async fn ping_impl(&self) -> Result<(), StoreError> {
+        sqlx::query("select 1").execute(&self.pool).await?;
+        self.health.file.check()?;
+        if self.health.failing.load(Ordering::Relaxed) {
+            self.probe_write().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether writes work, as the last one found, and the file they go to.
+struct WriteHealth {
+    failing: AtomicBool,
+    file: FileIdentity,
+}
+
+/// The database file as it was opened. A file deleted (or replaced) under a running chatd
+/// still takes writes through the open descriptors, and all of them are lost at the next
+/// start: the checkpoint task looks at the path every second, and from then on writes and
+/// readiness fail, naming the file.
+struct FileIdentity {
+    path: PathBuf,
+    /// (device, inode) at start.
+    opened: (u64, u64),
+    lost: AtomicBool,
+}
+
+impl FileIdentity {
+    fn of(path: &std::path::Path) -> Result<Self, StoreError> {
+        let opened =
+            Self::identity(path).map_err(|e| StoreError::Url(format!("cannot read {}: {e}", path.display())))?;
+        Ok(Self { path: path.to_owned(), opened, lost: AtomicBool::new(false) })
+    }
+
+    fn identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)?;
+        Ok((meta.dev(), meta.ino()))
+    }
+
+    /// Looks at the path again; true while it is still the file chatd opened.
+    fn look(&self) -> bool {
+        if self.lost.load(Ordering::Relaxed) {
+            return false;
+        }
+        if Self::identity(&self.path).is_ok_and(|now| now == self.opened) {
+            return true;
+        }
+        tracing::error!(
+            path = %self.path.display(),
+            "the database file was deleted or replaced while chatd runs; writes are refused (they would be lost): restore it or restart chatd"
+        );
+        self.lost.store(true, Ordering::Relaxed);
+        false
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable(format!(
+                "the database file {} was deleted or replaced; restart chatd",
+                self.path.display()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -105,13 +237,16 @@ impl SqliteStore {
 /// after one that caught up (writes come in batches, with pauses between them), and
 /// `journal_size_limit` then gives back what a burst made it grow to. (A checkpoint on the
 /// writer, to force the catch-up, held it for up to a second: its fsync.)
-async fn checkpoints(pool: SqlitePool, stop: CancellationToken) {
+async fn checkpoints(pool: SqlitePool, health: Arc<WriteHealth>, stop: CancellationToken) {
     let mut every = tokio::time::interval(CHECKPOINT_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = every.tick() => {}
+        }
+        if !health.file.look() {
+            continue;
         }
         if let Err(e) = sqlx::query("pragma wal_checkpoint(passive)").execute(&pool).await {
             tracing::warn!(error = %e, "WAL checkpoint failed");
@@ -171,22 +306,25 @@ impl SqliteStore {
     async fn append_events_impl(&self, events: &[NewEvent]) -> Result<(), StoreError> {
         let chunks = super::chunks::encode(events);
         for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
-            let mut conn = self.writer().await?;
-            let first_id = self.next_chunk_id.fetch_add(rows.len() as i64, Ordering::Relaxed);
-            let ids = first_id..;
-            let mut query = sqlx::QueryBuilder::<Sqlite>::new(
-                "BEGIN IMMEDIATE; insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) ",
-            );
-            query.push_values(rows.iter().zip(ids.clone()), |mut row, (c, id)| {
-                row.push_bind(id)
-                    .push_bind(c.trace_id)
-                    .push_bind(c.first_seq)
-                    .push_bind(c.last_seq)
-                    .push_bind(&c.events);
-            });
-            query.push("; COMMIT");
-            Self::transaction_as_one_query(&mut conn, query).await?;
-            drop(conn);
+            let ids = self
+                .write(async |conn| {
+                    let first_id = self.next_chunk_id.fetch_add(rows.len() as i64, Ordering::Relaxed);
+                    let ids = first_id..;
+                    let mut query = sqlx::QueryBuilder::<Sqlite>::new(
+                        "BEGIN IMMEDIATE; insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) ",
+                    );
+                    query.push_values(rows.iter().zip(ids.clone()), |mut row, (c, id)| {
+                        row.push_bind(id)
+                            .push_bind(c.trace_id)
+                            .push_bind(c.first_seq)
+                            .push_bind(c.last_seq)
+                            .push_bind(&c.events);
+                    });
+                    query.push("; COMMIT");
+                    Self::transaction_as_one_query(conn, query).await?;
+                    Ok(ids)
+                })
+                .await?;
             let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
             for (c, id) in rows.iter().zip(ids) {
                 kept.entry(c.trace_id).or_default().push(id);
@@ -269,7 +407,7 @@ impl SqliteStore {
             query.push("); delete from trace_event_chunks where id in (select chunk.value from (");
             lists_as_values(&mut query, &lists);
             query.push(") as list, json_each(list.column2) as chunk where list.column1 not in (select id from traces)); COMMIT");
-            Self::transaction_as_one_query(&mut *self.writer().await?, query).await?;
+            self.write(async |conn| Ok(Self::transaction_as_one_query(conn, query).await?)).await?;
             let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
             for t in traces {
                 kept.remove(t);

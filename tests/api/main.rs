@@ -8,6 +8,7 @@ mod chat;
 mod chunking;
 mod conversations;
 mod deploy;
+mod faults;
 mod features;
 mod mcp;
 mod openapi;

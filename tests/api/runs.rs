@@ -14,13 +14,13 @@ use crate::fixture::*;
 use crate::helpers::*;
 
 /// A live SSE stream read frame by frame.
-struct Live {
+pub(crate) struct Live {
     frames: std::pin::Pin<Box<dyn Stream<Item = Frame> + Send>>,
     seen: Vec<Frame>,
 }
 
 impl Live {
-    async fn open(response: reqwest::Response) -> Self {
+    pub(crate) async fn open(response: reqwest::Response) -> Self {
         assert_eq!(response.status(), StatusCode::OK);
         let frames = response.bytes_stream().eventsource().map(|event| {
             let event = event.expect("well-formed SSE");
@@ -30,7 +30,7 @@ impl Live {
     }
 
     /// Reads until a frame of `kind` (inclusive).
-    async fn until(&mut self, kind: &str) -> &Frame {
+    pub(crate) async fn until(&mut self, kind: &str) -> &Frame {
         while let Some(frame) = self.frames.next().await {
             let hit = frame.kind() == kind;
             self.seen.push(frame);
@@ -41,7 +41,7 @@ impl Live {
         panic!("the stream ended without {kind}: {:?}", self.seen.iter().map(Frame::kind).collect::<Vec<_>>());
     }
 
-    async fn rest(mut self) -> Vec<Frame> {
+    pub(crate) async fn rest(mut self) -> Vec<Frame> {
         while let Some(frame) = self.frames.next().await {
             self.seen.push(frame);
         }
@@ -49,7 +49,7 @@ impl Live {
     }
 }
 
-async fn start(app: &TestApp, user: &str, body: Value) -> Live {
+pub(crate) async fn start(app: &TestApp, user: &str, body: Value) -> Live {
     open(app, user, "/api/chat/stream", body).await
 }
 
@@ -59,7 +59,7 @@ async fn open(app: &TestApp, user: &str, path: &str, body: Value) -> Live {
     Live::open(response).await
 }
 
-async fn resume(app: &TestApp, user: &str, trace_id: &str, last_event_id: Option<u64>) -> Live {
+pub(crate) async fn resume(app: &TestApp, user: &str, trace_id: &str, last_event_id: Option<u64>) -> Live {
     let mut request = app.client.get(app.url(&format!("/api/chat/stream/{trace_id}"))).header("x-client-id", user);
     if let Some(id) = last_event_id {
         request = request.header("last-event-id", id.to_string());
@@ -67,7 +67,7 @@ async fn resume(app: &TestApp, user: &str, trace_id: &str, last_event_id: Option
     Live::open(request.send().await.unwrap()).await
 }
 
-fn terminal_kinds(frames: &[Frame]) -> Vec<&str> {
+pub(crate) fn terminal_kinds(frames: &[Frame]) -> Vec<&str> {
     frames.iter().map(Frame::kind).filter(|k| matches!(*k, "complete" | "cancelled" | "error")).collect()
 }
 
