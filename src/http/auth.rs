@@ -1,6 +1,6 @@
 //! Who a request acts for, per `auth.mode`: `none` (the `X-Client-Id` header, else `local`),
 //! `token` (a configured bearer token) or `jwt` (a bearer JWT: HS256 or RS256, `sub` is the
-//! user, `exp` required, `aud`/`iss` checked when configured); and the per-user request
+//! user, `exp` required, `nbf` checked, `aud`/`iss` required and checked when configured); and the per-user request
 //! rate limit.
 
 use std::num::NonZeroU32;
@@ -47,15 +47,23 @@ impl Authenticator {
                     (None, None) => return Err("auth.jwt has no key".to_owned()),
                 };
                 let mut validation = Validation::new(algorithm);
-                validation.set_required_spec_claims(&["exp", "sub"]);
-                validation.leeway = config.leeway_secs;
+                // A configured audience or issuer must be in the token: jsonwebtoken checks
+                // these claims only when they are there, unless they are required.
+                let mut required = vec!["exp", "sub"];
                 match &config.audience {
-                    Some(audience) => validation.set_audience(&[audience]),
+                    Some(audience) => {
+                        validation.set_audience(&[audience]);
+                        required.push("aud");
+                    }
                     None => validation.validate_aud = false,
                 }
                 if let Some(issuer) = &config.issuer {
                     validation.set_issuer(&[issuer]);
+                    required.push("iss");
                 }
+                validation.set_required_spec_claims(&required);
+                validation.validate_nbf = true;
+                validation.leeway = config.leeway_secs;
                 Some((key, validation))
             }
             _ => None,
@@ -86,10 +94,15 @@ impl Authenticator {
                     tracing::info!(error = %e, "JWT refused");
                     unauthorized()
                 })?;
-                if claims.claims.sub.trim().is_empty() {
+                let sub = claims.claims.sub;
+                // The user id is stored with every row: no control characters (Postgres
+                // refuses NUL in text), nothing longer than an X-Client-Id may be.
+                if sub.trim().is_empty() || sub.chars().count() > MAX_USER_ID_CHARS || sub.chars().any(char::is_control)
+                {
+                    tracing::info!("JWT refused: its sub is not a usable user id");
                     return Err(unauthorized());
                 }
-                Ok(claims.claims.sub)
+                Ok(sub)
             }
         }
     }

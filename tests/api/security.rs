@@ -202,6 +202,18 @@ async fn jwts_are_checked_for_signature_expiry_audience_and_issuer() {
     assert_eq!(status(Some(hs256(claims(json!({"aud": "other"})), SECRET))).await, 401, "audience");
     assert_eq!(status(Some(hs256(claims(json!({"iss": "https://evil.example"})), SECRET))).await, 401, "issuer");
     assert_eq!(status(Some(rs256(claims(json!({}))))).await, 401, "another algorithm");
+    let without = |claim: &str| {
+        let mut claims = claims(json!({}));
+        claims.as_object_mut().unwrap().remove(claim);
+        hs256(claims, SECRET)
+    };
+    assert_eq!(status(Some(without("aud"))).await, 401, "no aud while one is configured");
+    assert_eq!(status(Some(without("iss"))).await, 401, "no iss while one is configured");
+    assert_eq!(status(Some(hs256(claims(json!({"nbf": now() + 3600})), SECRET))).await, 401, "not yet valid");
+    assert_eq!(status(Some(hs256(claims(json!({"nbf": now() - 10})), SECRET))).await, 200, "valid since");
+    for sub in ["ca\0rol".to_owned(), "tab\there".to_owned(), "x".repeat(201)] {
+        assert_eq!(status(Some(hs256(claims(json!({"sub": sub})), SECRET))).await, 401, "sub {sub:?}");
+    }
 }
 
 #[tokio::test]
