@@ -152,6 +152,15 @@ pub struct ServerSettings {
     /// Log lines as JSON (for log collectors) instead of text.
     #[serde(default)]
     pub json_logs: bool,
+    /// Seconds a client has to send a request's headers, counted from the connection's
+    /// opening or the end of its previous response: it also closes idle keep-alive
+    /// connections.
+    pub header_read_timeout_secs: u64,
+    /// Seconds a request body may pause before the request fails.
+    pub request_body_timeout_secs: u64,
+    /// Connections served at once (lowered to what the descriptor limit allows); more wait
+    /// in the listen backlog.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -224,6 +233,10 @@ pub struct Limits {
     pub max_concurrent_runs_per_user: usize,
     /// Requests per minute per user (a token bucket, so short bursts are fine); 0: no limit.
     pub requests_per_minute: u32,
+    /// Failed authentications per minute per client address (modes `token` and `jwt`);
+    /// past them the address gets 429, whatever it sends, until its budget refills. 0: no
+    /// limit.
+    pub failed_auth_per_minute: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]

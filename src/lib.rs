@@ -16,7 +16,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -88,20 +87,14 @@ impl App {
         Shutdown { state: self.state.clone() }
     }
 
-    /// Serves until the shutdown token is cancelled.
+    /// Serves until the shutdown token is cancelled, then until open connections end.
     pub async fn run(self) -> std::io::Result<()> {
         let shutdown = self.state.shutdown.clone();
+        let settings = self.state.settings.clone();
         let router = http::router(self.state);
         tracing::info!(addr = %self.listener.local_addr()?, "chatd listening");
-        // No Nagle: an SSE event written just after the response head would otherwise wait
-        // for the head's ACK, which the client delays by up to 40 ms.
-        let listener = self.listener.tap_io(|socket| {
-            let _ = socket.set_nodelay(true);
-        });
-        // `into_make_service`: each connection shares the router. Served as a bare `Router`,
-        // axum rebuilds every route for each connection, which cost an open stream tens of
-        // kilobytes.
-        axum::serve(listener, router.into_make_service()).with_graceful_shutdown(shutdown.cancelled_owned()).await
+        http::server::serve(self.listener, router, &settings.server, shutdown).await;
+        Ok(())
     }
 }
 

@@ -3,8 +3,11 @@
 //! user, `exp` required, `nbf` checked, `aud`/`iss` required and checked when configured); and the per-user request
 //! rate limit.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
@@ -25,6 +28,42 @@ pub struct Authenticator {
     tokens: std::collections::BTreeMap<String, String>,
     jwt: Option<(DecodingKey, Validation)>,
     limiter: Option<DefaultKeyedRateLimiter<String>>,
+    failures: Option<FailureLimit>,
+}
+
+/// Failed authentications per client address. An address that used up its budget is locked
+/// out until the budget has room again: every request it sends meanwhile, right or wrong,
+/// gets 429, so that guessing cannot tell a hit by its answer.
+struct FailureLimit {
+    limiter: DefaultKeyedRateLimiter<IpAddr>,
+    locked: Mutex<HashMap<IpAddr, Instant>>,
+}
+
+impl FailureLimit {
+    fn refuse_if_locked(&self, peer: IpAddr) -> Result<(), AppError> {
+        let locked = self.locked.lock().expect("auth lock");
+        match locked.get(&peer) {
+            Some(until) if *until > Instant::now() => Err(too_many_failures(*until - Instant::now())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts a failure; the error to answer with (429 once the budget is gone).
+    fn failed(&self, peer: IpAddr) -> AppError {
+        match self.limiter.check_key(&peer) {
+            Ok(()) => unauthorized(),
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(DefaultClock::default().now()).max(Duration::from_secs(1));
+                tracing::warn!(%peer, "too many failed authentications; locked out for a while");
+                self.locked.lock().expect("auth lock").insert(peer, Instant::now() + wait);
+                too_many_failures(wait)
+            }
+        }
+    }
+}
+
+fn too_many_failures(wait: Duration) -> AppError {
+    AppError::RateLimited { message: "Too many failed authentications; try again later".into(), retry_after: wait }
 }
 
 #[derive(Deserialize)]
@@ -70,11 +109,29 @@ impl Authenticator {
         };
         let limiter = NonZeroU32::new(settings.limits.requests_per_minute)
             .map(|per_minute| RateLimiter::keyed(Quota::per_minute(per_minute)));
-        Ok(Self { mode: settings.auth.mode, tokens: settings.auth.tokens.clone(), jwt, limiter })
+        let failures = NonZeroU32::new(settings.limits.failed_auth_per_minute)
+            .filter(|_| settings.auth.mode != AuthMode::None)
+            .map(|per_minute| FailureLimit {
+                limiter: RateLimiter::keyed(Quota::per_minute(per_minute)),
+                locked: Mutex::default(),
+            });
+        Ok(Self { mode: settings.auth.mode, tokens: settings.auth.tokens.clone(), jwt, limiter, failures })
     }
 
-    /// The request's user, or 401 (400 for a malformed `X-Client-Id`).
-    pub fn user(&self, headers: &HeaderMap) -> Result<String, AppError> {
+    /// The request's user, or 401 (400 for a malformed `X-Client-Id`; 429 for an address
+    /// with too many failed attempts, `peer` where the server knows it).
+    pub fn user(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<String, AppError> {
+        let Some((failures, peer)) = self.failures.as_ref().zip(peer) else {
+            return self.authenticate(headers);
+        };
+        failures.refuse_if_locked(peer)?;
+        self.authenticate(headers).map_err(|e| match e {
+            AppError::Unauthorized(_) => failures.failed(peer),
+            other => other,
+        })
+    }
+
+    fn authenticate(&self, headers: &HeaderMap) -> Result<String, AppError> {
         match self.mode {
             AuthMode::None => match headers.get("x-client-id").map(|v| v.to_str().map(str::trim)) {
                 None | Some(Ok("")) => Ok(LOCAL_USER.to_owned()),
@@ -123,6 +180,10 @@ impl Authenticator {
     pub fn forget_idle(&self) {
         if let Some(limiter) = &self.limiter {
             limiter.retain_recent();
+        }
+        if let Some(failures) = &self.failures {
+            failures.limiter.retain_recent();
+            failures.locked.lock().expect("auth lock").retain(|_, until| *until > Instant::now());
         }
     }
 }

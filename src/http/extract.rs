@@ -112,7 +112,8 @@ impl FromRequestParts<AppState> for CurrentUser {
     type Rejection = AppError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
-        let user = state.auth.user(&parts.headers)?;
+        let peer = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+        let user = state.auth.user(&parts.headers, peer)?;
         state.auth.admit(&user)?;
         Ok(CurrentUser(user))
     }

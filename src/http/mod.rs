@@ -10,6 +10,7 @@ pub mod extract;
 mod health;
 mod legacy;
 pub mod openapi;
+pub mod server;
 mod tools;
 mod traces;
 mod web;
@@ -66,6 +67,16 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
         .expose_headers([REQUEST_ID, axum::http::header::RETRY_AFTER])
 }
 
+/// A body refused as too large is not read: the connection cannot carry another request
+/// after it, and the client must hear so (`Connection: close`) instead of finding its next
+/// request on it failing.
+async fn close_after_refused_body(mut response: axum::response::Response) -> axum::response::Response {
+    if response.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    response
+}
+
 pub fn router(state: AppState) -> Router {
     let body_limit = state.settings.limits.max_body_bytes;
     Router::new()
@@ -88,6 +99,11 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { error::AppError::MethodNotAllowed })
         .route_layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(DefaultBodyLimit::max(body_limit))
+        // A request body that stops coming fails instead of holding its connection.
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(Duration::from_secs(
+            state.settings.server.request_body_timeout_secs.max(1),
+        )))
+        .layer(axum::middleware::map_response(close_after_refused_body))
         .layer(cors(&state.settings.server.cors_origins))
         .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
             let id = request.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");

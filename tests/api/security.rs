@@ -396,3 +396,25 @@ async fn the_api_key_never_leaves_chatd() {
         assert!(!text.contains("7f3a9c2e"), "part of the key leaked into the {what}");
     }
 }
+
+#[tokio::test]
+async fn failed_logins_lock_out_their_address_only() {
+    let config = format!("{}[limits]\nfailed_auth_per_minute = 5\n", Mode::Token.config());
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let from = |ip: [u8; 4]| reqwest::Client::builder().local_address(std::net::IpAddr::from(ip)).build().unwrap();
+    let (guesser, other) = (from([127, 0, 0, 1]), from([127, 0, 0, 2]));
+    let status = |client: &reqwest::Client, token: &str| {
+        let request = client.get(app.url("/api/conversations")).bearer_auth(token);
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.headers().get("retry-after").is_some())
+        }
+    };
+    for i in 0..5 {
+        assert_eq!(status(&guesser, &format!("guess-{i}")).await, (401, false), "guess {i}");
+    }
+    assert_eq!(status(&guesser, "guess-5").await, (429, true), "the budget is used up");
+    assert_eq!(status(&guesser, "tok-ann").await, (429, true), "even a right token, while locked out");
+    assert_eq!(status(&other, "tok-ann").await, (200, false), "another address is not affected");
+    assert_eq!(status(&other, "wrong").await, (401, false));
+}

@@ -1,0 +1,98 @@
+//! Connections that hold resources without using them: idle sockets, half-sent headers,
+//! idle keep-alive connections and stalled bodies are closed after their timeouts; streams
+//! are not; the number served at once is capped; a refused large body closes its connection
+//! in a way the client hears.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::helpers::*;
+
+const SHORT: &str = "[server]\nheader_read_timeout_secs = 1\nrequest_body_timeout_secs = 1\n";
+
+async fn connect(app: &TestApp) -> TcpStream {
+    TcpStream::connect(app.base.trim_start_matches("http://")).await.unwrap()
+}
+
+/// Reads until the server closes the connection (at most 10 s); returns what it sent and
+/// how long that took.
+async fn until_closed(stream: &mut TcpStream) -> (String, Duration) {
+    let started = Instant::now();
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut received)).await;
+    assert!(read.is_ok(), "the connection is still open after 10 s");
+    (String::from_utf8_lossy(&received).into_owned(), started.elapsed())
+}
+
+#[tokio::test]
+async fn silent_slow_and_idle_connections_are_closed() {
+    let app = TestApp::spawn(Backend::Sqlite, SHORT).await;
+
+    let mut silent = connect(&app).await;
+    let (_, after) = until_closed(&mut silent).await;
+    assert!(after < Duration::from_secs(5), "{after:?}");
+
+    let mut half = connect(&app).await;
+    half.write_all(b"GET /healthz HTTP/1.1\r\nhost: chatd\r\n").await.unwrap();
+    let (sent, _) = until_closed(&mut half).await;
+    assert!(!sent.contains("200 OK"), "{sent}");
+
+    let mut idle = connect(&app).await;
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: chatd\r\n\r\n").await.unwrap();
+    let (sent, _) = until_closed(&mut idle).await;
+    assert!(sent.starts_with("HTTP/1.1 200 OK"), "the request is answered, then the idle connection closed: {sent}");
+
+    let mut stalled = connect(&app).await;
+    stalled
+        .write_all(b"POST /api/conversations HTTP/1.1\r\nhost: chatd\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"ti")
+        .await
+        .unwrap();
+    let (sent, _) = until_closed(&mut stalled).await;
+    assert!(!sent.contains("201"), "a stalled body creates nothing: {sent}");
+    let (_, list) = app.get("/api/conversations", "local").await;
+    assert_eq!(list["conversations"], json!([]));
+}
+
+#[tokio::test]
+async fn a_stream_outlives_the_header_timeout() {
+    let app = TestApp::spawn(Backend::Sqlite, &format!("{SHORT}[stream]\nkeepalive_secs = 1\n")).await;
+    let started = Instant::now();
+    let frames = app.chat("ann", json!({"message": "[mock:words=60] [mock:delay=40] [mock:think=off]"})).await;
+    assert!(started.elapsed() > Duration::from_secs(2), "the run lasts longer than the timeout");
+    assert_eq!(frames.last().unwrap().kind(), "done");
+    assert!(frames.iter().any(|f| f.kind() == "complete"));
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_for_one_to_close() {
+    let app = TestApp::spawn(Backend::Sqlite, "[server]\nmax_connections = 2\nheader_read_timeout_secs = 30\n").await;
+    let first = connect(&app).await;
+    let _second = connect(&app).await;
+    let client = reqwest::Client::builder().timeout(Duration::from_millis(700)).build().unwrap();
+    let waiting = client.get(app.url("/healthz")).send().await;
+    assert!(waiting.is_err(), "a third connection is not served while two are open: {waiting:?}");
+    drop(first);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let served = client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_refused_large_body_closes_its_connection_and_says_so() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(1).build().unwrap();
+    let big = json!({"message": "x".repeat(3 * 1024 * 1024)});
+    let response = client.post(app.url("/api/chat/stream")).json(&big).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(response.headers()["connection"], "close");
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "PAYLOAD_TOO_LARGE");
+    for _ in 0..3 {
+        let next = client.get(app.url("/healthz")).send().await.expect("the next request on the same client works");
+        assert_eq!(next.status(), StatusCode::OK);
+    }
+}
