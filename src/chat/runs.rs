@@ -102,6 +102,12 @@ impl LiveRun {
     pub fn is_finished(&self) -> bool {
         self.finished.load(Ordering::Acquire)
     }
+
+    /// Whether the run has ended and a listener that saw `after` has heard all of it.
+    pub fn heard_all(&self, after: u64) -> bool {
+        let frames = self.frames.lock().expect("frames lock");
+        self.is_finished() && frames.sent.len() as u64 <= after
+    }
 }
 
 /// The registry of runs in this process.

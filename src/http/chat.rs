@@ -149,7 +149,7 @@ struct ResumeQuery {
     after: Option<u64>,
 }
 
-#[utoipa::path(get, operation_id = "resume_stream", path = "/api/chat/stream/{id}", tag = "chat", params(("id" = Uuid, Path, description = "Trace id"), ("after" = Option<u64>, Query, description = "Replay events after this seq (or send Last-Event-ID)"), ("Last-Event-ID" = Option<String>, Header, description = "The last seq received")), responses((status = 200, description = "Missed events, then live ones, until `done`", content_type = "text/event-stream", body = SseFrame), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "resume_stream", path = "/api/chat/stream/{id}", tag = "chat", params(("id" = Uuid, Path, description = "Trace id"), ("after" = Option<u64>, Query, description = "Replay events after this seq (or send Last-Event-ID)"), ("Last-Event-ID" = Option<String>, Header, description = "The last seq received")), responses((status = 200, description = "Missed events, then live ones, until `done`", content_type = "text/event-stream", body = SseFrame), (status = 204, description = "The run has ended and the client has seen its `done` already"), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
 async fn resume(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -165,12 +165,34 @@ async fn resume(
             .ok_or_else(|| AppError::validation("Last-Event-ID", "Last-Event-ID must be an event's seq"))?,
         None => query.after.unwrap_or(0),
     };
+    // Seqs are stored as signed 64-bit integers: anything above is no seq of any run.
+    if i64::try_from(after).is_err() {
+        return Err(AppError::validation("after", "after must be an event's seq"));
+    }
     let trace = owned_trace(&*state.store, &user, trace_id).await?;
+    // A client that saw the run's `done` has nothing left to hear: 204, which also tells
+    // an EventSource to stop reconnecting (instead of a stream that ends at once, again
+    // and again).
+    let heard_all = axum::http::StatusCode::NO_CONTENT.into_response();
     if let Some(run) = state.chat.runs().get(trace.trace_id) {
+        if run.heard_all(after) {
+            return Ok(heard_all);
+        }
         return Ok(sse(&state, run.follow(after)));
+    }
+    if trace.status != TraceStatus::Running
+        && logged_done(&*state.store, trace_id).await?.is_some_and(|done| after >= done)
+    {
+        return Ok(heard_all);
     }
     let poll = Duration::from_millis(state.settings.stream.flush_interval_ms.max(10));
     Ok(sse(&state, from_log(state.store.clone(), trace, after, poll)))
+}
+
+/// The seq of the run's logged `done`, if it has one.
+async fn logged_done(store: &dyn Store, trace_id: Uuid) -> Result<Option<u64>, AppError> {
+    let events = store.trace_events(trace_id, 0).await?;
+    Ok(events.iter().rev().find(|e| e.kind == "done").map(|e| e.seq as u64))
 }
 
 /// Replays a run's logged events after `after`, then follows the log (a run on another
@@ -209,6 +231,10 @@ fn from_log(
                 if over {
                     let deadline = *ended_at.get_or_insert_with(|| tokio::time::Instant::now() + LAST_EVENTS_WAIT);
                     if tokio::time::Instant::now() >= deadline {
+                        // A `done` at or before `after`: the client has seen the end.
+                        if matches!(logged_done(&*store, trace_id).await, Ok(Some(done)) if after >= done) {
+                            return;
+                        }
                         // Its process died before it could say so (an interrupted run): end
                         // the stream the way the contract promises, with one terminal event.
                         let ending = [

@@ -528,3 +528,34 @@ async fn after_kill_9_a_restart_marks_the_run_interrupted_and_keeps_its_text() {
     assert_eq!(message["content"], format!("{logged}\n\n[interrupted]"));
     assert_eq!(message["cancelled"], true);
 }
+
+both_backends! {
+    async fn resuming_past_the_end_of_a_finished_run_invents_nothing(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let frames = app.chat("ann", json!({"message": "hello"})).await;
+        let done = frames.last().unwrap();
+        assert_eq!(done.kind(), "done");
+        let trace_id = done.data["trace_id"].as_str().unwrap();
+        app.log.flush().await.unwrap();
+        let path = format!("/api/chat/stream/{trace_id}");
+        let seen_all = app
+            .client
+            .get(app.url(&path))
+            .header("x-client-id", "ann")
+            .header("last-event-id", done.id.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(seen_all.status(), StatusCode::NO_CONTENT, "the client saw `done`: nothing to replay");
+        assert_eq!(seen_all.text().await.unwrap(), "");
+        let last = resume(&app, "ann", trace_id, Some(done.id - 1)).await.rest().await;
+        assert_eq!(last.iter().map(|f| (f.id, f.kind())).collect::<Vec<_>>(), [(done.id, "done")]);
+        for after in ["18446744073709551615", "9223372036854775808"] {
+            let (status, body) = app.get(&format!("{path}?after={after}"), "ann").await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{after}: {body}");
+            assert_eq!(body["code"], "VALIDATION_ERROR");
+        }
+        let (_, trace) = app.get(&format!("/api/trace/{trace_id}"), "ann").await;
+        assert_eq!(trace["status"], "completed");
+    }
+}

@@ -1356,6 +1356,13 @@ export interface operations {
                     "text/event-stream": components["schemas"]["SseFrame"];
                 };
             };
+            /** @description The run has ended and the client has seen its `done` already */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
             /** @description Invalid input */
             400: {
                 headers: {
