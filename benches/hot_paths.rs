@@ -195,6 +195,7 @@ async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>,
             traces: vec![trace],
             comparison: None,
             replica_id: "bench".into(),
+            max_running: None,
         };
         store.start_run(&start).await.expect("run starts");
     }

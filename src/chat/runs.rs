@@ -113,7 +113,35 @@ impl LiveRun {
 /// The registry of runs in this process.
 #[derive(Clone, Default)]
 pub struct Runs {
-    live: Arc<Mutex<HashMap<Uuid, Arc<LiveRun>>>>,
+    live: Arc<Mutex<Registry>>,
+}
+
+/// The runs, and the runs promised to requests that are still being written: counted
+/// together under one lock, so that simultaneous requests cannot all pass a user's limit.
+#[derive(Default)]
+struct Registry {
+    runs: HashMap<Uuid, Arc<LiveRun>>,
+    reserved: HashMap<String, usize>,
+}
+
+/// Room for a request's runs within its user's limit, held until they are registered (or
+/// the request failed); dropping it gives the room back.
+pub struct Reservation {
+    registry: Arc<Mutex<Registry>>,
+    user: String,
+    runs: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut registry = self.registry.lock().expect("runs lock");
+        if let Some(reserved) = registry.reserved.get_mut(&self.user) {
+            *reserved = reserved.saturating_sub(self.runs);
+            if *reserved == 0 {
+                registry.reserved.remove(&self.user);
+            }
+        }
+    }
 }
 
 impl Runs {
@@ -135,38 +163,46 @@ impl Runs {
             frames: Mutex::default(),
             finished: AtomicBool::new(false),
         });
-        self.live.lock().expect("runs lock").insert(trace_id, run.clone());
+        self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone());
         metrics::gauge!("chatd_active_runs").increment(1.0);
         (run.clone(), Emitter { run, log, seq: 0, holding: false, held: Vec::new() })
     }
 
     pub fn get(&self, trace_id: Uuid) -> Option<Arc<LiveRun>> {
-        self.live.lock().expect("runs lock").get(&trace_id).cloned()
+        self.live.lock().expect("runs lock").runs.get(&trace_id).cloned()
     }
 
     /// Forgets a run once its log is written; later listeners read the store.
     pub fn remove(&self, trace_id: Uuid) {
-        if self.live.lock().expect("runs lock").remove(&trace_id).is_some() {
+        if self.live.lock().expect("runs lock").runs.remove(&trace_id).is_some() {
             metrics::gauge!("chatd_active_runs").decrement(1.0);
         }
     }
 
     pub fn len(&self) -> usize {
-        self.live.lock().expect("runs lock").len()
+        self.live.lock().expect("runs lock").runs.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// How many of `user`'s runs have not sent `done` yet.
-    pub fn running_for(&self, user: &str) -> usize {
-        self.live.lock().expect("runs lock").values().filter(|r| r.user_id == user && !r.is_finished()).count()
+    /// Reserves room for `runs` more of `user`'s runs, if the runs that have not sent
+    /// `done` yet and those already reserved leave it under `limit`; else how many there are.
+    pub fn reserve(&self, user: &str, runs: usize, limit: usize) -> Result<Reservation, usize> {
+        let mut registry = self.live.lock().expect("runs lock");
+        let reserved = registry.reserved.get(user).copied().unwrap_or(0);
+        let running = registry.runs.values().filter(|r| r.user_id == user && !r.is_finished()).count() + reserved;
+        if running + runs > limit {
+            return Err(running);
+        }
+        *registry.reserved.entry(user.to_owned()).or_default() += runs;
+        Ok(Reservation { registry: self.live.clone(), user: user.to_owned(), runs })
     }
 
     /// Every run in this process now.
     pub fn all(&self) -> Vec<Arc<LiveRun>> {
-        self.live.lock().expect("runs lock").values().cloned().collect()
+        self.live.lock().expect("runs lock").runs.values().cloned().collect()
     }
 }
 

@@ -20,7 +20,7 @@ use super::context::ContextKeeper;
 use super::log::EventLog;
 use super::payloads::LlmPayloadType;
 use super::prompt::{self, PromptParts};
-use super::runs::{LiveRun, Runs};
+use super::runs::{LiveRun, Reservation, Runs};
 use super::starts::StartWriter;
 use crate::config::{PayloadSource, Settings};
 use crate::domain::{Comparison, Conversation, Message, Role, Trace, TraceStatus, branch, new_id, now};
@@ -201,7 +201,7 @@ impl ChatService {
 
     /// Validates and persists the request, then starts its run; returns the live run to follow.
     pub async fn start(&self, user: &str, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
-        let turn = self.prepare(user, &request).await?;
+        let turn = self.prepare(user, &request, 1).await?;
         let profile = request
             .profile
             .clone()
@@ -221,7 +221,7 @@ impl ChatService {
         profile_a: &str,
         profile_b: &str,
     ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
-        let turn = self.prepare(user, request).await?;
+        let turn = self.prepare(user, request, 2).await?;
         let comparison_id = new_id();
         let a = self.plan(user, request, &turn, profile_a, Some((comparison_id, "a")))?;
         let b = self.plan(user, request, &turn, profile_b, Some((comparison_id, "b")))?;
@@ -249,7 +249,8 @@ impl ChatService {
 
     /// Everything about a request that does not depend on the profile: the message checked,
     /// the conversation found (or made), the parent, the history, an executed action's result.
-    async fn prepare(&self, user: &str, request: &ChatRequest) -> Result<Prepared, ChatError> {
+    /// `runs`: how many runs the request will start (two for a comparison).
+    async fn prepare(&self, user: &str, request: &ChatRequest, runs: usize) -> Result<Prepared, ChatError> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(ChatError::Unavailable("The server is shutting down; try again shortly".into()));
         }
@@ -257,13 +258,8 @@ impl ChatService {
         if text.is_empty() {
             return Err(ChatError::Invalid { field: "message", message: "Message cannot be empty".into() });
         }
-        let running = self.runs.running_for(user);
-        if running >= self.settings.limits.max_concurrent_runs_per_user {
-            return Err(ChatError::Busy {
-                message: format!("{running} answers are still streaming; wait for one to finish"),
-                retry_after: Duration::from_secs(1),
-            });
-        }
+        let limit = self.settings.limits.max_concurrent_runs_per_user;
+        let reservation = self.runs.reserve(user, runs, limit).map_err(busy)?;
         let max = self.settings.limits.max_message_chars;
         if text.chars().count() > max {
             return Err(ChatError::TooLarge {
@@ -327,6 +323,8 @@ impl ChatService {
             earlier: branch(&history, parent),
             new_conversation,
             action_result,
+            max_running: self.store.is_shared().then_some(limit),
+            reservation,
         })
     }
 
@@ -439,7 +437,9 @@ impl ChatService {
             traces,
             comparison,
             replica_id: self.replica_id.clone(),
+            max_running: turn.max_running,
         };
+        let reservation = turn.reservation;
         // The start writer launches the runs right after the commit, whether or not this
         // request is still waiting: a client that leaves meanwhile must not leave a run
         // persisted as running that nobody runs.
@@ -450,7 +450,10 @@ impl ChatService {
             let runs = written.map_err(ChatError::from).map(|start| service.run_written(&user, start, plans));
             let _ = done.send(runs);
         });
-        launched.await.map_err(|_| ChatError::Unavailable("the run could not start".into()))?
+        let launched = launched.await.map_err(|_| ChatError::Unavailable("the run could not start".into()))?;
+        // The runs are registered now: they count themselves.
+        drop(reservation);
+        launched
     }
 
     /// Registers and spawns the runs of a start that is in the database.
@@ -484,6 +487,19 @@ struct Prepared {
     earlier: Vec<Message>,
     new_conversation: Option<Conversation>,
     action_result: Option<String>,
+    /// The user's limit of running runs, checked again in the start's transaction where
+    /// other replicas start runs too.
+    max_running: Option<usize>,
+    /// Room for the request's runs among its user's, until they are registered.
+    reservation: Reservation,
+}
+
+/// The refusal of a request over its user's limit of running runs.
+fn busy(running: usize) -> ChatError {
+    ChatError::Busy {
+        message: format!("{running} answers are still streaming; wait for one to finish"),
+        retry_after: Duration::from_secs(1),
+    }
 }
 
 /// One run of a request (a comparison has two).

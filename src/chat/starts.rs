@@ -106,6 +106,7 @@ mod tests {
             user_message_is_new: true,
             comparison: None,
             replica_id: "replica".into(),
+            max_running: None,
         }
     }
 

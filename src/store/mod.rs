@@ -40,6 +40,9 @@ pub enum StoreError {
     /// its file is gone).
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The start would take its user past `max_running`: this many run already.
+    #[error("{0} runs are running")]
+    TooManyRuns(usize),
 }
 
 impl StoreError {
@@ -119,6 +122,9 @@ pub struct RunStart {
     pub comparison: Option<Comparison>,
     /// The chatd process that runs it; it keeps the trace's heartbeat fresh.
     pub replica_id: String,
+    /// The most runs its user may have running, counted in the start's transaction on a
+    /// shared store (where other replicas start runs too); `None`: not counted there.
+    pub max_running: Option<usize>,
 }
 
 /// A run found `running` in the store, with the last sign of life of its process.

@@ -174,6 +174,9 @@ macro_rules! impl_store {
                 }
                 self.write(async |conn| {
                     let mut tx = sqlx::Connection::begin_with(conn, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
+                    if <Self as $crate::store::Shared>::SHARED {
+                        Self::check_running_limits(&mut *tx, starts).await?;
+                    }
                     for rows in conversations.chunks($crate::store::sql::ROWS_PER_INSERT) {
                         Self::insert_conversations(&mut *tx, rows).await?;
                     }
@@ -425,6 +428,38 @@ macro_rules! impl_store {
         }
 
         impl $store {
+            /// Counts each user's running runs, with the starts' new ones, against the starts'
+            /// `max_running`, holding a lock per user until the transaction ends: replicas
+            /// that start runs for one user at once take turns here, and each sees the runs
+            /// the others committed.
+            async fn check_running_limits(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                starts: &[&RunStart],
+            ) -> Result<(), StoreError> {
+                let mut users: Vec<(&str, usize, usize)> = Vec::new();
+                for start in starts {
+                    let (Some(limit), Some(first)) = (start.max_running, start.traces.first()) else { continue };
+                    match users.iter_mut().find(|(user, _, _)| *user == first.user_id) {
+                        Some((_, _, adding)) => *adding += start.traces.len(),
+                        None => users.push((first.user_id.as_str(), limit, start.traces.len())),
+                    }
+                }
+                users.sort_unstable();
+                for (user, limit, adding) in users {
+                    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 7))").bind(user).execute(&mut *conn).await?;
+                    let (running,): (i64,) =
+                        sqlx::query_as("select count(*) from traces where user_id = $1 and status = 'running'")
+                            .bind(user)
+                            .fetch_one(&mut *conn)
+                            .await?;
+                    let running = usize::try_from(running).unwrap_or(usize::MAX);
+                    if running + adding > limit {
+                        return Err(StoreError::TooManyRuns(running));
+                    }
+                }
+                Ok(())
+            }
+
             async fn insert_conversation(
                 conn: &mut <$db as sqlx::Database>::Connection,
                 c: &Conversation,

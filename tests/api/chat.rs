@@ -8,8 +8,9 @@ use crate::helpers::*;
 both_backends! {
     async fn a_burst_of_new_chats_all_start_stream_and_persist(backend: Backend) {
         // Starts that arrive together are written in one transaction: every one of them
-        // must still get its own conversation, stream and stored answer.
-        let app = TestApp::spawn(backend, "").await;
+        // must still get its own conversation, stream and stored answer. (One user's forty
+        // runs at once: above the default limit of running runs.)
+        let app = TestApp::spawn(backend, "[limits]\nmax_concurrent_runs_per_user = 40\n").await;
         let chats = (0..40).map(|i| app.chat("ann", json!({"message": format!("burst {i} [mock:words=30]")})));
         let streams = futures_util::future::join_all(chats).await;
         let mut conversations = std::collections::HashSet::new();

@@ -559,3 +559,49 @@ both_backends! {
         assert_eq!(trace["status"], "completed");
     }
 }
+
+both_backends! {
+    async fn simultaneous_requests_never_pass_the_running_limit(backend: Backend) {
+        let app = TestApp::spawn(backend, "[limits]\nmax_concurrent_runs_per_user = 4\n").await;
+        let slow = json!({"message": "[mock:words=200] [mock:delay=20]"});
+        let requests = (0..20).map(|_| {
+            app.client.post(app.url("/api/chat/stream")).header("x-client-id", "ann").json(&slow).send()
+        });
+        let responses = futures_util::future::join_all(requests).await;
+        let statuses: Vec<u16> = responses.iter().map(|r| r.as_ref().unwrap().status().as_u16()).collect();
+        assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 4, "{statuses:?}");
+        assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 16, "{statuses:?}");
+
+        // Three of four running: a comparison's two runs do not fit.
+        drop(responses);
+        let app = TestApp::spawn(backend, "[limits]\nmax_concurrent_runs_per_user = 4\n").await;
+        let mut live = Vec::new();
+        for _ in 0..3 {
+            live.push(start(&app, "bob", slow.clone()).await);
+        }
+        let ab = json!({"message": "both", "profile_a": "default", "profile_b": "other"});
+        let (status, body) = app.post("/api/ab/stream", "bob", ab.clone()).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(body["code"], "RATE_LIMITED");
+        for run in &mut live {
+            run.until("start").await;
+        }
+    }
+}
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn the_running_limit_holds_across_replicas() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let config = "[limits]\nmax_concurrent_runs_per_user = 3\n";
+    let (one, two) = (TestApp::on(&db.url, config).await, TestApp::on(&db.url, config).await);
+    let slow = json!({"message": "[mock:words=200] [mock:delay=20]"});
+    let requests = (0..12).map(|i| {
+        let app = if i % 2 == 0 { &one } else { &two };
+        app.client.post(app.url("/api/chat/stream")).header("x-client-id", "ann").json(&slow).send()
+    });
+    let responses = futures_util::future::join_all(requests).await;
+    let statuses: Vec<u16> = responses.iter().map(|r| r.as_ref().unwrap().status().as_u16()).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 3, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 200 || *s == 429), "{statuses:?}");
+}

@@ -28,6 +28,7 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
         traces: vec![Trace::start(&conversation.user_id, &user_message, "m", "p")],
         user_message,
         replica_id: "replica-a".into(),
+        max_running: None,
     }
 }
 
