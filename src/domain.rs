@@ -130,6 +130,11 @@ pub struct ToolCall {
     pub id: String,
     pub name: String,
     pub input: Value,
+    /// Why the model's arguments could not be read (not JSON): the call is answered with
+    /// this as a tool error instead of being run, and the model may try again. Its `input`
+    /// is then `{}`. Only the run that made the call needs it.
+    #[serde(skip)]
+    pub invalid_arguments: Option<String>,
 }
 
 /// A tool's answer as the model gets it back.

@@ -399,6 +399,7 @@ async fn run_tools(
         let tool = by_name.get(&call.name).map(|t| Arc::clone(t));
         // Its own token: a timeout stops this call only; cancelling the run stops them all.
         let (input, token, limits) = (call.input.clone(), cancel.child_token(), plan.limits);
+        let invalid = call.invalid_arguments.clone();
         let (forward, mut reports) = mpsc::unbounded_channel();
         let progress = progress_tx.clone();
         running.push(async move {
@@ -410,7 +411,13 @@ async fn run_tools(
                 }
             };
             let ctx = ToolCallContext { progress: forward, cancel: token };
-            let ((status, text, payload), ()) = tokio::join!(call_tool(tool, input, ctx, limits), relay);
+            let call = async {
+                match invalid {
+                    Some(why) => (ToolStatus::Error, why, None),
+                    None => call_tool(tool, input, ctx, limits).await,
+                }
+            };
+            let ((status, text, payload), ()) = tokio::join!(call, relay);
             Finished { slot, status, text, payload, started_at, duration: started.elapsed() }
         });
     }
@@ -490,8 +497,9 @@ async fn call_tool(
         };
         match outcome {
             Ok(Ok(mut output)) => {
-                // NUL cannot be stored (Postgres) and means nothing to a model or a person.
-                output.text.retain(|c| c != '\0');
+                // Tool output is text for a person and a model, cleaned as the model's text is:
+                // no control characters (terminal escapes, NUL, which Postgres cannot store).
+                output.text.retain(super::clean::visible);
                 if let Some(payload) = &mut output.payload {
                     super::runs::strip_nul(payload);
                 }
@@ -502,7 +510,13 @@ async fn call_tool(
                 tracing::info!(tool = %tool.spec().name, attempt, error = %message, "retrying tool call");
                 tokio::time::sleep(Duration::from_millis(100 * 2u64.pow(attempt))).await;
             }
-            Ok(Err(error)) => return (ToolStatus::Error, error.message.replace('\0', ""), None),
+            Ok(Err(error)) => {
+                return (
+                    ToolStatus::Error,
+                    error.message.chars().filter(|c| super::clean::visible(*c)).collect(),
+                    None,
+                );
+            }
             Err(None) => return (ToolStatus::Cancelled, "cancelled".to_owned(), None),
             Err(Some(())) => {
                 // Tell the tool to stop (an MCP server gets notifications/cancelled).

@@ -152,7 +152,7 @@ fn append(out: &mut Vec<Piece>, piece: Piece) {
 }
 
 /// Whether a character may reach a client: no control characters but `\n` and `\t`, no `␄`.
-fn visible(c: char) -> bool {
+pub fn visible(c: char) -> bool {
     (!c.is_control() || c == '\n' || c == '\t') && c != '\u{2404}'
 }
 

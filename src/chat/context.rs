@@ -195,7 +195,7 @@ mod tests {
         let mut tool_turn = message(Role::Assistant, "");
         tool_turn.provider_state = Some(json!({"turns": [AssistantTurn {
             text: "calling".into(),
-            tool_calls: vec![ToolCall { id: "c1".into(), name: "t".into(), input: json!({}) }],
+            tool_calls: vec![ToolCall { id: "c1".into(), name: "t".into(), input: json!({}), invalid_arguments: None }],
             tool_results: vec![ToolResult { tool_call_id: "c1".into(), tool_name: "t".into(), content: long.clone(), is_error: false }],
             ..AssistantTurn::default()
         }]}));

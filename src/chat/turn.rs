@@ -11,7 +11,7 @@ use super::clean::{Cleaner, Piece};
 use super::markers::Captured;
 use crate::domain::{ToolCall, Usage, new_id};
 use crate::events::Event;
-use crate::providers::{ProviderError, ProviderEvent, transport};
+use crate::providers::{ProviderError, ProviderEvent};
 
 /// What a model call produced, as the client saw it.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -87,7 +87,12 @@ impl Turn {
                 self.next_index += 1;
                 out.push(Event::ToolInputStart { tool_call_id: id.clone(), tool: name.clone(), index: run_index });
                 let slot = self.output.tool_calls.len();
-                self.output.tool_calls.push(ToolCall { id: id.clone(), name, input: Value::Null });
+                self.output.tool_calls.push(ToolCall {
+                    id: id.clone(),
+                    name,
+                    input: Value::Null,
+                    invalid_arguments: None,
+                });
                 self.calls.insert(index, PendingCall { id, slot, arguments: String::new() });
             }
             ProviderEvent::ToolCallDelta { index, arguments } => {
@@ -98,12 +103,27 @@ impl Turn {
             }
             ProviderEvent::ToolCallEnd { index } => {
                 if let Some(call) = self.calls.remove(&index) {
-                    let input = if call.arguments.trim().is_empty() {
+                    let made = &mut self.output.tool_calls[call.slot];
+                    made.input = if call.arguments.trim().is_empty() {
                         json!({})
                     } else {
-                        serde_json::from_str(&call.arguments).map_err(|_| transport::parse_error())?
+                        match serde_json::from_str::<Value>(&call.arguments) {
+                            Ok(mut input) => {
+                                // NUL cannot be stored (Postgres) and means nothing to a tool.
+                                super::runs::strip_nul(&mut input);
+                                input
+                            }
+                            // A model's slip, not a broken response: the model hears it as
+                            // the call's error and may try again.
+                            Err(e) => {
+                                made.invalid_arguments = Some(format!(
+                                    "The arguments are not valid JSON ({e}): {}",
+                                    preview(&call.arguments)
+                                ));
+                                json!({})
+                            }
+                        }
                     };
-                    self.output.tool_calls[call.slot].input = input;
                 }
             }
             ProviderEvent::Usage(usage) => self.output.usage.add(&usage),
@@ -146,6 +166,13 @@ impl Turn {
     pub fn finished(&self) -> bool {
         self.output.finish_reason.is_some()
     }
+}
+
+/// The start of a model's unreadable arguments, as its tool error quotes them.
+fn preview(arguments: &str) -> String {
+    const MAX_CHARS: usize = 200;
+    let cut: String = arguments.chars().filter(|c| *c != '\0').take(MAX_CHARS).collect();
+    if arguments.chars().count() > MAX_CHARS { format!("{cut}…") } else { cut }
 }
 
 /// One model call run to its end for its cleaned text alone (titles, summaries): `None` if

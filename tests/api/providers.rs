@@ -49,6 +49,18 @@ async fn run(kind: &str, script: Vec<Scripted>, extra: &str, message: &str) -> R
 
 /// [`run`], with `provider_extra` added to the provider's settings.
 async fn run_on(kind: &str, script: Vec<Scripted>, provider_extra: &str, extra: &str, message: &str) -> Run {
+    run_with(Backend::Sqlite, kind, script, provider_extra, extra, message).await
+}
+
+/// [`run_on`] on `backend`.
+async fn run_with(
+    backend: Backend,
+    kind: &str,
+    script: Vec<Scripted>,
+    provider_extra: &str,
+    extra: &str,
+    message: &str,
+) -> Run {
     let fixture = Fixture::start(script).await;
     let key = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(key.path(), format!("{KEY}\n")).unwrap();
@@ -79,7 +91,7 @@ async fn run_on(kind: &str, script: Vec<Scripted>, provider_extra: &str, extra: 
         "#,
         key = key.path().display(),
     );
-    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let app = TestApp::spawn(backend, &config).await;
     let frames = app.chat("ann", json!({"message": message})).await;
     Run { app, fixture, frames, _key: key }
 }
@@ -266,6 +278,51 @@ async fn openai_tool_calls_stream_run_and_go_back_in_openai_format() {
     );
     assert_eq!(message["tool_history"][0]["tool_name"], "calculator");
     assert_eq!(message["content"], complete["message"]);
+}
+
+/// One OpenAI tool call of the calculator with `arguments`, then the call's end.
+fn openai_calculator_call(arguments: &str) -> Vec<String> {
+    vec![
+        openai_chunk(json!({"role": "assistant", "content": ""}), None),
+        openai_chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": arguments}}]}),
+            None,
+        ),
+        openai_chunk(json!({}), Some("tool_calls")),
+        DONE.to_owned(),
+    ]
+}
+
+#[tokio::test]
+async fn arguments_that_are_not_json_go_back_to_the_model_as_the_calls_error() {
+    let script = vec![
+        Scripted::sse(&openai_calculator_call(r#"{"expression": "6 *"#)),
+        Scripted::sse(&openai_text(&["Let me try again."])),
+    ];
+    let r = run("openai", script, "", "what is 6 times 7?").await;
+    assert_eq!(r.last("tool_complete")["status"], "error");
+    assert_eq!(r.last("complete")["payload"]["finish_reason"], "stop", "{:?}", r.kinds());
+    let second = &r.fixture.received()[1].body["messages"];
+    let answer = second.as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    let content = answer["content"].as_str().unwrap();
+    assert!(content.starts_with("Error: The arguments are not valid JSON"), "{content}");
+    assert!(content.contains(r#"{"expression": "6 *"#), "the model sees what it sent: {content}");
+    assert_eq!(r.trace().await["status"], "completed");
+}
+
+both_backends! {
+    async fn nul_in_a_models_tool_arguments_is_stored_without_it(backend: Backend) {
+        let script = vec![
+            Scripted::sse(&openai_calculator_call(r#"{"expression": "6 * 7\u0000"}"#)),
+            Scripted::sse(&openai_text(&["42."])),
+        ];
+        let r = run_with(backend, "openai", script, "", "", "what is 6 times 7?").await;
+        assert_eq!(r.last("tool_output")["output"], "42");
+        assert_eq!(r.last("complete")["payload"]["message"], "[[tool:0]]\n\n42.", "{:?}", r.kinds());
+        let message = &r.conversation().await["messages"][1];
+        assert_eq!(message["tool_calls"][0]["input"], json!({"expression": "6 * 7"}));
+        assert_eq!(r.trace().await["status"], "completed");
+    }
 }
 
 #[tokio::test]

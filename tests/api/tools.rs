@@ -302,3 +302,13 @@ async fn earlier_payloads_are_listed_in_the_next_system_prompt() {
     let system = provider.received()[0].body["messages"][0]["content"].as_str().unwrap().to_owned();
     assert!(system.contains(&format!("- {payload_id} (report): Q3 report")), "{system}");
 }
+
+#[tokio::test]
+async fn control_characters_in_tool_output_are_cleaned_as_text_is() {
+    let tool =
+        Fixture::start(vec![Scripted::json(200, json!({"text": "\u{1b}[31mred\u{1b}[0m\u{1}\u{0}\tok\nnext"}))]).await;
+    let app = TestApp::spawn(Backend::Sqlite, &http_tool("shell", &tool.base, true)).await;
+    let frames = app.chat("ann", json!({"message": "[mock:tool=shell {}]"})).await;
+    assert_eq!(of(&frames, "tool_output")[0]["output"], "[31mred[0m\tok\nnext");
+    assert_eq!(complete(&frames)["tool_history"][0]["output"], "[31mred[0m\tok\nnext");
+}
