@@ -120,6 +120,29 @@ fn parse(c: &mut Criterion) {
     group.finish();
 }
 
+/// One OpenAI frame of `megabytes` of text, read 16 KiB at a time, then the stream's end:
+/// decoding must cost time linear in the frame's size.
+fn large_frame(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut group = c.benchmark_group("large_frame");
+    group.sample_size(10);
+    for megabytes in [1, 2, 4, 8] {
+        let text = "x".repeat(megabytes * 1024 * 1024 - 512);
+        let frame = json!({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]});
+        let end = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+        let body = format!("data: {frame}\n\ndata: {end}\n\ndata: [DONE]\n\n");
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_function(format!("{megabytes}MB"), |b| {
+            b.iter_batched(
+                || body.as_bytes().chunks(16 * 1024).map(Bytes::copy_from_slice).collect(),
+                |chunks| runtime.block_on(decode(WireFormat::OpenAi, chunks)),
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
 fn provider_events() -> Vec<ProviderEvent> {
     let mut events: Vec<ProviderEvent> = (0..TOKENS).map(|i| ProviderEvent::Text(token(i))).collect();
     events[10] = ProviderEvent::Text("<thi".into());
@@ -317,5 +340,5 @@ fn sqlite_writer(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, parse, clean, serialize, event_log, sqlite_writer);
+criterion_group!(benches, parse, large_frame, clean, serialize, event_log, sqlite_writer);
 criterion_main!(benches);

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use eventsource_stream::{Event as SseFrame, Eventsource};
+use eventsource_stream::{Event as SseFrame, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::Value;
@@ -61,6 +61,11 @@ impl Transport {
         }
     }
 
+    /// How long a body that is no stream (an error's) may take to read.
+    fn error_body_within(&self) -> Duration {
+        self.idle.min(ERROR_BODY_WITHIN)
+    }
+
     pub fn client(&self) -> &reqwest::Client {
         &self.client
     }
@@ -72,7 +77,7 @@ impl Transport {
         loop {
             let error = match tokio::time::timeout(self.first_byte, build().send()).await {
                 Ok(Ok(response)) if response.status().is_success() => return Ok(response),
-                Ok(Ok(response)) => http_error(response, self.api_key.as_ref()).await,
+                Ok(Ok(response)) => http_error(response, self.api_key.as_ref(), self.error_body_within()).await,
                 Ok(Err(e)) => {
                     let cause = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
                     tracing::warn!(error = %e, cause, "provider request failed");
@@ -105,9 +110,21 @@ impl Transport {
         wait.min(self.retry_max)
     }
 
-    /// Decodes a successful response's SSE body with `decoder`.
+    /// Decodes a successful response's SSE body with `decoder`. A body that says it is
+    /// JSON or HTML is no stream: a parse error (some servers answer errors with 200).
     pub fn decode(&self, response: Response, decoder: impl Decoder) -> ProviderStream {
         let key = self.api_key.clone();
+        let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+        if let Some(kind) = content_type.filter(|t| t.starts_with("application/json") || t.starts_with("text/html")) {
+            let (kind, within) = (kind.to_owned(), self.error_body_within());
+            return futures_util::stream::once(async move {
+                let body = bounded_body(response, within).await;
+                let detail = ProviderError::new(ProviderErrorKind::Parse, provider_message(&body)).redacted(key.as_ref()).message;
+                tracing::warn!(content_type = kind, detail = %truncate(&detail, 300), "provider answered 200 without a stream");
+                Err(parse_error())
+            })
+            .boxed();
+        }
         decode(response.bytes_stream(), decoder, self.first_byte, self.idle)
             .map(move |event| event.map_err(|e| e.redacted(key.as_ref())))
             .boxed()
@@ -118,39 +135,75 @@ fn secs(value: f64) -> Duration {
     Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(Duration::MAX)
 }
 
-/// Cuts every chunk after each line feed, without copying. eventsource-stream copies what is
-/// left of its buffer for each line it parses, so a large read holding many frames (an
-/// HTTP/2 DATA frame carries up to 16 KiB) would cost time quadratic in its length; line by
-/// line, what is left is at most a line.
-fn lines<S, E>(bytes: S) -> impl Stream<Item = Result<Bytes, E>> + Send
+/// The most bytes one SSE frame (its lines up to the blank line that ends it) may have: a
+/// larger one fails the run as unparsable instead of growing without bound.
+pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
+
+/// What [`lines`] found wrong in the bytes themselves.
+#[derive(Debug)]
+enum Cut<E> {
+    Transport(E),
+    TooLarge,
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for Cut<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cut::Transport(e) => e.fmt(f),
+            Cut::TooLarge => write!(f, "an SSE frame longer than {MAX_FRAME_BYTES} bytes"),
+        }
+    }
+}
+
+/// Hands the SSE parser whole lines only, each in one piece: complete lines of a chunk as
+/// slices of it (no copy), a line split across chunks gathered first. eventsource-stream
+/// parses its whole buffer again for each piece it is given, and copies what is left after
+/// each line, so a large read of many lines, or one long line arriving in many pieces (a
+/// megabyte-sized frame), cost time quadratic in its length; line by line, it is linear.
+/// A frame above [`MAX_FRAME_BYTES`] ends the stream with an error.
+fn lines<S, E>(bytes: S) -> impl Stream<Item = Result<Bytes, Cut<E>>> + Send
 where
     S: Stream<Item = Result<Bytes, E>> + Send,
     E: Send,
 {
-    bytes.flat_map(|chunk| {
-        futures_util::stream::iter(match chunk {
-            Ok(rest) => Cuts::Lines(rest),
-            Err(e) => Cuts::Failed(Some(e)),
-        })
-    })
-}
-
-enum Cuts<E> {
-    Lines(Bytes),
-    Failed(Option<E>),
-}
-
-impl<E> Iterator for Cuts<E> {
-    type Item = Result<Bytes, E>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        match self {
-            Cuts::Lines(rest) if rest.is_empty() => None,
-            Cuts::Lines(rest) => {
-                let end = memchr::memchr(b'\n', rest).map_or(rest.len(), |i| i + 1);
-                Some(Ok(rest.split_to(end)))
+    async_stream::stream! {
+        let mut bytes = std::pin::pin!(bytes);
+        let mut partial = bytes::BytesMut::new();
+        // Bytes of the frame so far, before `partial`.
+        let mut frame_bytes = 0usize;
+        while let Some(chunk) = bytes.next().await {
+            let mut rest = match chunk {
+                Ok(rest) => rest,
+                Err(e) => {
+                    yield Err(Cut::Transport(e));
+                    return;
+                }
+            };
+            while let Some(at) = memchr::memchr(b'\n', &rest) {
+                let piece = rest.split_to(at + 1);
+                let line = if partial.is_empty() {
+                    piece
+                } else {
+                    partial.extend_from_slice(&piece);
+                    partial.split().freeze()
+                };
+                // A blank line ends a frame.
+                let blank = line.as_ref() == b"\n" || line.as_ref() == b"\r\n";
+                frame_bytes = if blank { 0 } else { frame_bytes + line.len() };
+                if frame_bytes > MAX_FRAME_BYTES {
+                    yield Err(Cut::TooLarge);
+                    return;
+                }
+                yield Ok(line);
             }
-            Cuts::Failed(e) => e.take().map(Err),
+            if frame_bytes + partial.len() + rest.len() > MAX_FRAME_BYTES {
+                yield Err(Cut::TooLarge);
+                return;
+            }
+            partial.extend_from_slice(&rest);
+        }
+        if !partial.is_empty() {
+            yield Ok(partial.freeze());
         }
     }
 }
@@ -204,9 +257,16 @@ where
                         return;
                     }
                 }
-                Some(Err(e)) => {
+                // Bytes that are no SSE (not UTF-8, not parsable, a frame too large) are a
+                // broken answer, not a broken connection: trying again would not mend them.
+                Some(Err(EventStreamError::Transport(Cut::Transport(e)))) => {
                     tracing::warn!(error = %e, "provider stream broke");
                     yield Err(network_error());
+                    return;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "provider stream is not SSE");
+                    yield Err(parse_error());
                     return;
                 }
                 None => {
@@ -245,7 +305,7 @@ pub fn json<'a, T: serde::Deserialize<'a>>(frame: &'a SseFrame) -> Result<T, Pro
 /// Maps a non-success HTTP answer onto the contract: 401/403 → UNAUTHORIZED, 429 →
 /// RATE_LIMITED (with `Retry-After`), 408/5xx → SERVICE_UNAVAILABLE (retryable), other 4xx →
 /// SERVICE_UNAVAILABLE with the provider's message (not retryable).
-pub async fn http_error(response: Response, key: Option<&Secret>) -> ProviderError {
+pub async fn http_error(response: Response, key: Option<&Secret>, within: Duration) -> ProviderError {
     let status = response.status();
     let retry_after = response
         .headers()
@@ -253,7 +313,7 @@ pub async fn http_error(response: Response, key: Option<&Secret>) -> ProviderErr
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
         .and_then(|s| Duration::try_from_secs_f64(s).ok());
-    let body = response.text().await.unwrap_or_default();
+    let body = bounded_body(response, within).await;
     let detail = ProviderError::new(ProviderErrorKind::Unavailable, provider_message(&body)).redacted(key).message;
     tracing::warn!(status = status.as_u16(), detail = %truncate(&detail, 300), "provider answered an error");
     let mut error = match status {
@@ -271,6 +331,34 @@ pub async fn http_error(response: Response, key: Option<&Secret>) -> ProviderErr
     };
     error.retry_after = retry_after;
     error
+}
+
+/// What is read of a body that is not a stream (an error's), at most.
+pub const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+/// How long reading such a body may take, at most (less if the provider's idle timeout is
+/// shorter).
+pub const ERROR_BODY_WITHIN: Duration = Duration::from_secs(10);
+
+/// The start of `response`'s body as text: at most [`MAX_ERROR_BODY_BYTES`], read within
+/// `within`; what does not fit or come in time is left unread (the connection
+/// is closed with the response). A 300 MB error page or one that stalls after its headers
+/// must cost neither memory nor the run's time.
+async fn bounded_body(response: Response, within: Duration) -> String {
+    let mut body = Vec::new();
+    let mut chunks = response.bytes_stream();
+    let read = async {
+        while let Some(Ok(chunk)) = chunks.next().await {
+            let room = MAX_ERROR_BODY_BYTES - body.len();
+            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if body.len() >= MAX_ERROR_BODY_BYTES {
+                break;
+            }
+        }
+    };
+    if tokio::time::timeout(within, read).await.is_err() {
+        tracing::warn!(read = body.len(), "provider error body stalled; reading no more of it");
+    }
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 fn unavailable_message(detail: &str) -> String {
@@ -306,12 +394,24 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn chunks_are_cut_after_each_line_feed_and_errors_pass_through() {
+    async fn chunks_become_whole_lines_and_errors_pass_through() {
         let chunks = vec![Ok(Bytes::from("data: a\n\ndata: b")), Ok(Bytes::from("c\r\n\r\n")), Err("cut")];
-        let pieces: Vec<Result<Bytes, &str>> = lines(futures_util::stream::iter(chunks)).collect().await;
-        let expected = ["data: a\n", "\n", "data: b", "c\r\n", "\r\n"].map(|p| Ok(Bytes::from(p)));
-        assert_eq!(pieces[..5], expected);
-        assert_eq!(pieces[5], Err("cut"));
-        assert_eq!(pieces.len(), 6);
+        let pieces: Vec<Result<Bytes, String>> =
+            lines(futures_util::stream::iter(chunks)).map(|p| p.map_err(|e| e.to_string())).collect().await;
+        let expected = ["data: a\n", "\n", "data: bc\r\n", "\r\n"].map(|p| Ok(Bytes::from(p)));
+        assert_eq!(pieces[..4], expected);
+        assert_eq!(pieces[4], Err("cut".to_owned()));
+        assert_eq!(pieces.len(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_frame_above_the_cap_ends_the_lines() {
+        let line = Bytes::from(vec![b'x'; 1024 * 1024]);
+        let chunks = (0..9).map(|_| Ok::<_, String>(line.clone()));
+        let pieces: Vec<_> = lines(futures_util::stream::iter(chunks)).collect().await;
+        assert!(matches!(pieces.as_slice(), [Err(Cut::TooLarge)]), "{pieces:?}");
+        let frames = ["data: 1\n", "\n"].map(|p| Ok::<_, String>(Bytes::from(p)));
+        let small: Vec<_> = lines(futures_util::stream::iter(frames)).collect().await;
+        assert_eq!(small.len(), 2);
     }
 }

@@ -18,6 +18,8 @@ use serde_json::Value;
 #[derive(Clone, Debug)]
 pub enum Part {
     Bytes(String),
+    /// Bytes that need not be UTF-8.
+    Raw(Vec<u8>),
     Pause(Duration),
     /// Stop sending, keeping the connection open.
     Stall,
@@ -121,6 +123,7 @@ async fn answer(State(shared): State<Shared>, request: Request) -> Response {
         .then(|part| async move {
             match part {
                 Part::Bytes(text) => Some(Ok::<_, std::io::Error>(Bytes::from(text))),
+                Part::Raw(bytes) => Some(Ok(Bytes::from(bytes))),
                 Part::Pause(d) => {
                     tokio::time::sleep(d).await;
                     None

@@ -410,6 +410,70 @@ async fn an_unparsable_frame_fails_with_failed_to_parse() {
 }
 
 #[tokio::test]
+async fn bytes_that_are_no_sse_are_a_parse_error_not_retried() {
+    let not_utf8 =
+        Scripted::sse(&[openai_chunk(json!({"content": "ok"}), None)]).then(Part::Raw(b"data: \xff\xfe\n\n".to_vec()));
+    let json_200 = Scripted::json(200, json!({"error": {"message": "model overloaded"}}));
+    let html_200 = Scripted {
+        status: 200,
+        headers: vec![("content-type", "text/html".into())],
+        parts: vec![Part::Bytes("<html>a login page</html>".into())],
+    };
+    for script in [not_utf8, json_200, html_200] {
+        let r = run("openai", vec![script.clone(), script], "", "go").await;
+        let error = r.last("error");
+        assert_eq!(error["message"], "Failed to parse response", "{:?}", r.kinds());
+        assert_eq!(error["retryable"], false);
+        assert_eq!(r.fixture.received().len(), 1, "not retried");
+        assert_eq!(r.kinds().last(), Some(&"done"));
+    }
+}
+
+#[tokio::test]
+async fn a_frame_of_megabytes_in_many_pieces_is_read_and_one_above_the_cap_is_refused() {
+    let text = "abcdefgh".repeat(512 * 1024);
+    let chunk = openai_chunk(json!({"content": text}), None);
+    let mut script = Scripted::sse(&[openai_chunk(json!({"role": "assistant", "content": ""}), None)]);
+    for piece in chunk.as_bytes().chunks(16 * 1024) {
+        script = script.then(Part::Bytes(String::from_utf8(piece.to_vec()).unwrap()));
+    }
+    for frame in [openai_chunk(json!({}), Some("stop")), DONE.to_owned()] {
+        script = script.then(Part::Bytes(frame));
+    }
+    let r = run("openai", vec![script], "", "go").await;
+    assert_eq!(r.last("complete")["payload"]["message"].as_str().unwrap().len(), text.len());
+
+    let huge = openai_chunk(json!({"content": "x".repeat(9 * 1024 * 1024)}), None);
+    let r = run("openai", vec![Scripted::sse(&[huge])], "", "go").await;
+    let error = r.last("error");
+    assert_eq!(error["message"], "Failed to parse response");
+    assert_eq!(error["retryable"], false);
+}
+
+#[tokio::test]
+async fn an_error_body_is_read_only_so_far_and_so_long() {
+    // An error page that stalls after its headers: each try ends at the idle timeout.
+    let stalled = Scripted::error(503, json!({})).then(Part::Stall);
+    let stalled = Scripted { parts: vec![Part::Bytes("{\"error\": {\"mess".into()), Part::Stall], ..stalled };
+    let r = run("openai", vec![stalled.clone(), stalled.clone(), stalled], "", "go").await;
+    assert_eq!(r.fixture.received().len(), 3);
+    assert_eq!(r.last("error")["code"], "SERVICE_UNAVAILABLE");
+    assert_eq!(r.trace().await["status"], "error");
+
+    // A huge one: only its start is read, so the message at its end is never seen.
+    let body = format!("{{\"padding\": \"{}\", \"error\": {{\"message\": \"the end\"}}}}", "p".repeat(2 * 1024 * 1024));
+    let huge = Scripted {
+        status: 400,
+        headers: vec![("content-type", "application/json".into())],
+        parts: vec![Part::Bytes(body)],
+    };
+    let r = run("openai", vec![huge], "", "go").await;
+    let message = r.last("error")["message"].as_str().unwrap().to_owned();
+    assert!(message.starts_with("Model error: {\"padding\""), "{message}");
+    assert!(!message.contains("the end"), "{message}");
+}
+
+#[tokio::test]
 async fn a_401_is_unauthorized_and_never_retried() {
     let script = Scripted::error(
         401,
