@@ -34,6 +34,8 @@ pub struct LiveRun {
     frames: Mutex<Frames>,
     /// Set once `done` is among the frames: read without the frames' lock.
     finished: AtomicBool,
+    /// Set by the first cancel asked of this run.
+    cancel_claimed: AtomicBool,
 }
 
 /// A run's frames and the listeners waiting for more, under one lock: a listener that finds
@@ -103,6 +105,11 @@ impl LiveRun {
         self.finished.load(Ordering::Acquire)
     }
 
+    /// True for the first cancel asked of this run only.
+    pub fn claim_cancel(&self) -> bool {
+        !self.cancel_claimed.swap(true, Ordering::AcqRel)
+    }
+
     /// Whether the run has ended and a listener that saw `after` has heard all of it.
     pub fn heard_all(&self, after: u64) -> bool {
         let frames = self.frames.lock().expect("frames lock");
@@ -162,6 +169,7 @@ impl Runs {
             cancel: CancellationToken::new(),
             frames: Mutex::default(),
             finished: AtomicBool::new(false),
+            cancel_claimed: AtomicBool::new(false),
         });
         self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone());
         metrics::gauge!("chatd_active_runs").increment(1.0);

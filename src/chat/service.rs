@@ -107,6 +107,8 @@ pub enum CancelOutcome {
     AlreadyEnded,
     /// No process answered in time.
     NoAnswer,
+    /// Another cancel of the same run came first; that one answers for it.
+    AlreadyCancelling,
 }
 
 impl ChatService {
@@ -171,12 +173,22 @@ impl ChatService {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Whether the server is shutting down (readiness says no meanwhile).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
     /// Cancels a running run wherever it runs, and waits (bounded) to learn how it ended:
     /// a run that completed first is `AlreadyEnded`, so exactly one terminal event is sent.
     pub async fn cancel(&self, user: &str, trace_id: Uuid) -> Result<CancelOutcome, ChatError> {
         if let Some(run) = self.runs.get(trace_id) {
+            // Exactly one of simultaneous cancels is the one that cancelled.
+            let first = run.claim_cancel();
             run.cancel.cancel();
             run.finished().await;
+            if !first {
+                return Ok(CancelOutcome::AlreadyCancelling);
+            }
         } else {
             self.store.notify_cancel(trace_id).await?;
             let deadline = tokio::time::Instant::now() + CANCEL_WAIT;

@@ -294,6 +294,7 @@ async fn cancel(
             Ok(Json(json!({"status": "cancelled", "trace_id": trace.trace_id, "message_id": trace.message_id})))
         }
         CancelOutcome::AlreadyEnded => Err(AppError::Conflict("The run has already ended".into())),
+        CancelOutcome::AlreadyCancelling => Err(AppError::Conflict("The run is being cancelled already".into())),
         CancelOutcome::NoAnswer => Err(AppError::Unavailable("The run did not answer the cancel; try again".into())),
     }
 }

@@ -26,6 +26,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AppJson<T> {
             }
             other => AppError::Validation { field: None, message: other.body_text() },
         })?;
+        // Every body is an object: serde would also take an array as the fields in order.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| *b == b'[') {
+            return Err(AppError::Validation { field: None, message: "The request body must be a JSON object".into() });
+        }
         parse_json(&bytes).map(AppJson)
     }
 }

@@ -1,4 +1,5 @@
-//! Liveness, readiness (the database answers) and the profile list.
+//! Liveness, readiness (the database answers and takes writes, the server is not shutting
+//! down) and the profile list.
 
 use axum::extract::State;
 use axum::routing::get;
@@ -28,8 +29,11 @@ async fn metrics() -> String {
     crate::metrics::handle().render()
 }
 
-#[utoipa::path(get, operation_id = "readyz", path = "/readyz", tag = "health", responses((status = 200, description = "The database answers", body = StatusBody), (status = 503, description = "It does not", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "readyz", path = "/readyz", tag = "health", responses((status = 200, description = "The database answers and takes writes", body = StatusBody), (status = 503, description = "It does not, or the server is shutting down", body = ErrorBody)))]
 async fn ready(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
+    if state.chat.is_draining() {
+        return Err(AppError::Unavailable("Shutting down".into()));
+    }
     state.store.ping().await.map_err(|e| {
         tracing::warn!(error = %e, "readiness check failed");
         AppError::Unavailable("Database unavailable".into())

@@ -1,9 +1,10 @@
 //! The Postgres backend: native uuid, timestamptz and jsonb; several chatd replicas may share
 //! one database.
 
+use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{PgPool, Postgres};
 use uuid::Uuid;
@@ -26,10 +27,23 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// Connects to `url` and runs the Postgres migrations.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url)?;
+        // One connection first: its error says what is wrong at once. The pool retries for
+        // its whole acquire timeout and then says only that it timed out.
+        let first = <PgConnection as sqlx::Connection>::connect_with(&options).await.map_err(|e| {
+            StoreError::Unavailable(format!(
+                "cannot connect to Postgres at {}:{} (database {:?}): {e}; check that the server runs there, \
+                 accepts this user, and that database.url is right",
+                options.get_host(),
+                options.get_port(),
+                options.get_database().unwrap_or_default(),
+            ))
+        })?;
+        sqlx::Connection::close(first).await?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
+            .connect_with(options)
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
         Ok(Self { pool })

@@ -172,6 +172,8 @@ both_backends! {
             (json!({"message": "hi", "profile": "nope"}), 404, "NOT_FOUND", Some("profile")),
             (json!({"message": "x".repeat(51)}), 413, "PAYLOAD_TOO_LARGE", Some("message")),
             (json!({"message": "x".repeat(5000)}), 413, "PAYLOAD_TOO_LARGE", None),
+            (json!(["hi"]), 400, "VALIDATION_ERROR", None),
+            (json!(["hi", unknown]), 400, "VALIDATION_ERROR", None),
         ];
         for (body, status, code, field) in cases {
             let (got, error) = app.post("/api/chat/stream", "ann", body.clone()).await;

@@ -385,6 +385,9 @@ async fn graceful_shutdown_lets_runs_finish_and_refuses_new_ones() {
         // A run that got in before the flag: let it finish, it is part of the drain.
         tokio::task::yield_now().await;
     }
+    let (status, body) = app.get("/readyz", "ann").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "not ready while draining: {body}");
+    assert_eq!(app.get("/healthz", "ann").await.0, StatusCode::OK, "but alive");
     let frames = live.rest().await;
     assert_eq!(terminal_kinds(&frames), ["complete"], "the running answer finished");
     draining.await.unwrap();
@@ -604,4 +607,19 @@ async fn the_running_limit_holds_across_replicas() {
     let statuses: Vec<u16> = responses.iter().map(|r| r.as_ref().unwrap().status().as_u16()).collect();
     assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 3, "{statuses:?}");
     assert!(statuses.iter().all(|s| *s == 200 || *s == 429), "{statuses:?}");
+}
+
+both_backends! {
+    async fn of_simultaneous_cancels_exactly_one_succeeds(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let mut live = start(&app, "ann", json!({"message": SLOW})).await;
+        let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
+        live.until("text_delta").await;
+        let cancels = (0..10).map(|_| app.post("/api/cancel_stream", "ann", json!({"trace_id": trace_id})));
+        let answers = futures_util::future::join_all(cancels).await;
+        let statuses: Vec<u16> = answers.iter().map(|(s, _)| s.as_u16()).collect();
+        assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 1, "{statuses:?}");
+        assert!(answers.iter().all(|(s, body)| *s == 200 || (*s == 409 && body["code"] == "CONFLICT")), "{answers:?}");
+        assert_eq!(terminal_kinds(&live.rest().await), ["cancelled"]);
+    }
 }

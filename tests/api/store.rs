@@ -347,3 +347,15 @@ async fn sqlite_seals_the_logs_a_stopped_process_left_in_chunks() {
     assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4, 5], "the repeated event once");
     assert_eq!(read[4].data["text"], "t5");
 }
+
+#[tokio::test]
+async fn an_unreachable_postgres_is_named_at_once() {
+    // Port 1 on this machine: nothing listens there, the connection is refused at once.
+    let error = match store::connect("postgres://chatd@127.0.0.1:1/chatd", 2).await {
+        Ok(_) => panic!("nothing listens on port 1"),
+        Err(e) => e.to_string(),
+    };
+    assert!(error.contains("127.0.0.1:1"), "{error}");
+    assert!(error.contains("\"chatd\""), "the database is named: {error}");
+    assert!(error.contains("database.url"), "what to check: {error}");
+}

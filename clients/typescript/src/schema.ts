@@ -2330,7 +2330,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The database answers */
+            /** @description The database answers and takes writes */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2339,7 +2339,7 @@ export interface operations {
                     "application/json": components["schemas"]["StatusBody"];
                 };
             };
-            /** @description It does not */
+            /** @description It does not, or the server is shutting down */
             503: {
                 headers: {
                     [name: string]: unknown;
