@@ -52,6 +52,9 @@ pub struct ToolSettings {
     pub max_output_chars: usize,
     /// Retries of a call that failed in a way worth retrying (a 5xx, a lost MCP server).
     pub max_retries: u32,
+    /// Seconds, from start-up, that MCP servers still making their first connection hold
+    /// back readiness and new runs (which then get their tools).
+    pub mcp_start_wait_secs: f64,
 }
 
 /// An MCP server: a child process over stdio (`command` + `args`), or streamable HTTP (`url`).

@@ -54,7 +54,9 @@ impl App {
             );
         }
         let shutdown = CancellationToken::new();
-        let mcp = McpManager::start(&settings.mcp_servers, shutdown.clone());
+        let mcp_wait =
+            Duration::try_from_secs_f64(settings.tools.mcp_start_wait_secs.max(0.0)).unwrap_or(Duration::MAX);
+        let mcp = McpManager::start(&settings.mcp_servers, mcp_wait, shutdown.clone());
         let tools = Arc::new(Registry::new(&settings, mcp).map_err(anyhow::Error::msg)?);
         let runs = Runs::default();
         // Before this process starts runs of its own: whatever is left `running` here lost

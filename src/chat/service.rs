@@ -270,6 +270,9 @@ impl ChatService {
         if text.is_empty() {
             return Err(ChatError::Invalid { field: "message", message: "Message cannot be empty".into() });
         }
+        // A run sent right after start-up must not go without the MCP servers' tools because
+        // they are still starting (bounded by `tools.mcp_start_wait_secs`).
+        self.tools.mcp().wait_started().await;
         let limit = self.settings.limits.max_concurrent_runs_per_user;
         let reservation = self.runs.reserve(user, runs, limit).map_err(busy)?;
         let max = self.settings.limits.max_message_chars;

@@ -34,6 +34,9 @@ async fn ready(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
     if state.chat.is_draining() {
         return Err(AppError::Unavailable("Shutting down".into()));
     }
+    if state.tools.mcp().starting() {
+        return Err(AppError::Unavailable("MCP servers are starting".into()));
+    }
     state.store.ping().await.map_err(|e| {
         tracing::warn!(error = %e, "readiness check failed");
         AppError::Unavailable("Database unavailable".into())

@@ -85,13 +85,20 @@ pub struct McpManager {
     servers: Vec<Arc<Server>>,
     /// Woken on every state change, for [`McpManager::wait_ready`].
     changed: Arc<Notify>,
+    /// Until when a server still making its first attempt holds back readiness and runs.
+    start_deadline: tokio::time::Instant,
 }
 
 impl McpManager {
     /// Starts every configured server in the background (start-up must not wait for them) and
     /// keeps them alive until `shutdown` is cancelled, which stops their child processes.
-    /// Must be called within a Tokio runtime.
-    pub fn start(servers: &BTreeMap<String, McpServerSettings>, shutdown: CancellationToken) -> Arc<Self> {
+    /// For up to `start_wait`, servers still making their first attempt hold back readiness
+    /// and new runs ([`McpTools::wait_started`]). Must be called within a Tokio runtime.
+    pub fn start(
+        servers: &BTreeMap<String, McpServerSettings>,
+        start_wait: Duration,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let servers = servers
             .iter()
@@ -102,7 +109,8 @@ impl McpManager {
                 server
             })
             .collect();
-        Arc::new(Self { servers, changed })
+        let start_deadline = tokio::time::Instant::now() + start_wait;
+        Arc::new(Self { servers, changed, start_deadline })
     }
 
     /// The tools of every server that is ready now: (server id, tool). Tool names are the
@@ -144,14 +152,27 @@ impl McpManager {
     /// Waits until every server is ready or failed, or `timeout` passes (tests use it instead
     /// of sleeping).
     pub async fn wait_ready(&self, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
+        self.wait_until(tokio::time::Instant::now() + timeout, |state| {
+            matches!(state, McpState::Ready | McpState::Failed)
+        })
+        .await;
+    }
+
+    /// Whether a server is still making its first attempt, within the start-up wait.
+    pub fn starting(&self) -> bool {
+        tokio::time::Instant::now() < self.start_deadline
+            && self.servers.iter().any(|s| s.lock().state == McpState::Starting)
+    }
+
+    /// Waits until every server's state is `settled`, or `deadline`.
+    async fn wait_until(&self, deadline: tokio::time::Instant, settled: impl Fn(McpState) -> bool) {
         loop {
             // Registered before the check, so a change between the check and the wait is
             // not missed.
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let settled = self.servers.iter().all(|s| matches!(s.lock().state, McpState::Ready | McpState::Failed));
+            let settled = self.servers.iter().all(|s| settled(s.lock().state));
             if settled || tokio::time::timeout_at(deadline, changed).await.is_err() {
                 return;
             }
@@ -169,9 +190,20 @@ impl McpManager {
     }
 }
 
+#[async_trait::async_trait]
 impl McpTools for McpManager {
     fn tools(&self) -> Vec<(String, Arc<dyn Tool>)> {
         McpManager::tools(self)
+    }
+
+    fn starting(&self) -> bool {
+        McpManager::starting(self)
+    }
+
+    async fn wait_started(&self) {
+        if McpManager::starting(self) {
+            self.wait_until(self.start_deadline, |state| state != McpState::Starting).await;
+        }
     }
 
     fn is_global(&self, server: &str) -> bool {

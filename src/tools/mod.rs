@@ -19,9 +19,16 @@ use crate::config::{PageSettings, Settings};
 pub use crate::providers::ToolSpec;
 
 /// The MCP side of the registry: the tools of the servers that are ready now.
+#[async_trait::async_trait]
 pub trait McpTools: Send + Sync {
     /// (server id, tool) for every ready server's tools, under the servers' own names.
     fn tools(&self) -> Vec<(String, Arc<dyn Tool>)>;
+    /// Whether a server is still making its first connection attempt (within the bounded
+    /// start-up wait): chatd is not ready meanwhile.
+    fn starting(&self) -> bool;
+    /// Waits (bounded by the start-up wait) until no server is making its first attempt, so
+    /// that a run started right after start-up is offered every server's tools.
+    async fn wait_started(&self);
     /// Whether a server's tools are offered on every page.
     fn is_global(&self, server: &str) -> bool;
     /// Each server's state, for `GET /api/tools`.
@@ -31,10 +38,17 @@ pub trait McpTools: Send + Sync {
 /// No MCP servers (tests, or a build without them).
 pub struct NoMcp;
 
+#[async_trait::async_trait]
 impl McpTools for NoMcp {
     fn tools(&self) -> Vec<(String, Arc<dyn Tool>)> {
         Vec::new()
     }
+
+    fn starting(&self) -> bool {
+        false
+    }
+
+    async fn wait_started(&self) {}
 
     fn is_global(&self, _server: &str) -> bool {
         false

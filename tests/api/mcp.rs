@@ -67,7 +67,7 @@ impl Servers {
         let servers: BTreeMap<String, McpServerSettings> =
             servers.into_iter().map(|(id, s)| (id.to_owned(), s)).collect();
         let shutdown = CancellationToken::new();
-        let manager = McpManager::start(&servers, shutdown.clone());
+        let manager = McpManager::start(&servers, Duration::from_secs(30), shutdown.clone());
         manager.wait_ready(Duration::from_secs(15)).await;
         Self { manager, shutdown }
     }
@@ -486,4 +486,34 @@ async fn through_chatd_mcp_tools_stream_progress_and_clashing_names_get_the_serv
         .iter()
         .find(|f| f.kind() == "tool_output" && f.data["output"].as_str().unwrap().contains("Europe/Paris"));
     assert!(paris.is_some(), "the renamed tool reached the right server");
+}
+
+#[tokio::test]
+async fn a_run_sent_while_mcp_servers_start_waits_for_their_tools_and_readiness_says_so() {
+    use crate::helpers::{Backend, TestApp};
+    // A server that takes a while to start: its command waits before it becomes the server.
+    let time = time_server();
+    let mut slow = stdio("sh", &["-c", "sleep 1.5; exec \"$0\" \"$@\""]);
+    slow.args.push(time.command.clone().unwrap());
+    slow.args.extend(time.args.clone());
+    let app = TestApp::spawn(Backend::Sqlite, &toml_server("time", &slow)).await;
+
+    let (status, body) = app.get("/readyz", "ann").await;
+    assert_eq!(status, reqwest::StatusCode::SERVICE_UNAVAILABLE, "not ready while a server starts: {body}");
+    let frames = app.chat("ann", json!({"message": r#"[mock:tool=get_current_time {"timezone": "UTC"}]"#})).await;
+    let complete = frames.iter().find(|f| f.kind() == "tool_complete").expect("the tool ran");
+    assert_eq!(complete.data["status"], "success", "{frames:?}");
+    assert_eq!(app.get("/readyz", "ann").await.0, reqwest::StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_server_that_never_starts_holds_readiness_for_the_start_wait_only() {
+    use crate::helpers::{Backend, TestApp};
+    let hung = stdio("sleep", &["600"]);
+    let config = format!("{}[tools]\nmcp_start_wait_secs = 1\n", toml_server("hung", &hung));
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    assert_eq!(app.get("/readyz", "ann").await.0, reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let frames = app.chat("ann", json!({"message": "hello"})).await;
+    assert!(frames.iter().any(|f| f.kind() == "complete"), "the run goes on without the server's tools");
+    assert_eq!(app.get("/readyz", "ann").await.0, reqwest::StatusCode::OK);
 }
