@@ -32,6 +32,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    report_sigbus();
     let cli = Cli::parse();
     let settings = Settings::load(cli.config.as_deref())?;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -78,4 +79,27 @@ async fn stop_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// SQLite maps its `-shm` file into memory. When that file cannot be backed (a full or
+/// read-only filesystem, a file truncated or made immutable under it), the next access is a
+/// SIGBUS, which ends the process with no word at all. This says what happened on stderr
+/// first, then lets the signal end the process as it would have.
+fn report_sigbus() {
+    extern "C" fn on_sigbus(_: libc::c_int) {
+        const MESSAGE: &[u8] = b"chatd: fatal SIGBUS: a memory-mapped file could not be read or written; \
+            most often SQLite's -shm file beside the database, on a full or read-only filesystem: \
+            check the database folder's free space and permissions\n";
+        // Only async-signal-safe calls here. With the default action back, the signal raised
+        // again (held until this returns) ends the process as SIGBUS does.
+        unsafe {
+            libc::write(2, MESSAGE.as_ptr().cast(), MESSAGE.len());
+            libc::signal(libc::SIGBUS, libc::SIG_DFL);
+            libc::raise(libc::SIGBUS);
+        }
+    }
+    // SAFETY: the handler only makes async-signal-safe calls.
+    unsafe {
+        libc::signal(libc::SIGBUS, on_sigbus as *const () as libc::sighandler_t);
+    }
 }

@@ -93,3 +93,33 @@ async fn the_image_command_serves_from_any_folder() {
     assert_eq!(ready, 200);
     assert!(dir.path().join("data/chatd.db").exists(), "the SQLite file and its folder were created");
 }
+
+#[tokio::test]
+async fn a_sigbus_is_reported_before_it_ends_the_process() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_chatd"))
+        .arg("serve")
+        .env("CHATD_SERVER__PORT", port.to_string())
+        .env("CHATD_DATABASE__URL", format!("sqlite://{}/chatd.db", dir.path().display()))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reqwest::get(format!("http://127.0.0.1:{port}/healthz")).await.is_err() {
+        assert!(Instant::now() < deadline, "chatd serve did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // What SQLite's -shm mapping raises when its file cannot be backed.
+    let sent = Command::new("kill").args(["-BUS", &child.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert_eq!(status.signal(), Some(7), "it still ends by SIGBUS: {status:?}");
+    assert!(stderr.contains("fatal SIGBUS") && stderr.contains("-shm"), "{stderr}");
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""chatd's soak: a release chatd on the mock model, driven by the `soak` binary for a while
+with random provider faults, client disconnects, resumes and cancels; then every run is
+checked (its trace is not `running`; its replayed stream has exactly one terminal event and
+ends with `done`) and chatd's RSS over time is reported. Exits non-zero on any violation.
+
+  bench/soak.py [--minutes 10] [--runs 1000] [--postgres postgres://user@host:5432/db]
+
+With --postgres, a fresh database is created on that server (with psql) and dropped after.
+"""
+import argparse, json, os, signal, socket, subprocess, sys, tempfile, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REL = os.path.join(ROOT, "target", "release")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_ready(url, seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    sys.exit(f"{url} did not answer in {seconds} s")
+
+
+def psql(admin_url, sql):
+    subprocess.run(["psql", admin_url, "-v", "ON_ERROR_STOP=1", "-qc", sql], check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=10)
+    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--concurrency", type=int, default=24)
+    ap.add_argument("--postgres", help="an admin URL of a Postgres server to soak on instead of SQLite")
+    args = ap.parse_args()
+
+    subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "chatd", "--bin", "soak"], cwd=ROOT, check=True)
+    work = tempfile.mkdtemp(prefix="chatd-soak-")
+    database = None
+    if args.postgres:
+        database = f"chatd_soak_{int(time.time())}"
+        psql(args.postgres, f"create database {database}")
+        base, _, _ = args.postgres.rpartition("/")
+        url = f"{base}/{database}"
+    else:
+        url = f"sqlite://{work}/chatd.db"
+    port = free_port()
+    config = os.path.join(work, "chatd.toml")
+    with open(config, "w") as f:
+        f.write(f"""
+[server]
+port = {port}
+[database]
+url = "{url}"
+[providers.mock]
+kind = "mock"
+delay_ms = 5
+chunk_chars = 8
+[profiles.default]
+provider = "mock"
+model = "mock-1"
+""")
+    log = open(os.path.join(work, "chatd.log"), "w")
+    chatd = subprocess.Popen([os.path.join(REL, "chatd"), "--config", config], env={**os.environ, "RUST_LOG": "warn"},
+                             stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/readyz")
+        label = "postgres" if args.postgres else "sqlite"
+        soak = subprocess.run([os.path.join(REL, "soak"), "--base", f"http://127.0.0.1:{port}", "--runs", str(args.runs),
+                               "--minutes", str(args.minutes), "--concurrency", str(args.concurrency),
+                               "--pid", str(chatd.pid), "--label", label], capture_output=True, text=True)
+        sys.stderr.write(soak.stderr)
+        summary = json.loads(soak.stdout.strip().splitlines()[-1])
+        print(json.dumps(summary, indent=2))
+        alive = chatd.poll() is None
+        print(f"chatd still running: {alive}; its log: {log.name}")
+        return 0 if soak.returncode == 0 and alive else 1
+    finally:
+        chatd.send_signal(signal.SIGTERM)
+        try:
+            chatd.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            chatd.kill()
+        if database:
+            psql(args.postgres, f"drop database if exists {database} with (force)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
