@@ -198,16 +198,17 @@ async fn main() {
     let spacing = Duration::from_secs_f64(args.minutes * 60.0 / args.runs.max(1) as f64);
     let started = Instant::now();
 
-    let mut rss = Vec::new();
+    // (seconds since the start, KiB) every 5 s.
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sampler = args.pid.map(|pid| {
+        let samples = samples.clone();
         tokio::spawn(async move {
-            let mut samples = Vec::new();
             let mut every = tokio::time::interval(Duration::from_secs(5));
             loop {
                 every.tick().await;
                 match rss_kib(pid) {
-                    Some(kib) => samples.push((started.elapsed().as_secs(), kib)),
-                    None => return samples,
+                    Some(kib) => samples.lock().expect("samples").push((started.elapsed().as_secs(), kib)),
+                    None => return,
                 }
             }
         })
@@ -256,10 +257,8 @@ async fn main() {
     }
     if let Some(sampler) = sampler {
         sampler.abort();
-        if let Ok(samples) = sampler.await {
-            rss = samples;
-        }
     }
+    let mut rss = samples.lock().expect("samples").clone();
     if let Some(pid) = args.pid {
         rss.extend(rss_kib(pid).map(|kib| (started.elapsed().as_secs(), kib)));
     }

@@ -89,7 +89,7 @@ impl SqliteStore {
             .max_connections(max_connections)
             .connect_with(options.clone())
             .await?;
-        let health = Arc::new(WriteHealth { failing: AtomicBool::new(false), file: FileIdentity::of(&path)? });
+        let health = Arc::new(WriteHealth { failing: AtomicBool::new(false), file: FileIdentity::of(&path) });
         let stop = CancellationToken::new();
         tokio::spawn(checkpoints(pool.clone(), health.clone(), stop.clone()));
         Ok(Self {
@@ -185,16 +185,14 @@ struct WriteHealth {
 /// readiness fail, naming the file.
 struct FileIdentity {
     path: PathBuf,
-    /// (device, inode) at start.
-    opened: (u64, u64),
+    /// (device, inode) at start; `None` for a database with no file (`sqlite::memory:`).
+    opened: Option<(u64, u64)>,
     lost: AtomicBool,
 }
 
 impl FileIdentity {
-    fn of(path: &std::path::Path) -> Result<Self, StoreError> {
-        let opened =
-            Self::identity(path).map_err(|e| StoreError::Url(format!("cannot read {}: {e}", path.display())))?;
-        Ok(Self { path: path.to_owned(), opened, lost: AtomicBool::new(false) })
+    fn of(path: &std::path::Path) -> Self {
+        Self { path: path.to_owned(), opened: Self::identity(path).ok(), lost: AtomicBool::new(false) }
     }
 
     fn identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
@@ -208,7 +206,8 @@ impl FileIdentity {
         if self.lost.load(Ordering::Relaxed) {
             return false;
         }
-        if Self::identity(&self.path).is_ok_and(|now| now == self.opened) {
+        let Some(opened) = self.opened else { return true };
+        if Self::identity(&self.path).is_ok_and(|now| now == opened) {
             return true;
         }
         tracing::error!(
