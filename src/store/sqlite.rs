@@ -148,11 +148,13 @@ impl SqliteStore {
         result
     }
 
-    /// A write that changes a page of the file: what readiness tries while writes fail.
+    /// A write of 64 KiB, about what an answer and its log take: what readiness tries while
+    /// writes fail (a tiny write can pass on a disk too full for an answer).
     async fn probe_write(&self) -> Result<(), StoreError> {
         self.write(async |conn| {
             sqlx::query(
-                "insert into write_probe (id, at) values (1, $1) on conflict (id) do update set at = excluded.at",
+                "insert into write_probe (id, at, payload) values (1, $1, zeroblob(65536)) \
+                 on conflict (id) do update set at = excluded.at, payload = excluded.payload",
             )
             .bind(crate::domain::now())
             .execute(conn)

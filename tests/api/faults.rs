@@ -1,8 +1,9 @@
 //! Storage faults: a SQLite database whose writes fail for a while (its `-wal` file made
-//! immutable with `chattr +i`), and whose file is deleted under chatd. chatd must say so
+//! immutable with `chattr +i`, or its disk, a 3 MB tmpfs, full), and whose file is deleted
+//! under chatd. chatd must say so
 //! while it lasts (`/readyz` 503, new runs 503) and heal by itself once the fault clears.
-//! `chattr` needs root and a filesystem that has the flag: without them these tests print
-//! why and pass without checking anything else.
+//! `chattr` and `mount` need root (and `chattr` a filesystem that has the flag): without
+//! them these tests print why and pass without checking anything else.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -147,6 +148,87 @@ async fn a_long_fault_ends_the_run_cleanly_and_its_trace_is_closed_once_writes_w
     // And the next run is saved as usual.
     let next = app.chat("ann", json!({"message": "next"})).await;
     assert_eq!(terminal_kinds(&next), ["complete"]);
+}
+
+/// A 3 MB tmpfs mounted on a temporary folder until dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    /// `None` (with the reason printed) where this process may not mount.
+    fn mount() -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        match Command::new("mount").args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"]).arg(dir.path()).output() {
+            Ok(out) if out.status.success() => Some(Self { dir }),
+            Ok(out) => {
+                eprintln!("skipped: cannot mount a tmpfs here: {}", String::from_utf8_lossy(&out.stderr).trim());
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: no mount here: {e}");
+                None
+            }
+        }
+    }
+
+    /// Fills what is left of the disk; returns the filler's path.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.dir.path().join("filler");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let block = vec![0u8; 4096];
+        while file.write_all(&block).and_then(|()| file.sync_data()).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_is_reported_and_chatd_heals_once_there_is_room() {
+    let Some(disk) = SmallDisk::mount() else { return };
+    let url = format!("sqlite://{}/chatd.db", disk.dir.path().display());
+    let app = TestApp::on(&url, "").await;
+    let first = app.chat("ann", json!({"message": "before"})).await;
+    assert_eq!(terminal_kinds(&first), ["complete"]);
+    let filler = disk.fill();
+
+    // A long answer cannot be saved: refused at its start (503), or ended with one error.
+    let response = app
+        .client
+        .post(app.url("/api/chat/stream"))
+        .header("x-client-id", "ann")
+        .json(&json!({"message": "full [mock:words=30000] [mock:think=off]"}))
+        .send()
+        .await
+        .unwrap();
+    let refused_trace = if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["code"], "SERVICE_UNAVAILABLE");
+        None
+    } else {
+        let frames = read_frames(response).await;
+        assert_eq!(terminal_kinds(&frames), ["error"], "the answer could not be saved");
+        assert_eq!(frames.last().unwrap().kind(), "done");
+        Some(frames[0].data["trace_id"].as_str().unwrap().to_owned())
+    };
+
+    std::fs::remove_file(filler).unwrap();
+    readiness_becomes(&app, StatusCode::OK).await;
+    let after = app.chat("ann", json!({"message": "after"})).await;
+    assert_eq!(terminal_kinds(&after), ["complete"], "{after:?}");
+    if let Some(trace_id) = refused_trace {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while app.get(&format!("/api/trace/{trace_id}"), "ann").await.1["status"] == "running" {
+            assert!(Instant::now() < deadline, "the unsaved run's trace stays running");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 #[tokio::test]
