@@ -6,6 +6,11 @@
 //! headers too slowly, and idle keep-alive connections alike. A streaming response is not
 //! waiting for a head: an SSE stream with its keep-alives stays open as long as it lasts.
 //! On shutdown, accepting stops and open connections are let finish.
+//!
+//! Requests hyper refuses before any handler sees them (a malformed request: 400; a URI too
+//! long: 414; headers too large: 431) are answered by hyper itself, with an empty body and no
+//! hook to fill it: [`Enveloped`] gives those answers the contract's JSON envelope on their
+//! way out.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -71,7 +76,7 @@ pub async fn serve(listener: TcpListener, router: Router, settings: &ServerSetti
             request.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
             router.clone().oneshot(request)
         });
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(Enveloped::new(stream)), service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
@@ -109,4 +114,157 @@ fn connection_cap(wanted: usize) -> usize {
 fn is_connection_error(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
     matches!(e.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset)
+}
+
+/// A connection whose writes pass through untouched, except hyper's own refusals of a request
+/// it could not parse: those heads (status 400, 414 or 431, `connection: close`,
+/// `content-length: 0`, written in one piece before the connection closes) get the
+/// contract's envelope as their body. chatd's handlers never answer 4xx without a body.
+struct Enveloped {
+    inner: tokio::net::TcpStream,
+    /// An answer rewritten with its envelope, still to be written out.
+    pending: Vec<u8>,
+    written: usize,
+}
+
+impl Enveloped {
+    fn new(inner: tokio::net::TcpStream) -> Self {
+        Self { inner, pending: Vec::new(), written: 0 }
+    }
+
+    /// The rewritten answer, if `head` is one of hyper's bodiless refusals.
+    fn envelope(head: &[u8]) -> Option<Vec<u8>> {
+        const MAX_HEAD: usize = 512;
+        if head.len() > MAX_HEAD || !head.ends_with(b"\r\n\r\n") {
+            return None;
+        }
+        let text = std::str::from_utf8(head).ok()?;
+        let (code, message) = match text.get(..13)? {
+            "HTTP/1.1 400 " => ("VALIDATION_ERROR", "The request could not be parsed as HTTP"),
+            "HTTP/1.1 414 " => ("PAYLOAD_TOO_LARGE", "The request's URI is too long"),
+            "HTTP/1.1 431 " => ("PAYLOAD_TOO_LARGE", "The request's headers are too large"),
+            _ => return None,
+        };
+        let lower = text.to_ascii_lowercase();
+        if !lower.contains("\r\ncontent-length: 0\r\n") || !lower.contains("\r\nconnection: close\r\n") {
+            return None;
+        }
+        let body = serde_json::json!({"code": code, "message": message}).to_string();
+        let head = lower.replacen(
+            "\r\ncontent-length: 0\r\n",
+            &format!("\r\ncontent-type: application/json\r\ncontent-length: {}\r\n", body.len()),
+            1,
+        );
+        // The status line keeps its original case (the lower-cased copy is only for headers).
+        let status_line_end = text.find("\r\n")?;
+        let mut out = text.as_bytes()[..status_line_end].to_vec();
+        out.extend_from_slice(&head.as_bytes()[status_line_end..]);
+        out.extend_from_slice(body.as_bytes());
+        Some(out)
+    }
+
+    /// Writes what is pending; ready once it is all out.
+    fn poll_pending(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        use tokio::io::AsyncWrite;
+        while self.written < self.pending.len() {
+            let n =
+                std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_write(cx, &self.pending[self.written..]))?;
+            if n == 0 {
+                return std::task::Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncRead for Enveloped {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Enveloped {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::ready!(self.poll_pending(cx))?;
+        if buf.starts_with(b"HTTP/1.1 4") {
+            if let Some(rewritten) = Self::envelope(buf) {
+                self.pending = rewritten;
+                self.written = 0;
+                // Taken whole; it goes out with the next write, flush or shutdown.
+                let _ = self.poll_pending(cx)?;
+                return std::task::Poll::Ready(Ok(buf.len()));
+            }
+        }
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::ready!(self.poll_pending(cx))?;
+        if bufs.first().is_some_and(|b| b.starts_with(b"HTTP/1.1 4")) {
+            let whole: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            if let Some(rewritten) = Self::envelope(&whole) {
+                self.pending = rewritten;
+                self.written = 0;
+                let _ = self.poll_pending(cx)?;
+                return std::task::Poll::Ready(Ok(whole.len()));
+            }
+        }
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::ready!(self.poll_pending(cx))?;
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::ready!(self.poll_pending(cx))?;
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Enveloped;
+
+    #[test]
+    fn hypers_bodiless_refusals_get_the_envelope_and_nothing_else_changes() {
+        let head = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: Tue, 24 Nov 2026 07:20:39 GMT\r\n\r\n";
+        let out = String::from_utf8(Enveloped::envelope(head).expect("rewritten")).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"), "{head}");
+        assert!(head.contains(&format!("content-length: {}", body.len())), "{head}");
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["code"], "PAYLOAD_TOO_LARGE");
+        for untouched in [
+            &b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 20\r\n\r\n"[..],
+            b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+        ] {
+            assert_eq!(Enveloped::envelope(untouched), None, "{}", String::from_utf8_lossy(untouched));
+        }
+    }
 }

@@ -96,3 +96,27 @@ async fn a_refused_large_body_closes_its_connection_and_says_so() {
         assert_eq!(next.status(), StatusCode::OK);
     }
 }
+
+#[tokio::test]
+async fn requests_hyper_refuses_get_the_envelope_too() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let long_uri = format!("GET /{} HTTP/1.1\r\nhost: chatd\r\n\r\n", "a".repeat(70_000));
+    let big_header = format!("GET /healthz HTTP/1.1\r\nhost: chatd\r\nx-big: {}\r\n\r\n", "a".repeat(500_000));
+    let cases = [
+        (long_uri, "414", "PAYLOAD_TOO_LARGE"),
+        (big_header, "431", "PAYLOAD_TOO_LARGE"),
+        ("GET /healthz HTTP/1.1\r\nhost chatd\r\n\r\n".to_owned(), "400", "VALIDATION_ERROR"),
+    ];
+    for (request, status, code) in cases {
+        let mut stream = connect(&app).await;
+        // A refused request may be cut off while it is still being sent: the answer counts.
+        let _ = stream.write_all(request.as_bytes()).await;
+        let (answer, _) = until_closed(&mut stream).await;
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {answer:?}"));
+        assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let body: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+        assert_eq!(body["code"], code, "{status}");
+        assert!(!body["message"].as_str().unwrap().is_empty());
+    }
+}
