@@ -163,6 +163,18 @@ impl Enveloped {
         Some(out)
     }
 
+    /// Takes `bytes` whole if they are one of hyper's bodiless refusals, rewritten with the
+    /// envelope: they go out now or with the next write, flush or shutdown.
+    fn take_refusal(&mut self, cx: &mut std::task::Context<'_>, bytes: &[u8]) -> std::io::Result<bool> {
+        let Some(rewritten) = Self::envelope(bytes) else { return Ok(false) };
+        self.pending = rewritten;
+        self.written = 0;
+        if let std::task::Poll::Ready(Err(e)) = self.poll_pending(cx) {
+            return Err(e);
+        }
+        Ok(true)
+    }
+
     /// Writes what is pending; ready once it is all out.
     fn poll_pending(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
         use tokio::io::AsyncWrite;
@@ -195,14 +207,8 @@ impl tokio::io::AsyncWrite for Enveloped {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         std::task::ready!(self.poll_pending(cx))?;
-        if buf.starts_with(b"HTTP/1.1 4") {
-            if let Some(rewritten) = Self::envelope(buf) {
-                self.pending = rewritten;
-                self.written = 0;
-                // Taken whole; it goes out with the next write, flush or shutdown.
-                let _ = self.poll_pending(cx)?;
-                return std::task::Poll::Ready(Ok(buf.len()));
-            }
+        if buf.starts_with(b"HTTP/1.1 4") && self.take_refusal(cx, buf)? {
+            return std::task::Poll::Ready(Ok(buf.len()));
         }
         std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
     }
@@ -215,10 +221,7 @@ impl tokio::io::AsyncWrite for Enveloped {
         std::task::ready!(self.poll_pending(cx))?;
         if bufs.first().is_some_and(|b| b.starts_with(b"HTTP/1.1 4")) {
             let whole: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
-            if let Some(rewritten) = Self::envelope(&whole) {
-                self.pending = rewritten;
-                self.written = 0;
-                let _ = self.poll_pending(cx)?;
+            if self.take_refusal(cx, &whole)? {
                 return std::task::Poll::Ready(Ok(whole.len()));
             }
         }
