@@ -13,7 +13,7 @@ use super::AppState;
 use super::chat::{from_the_start, sse};
 use super::error::AppError;
 use super::extract::{AppJson, CurrentUser, IdPath, parse_json};
-use super::openapi::*;
+use super::views::*;
 use crate::chat::arena;
 use crate::chat::{ChatRequest, Frame, LiveRun};
 use crate::domain::{Comparison, Preference, Trace};

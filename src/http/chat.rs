@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
-use super::openapi::*;
+use super::views::*;
 use crate::chat::{CancelOutcome, ChatRequest, Frame, LiveRun};
 use crate::config::OnDisconnect;
 use crate::domain::{Trace, TraceStatus};

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
-use super::openapi::*;
+use super::views::*;
 use crate::domain::{Conversation, Feedback, Rating, branch, now};
 use crate::store::{ConversationPatch, PageCursor};
 

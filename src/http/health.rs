@@ -4,11 +4,10 @@
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
-use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::AppError;
-use super::openapi::*;
+use super::views::*;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -19,8 +18,8 @@ pub fn routes() -> Router<AppState> {
 }
 
 #[utoipa::path(get, operation_id = "healthz", path = "/healthz", tag = "health", responses((status = 200, description = "The process is up", body = StatusBody)))]
-async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+async fn healthz() -> Json<StatusBody> {
+    Json(StatusBody { status: "ok" })
 }
 
 #[utoipa::path(get, operation_id = "metrics", path = "/metrics", tag = "health",
@@ -30,7 +29,7 @@ async fn metrics() -> String {
 }
 
 #[utoipa::path(get, operation_id = "readyz", path = "/readyz", tag = "health", responses((status = 200, description = "The database answers and takes writes", body = StatusBody), (status = 503, description = "It does not, or the server is shutting down", body = ErrorBody)))]
-async fn ready(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
+async fn ready(State(state): State<AppState>) -> Result<Json<StatusBody>, AppError> {
     if state.chat.is_draining() {
         return Err(AppError::Unavailable("Shutting down".into()));
     }
@@ -41,28 +40,26 @@ async fn ready(State(state): State<AppState>) -> Result<Json<Value>, AppError> {
         tracing::warn!(error = %e, "readiness check failed");
         AppError::Unavailable("Database unavailable".into())
     })?;
-    Ok(Json(json!({"status": "ready"})))
+    Ok(Json(StatusBody { status: "ready" }))
 }
 
 /// The configured profiles, without anything secret (keys live on providers, not here).
 #[utoipa::path(get, operation_id = "list_profiles", path = "/api/profiles", tag = "health", responses((status = 200, description = "Configured profiles, never a secret", body = ProfilesView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody)))]
-async fn profiles(State(state): State<AppState>, _user: super::extract::CurrentUser) -> Json<Value> {
+async fn profiles(State(state): State<AppState>, _user: super::extract::CurrentUser) -> Json<ProfilesView> {
     let settings = &state.settings;
-    let profiles: Vec<Value> = settings
+    let profiles = settings
         .profiles
         .iter()
-        .map(|(id, p)| {
-            json!({
-                "id": id,
-                "provider": p.provider,
-                "provider_kind": settings.providers.get(&p.provider).map(|k| k.kind),
-                "model": p.model,
-                "default": *id == settings.chat.default_profile,
-                "enable_thinking": p.enable_thinking,
-                "max_iterations": p.max_iterations,
-                "context_limit": p.context_limit,
-            })
+        .map(|(id, p)| ProfileView {
+            id: id.clone(),
+            provider: p.provider.clone(),
+            provider_kind: settings.providers.get(&p.provider).map(|k| k.kind),
+            model: p.model.clone(),
+            default: *id == settings.chat.default_profile,
+            enable_thinking: p.enable_thinking,
+            max_iterations: p.max_iterations,
+            context_limit: p.context_limit,
         })
         .collect();
-    Json(json!({"profiles": profiles, "default_profile": settings.chat.default_profile}))
+    Json(ProfilesView { profiles, default_profile: settings.chat.default_profile.clone() })
 }

@@ -15,7 +15,7 @@ use super::AppState;
 use super::chat::{from_the_start, sse};
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser};
-use super::openapi::*;
+use super::views::*;
 use crate::chat::{ChatRequest, Frame};
 use crate::config::AuthMode;
 use crate::domain::branch;

@@ -13,6 +13,7 @@ pub mod openapi;
 pub mod server;
 mod tools;
 mod traces;
+pub mod views;
 mod web;
 
 use std::sync::Arc;

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::AppError;
 use super::extract::{AppQuery, CurrentUser};
-use super::openapi::*;
+use super::views::*;
 use crate::tools::PageScope;
 
 pub fn routes() -> Router<AppState> {

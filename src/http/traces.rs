@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::AppError;
 use super::extract::{CurrentUser, IdPath};
-use super::openapi::*;
+use super::views::*;
 use crate::domain::Trace;
 
 pub fn routes() -> Router<AppState> {

@@ -717,10 +717,26 @@ export interface components {
          * @enum {string}
          */
         Preference: "a" | "b" | "tie" | "both_bad";
+        /** @description A configured profile, without anything secret (keys live on providers). */
+        ProfileView: {
+            id: string;
+            provider: string;
+            provider_kind?: null | components["schemas"]["ProviderKind"];
+            model: string;
+            /** @description Whether it is `chat.default_profile`. */
+            default: boolean;
+            enable_thinking: boolean;
+            /** Format: int32 */
+            max_iterations: number;
+            /** Format: int32 */
+            context_limit?: number | null;
+        };
         ProfilesView: {
-            profiles: unknown[];
+            profiles: components["schemas"]["ProfileView"][];
             default_profile: string;
         };
+        /** @enum {string} */
+        ProviderKind: "anthropic" | "openai" | "google" | "openai_compatible" | "mock";
         /** @enum {string} */
         Rating: "up" | "down";
         /** @enum {string} */
@@ -761,6 +777,7 @@ export interface components {
             votes: number;
         };
         StatusBody: {
+            /** @description `ok` (liveness) or `ready` (readiness). */
             status: string;
         };
         SuggestedAction: {

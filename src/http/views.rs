@@ -1,0 +1,172 @@
+//! The bodies handlers answer with, as the OpenAPI document describes them: one type per
+//! response shape, so the document, the TypeScript types and the real responses agree.
+
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+pub use crate::chat::ChatRequest;
+pub use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Trace};
+pub use crate::events::Event;
+
+/// Every error outside a stream (CONTRACT.md §1).
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// VALIDATION_ERROR, UNAUTHORIZED, NOT_FOUND, CONFLICT, PAYLOAD_TOO_LARGE, RATE_LIMITED,
+    /// NETWORK_ERROR, SERVICE_UNAVAILABLE or INTERNAL.
+    pub code: String,
+    pub message: String,
+    /// The one field at fault, when there is one.
+    pub field: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct StatusBody {
+    /// `ok` (liveness) or `ready` (readiness).
+    pub status: &'static str,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ConversationList {
+    pub conversations: Vec<Conversation>,
+    /// Pass as `cursor` for the next page; null on the last one.
+    pub next_cursor: Option<String>,
+}
+
+/// A conversation with the messages of its active branch.
+#[derive(Serialize, ToSchema)]
+pub struct ConversationView {
+    #[serde(flatten)]
+    pub conversation: Conversation,
+    pub messages: Vec<Message>,
+    /// What context trimming kept, if it trimmed.
+    pub context_state: Option<Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct FeedbackResult {
+    pub message_id: Uuid,
+    pub feedback: Option<Feedback>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SiblingsView {
+    pub message_id: Uuid,
+    pub parent_id: Option<Uuid>,
+    /// The messages at that point, each with `active: bool`.
+    pub siblings: Vec<Value>,
+}
+
+/// A trace with its timings and logged events (CONTRACT.md §9).
+#[derive(Serialize, ToSchema)]
+pub struct TraceView {
+    #[serde(flatten)]
+    pub trace: Trace,
+    pub duration_ms: Option<i64>,
+    pub events: Vec<LoggedEvent>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct CancelResult {
+    pub status: String,
+    pub trace_id: Option<Uuid>,
+    pub message_id: Option<Uuid>,
+    pub comparison_id: Option<Uuid>,
+    /// With `comparison_id`: the runs that were cancelled.
+    pub trace_ids: Option<Vec<Uuid>>,
+}
+
+/// The chat body (`ChatRequest`) plus the two profiles to compare.
+#[derive(Serialize, ToSchema)]
+pub struct AbStreamBody {
+    pub message: String,
+    pub conversation_id: Option<Uuid>,
+    pub parent_message_id: Option<Uuid>,
+    pub context: Option<Value>,
+    pub interaction_type: Option<crate::chat::service::InteractionType>,
+    pub action: Option<Value>,
+    pub diagnostics: Option<bool>,
+    pub profile_a: String,
+    pub profile_b: String,
+}
+
+/// One Server-Sent Events frame: `id` is the event's seq, `data` a JSON [`Event`] (on the
+/// legacy stream, a legacy event). Comment frames (`: ping`) keep idle streams open.
+#[derive(Serialize, ToSchema)]
+pub struct SseFrame {
+    pub id: Option<String>,
+    /// JSON text: an `Event` (see components.schemas.Event).
+    pub data: String,
+    pub event: Option<String>,
+    pub retry: Option<u64>,
+}
+
+/// A comparison; `a` and `b` carry each side's trace, model, status, time to first token,
+/// duration and usage.
+#[derive(Serialize, ToSchema)]
+pub struct ComparisonView {
+    #[serde(flatten)]
+    pub comparison: Comparison,
+    pub a: Value,
+    pub b: Value,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LeaderboardView {
+    pub models: Vec<crate::chat::arena::Standing>,
+    pub votes: usize,
+    pub k: f64,
+    pub start: f64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ProfilesView {
+    pub profiles: Vec<ProfileView>,
+    pub default_profile: String,
+}
+
+/// A configured profile, without anything secret (keys live on providers).
+#[derive(Serialize, ToSchema)]
+pub struct ProfileView {
+    pub id: String,
+    pub provider: String,
+    pub provider_kind: Option<crate::config::ProviderKind>,
+    pub model: String,
+    /// Whether it is `chat.default_profile`.
+    pub default: bool,
+    pub enable_thinking: bool,
+    pub max_iterations: u32,
+    pub context_limit: Option<u32>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ToolsView {
+    pub tools: Vec<Value>,
+    pub mcp_servers: Vec<Value>,
+    /// With `?page=` or `?profile=`: the tools such a request gets.
+    pub for_request: Option<Vec<String>>,
+}
+
+/// One legacy event: `chunk`, `tool_start`, `tool_output`, `tool_end`, `error` or `done`.
+#[derive(Serialize, ToSchema)]
+pub struct LegacyEvent {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(flatten)]
+    pub fields: std::collections::BTreeMap<String, Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LegacyConversation {
+    pub conversation_id: Uuid,
+    pub title: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub last_message_at: chrono::DateTime<chrono::Utc>,
+    pub messages: Vec<Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LegacyList {
+    pub conversations: Vec<Value>,
+}
