@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::AppState;
 use super::error::AppError;
@@ -36,7 +36,7 @@ async fn list(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     AppQuery(query): AppQuery<ListQuery>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<ConversationList>, AppError> {
     let limits = &state.settings.limits;
     let limit = query.limit.unwrap_or(limits.default_page_size);
     if limit == 0 || limit > limits.max_page_size {
@@ -53,7 +53,7 @@ async fn list(
     } else {
         None
     };
-    Ok(Json(json!({"conversations": conversations, "next_cursor": next_cursor})))
+    Ok(Json(ConversationList { conversations, next_cursor }))
 }
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]
@@ -88,22 +88,16 @@ async fn create(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     AppJson(body): AppJson<ConversationBody>,
-) -> Result<(StatusCode, Json<Value>), AppError> {
+) -> Result<(StatusCode, Json<ConversationView>), AppError> {
     body.validate(&state)?;
     let conversation = Conversation {
         profile: body.profile,
         system_prompt: body.system_prompt,
-        metadata: body.metadata.unwrap_or_else(|| json!({})),
+        metadata: body.metadata.unwrap_or_else(|| Value::Object(serde_json::Map::new())),
         ..Conversation::new(&user, body.title.map_or_else(|| "New conversation".to_owned(), |t| t.trim().to_owned()))
     };
     state.store.create_conversation(&conversation).await?;
-    Ok((StatusCode::CREATED, Json(with_messages(&conversation, Vec::new()))))
-}
-
-fn with_messages(conversation: &Conversation, messages: Vec<crate::domain::Message>) -> Value {
-    let mut value = json!(conversation);
-    value["messages"] = json!(messages);
-    value
+    Ok((StatusCode::CREATED, Json(ConversationView { conversation, messages: Vec::new(), context_state: None })))
 }
 
 #[utoipa::path(get, operation_id = "get_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 200, description = "The conversation with its active branch, oldest first", body = ConversationView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
@@ -111,14 +105,13 @@ async fn load(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<ConversationView>, AppError> {
     let conversation =
         state.store.get_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
     let messages = state.store.messages(&user, id).await?;
-    let active = branch(&messages, conversation.active_leaf_id);
-    let mut body = with_messages(&conversation, active);
-    body["context_state"] = json!(state.store.context_state(&user, id).await?);
-    Ok(Json(body))
+    let messages = branch(&messages, conversation.active_leaf_id);
+    let context_state = state.store.context_state(&user, id).await?;
+    Ok(Json(ConversationView { conversation, messages, context_state }))
 }
 
 #[utoipa::path(patch, operation_id = "update_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), request_body = ConversationBody, responses((status = 200, description = "Changed", body = Conversation), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
@@ -127,7 +120,7 @@ async fn patch(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
     AppJson(body): AppJson<ConversationBody>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<Conversation>, AppError> {
     body.validate(&state)?;
     let patch = ConversationPatch {
         title: body.title.map(|t| t.trim().to_owned()),
@@ -140,7 +133,7 @@ async fn patch(
         .update_conversation(&user, id, &patch)
         .await
         .map_err(AppError::missing("Conversation not found"))?;
-    Ok(Json(json!(conversation)))
+    Ok(Json(conversation))
 }
 
 #[utoipa::path(delete, operation_id = "delete_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 204, description = "Deleted with its messages, traces and context state"), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
@@ -168,13 +161,13 @@ async fn feedback(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
     AppJson(body): AppJson<FeedbackBody>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<FeedbackResult>, AppError> {
     let comment = body.comment.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty());
     let feedback =
         (body.rating.is_some() || comment.is_some()).then(|| Feedback { rating: body.rating, comment, at: now() });
     let message =
         state.store.set_feedback(&user, id, feedback).await.map_err(AppError::missing("Message not found"))?;
-    Ok(Json(json!({"message_id": message.id, "feedback": message.feedback})))
+    Ok(Json(FeedbackResult { message_id: message.id, feedback: message.feedback }))
 }
 
 /// The message and its siblings (the other answers to, or edits of, the same point), oldest
@@ -184,21 +177,17 @@ async fn siblings(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<SiblingsView>, AppError> {
     let message = state.store.get_message(&user, id).await.map_err(AppError::missing("Message not found"))?;
     let conversation = state.store.get_conversation(&user, message.conversation_id).await?;
     let all = state.store.messages(&user, message.conversation_id).await?;
     let active: Vec<uuid::Uuid> = branch(&all, conversation.active_leaf_id).iter().map(|m| m.id).collect();
-    let siblings: Vec<Value> = all
-        .iter()
+    let siblings = all
+        .into_iter()
         .filter(|m| m.parent_id == message.parent_id && m.role == message.role)
-        .map(|m| {
-            let mut value = json!(m);
-            value["active"] = json!(active.contains(&m.id));
-            value
-        })
+        .map(|m| SiblingView { active: active.contains(&m.id), message: m })
         .collect();
-    Ok(Json(json!({"message_id": id, "parent_id": message.parent_id, "siblings": siblings})))
+    Ok(Json(SiblingsView { message_id: id, parent_id: message.parent_id, siblings }))
 }
 
 /// Makes the branch through this message the active one (down to its newest descendants) and
@@ -208,7 +197,7 @@ async fn activate(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<ConversationView>, AppError> {
     let message = state.store.get_message(&user, id).await.map_err(AppError::missing("Message not found"))?;
     let all = state.store.messages(&user, message.conversation_id).await?;
     let mut leaf = message.id;
@@ -218,5 +207,6 @@ async fn activate(
     }
     state.store.set_active_leaf(&user, message.conversation_id, leaf).await?;
     let conversation = state.store.get_conversation(&user, message.conversation_id).await?;
-    Ok(Json(with_messages(&conversation, branch(&all, Some(leaf)))))
+    let context_state = state.store.context_state(&user, conversation.id).await?;
+    Ok(Json(ConversationView { conversation, messages: branch(&all, Some(leaf)), context_state }))
 }

@@ -54,8 +54,17 @@ pub struct FeedbackResult {
 pub struct SiblingsView {
     pub message_id: Uuid,
     pub parent_id: Option<Uuid>,
-    /// The messages at that point, each with `active: bool`.
-    pub siblings: Vec<Value>,
+    /// The messages at that point, oldest first.
+    pub siblings: Vec<SiblingView>,
+}
+
+/// A message among its siblings.
+#[derive(Serialize, ToSchema)]
+pub struct SiblingView {
+    #[serde(flatten)]
+    pub message: Message,
+    /// Whether it is on the conversation's active branch.
+    pub active: bool,
 }
 
 /// A trace with its timings and logged events (CONTRACT.md §9).

@@ -741,13 +741,18 @@ export interface components {
         Rating: "up" | "down";
         /** @enum {string} */
         Role: "user" | "assistant" | "system" | "tool";
+        /** @description A message among its siblings. */
+        SiblingView: components["schemas"]["Message"] & {
+            /** @description Whether it is on the conversation's active branch. */
+            active: boolean;
+        };
         SiblingsView: {
             /** Format: uuid */
             message_id: string;
             /** Format: uuid */
             parent_id?: string | null;
-            /** @description The messages at that point, each with `active: bool`. */
-            siblings: unknown[];
+            /** @description The messages at that point, oldest first. */
+            siblings: components["schemas"]["SiblingView"][];
         };
         /**
          * @description One Server-Sent Events frame: `id` is the event's seq, `data` a JSON [`Event`] (on the
