@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use uuid::Uuid;
 
 use super::AppState;
@@ -273,7 +273,7 @@ async fn cancel(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     AppJson(body): AppJson<CancelBody>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<CancelResult>, AppError> {
     if let Some(comparison_id) = body.comparison_id {
         return cancel_comparison(&state, &user, comparison_id).await;
     }
@@ -290,9 +290,7 @@ async fn cancel(
         return Err(AppError::Conflict("The run has already ended".into()));
     }
     match state.chat.cancel(&user, trace.trace_id).await? {
-        CancelOutcome::Cancelled => {
-            Ok(Json(json!({"status": "cancelled", "trace_id": trace.trace_id, "message_id": trace.message_id})))
-        }
+        CancelOutcome::Cancelled => Ok(Json(CancelResult::run(trace.trace_id, trace.message_id))),
         CancelOutcome::AlreadyEnded => Err(AppError::Conflict("The run has already ended".into())),
         CancelOutcome::AlreadyCancelling => Err(AppError::Conflict("The run is being cancelled already".into())),
         CancelOutcome::NoAnswer => Err(AppError::Unavailable("The run did not answer the cancel; try again".into())),
@@ -300,7 +298,7 @@ async fn cancel(
 }
 
 /// Cancels whichever sides of a comparison are still running.
-async fn cancel_comparison(state: &AppState, user: &str, comparison_id: Uuid) -> Result<Json<Value>, AppError> {
+async fn cancel_comparison(state: &AppState, user: &str, comparison_id: Uuid) -> Result<Json<CancelResult>, AppError> {
     let comparison =
         state.store.get_comparison(user, comparison_id).await.map_err(AppError::missing("Comparison not found"))?;
     let mut cancelled = Vec::new();
@@ -314,5 +312,5 @@ async fn cancel_comparison(state: &AppState, user: &str, comparison_id: Uuid) ->
     if cancelled.is_empty() {
         return Err(AppError::Conflict("Both runs have already ended".into()));
     }
-    Ok(Json(json!({"status": "cancelled", "comparison_id": comparison_id, "trace_ids": cancelled})))
+    Ok(Json(CancelResult::comparison(comparison_id, cancelled)))
 }

@@ -3,7 +3,6 @@
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
-use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::AppError;
@@ -20,7 +19,7 @@ async fn by_id(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<TraceView>, AppError> {
     let trace = state.store.get_trace(&user, id).await.map_err(AppError::missing("Trace not found"))?;
     render(&state, trace).await
 }
@@ -30,12 +29,12 @@ async fn by_message(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<TraceView>, AppError> {
     let trace = state.store.trace_by_message(&user, id).await.map_err(AppError::missing("Trace not found"))?;
     render(&state, trace).await
 }
 
-async fn render(state: &AppState, trace: Trace) -> Result<Json<Value>, AppError> {
+async fn render(state: &AppState, trace: Trace) -> Result<Json<TraceView>, AppError> {
     // A run that has just sent `done` writes its last events a moment later: wait for that
     // (bounded), so a trace read right after the stream ends is whole.
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
@@ -52,8 +51,5 @@ async fn render(state: &AppState, trace: Trace) -> Result<Json<Value>, AppError>
     };
     let events = state.store.trace_events(trace.trace_id, 0).await?;
     let duration_ms = trace.ended_at.map(|end| (end - trace.started_at).num_milliseconds());
-    let mut value = json!(trace);
-    value["duration_ms"] = json!(duration_ms);
-    value["events"] = json!(events);
-    Ok(Json(value))
+    Ok(Json(TraceView { trace, duration_ms, events }))
 }

@@ -76,14 +76,43 @@ pub struct TraceView {
     pub events: Vec<LoggedEvent>,
 }
 
+/// A cancel's answer: of one run (`trace_id`, `message_id`), or of a comparison's runs
+/// (`comparison_id`, `trace_ids`).
 #[derive(Serialize, ToSchema)]
 pub struct CancelResult {
-    pub status: String,
+    /// `cancelled`.
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub message_id: Option<Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub comparison_id: Option<Uuid>,
     /// With `comparison_id`: the runs that were cancelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_ids: Option<Vec<Uuid>>,
+}
+
+impl CancelResult {
+    pub fn run(trace_id: Uuid, message_id: Uuid) -> Self {
+        Self {
+            status: "cancelled",
+            trace_id: Some(trace_id),
+            message_id: Some(message_id),
+            comparison_id: None,
+            trace_ids: None,
+        }
+    }
+
+    pub fn comparison(comparison_id: Uuid, trace_ids: Vec<Uuid>) -> Self {
+        Self {
+            status: "cancelled",
+            trace_id: None,
+            message_id: None,
+            comparison_id: Some(comparison_id),
+            trace_ids: Some(trace_ids),
+        }
+    }
 }
 
 /// The chat body (`ChatRequest`) plus the two profiles to compare.

@@ -402,7 +402,12 @@ export interface components {
              */
             comparison_id?: string | null;
         };
+        /**
+         * @description A cancel's answer: of one run (`trace_id`, `message_id`), or of a comparison's runs
+         *     (`comparison_id`, `trace_ids`).
+         */
         CancelResult: {
+            /** @description `cancelled`. */
             status: string;
             /** Format: uuid */
             trace_id?: string | null;
