@@ -190,6 +190,11 @@ impl ChatService {
                 return Ok(CancelOutcome::AlreadyCancelling);
             }
         } else {
+            // Not here (any more): a run that has ended already was not ended by this cancel
+            // (on one process, it was a simultaneous cancel that got here first).
+            if self.store.get_trace(user, trace_id).await?.status != TraceStatus::Running {
+                return Ok(CancelOutcome::AlreadyEnded);
+            }
             self.store.notify_cancel(trace_id).await?;
             let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
             loop {
