@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::AppState;
 use super::error::AppError;
@@ -31,18 +31,23 @@ async fn list(
     State(state): State<AppState>,
     _user: CurrentUser,
     AppQuery(scope): AppQuery<Scope>,
-) -> Result<Json<Value>, AppError> {
-    let tools: Vec<Value> = state
+) -> Result<Json<ToolsView>, AppError> {
+    let tools = state
         .tools
         .all()
         .into_iter()
         .map(|t| {
             let spec = t.tool.spec();
-            json!({"name": spec.name, "description": spec.description, "input_schema": spec.input_schema,
-                   "source": t.source, "global": t.global})
+            ToolView {
+                name: spec.name,
+                description: spec.description,
+                input_schema: spec.input_schema,
+                source: t.source,
+                global: t.global,
+            }
         })
         .collect();
-    let mut body = json!({"tools": tools, "mcp_servers": state.tools.mcp().status()});
+    let mut body = ToolsView { tools, mcp_servers: state.tools.mcp().status(), for_request: None };
     if scope.page.is_some() || scope.profile.is_some() {
         let profile_name = scope.profile.as_deref().unwrap_or(&state.settings.chat.default_profile);
         let profile = state
@@ -54,7 +59,7 @@ async fn list(
         let page_scope = PageScope::resolve(&state.settings, Some(&context));
         let names: Vec<String> =
             state.tools.for_request(&page_scope, &profile.tools).iter().map(|t| t.spec().name).collect();
-        body["for_request"] = json!(names);
+        body.for_request = Some(names);
     }
     Ok(Json(body))
 }

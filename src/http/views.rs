@@ -180,10 +180,23 @@ pub struct ProfileView {
 
 #[derive(Serialize, ToSchema)]
 pub struct ToolsView {
-    pub tools: Vec<Value>,
-    pub mcp_servers: Vec<Value>,
+    pub tools: Vec<ToolView>,
+    pub mcp_servers: Vec<crate::tools::mcp::McpServerStatus>,
     /// With `?page=` or `?profile=`: the tools such a request gets.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub for_request: Option<Vec<String>>,
+}
+
+/// A tool under the name a model sees it by.
+#[derive(Serialize, ToSchema)]
+pub struct ToolView {
+    pub name: String,
+    pub description: String,
+    /// Its arguments' JSON schema.
+    pub input_schema: Value,
+    pub source: crate::tools::ToolSource,
+    /// Offered on every page.
+    pub global: bool,
 }
 
 /// One legacy event: `chunk`, `tool_start`, `tool_output`, `tool_end`, `error` or `done`.

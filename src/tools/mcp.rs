@@ -52,7 +52,7 @@ const INHERITED_ENV: [&str; 10] =
     ["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR"];
 
 /// Where a server is in its life, as `GET /api/tools` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum McpState {
     /// The first connection attempt is under way.
@@ -67,7 +67,7 @@ pub enum McpState {
 }
 
 /// One configured server, for `GET /api/tools`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct McpServerStatus {
     pub id: String,
     /// `stdio` or `http`.
@@ -210,8 +210,8 @@ impl McpTools for McpManager {
         McpManager::is_global(self, server)
     }
 
-    fn status(&self) -> Value {
-        serde_json::to_value(McpManager::status(self)).unwrap_or_else(|_| Value::Array(Vec::new()))
+    fn status(&self) -> Vec<McpServerStatus> {
+        McpManager::status(self)
     }
 }
 

@@ -32,7 +32,7 @@ pub trait McpTools: Send + Sync {
     /// Whether a server's tools are offered on every page.
     fn is_global(&self, server: &str) -> bool;
     /// Each server's state, for `GET /api/tools`.
-    fn status(&self) -> Value;
+    fn status(&self) -> Vec<mcp::McpServerStatus>;
 }
 
 /// No MCP servers (tests, or a build without them).
@@ -54,8 +54,8 @@ impl McpTools for NoMcp {
         false
     }
 
-    fn status(&self) -> Value {
-        Value::Array(Vec::new())
+    fn status(&self) -> Vec<mcp::McpServerStatus> {
+        Vec::new()
     }
 }
 
@@ -126,7 +126,7 @@ impl Tool for Renamed {
 }
 
 /// Where a tool comes from, for `GET /api/tools`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ToolSource {
     Builtin,

@@ -690,6 +690,26 @@ export interface components {
             type: string;
             data: unknown;
         };
+        /** @description One configured server, for `GET /api/tools`. */
+        McpServerStatus: {
+            id: string;
+            /** @description `stdio` or `http`. */
+            transport: string;
+            state: components["schemas"]["McpState"];
+            /** @description The names of the tools offered now (none unless `ready`). */
+            tools: string[];
+            /**
+             * Format: int32
+             * @description Connection attempts after the first one.
+             */
+            restarts: number;
+            last_error?: string | null;
+        };
+        /**
+         * @description Where a server is in its life, as `GET /api/tools` shows it.
+         * @enum {string}
+         */
+        McpState: "starting" | "ready" | "restarting" | "failed";
         Message: {
             /** Format: uuid */
             id: string;
@@ -817,11 +837,33 @@ export interface components {
             /** Format: int64 */
             duration_ms: number;
         };
+        /** @description Where a tool comes from, for `GET /api/tools`. */
+        ToolSource: {
+            /** @enum {string} */
+            kind: "builtin";
+        } | {
+            /** @enum {string} */
+            kind: "http";
+        } | {
+            server: string;
+            /** @enum {string} */
+            kind: "mcp";
+        };
         /** @enum {string} */
         ToolStatus: "success" | "error" | "cancelled" | "timeout";
+        /** @description A tool under the name a model sees it by. */
+        ToolView: {
+            name: string;
+            description: string;
+            /** @description Its arguments' JSON schema. */
+            input_schema: unknown;
+            source: components["schemas"]["ToolSource"];
+            /** @description Offered on every page. */
+            global: boolean;
+        };
         ToolsView: {
-            tools: unknown[];
-            mcp_servers: unknown[];
+            tools: components["schemas"]["ToolView"][];
+            mcp_servers: components["schemas"]["McpServerStatus"][];
             /** @description With `?page=` or `?profile=`: the tools such a request gets. */
             for_request?: string[] | null;
         };
