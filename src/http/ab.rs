@@ -16,7 +16,7 @@ use super::extract::{AppJson, CurrentUser, IdPath, parse_json};
 use super::views::*;
 use crate::chat::arena;
 use crate::chat::{ChatRequest, Frame, LiveRun};
-use crate::domain::{Comparison, Preference, Trace};
+use crate::domain::{Comparison, Preference};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -98,35 +98,31 @@ async fn show(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<ComparisonView>, AppError> {
     let comparison = state.store.get_comparison(&user, id).await.map_err(AppError::missing("Comparison not found"))?;
-    describe(&state, &user, &comparison).await.map(Json)
+    describe(&state, &user, comparison).await.map(Json)
 }
 
-async fn describe(state: &AppState, user: &str, comparison: &Comparison) -> Result<Value, AppError> {
-    let mut value = json!(comparison);
-    for (key, trace_id, profile) in
-        [("a", comparison.trace_a, &comparison.profile_a), ("b", comparison.trace_b, &comparison.profile_b)]
-    {
-        let trace = state.store.get_trace(user, trace_id).await?;
-        value[key] = side(state, &trace, profile).await?;
-    }
-    Ok(value)
+async fn describe(state: &AppState, user: &str, comparison: Comparison) -> Result<ComparisonView, AppError> {
+    let a = side(state, user, comparison.trace_a, &comparison.profile_a).await?;
+    let b = side(state, user, comparison.trace_b, &comparison.profile_b).await?;
+    Ok(ComparisonView { comparison, a, b })
 }
 
-async fn side(state: &AppState, trace: &Trace, profile: &str) -> Result<Value, AppError> {
+async fn side(state: &AppState, user: &str, trace_id: uuid::Uuid, profile: &str) -> Result<SideView, AppError> {
+    let trace = state.store.get_trace(user, trace_id).await?;
     let events = state.store.trace_events(trace.trace_id, 0).await?;
     let first_token = events.iter().find(|e| matches!(e.kind.as_str(), "text_delta" | "thinking_delta"));
-    Ok(json!({
-        "trace_id": trace.trace_id,
-        "message_id": trace.message_id,
-        "model": trace.model,
-        "profile": profile,
-        "status": trace.status,
-        "time_to_first_token_ms": first_token.map(|e| (e.at - trace.started_at).num_milliseconds()),
-        "duration_ms": trace.ended_at.map(|end| (end - trace.started_at).num_milliseconds()),
-        "usage": trace.usage,
-    }))
+    Ok(SideView {
+        trace_id: trace.trace_id,
+        message_id: trace.message_id,
+        model: trace.model,
+        profile: profile.to_owned(),
+        status: trace.status,
+        time_to_first_token_ms: first_token.map(|e| (e.at - trace.started_at).num_milliseconds()),
+        duration_ms: trace.ended_at.map(|end| (end - trace.started_at).num_milliseconds()),
+        usage: trace.usage,
+    })
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -142,7 +138,7 @@ async fn vote(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
     AppJson(body): AppJson<VoteBody>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<ComparisonView>, AppError> {
     cast(&state, &user, id, body.preference, false).await
 }
 
@@ -153,7 +149,7 @@ async fn change_vote(
     CurrentUser(user): CurrentUser,
     IdPath(id): IdPath,
     AppJson(body): AppJson<VoteBody>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<ComparisonView>, AppError> {
     cast(&state, &user, id, body.preference, true).await
 }
 
@@ -163,14 +159,19 @@ async fn cast(
     id: uuid::Uuid,
     preference: Preference,
     change: bool,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<ComparisonView>, AppError> {
     let comparison =
         state.store.vote(user, id, preference, change).await.map_err(AppError::missing("Comparison not found"))?;
-    describe(state, user, &comparison).await.map(Json)
+    describe(state, user, comparison).await.map(Json)
 }
 
 #[utoipa::path(get, operation_id = "leaderboard", path = "/api/ab/leaderboard", tag = "ab", responses((status = 200, description = "Standings per model", body = LeaderboardView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody)))]
-async fn leaderboard(State(state): State<AppState>, _user: CurrentUser) -> Result<Json<Value>, AppError> {
+async fn leaderboard(State(state): State<AppState>, _user: CurrentUser) -> Result<Json<LeaderboardView>, AppError> {
     let voted = state.store.voted_comparisons().await?;
-    Ok(Json(json!({"models": arena::leaderboard(&voted), "votes": voted.len(), "k": arena::K, "start": arena::START})))
+    Ok(Json(LeaderboardView {
+        models: arena::leaderboard(&voted),
+        votes: voted.len(),
+        k: arena::K,
+        start: arena::START,
+    }))
 }

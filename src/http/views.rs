@@ -140,21 +140,37 @@ pub struct SseFrame {
     pub retry: Option<u64>,
 }
 
-/// A comparison; `a` and `b` carry each side's trace, model, status, time to first token,
-/// duration and usage.
+/// A comparison with what each side's run cost.
 #[derive(Serialize, ToSchema)]
 pub struct ComparisonView {
     #[serde(flatten)]
     pub comparison: Comparison,
-    pub a: Value,
-    pub b: Value,
+    pub a: SideView,
+    pub b: SideView,
+}
+
+/// One side of a comparison: its run's trace, model, status, time to first token, duration
+/// and usage.
+#[derive(Serialize, ToSchema)]
+pub struct SideView {
+    pub trace_id: Uuid,
+    pub message_id: Uuid,
+    pub model: String,
+    pub profile: String,
+    pub status: crate::domain::TraceStatus,
+    pub time_to_first_token_ms: Option<i64>,
+    pub duration_ms: Option<i64>,
+    pub usage: Option<crate::domain::Usage>,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct LeaderboardView {
     pub models: Vec<crate::chat::arena::Standing>,
+    /// Votes counted.
     pub votes: usize,
+    /// The Elo K-factor.
     pub k: f64,
+    /// Every model's rating before its first vote.
     pub start: f64,
 }
 

@@ -454,13 +454,10 @@ export interface components {
             /** Format: date-time */
             created_at: string;
         };
-        /**
-         * @description A comparison; `a` and `b` carry each side's trace, model, status, time to first token,
-         *     duration and usage.
-         */
+        /** @description A comparison with what each side's run cost. */
         ComparisonView: components["schemas"]["Comparison"] & {
-            a: unknown;
-            b: unknown;
+            a: components["schemas"]["SideView"];
+            b: components["schemas"]["SideView"];
         };
         /** @description The `complete` event's payload (CONTRACT.md §5). */
         CompletePayload: {
@@ -656,10 +653,17 @@ export interface components {
         InteractionType: "text_input" | "value_selected" | "action_executed";
         LeaderboardView: {
             models: components["schemas"]["Standing"][];
+            /** @description Votes counted. */
             votes: number;
-            /** Format: double */
+            /**
+             * Format: double
+             * @description The Elo K-factor.
+             */
             k: number;
-            /** Format: double */
+            /**
+             * Format: double
+             * @description Every model's rating before its first vote.
+             */
             start: number;
         };
         LegacyConversation: {
@@ -778,6 +782,24 @@ export interface components {
             parent_id?: string | null;
             /** @description The messages at that point, oldest first. */
             siblings: components["schemas"]["SiblingView"][];
+        };
+        /**
+         * @description One side of a comparison: its run's trace, model, status, time to first token, duration
+         *     and usage.
+         */
+        SideView: {
+            /** Format: uuid */
+            trace_id: string;
+            /** Format: uuid */
+            message_id: string;
+            model: string;
+            profile: string;
+            status: components["schemas"]["TraceStatus"];
+            /** Format: int64 */
+            time_to_first_token_ms?: number | null;
+            /** Format: int64 */
+            duration_ms?: number | null;
+            usage?: null | components["schemas"]["Usage"];
         };
         /**
          * @description One Server-Sent Events frame: `id` is the event's seq, `data` a JSON [`Event`] (on the
