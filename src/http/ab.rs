@@ -26,7 +26,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/ab/{id}/vote", post(vote).put(change_vote))
 }
 
-#[utoipa::path(post, operation_id = "ab_stream", path = "/api/ab/stream", tag = "ab", request_body = AbStreamBody, responses((status = 200, description = "Both runs as SSE: a `comparison` event, every event of both runs tagged with `variant`, one `done`", content_type = "text/event-stream", body = SseFrame), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody), (status = 413, description = "Too large", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "ab_stream", path = "/api/ab/stream", tag = "ab", request_body = AbStreamBody, responses((status = 200, description = "Both runs as SSE: a `comparison` event, every event of both runs tagged with `variant`, one `done`", content_type = "text/event-stream", body = SseFrame), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody)))]
 async fn stream(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -93,7 +93,7 @@ fn merged(
 }
 
 /// The comparison with, for each side, its trace's status, model, timings and usage.
-#[utoipa::path(get, operation_id = "get_comparison", path = "/api/ab/{id}", tag = "ab", params(("id" = Uuid, Path, description = "Comparison id")), responses((status = 200, description = "The comparison and both sides' costs", body = ComparisonView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "get_comparison", path = "/api/ab/{id}", tag = "ab", params(("id" = Uuid, Path, description = "Comparison id")), responses((status = 200, description = "The comparison and both sides' costs", body = ComparisonView), Refused, Missing))]
 async fn show(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -132,7 +132,7 @@ struct VoteBody {
 }
 
 /// Records a vote; a different vote than the one recorded is a conflict (change it with PUT).
-#[utoipa::path(post, operation_id = "vote", path = "/api/ab/{id}/vote", tag = "ab", params(("id" = Uuid, Path, description = "Comparison id")), request_body = VoteBody, responses((status = 200, description = "Recorded", body = ComparisonView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody), (status = 409, description = "Another vote was recorded; change it with PUT", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "vote", path = "/api/ab/{id}/vote", tag = "ab", params(("id" = Uuid, Path, description = "Comparison id")), request_body = VoteBody, responses((status = 200, description = "Recorded", body = ComparisonView), Refused, Missing, (status = 409, description = "Another vote was recorded; change it with PUT", body = ErrorBody)))]
 async fn vote(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -143,7 +143,7 @@ async fn vote(
 }
 
 /// Changes a vote; the history keeps the earlier ones.
-#[utoipa::path(put, operation_id = "change_vote", path = "/api/ab/{id}/vote", tag = "ab", params(("id" = Uuid, Path, description = "Comparison id")), request_body = VoteBody, responses((status = 200, description = "Changed; the history keeps the earlier votes", body = ComparisonView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(put, operation_id = "change_vote", path = "/api/ab/{id}/vote", tag = "ab", params(("id" = Uuid, Path, description = "Comparison id")), request_body = VoteBody, responses((status = 200, description = "Changed; the history keeps the earlier votes", body = ComparisonView), Refused, Missing))]
 async fn change_vote(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -165,7 +165,7 @@ async fn cast(
     describe(state, user, comparison).await.map(Json)
 }
 
-#[utoipa::path(get, operation_id = "leaderboard", path = "/api/ab/leaderboard", tag = "ab", responses((status = 200, description = "Standings per model", body = LeaderboardView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "leaderboard", path = "/api/ab/leaderboard", tag = "ab", responses((status = 200, description = "Standings per model", body = LeaderboardView), Refused))]
 async fn leaderboard(State(state): State<AppState>, _user: CurrentUser) -> Result<Json<LeaderboardView>, AppError> {
     let voted = state.store.voted_comparisons().await?;
     Ok(Json(LeaderboardView {

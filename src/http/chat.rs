@@ -36,7 +36,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/cancel_stream", post(cancel))
 }
 
-#[utoipa::path(post, operation_id = "chat_stream", path = "/api/chat/stream", tag = "chat", request_body = ChatRequest, responses((status = 200, description = "The run's events as SSE (`id: <seq>`, `data: <event>`)", content_type = "text/event-stream", body = SseFrame), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody), (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "chat_stream", path = "/api/chat/stream", tag = "chat", request_body = ChatRequest, responses((status = 200, description = "The run's events as SSE (`id: <seq>`, `data: <event>`)", content_type = "text/event-stream", body = SseFrame), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
 async fn stream(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -149,7 +149,7 @@ struct ResumeQuery {
     after: Option<u64>,
 }
 
-#[utoipa::path(get, operation_id = "resume_stream", path = "/api/chat/stream/{id}", tag = "chat", params(("id" = Uuid, Path, description = "Trace id"), ("after" = Option<u64>, Query, description = "Replay events after this seq (or send Last-Event-ID)"), ("Last-Event-ID" = Option<String>, Header, description = "The last seq received")), responses((status = 200, description = "Missed events, then live ones, until `done`", content_type = "text/event-stream", body = SseFrame), (status = 204, description = "The run has ended and the client has seen its `done` already"), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "resume_stream", path = "/api/chat/stream/{id}", tag = "chat", params(("id" = Uuid, Path, description = "Trace id"), ("after" = Option<u64>, Query, description = "Replay events after this seq (or send Last-Event-ID)"), ("Last-Event-ID" = Option<String>, Header, description = "The last seq received")), responses((status = 200, description = "Missed events, then live ones, until `done`", content_type = "text/event-stream", body = SseFrame), (status = 204, description = "The run has ended and the client has seen its `done` already"), Refused, Missing))]
 async fn resume(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -268,7 +268,7 @@ struct CancelBody {
     comparison_id: Option<Uuid>,
 }
 
-#[utoipa::path(post, operation_id = "cancel_stream", path = "/api/cancel_stream", tag = "chat", request_body = CancelBody, responses((status = 200, description = "Cancelled", body = CancelResult), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody), (status = 409, description = "The run already ended", body = ErrorBody), (status = 503, description = "The run did not answer", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "cancel_stream", path = "/api/cancel_stream", tag = "chat", request_body = CancelBody, responses((status = 200, description = "Cancelled", body = CancelResult), Refused, Missing, (status = 409, description = "The run already ended", body = ErrorBody), (status = 503, description = "The run did not answer", body = ErrorBody)))]
 async fn cancel(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,

@@ -31,7 +31,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-#[utoipa::path(get, operation_id = "list_conversations", path = "/api/conversations", tag = "conversations", params(("limit" = Option<u32>, Query, description = "Page size"), ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")), responses((status = 200, description = "Newest `last_message_at` first", body = ConversationList), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "list_conversations", path = "/api/conversations", tag = "conversations", params(("limit" = Option<u32>, Query, description = "Page size"), ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")), responses((status = 200, description = "Newest `last_message_at` first", body = ConversationList), Refused))]
 async fn list(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -83,7 +83,7 @@ impl ConversationBody {
     }
 }
 
-#[utoipa::path(post, operation_id = "create_conversation", path = "/api/conversations", tag = "conversations", request_body = ConversationBody, responses((status = 201, description = "Created", body = ConversationView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "create_conversation", path = "/api/conversations", tag = "conversations", request_body = ConversationBody, responses((status = 201, description = "Created", body = ConversationView), Refused, Missing))]
 async fn create(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -100,7 +100,7 @@ async fn create(
     Ok((StatusCode::CREATED, Json(ConversationView { conversation, messages: Vec::new(), context_state: None })))
 }
 
-#[utoipa::path(get, operation_id = "get_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 200, description = "The conversation with its active branch, oldest first", body = ConversationView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "get_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 200, description = "The conversation with its active branch, oldest first", body = ConversationView), Refused, Missing))]
 async fn load(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -114,7 +114,7 @@ async fn load(
     Ok(Json(ConversationView { conversation, messages, context_state }))
 }
 
-#[utoipa::path(patch, operation_id = "update_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), request_body = ConversationBody, responses((status = 200, description = "Changed", body = Conversation), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(patch, operation_id = "update_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), request_body = ConversationBody, responses((status = 200, description = "Changed", body = Conversation), Refused, Missing))]
 async fn patch(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -136,7 +136,7 @@ async fn patch(
     Ok(Json(conversation))
 }
 
-#[utoipa::path(delete, operation_id = "delete_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 204, description = "Deleted with its messages, traces and context state"), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(delete, operation_id = "delete_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 204, description = "Deleted with its messages, traces and context state"), Refused, Missing))]
 async fn delete(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -155,7 +155,7 @@ struct FeedbackBody {
     comment: Option<String>,
 }
 
-#[utoipa::path(put, operation_id = "set_feedback", path = "/api/messages/{id}/feedback", tag = "conversations", params(("id" = Uuid, Path, description = "Message id")), request_body = FeedbackBody, responses((status = 200, description = "Stored", body = FeedbackResult), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(put, operation_id = "set_feedback", path = "/api/messages/{id}/feedback", tag = "conversations", params(("id" = Uuid, Path, description = "Message id")), request_body = FeedbackBody, responses((status = 200, description = "Stored", body = FeedbackResult), Refused, Missing))]
 async fn feedback(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -172,7 +172,7 @@ async fn feedback(
 
 /// The message and its siblings (the other answers to, or edits of, the same point), oldest
 /// first, each marked whether it is on the active branch.
-#[utoipa::path(get, operation_id = "list_siblings", path = "/api/messages/{id}/siblings", tag = "conversations", params(("id" = Uuid, Path, description = "Message id")), responses((status = 200, description = "The alternatives at that point", body = SiblingsView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "list_siblings", path = "/api/messages/{id}/siblings", tag = "conversations", params(("id" = Uuid, Path, description = "Message id")), responses((status = 200, description = "The alternatives at that point", body = SiblingsView), Refused, Missing))]
 async fn siblings(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -192,7 +192,7 @@ async fn siblings(
 
 /// Makes the branch through this message the active one (down to its newest descendants) and
 /// returns the conversation as it now loads.
-#[utoipa::path(post, operation_id = "activate_branch", path = "/api/messages/{id}/activate", tag = "conversations", params(("id" = Uuid, Path, description = "Message id")), responses((status = 200, description = "The conversation on its new active branch", body = ConversationView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "activate_branch", path = "/api/messages/{id}/activate", tag = "conversations", params(("id" = Uuid, Path, description = "Message id")), responses((status = 200, description = "The conversation on its new active branch", body = ConversationView), Refused, Missing))]
 async fn activate(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,

@@ -44,7 +44,7 @@ async fn ready(State(state): State<AppState>) -> Result<Json<StatusBody>, AppErr
 }
 
 /// The configured profiles, without anything secret (keys live on providers, not here).
-#[utoipa::path(get, operation_id = "list_profiles", path = "/api/profiles", tag = "health", responses((status = 200, description = "Configured profiles, never a secret", body = ProfilesView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "list_profiles", path = "/api/profiles", tag = "health", responses((status = 200, description = "Configured profiles, never a secret", body = ProfilesView), Refused))]
 async fn profiles(State(state): State<AppState>, _user: super::extract::CurrentUser) -> Json<ProfilesView> {
     let settings = &state.settings;
     let profiles = settings

@@ -27,7 +27,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/list_conversations", get(list))
 }
 
-#[utoipa::path(post, operation_id = "legacy_chat_stream", path = "/api/get_chat_response_stream", tag = "legacy", request_body = ChatRequest, responses((status = 200, description = "The run in the legacy vocabulary: chunk, tool_start, tool_output, tool_end, error, done", content_type = "text/event-stream", body = SseFrame), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody), (status = 413, description = "Too large", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "legacy_chat_stream", path = "/api/get_chat_response_stream", tag = "legacy", request_body = ChatRequest, responses((status = 200, description = "The run in the legacy vocabulary: chunk, tool_start, tool_output, tool_end, error, done", content_type = "text/event-stream", body = SseFrame), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody)))]
 async fn stream(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -80,7 +80,7 @@ struct LoadQuery {
 }
 
 /// The conversation's messages in order, each with its feedback status.
-#[utoipa::path(get, operation_id = "legacy_load_conversation", path = "/api/load_conversation", tag = "legacy", params(("conversation_id" = Uuid, Query, description = "Conversation id")), responses((status = 200, description = "Messages in order with their feedback", body = LegacyConversation), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "legacy_load_conversation", path = "/api/load_conversation", tag = "legacy", params(("conversation_id" = Uuid, Query, description = "Conversation id")), responses((status = 200, description = "Messages in order with their feedback", body = LegacyConversation), Refused, Missing))]
 async fn load(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -114,7 +114,7 @@ struct ListQuery {
 
 /// The user's conversations, newest first. In auth mode `none` the legacy `client_id`
 /// parameter names the user (as `X-Client-Id` does); with real auth it is ignored.
-#[utoipa::path(get, operation_id = "legacy_list_conversations", path = "/api/list_conversations", tag = "legacy", params(("client_id" = Option<String>, Query, description = "The user, in auth mode none")), responses((status = 200, description = "Newest first", body = LegacyList), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "legacy_list_conversations", path = "/api/list_conversations", tag = "legacy", params(("client_id" = Option<String>, Query, description = "The user, in auth mode none")), responses((status = 200, description = "Newest first", body = LegacyList), Refused))]
 async fn list(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,

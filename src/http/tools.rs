@@ -26,7 +26,7 @@ struct Scope {
     profile: Option<String>,
 }
 
-#[utoipa::path(get, operation_id = "list_tools", path = "/api/tools", tag = "health", params(("page" = Option<String>, Query, description = "Show what a request on this page gets"), ("tab" = Option<String>, Query, description = "Its tab"), ("subtab" = Option<String>, Query, description = "Its subtab"), ("profile" = Option<String>, Query, description = "Its profile")), responses((status = 200, description = "Every tool and each MCP server's state", body = ToolsView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "list_tools", path = "/api/tools", tag = "health", params(("page" = Option<String>, Query, description = "Show what a request on this page gets"), ("tab" = Option<String>, Query, description = "Its tab"), ("subtab" = Option<String>, Query, description = "Its subtab"), ("profile" = Option<String>, Query, description = "Its profile")), responses((status = 200, description = "Every tool and each MCP server's state", body = ToolsView), Refused, Missing))]
 async fn list(
     State(state): State<AppState>,
     _user: CurrentUser,

@@ -14,7 +14,7 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/api/trace/{id}", get(by_id)).route("/api/trace/by_message/{id}", get(by_message))
 }
 
-#[utoipa::path(get, operation_id = "get_trace", path = "/api/trace/{id}", tag = "traces", params(("id" = Uuid, Path, description = "Trace id")), responses((status = 200, description = "The trace with its events and spans", body = TraceView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "get_trace", path = "/api/trace/{id}", tag = "traces", params(("id" = Uuid, Path, description = "Trace id")), responses((status = 200, description = "The trace with its events and spans", body = TraceView), Refused, Missing))]
 async fn by_id(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -24,7 +24,7 @@ async fn by_id(
     render(&state, trace).await
 }
 
-#[utoipa::path(get, operation_id = "get_trace_by_message", path = "/api/trace/by_message/{id}", tag = "traces", params(("id" = Uuid, Path, description = "Message id")), responses((status = 200, description = "The trace that produced the message", body = TraceView), (status = 400, description = "Invalid input", body = ErrorBody), (status = 401, description = "Missing or invalid credentials", body = ErrorBody), (status = 429, description = "Rate limited", body = ErrorBody), (status = 404, description = "Unknown, or another user's", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "get_trace_by_message", path = "/api/trace/by_message/{id}", tag = "traces", params(("id" = Uuid, Path, description = "Message id")), responses((status = 200, description = "The trace that produced the message", body = TraceView), Refused, Missing))]
 async fn by_message(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,

@@ -21,6 +21,24 @@ pub struct ErrorBody {
     pub field: Option<String>,
 }
 
+/// What any route of a user may answer instead: 400, 401 and 429, each as an [`ErrorBody`].
+#[derive(utoipa::IntoResponses)]
+pub enum Refused {
+    #[response(status = 400, description = "Invalid input")]
+    Invalid(ErrorBody),
+    #[response(status = 401, description = "Missing or invalid credentials")]
+    Unauthorized(ErrorBody),
+    #[response(status = 429, description = "Rate limited")]
+    RateLimited(ErrorBody),
+}
+
+/// 404, for an id that is unknown or another user's (never 403: no leaking existence).
+#[derive(utoipa::IntoResponses)]
+pub enum Missing {
+    #[response(status = 404, description = "Unknown, or another user's")]
+    Missing(ErrorBody),
+}
+
 #[derive(Serialize, ToSchema)]
 pub struct StatusBody {
     /// `ok` (liveness) or `ready` (readiness).
