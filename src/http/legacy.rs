@@ -85,26 +85,31 @@ async fn load(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     AppQuery(query): AppQuery<LoadQuery>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<LegacyConversation>, AppError> {
     let conversation = state
         .store
         .get_conversation(&user, query.conversation_id)
         .await
         .map_err(AppError::missing("Conversation not found"))?;
     let all = state.store.messages(&user, conversation.id).await?;
-    let messages: Vec<Value> = branch(&all, conversation.active_leaf_id)
-        .iter()
-        .map(|m| {
-            json!({
-                "message_id": m.id, "role": m.role, "content": m.content, "timestamp": m.created_at,
-                "feedback": m.feedback.as_ref().and_then(|f| f.rating), "trace_id": m.trace_id,
-            })
+    let messages = branch(&all, conversation.active_leaf_id)
+        .into_iter()
+        .map(|m| LegacyMessage {
+            message_id: m.id,
+            role: m.role,
+            content: m.content,
+            timestamp: m.created_at,
+            feedback: m.feedback.and_then(|f| f.rating),
+            trace_id: m.trace_id,
         })
         .collect();
-    Ok(Json(json!({
-        "conversation_id": conversation.id, "title": conversation.title, "created_at": conversation.created_at,
-        "last_message_at": conversation.last_message_at, "messages": messages,
-    })))
+    Ok(Json(LegacyConversation {
+        conversation_id: conversation.id,
+        title: conversation.title,
+        created_at: conversation.created_at,
+        last_message_at: conversation.last_message_at,
+        messages,
+    }))
 }
 
 #[derive(Deserialize)]
@@ -119,15 +124,20 @@ async fn list(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     AppQuery(query): AppQuery<ListQuery>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<LegacyList>, AppError> {
     let user = match (state.settings.auth.mode, query.client_id) {
         (AuthMode::None, Some(client)) if !client.trim().is_empty() => client.trim().to_owned(),
         _ => user,
     };
     let conversations = state.store.list_conversations(&user, state.settings.limits.max_page_size, None).await?;
-    let conversations: Vec<Value> = conversations
-        .iter()
-        .map(|c| json!({"conversation_id": c.id, "title": c.title, "created_at": c.created_at, "last_message_at": c.last_message_at}))
+    let conversations = conversations
+        .into_iter()
+        .map(|c| LegacyListed {
+            conversation_id: c.id,
+            title: c.title,
+            created_at: c.created_at,
+            last_message_at: c.last_message_at,
+        })
         .collect();
-    Ok(Json(json!({"conversations": conversations})))
+    Ok(Json(LegacyList { conversations }))
 }

@@ -248,10 +248,31 @@ pub struct LegacyConversation {
     pub title: String,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub last_message_at: chrono::DateTime<chrono::Utc>,
-    pub messages: Vec<Value>,
+    pub messages: Vec<LegacyMessage>,
+}
+
+/// A message in the legacy vocabulary.
+#[derive(Serialize, ToSchema)]
+pub struct LegacyMessage {
+    pub message_id: Uuid,
+    pub role: crate::domain::Role,
+    pub content: String,
+    pub timestamp: chrono::DateTime<chrono::Utc>,
+    /// The rating, if the message has one.
+    pub feedback: Option<crate::domain::Rating>,
+    pub trace_id: Option<Uuid>,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct LegacyList {
-    pub conversations: Vec<Value>,
+    pub conversations: Vec<LegacyListed>,
+}
+
+/// A conversation in the legacy list.
+#[derive(Serialize, ToSchema)]
+pub struct LegacyListed {
+    pub conversation_id: Uuid,
+    pub title: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub last_message_at: chrono::DateTime<chrono::Utc>,
 }

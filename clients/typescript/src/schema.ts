@@ -674,7 +674,7 @@ export interface components {
             created_at: string;
             /** Format: date-time */
             last_message_at: string;
-            messages: unknown[];
+            messages: components["schemas"]["LegacyMessage"][];
         };
         /** @description One legacy event: `chunk`, `tool_start`, `tool_output`, `tool_end`, `error` or `done`. */
         LegacyEvent: {
@@ -683,7 +683,29 @@ export interface components {
             [key: string]: unknown;
         };
         LegacyList: {
-            conversations: unknown[];
+            conversations: components["schemas"]["LegacyListed"][];
+        };
+        /** @description A conversation in the legacy list. */
+        LegacyListed: {
+            /** Format: uuid */
+            conversation_id: string;
+            title: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            last_message_at: string;
+        };
+        /** @description A message in the legacy vocabulary. */
+        LegacyMessage: {
+            /** Format: uuid */
+            message_id: string;
+            role: components["schemas"]["Role"];
+            content: string;
+            /** Format: date-time */
+            timestamp: string;
+            feedback?: null | components["schemas"]["Rating"];
+            /** Format: uuid */
+            trace_id?: string | null;
         };
         /** @description One event of a run's log: what was sent to clients, with its sequence number. */
         LoggedEvent: {
