@@ -32,12 +32,13 @@ pub enum AppError {
     Internal,
 }
 
+/// The contract's error body, as it is written (see `views::ErrorBody` for its schema).
 #[derive(Serialize)]
-struct Envelope<'a> {
-    code: &'static str,
-    message: &'a str,
+pub(super) struct Envelope<'a> {
+    pub code: &'static str,
+    pub message: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    field: Option<&'a str>,
+    pub field: Option<&'a str>,
 }
 
 impl AppError {

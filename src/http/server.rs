@@ -149,7 +149,7 @@ impl Enveloped {
         if !lower.contains("\r\ncontent-length: 0\r\n") || !lower.contains("\r\nconnection: close\r\n") {
             return None;
         }
-        let body = serde_json::json!({"code": code, "message": message}).to_string();
+        let body = serde_json::to_string(&super::error::Envelope { code, message, field: None }).ok()?;
         let head = lower.replacen(
             "\r\ncontent-length: 0\r\n",
             &format!("\r\ncontent-type: application/json\r\ncontent-length: {}\r\n", body.len()),
