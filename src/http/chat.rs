@@ -16,7 +16,6 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::json;
 use uuid::Uuid;
 
 use super::AppState;
@@ -238,13 +237,18 @@ fn from_log(
                         // Its process died before it could say so (an interrupted run): end
                         // the stream the way the contract promises, with one terminal event.
                         let ending = [
-                            json!({"type": "error", "code": "SERVICE_UNAVAILABLE", "message": "The server stopped during the run",
-                                   "retryable": true, "message_id": trace.message_id, "trace_id": trace_id}),
-                            json!({"type": "done", "conversation_id": trace.conversation_id, "message_id": trace.message_id,
-                                   "trace_id": trace_id}),
+                            Event::Error {
+                                code: "SERVICE_UNAVAILABLE".into(),
+                                message: "The server stopped during the run".into(),
+                                retryable: true,
+                                message_id: trace.message_id,
+                                trace_id,
+                            },
+                            Event::Done { conversation_id: trace.conversation_id, message_id: trace.message_id, trace_id },
                         ];
-                        for (i, event) in ending.into_iter().enumerate() {
-                            yield Frame { seq: after + 1 + i as u64, data: event.to_string().into(), last: i == 1 };
+                        for (i, event) in ending.iter().enumerate() {
+                            let data = serde_json::to_string(event).expect("events always serialize");
+                            yield Frame { seq: after + 1 + i as u64, data: data.into(), last: i == 1 };
                         }
                         return;
                     }
