@@ -530,6 +530,22 @@ async fn after_kill_9_a_restart_marks_the_run_interrupted_and_keeps_its_text() {
     let message = &loaded["messages"][1];
     assert_eq!(message["content"], format!("{logged}\n\n[interrupted]"));
     assert_eq!(message["cancelled"], true);
+
+    // Its stream, resumed, ends the way the contract promises: one error, then done.
+    let resumed = client
+        .get(format!("{}/api/chat/stream/{trace_id}", restarted.base))
+        .header("last-event-id", "1")
+        .send()
+        .await
+        .unwrap();
+    let frames = read_frames(resumed).await;
+    let ending: Vec<&Value> = frames.iter().rev().take(2).rev().map(|f| &f.data).collect();
+    assert_eq!(terminal_kinds(&frames), ["error"]);
+    assert_eq!(ending[0]["code"], "SERVICE_UNAVAILABLE");
+    assert_eq!(ending[0]["message"], "The server stopped during the run");
+    assert_eq!(ending[0]["trace_id"], trace_id.as_str());
+    assert_eq!(ending[1]["type"], "done");
+    assert_eq!(ending[1]["conversation_id"], conversation);
 }
 
 both_backends! {
