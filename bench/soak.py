@@ -8,31 +8,9 @@ ends with `done`) and chatd's RSS over time is reported. Exits non-zero on any v
 
 With --postgres, a fresh database is created on that server (with psql) and dropped after.
 """
-import argparse, json, os, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, subprocess, sys, tempfile, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REL = os.path.join(ROOT, "target", "release")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def wait_ready(url, seconds=60):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    sys.exit(f"{url} did not answer in {seconds} s")
+from run import REL, ROOT, free_port, start, stop, wait_http
 
 
 def psql(admin_url, sql):
@@ -74,10 +52,9 @@ provider = "mock"
 model = "mock-1"
 """)
     log = open(os.path.join(work, "chatd.log"), "w")
-    chatd = subprocess.Popen([os.path.join(REL, "chatd"), "--config", config], env={**os.environ, "RUST_LOG": "warn"},
-                             stdout=log, stderr=subprocess.STDOUT)
+    chatd = start([os.path.join(REL, "chatd"), "--config", config], env={"RUST_LOG": "warn"}, log=log)
     try:
-        wait_ready(f"http://127.0.0.1:{port}/readyz")
+        wait_http(f"http://127.0.0.1:{port}/readyz")
         label = "postgres" if args.postgres else "sqlite"
         soak = subprocess.run([os.path.join(REL, "soak"), "--base", f"http://127.0.0.1:{port}", "--runs", str(args.runs),
                                "--minutes", str(args.minutes), "--concurrency", str(args.concurrency),
@@ -89,11 +66,7 @@ model = "mock-1"
         print(f"chatd still running: {alive}; its log: {log.name}")
         return 0 if soak.returncode == 0 and alive else 1
     finally:
-        chatd.send_signal(signal.SIGTERM)
-        try:
-            chatd.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            chatd.kill()
+        stop(chatd)
         if database:
             psql(args.postgres, f"drop database if exists {database} with (force)")
 

@@ -146,10 +146,11 @@ fn rss_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// What a finished run's trace and replayed log say; `None` when they are as they must be.
-async fn check(http: &reqwest::Client, base: &str, trace_id: &str, user: &str) -> Option<String> {
+/// A finished run's trace status, and what is wrong with it or its replayed log (`None`
+/// when they are as they must be).
+async fn check(http: &reqwest::Client, base: &str, trace_id: &str, user: &str) -> (String, Option<String>) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let status = loop {
         let trace: Value = match http
             .get(format!("{base}/api/trace/{trace_id}"))
             .header("x-client-id", user)
@@ -158,20 +159,21 @@ async fn check(http: &reqwest::Client, base: &str, trace_id: &str, user: &str) -
             .and_then(reqwest::Response::error_for_status)
         {
             Ok(r) => r.json().await.unwrap_or(Value::Null),
-            Err(e) => return Some(format!("trace: {e}")),
+            Err(e) => return ("unknown".into(), Some(format!("trace: {e}"))),
         };
-        if trace["status"] != "running" {
-            break;
+        let status = trace["status"].as_str().unwrap_or("unknown").to_owned();
+        if status != "running" {
+            break status;
         }
         if Instant::now() > deadline {
-            return Some("trace still running a minute after the soak".into());
+            return (status, Some("trace still running a minute after the soak".into()));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
     let replay =
         match http.get(format!("{base}/api/chat/stream/{trace_id}?after=0")).header("x-client-id", user).send().await {
             Ok(r) => r,
-            Err(e) => return Some(format!("replay: {e}")),
+            Err(e) => return (status, Some(format!("replay: {e}"))),
         };
     let mut kinds = Vec::new();
     let mut events = replay.bytes_stream().eventsource();
@@ -181,12 +183,13 @@ async fn check(http: &reqwest::Client, base: &str, trace_id: &str, user: &str) -
     }
     let terminals = kinds.iter().filter(|k| matches!(k.as_str(), "complete" | "cancelled" | "error")).count();
     if terminals != 1 || kinds.last().map(String::as_str) != Some("done") {
-        return Some(format!(
+        let problem = format!(
             "replayed stream ends {:?} with {terminals} terminal events",
             kinds.iter().rev().take(3).collect::<Vec<_>>()
-        ));
+        );
+        return (status, Some(problem));
     }
-    None
+    (status, None)
 }
 
 #[tokio::main]
@@ -245,15 +248,11 @@ async fn main() {
             refused += 1;
             continue;
         };
-        if let Some(problem) = check(&http, &base, trace_id, &outcome.user).await {
+        let (status, problem) = check(&http, &base, trace_id, &outcome.user).await;
+        if let Some(problem) = problem {
             violations.push(json!({"trace_id": trace_id, "fault": outcome.fault, "client": format!("{:?}", outcome.client), "problem": problem}));
         }
-        let status =
-            match http.get(format!("{base}/api/trace/{trace_id}")).header("x-client-id", &outcome.user).send().await {
-                Ok(r) => r.json::<Value>().await.ok().and_then(|t| t["status"].as_str().map(str::to_owned)),
-                Err(_) => None,
-            };
-        *statuses.entry(status.unwrap_or_else(|| "unknown".into())).or_default() += 1;
+        *statuses.entry(status).or_default() += 1;
     }
     if let Some(sampler) = sampler {
         sampler.abort();

@@ -304,12 +304,13 @@ async fn stream_turn(
     };
     let mut events = Vec::new();
     while let Some(event) = next_event(&mut stream, emitter).await {
-        let applied = event.and_then(|event| turn.apply(event, &mut events));
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => return Ending::Failed(error),
+        };
+        turn.apply(event, &mut events);
         for event in events.drain(..) {
             emit_content(emitter, output, event);
-        }
-        if let Err(error) = applied {
-            return Ending::Failed(error);
         }
         if turn.finished() {
             return Ending::Completed;
@@ -510,12 +511,9 @@ async fn call_tool(
                 tracing::info!(tool = %tool.spec().name, attempt, error = %message, "retrying tool call");
                 tokio::time::sleep(Duration::from_millis(100 * 2u64.pow(attempt))).await;
             }
-            Ok(Err(error)) => {
-                return (
-                    ToolStatus::Error,
-                    error.message.chars().filter(|c| super::clean::visible(*c)).collect(),
-                    None,
-                );
+            Ok(Err(mut error)) => {
+                error.message.retain(super::clean::visible);
+                return (ToolStatus::Error, error.message, None);
             }
             Err(None) => return (ToolStatus::Cancelled, "cancelled".to_owned(), None),
             Err(Some(())) => {
@@ -684,12 +682,12 @@ async fn finish(plan: &RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store>, e
         assistant_message: assistant,
     };
     // The answer is stored before the client hears `complete`, so a load right after sees it.
-    let terminal = match save(&**store, &record).await {
+    let terminal = match retry_while_unavailable(&**store, &record, SAVE_FOR).await {
         Ok(()) => terminal,
         Err(e) => {
             tracing::error!(error = %e, "could not persist the run's result");
             if e.is_unavailable() {
-                save_later(store, unsaved(record, &e));
+                save_later(store, unsaved(record));
             }
             error_event(plan, "SERVICE_UNAVAILABLE", "The answer could not be saved", true)
         }
@@ -709,12 +707,8 @@ const SAVE_FOR: Duration = Duration::from_secs(5);
 /// client heard so: its trace must not stay `running` once the database is back.
 const SAVE_LATER_FOR: Duration = Duration::from_secs(3600);
 
-/// Saves a run's result, trying again (with backoff) for up to `SAVE_FOR` while the
-/// database is unavailable. Other errors (the run was ended elsewhere) are final.
-async fn save(store: &dyn Store, record: &RunFinish) -> Result<(), crate::store::StoreError> {
-    retry_while_unavailable(store, record, SAVE_FOR).await
-}
-
+/// Saves a run's result, trying again (with backoff) for up to `within` while the database
+/// is unavailable. Other errors (the run was ended elsewhere) are final.
 async fn retry_while_unavailable(
     store: &dyn Store,
     record: &RunFinish,
@@ -735,9 +729,8 @@ async fn retry_while_unavailable(
 
 /// What is recorded of a run whose client was told its answer could not be saved: an error
 /// with what it had said so far, and no assistant message, as that client saw it.
-fn unsaved(mut record: RunFinish, error: &crate::store::StoreError) -> RunFinish {
+fn unsaved(mut record: RunFinish) -> RunFinish {
     let partial_text = record.assistant_message.take().map(|m| m.content).unwrap_or_default();
-    tracing::debug!(%error, "recording the run as unsaved");
     record.status = TraceStatus::Error;
     record.error = Some(json!({
         "code": "SERVICE_UNAVAILABLE",

@@ -467,7 +467,13 @@ impl ChatService {
         let service = self.clone();
         let user = user.to_owned();
         self.starts.write(start, move |written| {
-            let runs = written.map_err(ChatError::from).map(|start| service.run_written(&user, start, plans));
+            let runs = written
+                .map_err(|e| match e {
+                    // Other replicas' runs filled the user's limit meanwhile.
+                    StoreError::TooManyRuns(running) => busy(running),
+                    e => e.into(),
+                })
+                .map(|start| service.run_written(&user, start, plans));
             let _ = done.send(runs);
         });
         let launched = launched.await.map_err(|_| ChatError::Unavailable("the run could not start".into()))?;

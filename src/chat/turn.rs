@@ -11,7 +11,7 @@ use super::clean::{Cleaner, Piece};
 use super::markers::Captured;
 use crate::domain::{ToolCall, Usage, new_id};
 use crate::events::Event;
-use crate::providers::{ProviderError, ProviderEvent};
+use crate::providers::ProviderEvent;
 
 /// What a model call produced, as the client saw it.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -65,7 +65,7 @@ impl Turn {
     }
 
     /// Applies one provider event, pushing the client events it makes onto `out`.
-    pub fn apply(&mut self, event: ProviderEvent, out: &mut Vec<Event>) -> Result<(), ProviderError> {
+    pub fn apply(&mut self, event: ProviderEvent, out: &mut Vec<Event>) {
         match event {
             ProviderEvent::Text(text) => {
                 self.output.raw_text.push_str(&text);
@@ -136,7 +136,6 @@ impl Turn {
             }
         }
         self.drain(out);
-        Ok(())
     }
 
     /// Ends a turn cut short (cancelled): text held back while it might have become a tag
@@ -186,7 +185,8 @@ pub async fn complete_text(
     let mut turn = Turn::new(0, Vec::new());
     let mut ignored = Vec::new();
     while let Some(Ok(event)) = stream.next().await {
-        if turn.apply(event, &mut ignored).is_err() || turn.finished() {
+        turn.apply(event, &mut ignored);
+        if turn.finished() {
             break;
         }
     }

@@ -179,13 +179,16 @@ async fn resume(
         }
         return Ok(sse(&state, run.follow(after)));
     }
-    if trace.status != TraceStatus::Running
+    // The log after `after`, read once: the stream starts with it.
+    let missed = state.store.trace_events(trace_id, after as i64).await?;
+    if missed.is_empty()
+        && trace.status != TraceStatus::Running
         && logged_done(&*state.store, trace_id).await?.is_some_and(|done| after >= done)
     {
         return Ok(heard_all);
     }
     let poll = Duration::from_millis(state.settings.stream.flush_interval_ms.max(10));
-    Ok(sse(&state, from_log(state.store.clone(), trace, after, poll)))
+    Ok(sse(&state, from_log(state.store.clone(), trace, after, missed, poll)))
 }
 
 /// The seq of the run's logged `done`, if it has one.
@@ -194,19 +197,26 @@ async fn logged_done(store: &dyn Store, trace_id: Uuid) -> Result<Option<u64>, A
     Ok(events.iter().rev().find(|e| e.kind == "done").map(|e| e.seq as u64))
 }
 
-/// Replays a run's logged events after `after`, then follows the log (a run on another
-/// replica writes it every flush interval) until `done`, or until the run is over.
+/// Replays a run's logged events after `after` (`missed`, already read), then follows the
+/// log (a run on another replica writes it every flush interval) until `done`, or until the
+/// run is over.
 fn from_log(
     store: Arc<dyn Store>,
     trace: Trace,
     mut after: u64,
+    missed: Vec<LoggedEvent>,
     poll: Duration,
 ) -> impl Stream<Item = Frame> + Send + 'static {
     let trace_id = trace.trace_id;
     let mut ended_at: Option<tokio::time::Instant> = None;
+    let mut missed = Some(missed);
     async_stream::stream! {
         loop {
-            let events = match store.trace_events(trace_id, i64::try_from(after).unwrap_or(i64::MAX)).await {
+            let read = match missed.take() {
+                Some(events) => Ok(events),
+                None => store.trace_events(trace_id, i64::try_from(after).unwrap_or(i64::MAX)).await,
+            };
+            let events = match read {
                 Ok(events) => events,
                 Err(e) => {
                     tracing::warn!(error = %e, %trace_id, "resume could not read the log");

@@ -95,10 +95,6 @@ impl From<StoreError> for AppError {
         match error {
             StoreError::NotFound => AppError::not_found("Not found"),
             StoreError::Conflict(message) => AppError::Conflict(message),
-            StoreError::TooManyRuns(running) => AppError::RateLimited {
-                message: format!("{running} answers are still streaming; wait for one to finish"),
-                retry_after: std::time::Duration::from_secs(1),
-            },
             error if error.is_unavailable() => {
                 tracing::error!(%error, "database unavailable");
                 AppError::Unavailable("Database unavailable".into())
