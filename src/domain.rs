@@ -316,16 +316,6 @@ pub struct Comparison {
     pub created_at: DateTime<Utc>,
 }
 
-/// One event of a run's log: what was sent to clients, with its sequence number.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct LoggedEvent {
-    pub seq: i64,
-    pub at: DateTime<Utc>,
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub data: Value,
-}
-
 /// A run as stored: its trace (CONTRACT.md §9), without the events.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Trace {

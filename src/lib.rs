@@ -63,7 +63,13 @@ impl App {
         // its process (on a shared store, only those whose heartbeat went stale).
         lifecycle::recover_orphans(&*store, &runs).await;
         let chat = ChatService::new(settings.clone(), store.clone(), providers, tools.clone(), runs.clone(), log);
-        lifecycle::spawn_background(store.clone(), runs, chat.replica_id().to_owned(), shutdown.clone());
+        lifecycle::spawn_background(
+            store.clone(),
+            runs,
+            chat.news().clone(),
+            chat.replica_id().to_owned(),
+            shutdown.clone(),
+        );
         let listener = listen(&settings.server.host, settings.server.port).await?;
         let auth = Arc::new(Authenticator::new(&settings).map_err(anyhow::Error::msg)?);
         let state = AppState { settings, store, chat, tools, auth, shutdown };

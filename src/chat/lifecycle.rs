@@ -9,9 +9,11 @@ use futures_util::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::news::RunNews;
 use super::runs::Runs;
 use crate::domain::{Message, Role, TraceStatus, now};
-use crate::store::{RunFinish, RunningTrace, Store};
+use crate::events::Event;
+use crate::store::{Notice, RunFinish, RunningTrace, Store};
 
 /// How often this process says its runs are alive.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -53,11 +55,10 @@ async fn interrupt(store: &dyn Store, orphan: &RunningTrace) -> Result<(), crate
     let trace = &orphan.trace;
     let events = store.trace_events(trace.trace_id, 0).await?;
     let (mut text, mut thinking) = (String::new(), String::new());
-    for event in &events {
-        let piece = event.data["text"].as_str().unwrap_or_default();
-        match event.kind.as_str() {
-            "text_delta" => text.push_str(piece),
-            "thinking_delta" => thinking.push_str(piece),
+    for logged in &events {
+        match &logged.event {
+            Some(Event::TextDelta { text: piece }) => text.push_str(piece),
+            Some(Event::ThinkingDelta { text: piece }) => thinking.push_str(piece),
             _ => {}
         }
     }
@@ -80,12 +81,21 @@ async fn interrupt(store: &dyn Store, orphan: &RunningTrace) -> Result<(), crate
             spans: trace.spans.clone(),
             assistant_message: Some(message),
         })
-        .await
+        .await?;
+    // Whoever follows or cancels it from another process learns that it ended.
+    store.notify(Notice::Logged(trace.trace_id)).await
 }
 
 /// Keeps this process's runs alive in the store, recovers other processes' orphans (shared
-/// stores), and cancels local runs that other replicas ask to cancel; until `shutdown`.
-pub fn spawn_background(store: Arc<dyn Store>, runs: Runs, replica_id: String, shutdown: CancellationToken) {
+/// stores), cancels local runs that other replicas ask to cancel, and passes the rest of
+/// their news on to whoever waits here; until `shutdown`.
+pub fn spawn_background(
+    store: Arc<dyn Store>,
+    runs: Runs,
+    news: RunNews,
+    replica_id: String,
+    shutdown: CancellationToken,
+) {
     let (beat_store, beat_runs, beat_stop) = (store.clone(), runs.clone(), shutdown.clone());
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(HEARTBEAT);
@@ -107,19 +117,24 @@ pub fn spawn_background(store: Arc<dyn Store>, runs: Runs, replica_id: String, s
         }
     });
     tokio::spawn(async move {
-        let requests = match store.cancel_requests().await {
-            Ok(Some(requests)) => requests,
+        let notices = match store.notices().await {
+            Ok(Some(notices)) => notices,
             Ok(None) => return,
             Err(e) => {
-                tracing::error!(error = %e, "cannot hear cancels from other replicas");
+                tracing::error!(error = %e, "cannot hear other replicas (cancels, logs of their runs)");
                 return;
             }
         };
-        let mut requests = Box::pin(requests.take_until(shutdown.cancelled_owned()));
-        while let Some(trace_id) = requests.next().await {
-            if let Some(run) = runs.get(trace_id) {
-                tracing::info!(%trace_id, "cancel asked by another replica");
-                run.cancel.cancel();
+        let mut notices = Box::pin(notices.take_until(shutdown.cancelled_owned()));
+        while let Some(notice) = notices.next().await {
+            match notice {
+                Notice::Cancel(trace_id) => {
+                    if let Some(run) = runs.get(trace_id) {
+                        tracing::info!(%trace_id, "cancel asked by another replica");
+                        run.cancel.cancel();
+                    }
+                }
+                notice => news.tell(notice),
             }
         }
     });
@@ -148,8 +163,10 @@ pub async fn drain(runs: &Runs, grace: Duration) {
         let _ = tokio::time::timeout(Duration::from_secs(10), cancelled).await;
     }
     // Runs leave the registry once their log is written; give the last ones that moment.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !runs.is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let logged = async {
+        for run in runs.all() {
+            run.logged().await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), logged).await;
 }

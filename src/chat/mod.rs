@@ -1,21 +1,27 @@
 //! A chat run: validating and starting it (`service`), the model loop (`agent`), live runs
-//! and their fan-out (`runs`), the batched event log (`log`) and run starts written in groups
-//! (`starts`).
+//! and their fan-out (`runs`), following a run from a seq (`replay`), cancelling runs
+//! (`control`), other processes' news of their runs (`news`), the batched event log (`log`)
+//! and run starts written in groups (`starts`).
 
 pub mod agent;
 pub mod arena;
 pub mod clean;
 pub mod context;
+pub mod control;
 pub mod lifecycle;
 pub mod log;
 pub mod markers;
+pub mod news;
 pub mod payloads;
 pub mod prompt;
+pub mod replay;
 pub mod runs;
 pub mod service;
 mod starts;
 pub mod turn;
 
+pub use control::{CancelTarget, Cancelled, ControlError};
 pub use log::EventLog;
+pub use replay::Resumed;
 pub use runs::{Frame, LiveRun, Runs};
-pub use service::{CancelOutcome, ChatError, ChatRequest, ChatService};
+pub use service::{ChatError, ChatRequest, ChatService};

@@ -13,16 +13,49 @@ use uuid::Uuid;
 
 use super::log::EventLog;
 use crate::domain::now;
-use crate::events::Event;
+use crate::events::{Event, LoggedEvent};
 use crate::store::NewEvent;
 
-/// One event as sent: its sequence number and its JSON, serialized once for every listener.
+/// One event of a run as sent: its sequence number, the event, and its JSON, serialized
+/// once for every listener (and the log). Live or replayed from the log, a run's events
+/// reach every encoder as frames.
 #[derive(Debug, Clone)]
 pub struct Frame {
     pub seq: u64,
+    /// `None` only for a logged event this version does not know (see [`LoggedEvent`]).
+    pub event: Option<Arc<Event>>,
     pub data: Arc<str>,
     /// Set on `done`, after which a run sends nothing.
-    pub last: bool,
+    last: bool,
+}
+
+impl Frame {
+    /// A frame of an event as it was serialized for the run.
+    fn sent(seq: u64, event: Event, data: Arc<str>) -> Self {
+        let last = matches!(event, Event::Done { .. });
+        Self { seq, event: Some(Arc::new(event)), data, last }
+    }
+
+    /// A frame of an event no run sent itself (a resumed run whose process died).
+    pub fn new(seq: u64, event: Event) -> Self {
+        let data = serde_json::to_string(&event).expect("events always serialize");
+        Self::sent(seq, event, data.into())
+    }
+
+    /// A logged event as a frame again: the stored text is what was sent.
+    pub fn logged(logged: LoggedEvent) -> Self {
+        Self {
+            seq: logged.seq as u64,
+            last: logged.kind == "done",
+            data: Arc::from(logged.data.get()),
+            event: logged.event.map(Arc::new),
+        }
+    }
+
+    /// `done`, after which a run sends nothing.
+    pub fn is_last(&self) -> bool {
+        self.last
+    }
 }
 
 pub struct LiveRun {
@@ -36,6 +69,8 @@ pub struct LiveRun {
     finished: AtomicBool,
     /// Set by the first cancel asked of this run.
     cancel_claimed: AtomicBool,
+    /// Set once the run's log is written and sealed (it then leaves the registry).
+    logged: AtomicBool,
 }
 
 /// A run's frames and the listeners waiting for more, under one lock: a listener that finds
@@ -105,6 +140,26 @@ impl LiveRun {
         self.finished.load(Ordering::Acquire)
     }
 
+    /// Waits until the run's log is written and sealed: from then on the store has all of it.
+    pub async fn logged(&self) {
+        std::future::poll_fn(|cx| {
+            let mut frames = self.frames.lock().expect("frames lock");
+            if self.logged.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            frames.wait(cx.waker());
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// The event that ended the run (`complete`, `cancelled` or `error`), once it has.
+    pub fn ending(&self) -> Option<Arc<Event>> {
+        let frames = self.frames.lock().expect("frames lock");
+        let [.., ending, done] = frames.sent.as_slice() else { return None };
+        if done.is_last() { ending.event.clone() } else { None }
+    }
+
     /// True for the first cancel asked of this run only.
     pub fn claim_cancel(&self) -> bool {
         !self.cancel_claimed.swap(true, Ordering::AcqRel)
@@ -170,6 +225,7 @@ impl Runs {
             frames: Mutex::default(),
             finished: AtomicBool::new(false),
             cancel_claimed: AtomicBool::new(false),
+            logged: AtomicBool::new(false),
         });
         self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone());
         metrics::gauge!("chatd_active_runs").increment(1.0);
@@ -180,11 +236,17 @@ impl Runs {
         self.live.lock().expect("runs lock").runs.get(&trace_id).cloned()
     }
 
-    /// Forgets a run once its log is written; later listeners read the store.
+    /// Forgets a run once its log is written; later listeners read the store, and whoever
+    /// waits for the log to be written is woken.
     pub fn remove(&self, trace_id: Uuid) {
-        if self.live.lock().expect("runs lock").runs.remove(&trace_id).is_some() {
-            metrics::gauge!("chatd_active_runs").decrement(1.0);
-        }
+        let Some(run) = self.live.lock().expect("runs lock").runs.remove(&trace_id) else { return };
+        metrics::gauge!("chatd_active_runs").decrement(1.0);
+        let waiting = {
+            let mut frames = run.frames.lock().expect("frames lock");
+            run.logged.store(true, Ordering::Release);
+            std::mem::take(&mut frames.waiting)
+        };
+        waiting.into_iter().for_each(Waker::wake);
     }
 
     pub fn len(&self) -> usize {
@@ -233,7 +295,7 @@ pub struct Emitter {
 const MAX_HELD: usize = 256;
 
 impl Emitter {
-    pub fn emit(&mut self, event: Event) {
+    pub fn emit(&mut self, mut event: Event) {
         self.seq += 1;
         // Serialized once: the same text goes to every listener and into the log.
         let mut data = serde_json::to_string(&event).expect("events always serialize");
@@ -243,23 +305,20 @@ impl Emitter {
             let mut value: serde_json::Value = serde_json::from_str(&data).expect("just serialized");
             strip_nul(&mut value);
             data = value.to_string();
+            // The typed event says what the text says.
+            event = serde_json::from_str(&data).expect("an event without NUL is still that event");
         }
         let data: Arc<str> = data.into();
         let last = matches!(event, Event::Done { .. });
+        let kind = event.kind();
         {
             let mut frames = self.run.frames.lock().expect("frames lock");
-            frames.sent.push(Frame { seq: self.seq, data: data.clone(), last });
+            frames.sent.push(Frame::sent(self.seq, event, data.clone()));
             if last {
                 self.run.finished.store(true, Ordering::Release);
             }
         }
-        self.held.push(NewEvent {
-            trace_id: self.run.trace_id,
-            seq: self.seq as i64,
-            at: now(),
-            kind: event.kind(),
-            data,
-        });
+        self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at: now(), kind, data });
         if !self.holding || last || self.held.len() >= MAX_HELD {
             self.publish();
         }

@@ -18,12 +18,13 @@ use tokio_util::sync::CancellationToken;
 use super::agent::{self, RunPlan, ToolLimits};
 use super::context::ContextKeeper;
 use super::log::EventLog;
+use super::news::RunNews;
 use super::payloads::LlmPayloadType;
 use super::prompt::{self, PromptParts};
 use super::runs::{LiveRun, Reservation, Runs};
 use super::starts::StartWriter;
 use crate::config::{PayloadSource, Settings};
-use crate::domain::{Comparison, Conversation, Message, Role, Trace, TraceStatus, branch, new_id, now};
+use crate::domain::{Comparison, Conversation, Message, Role, Trace, branch, new_id, now};
 use crate::providers::{ModelRequest, Providers, ToolSpec};
 use crate::store::{ConversationPatch, RunStart, Store, StoreError};
 use crate::tools::{PageScope, Registry, ToolCallContext};
@@ -79,36 +80,23 @@ pub enum ChatError {
 const TITLE_PROMPT: &str = "Write a title of at most six words for a conversation that starts with the \
      user's message below. Answer with the title only, without quotes or a final period.";
 
-/// How long a cancel waits for another process to stop its run.
-const CANCEL_WAIT: Duration = Duration::from_secs(10);
-
 #[derive(Clone)]
 pub struct ChatService {
-    settings: Arc<Settings>,
-    store: Arc<dyn Store>,
-    providers: Providers,
-    tools: Arc<Registry>,
-    runs: Runs,
-    log: EventLog,
-    starts: StartWriter,
+    pub(super) settings: Arc<Settings>,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) providers: Providers,
+    pub(super) tools: Arc<Registry>,
+    pub(super) runs: Runs,
+    pub(super) log: EventLog,
+    pub(super) starts: StartWriter,
     /// For server-side action handlers given as URLs.
-    http: reqwest::Client,
+    pub(super) http: reqwest::Client,
     /// This process, as the owner of the runs it starts.
-    replica_id: String,
+    pub(super) replica_id: String,
     /// Set when the server drains for shutdown: no new runs.
-    draining: Arc<AtomicBool>,
-}
-
-/// How a cancel request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CancelOutcome {
-    Cancelled,
-    /// The run ended some other way first.
-    AlreadyEnded,
-    /// No process answered in time.
-    NoAnswer,
-    /// Another cancel of the same run came first; that one answers for it.
-    AlreadyCancelling,
+    pub(super) draining: Arc<AtomicBool>,
+    /// What other processes tell of their runs.
+    pub(super) news: RunNews,
 }
 
 impl ChatService {
@@ -136,6 +124,7 @@ impl ChatService {
             http,
             replica_id: new_id().to_string(),
             draining: Arc::new(AtomicBool::new(false)),
+            news: RunNews::default(),
         }
     }
 
@@ -148,24 +137,13 @@ impl ChatService {
         &self.log
     }
 
-    pub fn replica_id(&self) -> &str {
-        &self.replica_id
+    /// Where this process hears what the others tell of their runs.
+    pub fn news(&self) -> &RunNews {
+        &self.news
     }
 
-    /// Cancels this process's runs in a conversation and waits (bounded) for them to end,
-    /// so that deleting it leaves no run writing into it.
-    pub async fn stop_runs_in(&self, user: &str, conversation_id: Uuid) {
-        let runs: Vec<Arc<LiveRun>> =
-            self.runs.all().into_iter().filter(|r| r.conversation_id == conversation_id && r.user_id == user).collect();
-        for run in &runs {
-            run.cancel.cancel();
-        }
-        let ended = async {
-            for run in &runs {
-                run.finished().await;
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
+    pub fn replica_id(&self) -> &str {
+        &self.replica_id
     }
 
     /// Refuses new runs from now on (shutdown).
@@ -176,44 +154,6 @@ impl ChatService {
     /// Whether the server is shutting down (readiness says no meanwhile).
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
-    }
-
-    /// Cancels a running run wherever it runs, and waits (bounded) to learn how it ended:
-    /// a run that completed first is `AlreadyEnded`, so exactly one terminal event is sent.
-    pub async fn cancel(&self, user: &str, trace_id: Uuid) -> Result<CancelOutcome, ChatError> {
-        if let Some(run) = self.runs.get(trace_id) {
-            // Exactly one of simultaneous cancels is the one that cancelled.
-            let first = run.claim_cancel();
-            run.cancel.cancel();
-            run.finished().await;
-            if !first {
-                return Ok(CancelOutcome::AlreadyCancelling);
-            }
-        } else {
-            // Not here (any more): a run that has ended already was not ended by this cancel
-            // (on one process, it was a simultaneous cancel that got here first).
-            if self.store.get_trace(user, trace_id).await?.status != TraceStatus::Running {
-                return Ok(CancelOutcome::AlreadyEnded);
-            }
-            self.store.notify_cancel(trace_id).await?;
-            let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
-            loop {
-                let status = self.store.get_trace(user, trace_id).await?.status;
-                if status != TraceStatus::Running {
-                    break;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    return Ok(CancelOutcome::NoAnswer);
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-        }
-        let trace = self.store.get_trace(user, trace_id).await?;
-        Ok(match trace.status {
-            TraceStatus::Cancelled => CancelOutcome::Cancelled,
-            TraceStatus::Running => CancelOutcome::NoAnswer,
-            _ => CancelOutcome::AlreadyEnded,
-        })
     }
 
     /// Validates and persists the request, then starts its run; returns the live run to follow.

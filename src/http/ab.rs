@@ -7,16 +7,18 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::AppState;
-use super::chat::{from_the_start, sse};
+use super::chat::from_the_start;
 use super::error::AppError;
 use super::extract::{AppJson, CurrentUser, IdPath, parse_json};
+use super::sse::{Comparisons, Paired, sse};
 use super::views::*;
 use crate::chat::arena;
-use crate::chat::{ChatRequest, Frame, LiveRun};
+use crate::chat::{ChatRequest, Frame};
 use crate::domain::{Comparison, Preference};
+use crate::events::comparison::Variant;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -40,56 +42,24 @@ async fn stream(
     let (profile_a, profile_b) = (profile("profile_a")?, profile("profile_b")?);
     let request: ChatRequest = parse_json(&serde_json::to_vec(&body).expect("a map serializes"))?;
     let (comparison, run_a, run_b) = state.chat.start_comparison(&user, &request, &profile_a, &profile_b).await?;
-    let (frames_a, frames_b) = (from_the_start(&state, run_a.clone()), from_the_start(&state, run_b.clone()));
-    Ok(sse(&state, merged(comparison, &run_a, &run_b, frames_a, frames_b)))
+    let encoder = Comparisons::new(comparison, run_a.message_id, run_b.message_id);
+    let (frames_a, frames_b) = (from_the_start(&state, run_a), from_the_start(&state, run_b));
+    Ok(sse(&state, paired(frames_a, frames_b), encoder))
 }
 
-/// Both runs as one stream: `comparison` first, then every event of both (but their own
-/// `done`) tagged with its `variant`, then one `done`. Frames are numbered afresh; to resume
-/// one side, follow its trace id.
-fn merged(
-    comparison: Comparison,
-    a: &LiveRun,
-    b: &LiveRun,
+/// Both runs as one stream: the opening, then every event of both but their own `done`,
+/// as they come, then the closing.
+fn paired(
     frames_a: impl Stream<Item = Frame> + Send + 'static,
     frames_b: impl Stream<Item = Frame> + Send + 'static,
-) -> impl Stream<Item = Frame> + Send + 'static {
+) -> impl Stream<Item = Paired> + Send + 'static {
     let side =
-        |run: &LiveRun, model: &str| json!({"trace_id": run.trace_id, "message_id": run.message_id, "model": model});
-    let first = json!({
-        "type": "comparison",
-        "comparison_id": comparison.comparison_id,
-        "a": side(a, &comparison.model_a),
-        "b": side(b, &comparison.model_b),
-    });
-    let last = json!({
-        "type": "done",
-        "comparison_id": comparison.comparison_id,
-        "conversation_id": comparison.conversation_id,
-        "message_ids": {"a": a.message_id, "b": b.message_id},
-    });
-    let tag = |variant: &'static str| {
-        move |frame: Frame| {
-            if frame.last {
-                return None;
-            }
-            let mut event: Value = serde_json::from_str(&frame.data).ok()?;
-            event["variant"] = json!(variant);
-            Some(event)
-        }
-    };
-    let events = futures_util::stream::select(
-        frames_a.filter_map(move |f| std::future::ready(tag("a")(f))),
-        frames_b.filter_map(move |f| std::future::ready(tag("b")(f))),
-    );
-    let all = futures_util::stream::once(std::future::ready(first))
-        .chain(events)
-        .chain(futures_util::stream::once(std::future::ready(last)));
-    all.enumerate().map(|(i, event)| Frame {
-        seq: i as u64 + 1,
-        last: event["type"] == "done" && event.get("comparison_id").is_some(),
-        data: event.to_string().into(),
-    })
+        |variant| move |frame: Frame| std::future::ready((!frame.is_last()).then_some(Paired::Side(variant, frame)));
+    let sides =
+        futures_util::stream::select(frames_a.filter_map(side(Variant::A)), frames_b.filter_map(side(Variant::B)));
+    futures_util::stream::once(std::future::ready(Paired::Opening))
+        .chain(sides)
+        .chain(futures_util::stream::once(std::future::ready(Paired::Closing)))
 }
 
 /// The comparison with, for each side, its trace's status, model, timings and usage.
@@ -112,7 +82,8 @@ async fn describe(state: &AppState, user: &str, comparison: Comparison) -> Resul
 async fn side(state: &AppState, user: &str, trace_id: uuid::Uuid, profile: &str) -> Result<SideView, AppError> {
     let trace = state.store.get_trace(user, trace_id).await?;
     let events = state.store.trace_events(trace.trace_id, 0).await?;
-    let first_token = events.iter().find(|e| matches!(e.kind.as_str(), "text_delta" | "thinking_delta"));
+    let first_token =
+        events.iter().find(|e| matches!(e.event, Some(Event::TextDelta { .. } | Event::ThinkingDelta { .. })));
     Ok(SideView {
         trace_id: trace.trace_id,
         message_id: trace.message_id,

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::chat::ChatError;
+use crate::chat::{ChatError, ControlError};
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +116,17 @@ impl From<ChatError> for AppError {
             ChatError::Unavailable(message) => AppError::Unavailable(message),
             ChatError::Busy { message, retry_after } => AppError::RateLimited { message, retry_after },
             ChatError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<ControlError> for AppError {
+    fn from(error: ControlError) -> Self {
+        match error {
+            ControlError::Missing(_) => AppError::not_found(error.to_string()),
+            ControlError::Ended(message) => AppError::Conflict(message.into()),
+            ControlError::NoAnswer => AppError::Unavailable(error.to_string()),
+            ControlError::Store(e) => e.into(),
         }
     }
 }

@@ -1,22 +1,20 @@
-//! The legacy vocabulary (CONTRACT.md §11, seed 004), mapped at the edge from the same runs
-//! and records: no second agent loop. `chunk`, `tool_start`, `tool_output`, `tool_end`,
-//! `error`, `done`; events with no legacy counterpart are left out.
+//! The legacy endpoints (CONTRACT.md §11, seed 004), served from the same runs and records:
+//! no second agent loop. The stream speaks the legacy vocabulary (`events::legacy`).
 
 use axum::extract::State;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::StreamExt;
 use serde::Deserialize;
-use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::AppState;
-use super::chat::{from_the_start, sse};
+use super::chat::from_the_start;
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser};
+use super::sse::{Legacy, sse};
 use super::views::*;
-use crate::chat::{ChatRequest, Frame};
+use crate::chat::ChatRequest;
 use crate::config::AuthMode;
 use crate::domain::branch;
 
@@ -34,44 +32,7 @@ async fn stream(
     AppJson(request): AppJson<ChatRequest>,
 ) -> Result<Response, AppError> {
     let run = state.chat.start(&user, request).await?;
-    let mut conversation_id = Value::Null;
-    let frames =
-        from_the_start(&state, run).filter_map(move |frame| std::future::ready(legacy(frame, &mut conversation_id)));
-    Ok(sse(&state, frames))
-}
-
-/// One canonical frame in the legacy vocabulary, or `None` where it has no word for it.
-/// `start` has no legacy word, but its conversation id goes into every `chunk`.
-fn legacy(frame: Frame, conversation_id: &mut Value) -> Option<Frame> {
-    let event: Value = serde_json::from_str(&frame.data).ok()?;
-    let mapped = match event["type"].as_str()? {
-        "start" => {
-            *conversation_id = event["conversation_id"].clone();
-            return None;
-        }
-        "text_delta" => {
-            json!({"type": "chunk", "content": event["text"], "conversation_id": conversation_id})
-        }
-        "tool_start" => {
-            json!({"type": "tool_start", "tool_call_id": event["tool_call_id"], "tool_name": event["tool"],
-                               "tool_args": event["input"], "timestamp": event["timestamp"]})
-        }
-        "tool_output" => {
-            json!({"type": "tool_output", "tool_call_id": event["tool_call_id"], "output": event["output"],
-                                "truncated": event["truncated"], "full_length": event["full_length"]})
-        }
-        "tool_complete" => {
-            json!({"type": "tool_end", "tool_call_id": event["tool_call_id"], "status": event["status"],
-                                  "duration_ms": event["duration_ms"]})
-        }
-        "error" => json!({"type": "error", "status": event["code"], "message": event["message"]}),
-        "done" => {
-            json!({"type": "done", "conversation_id": event["conversation_id"], "message_id": event["message_id"],
-                         "trace_id": event["trace_id"]})
-        }
-        _ => return None,
-    };
-    Some(Frame { seq: frame.seq, data: mapped.to_string().into(), last: frame.last })
+    Ok(sse(&state, from_the_start(&state, run), Legacy::default()))
 }
 
 #[derive(Deserialize)]

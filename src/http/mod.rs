@@ -11,6 +11,7 @@ mod health;
 mod legacy;
 pub mod openapi;
 pub mod server;
+mod sse;
 mod tools;
 mod traces;
 pub mod views;

@@ -35,15 +35,9 @@ async fn by_message(
 }
 
 async fn render(state: &AppState, trace: Trace) -> Result<Json<TraceView>, AppError> {
-    // A run that has just sent `done` writes its last events a moment later: wait for that
-    // (bounded), so a trace read right after the stream ends is whole.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-    while let Some(run) = state.chat.runs().get(trace.trace_id) {
-        if !run.is_finished() || tokio::time::Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    // A run that has just sent `done` writes its last events a moment later: a trace read
+    // right after the stream ends is whole.
+    state.chat.logged(trace.trace_id).await;
     let trace = if trace.status == crate::domain::TraceStatus::Running {
         state.store.get_trace(&trace.user_id, trace.trace_id).await?
     } else {

@@ -7,8 +7,8 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 pub use crate::chat::ChatRequest;
-pub use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Trace};
-pub use crate::events::Event;
+pub use crate::domain::{Comparison, Conversation, Feedback, Message, Trace};
+pub use crate::events::{Event, LoggedEvent};
 
 /// Every error outside a stream (CONTRACT.md §1).
 #[derive(Serialize, ToSchema)]

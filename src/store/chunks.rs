@@ -7,12 +7,11 @@
 use std::collections::HashMap;
 
 use chrono::DateTime;
-use serde_json::Value;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::{NewEvent, StoreError};
-use crate::domain::LoggedEvent;
+use crate::events::LoggedEvent;
 
 /// One row of the log: the events of one run, `first_seq..=last_seq`.
 #[derive(Debug, PartialEq)]
@@ -64,11 +63,9 @@ pub fn decode(text: &str, after: i64, into: &mut Vec<LoggedEvent>) -> Result<(),
     let corrupt = |e: serde_json::Error| StoreError::Corrupt(format!("event log chunk: {e}"));
     let entries: Vec<(i64, i64, &RawValue)> = serde_json::from_str(text).map_err(corrupt)?;
     for (seq, at, event) in entries.into_iter().filter(|(seq, ..)| *seq > after) {
-        let data: Value = serde_json::from_str(event.get()).map_err(corrupt)?;
         let at = DateTime::from_timestamp_micros(at)
             .ok_or_else(|| StoreError::Corrupt(format!("event log chunk: time {at} out of range")))?;
-        let kind = data["type"].as_str().unwrap_or_default().to_owned();
-        into.push(LoggedEvent { seq, at, kind, data });
+        into.push(LoggedEvent::decode(seq, at, event.to_owned()).map_err(corrupt)?);
     }
     Ok(())
 }
@@ -96,8 +93,15 @@ mod tests {
         assert_eq!((chunks[1].trace_id, chunks[1].first_seq, chunks[1].last_seq), (b, 7, 8));
         let mut read = Vec::new();
         decode(&chunks[0].events, 0, &mut read).unwrap();
-        let texts: Vec<&str> = read.iter().map(|e| e.data["text"].as_str().unwrap()).collect();
+        let texts: Vec<&str> = read
+            .iter()
+            .map(|e| match &e.event {
+                Some(crate::events::Event::TextDelta { text }) => text.as_str(),
+                other => panic!("read back {other:?}"),
+            })
+            .collect();
         assert_eq!(texts, ["a1", "a\"2\n", "a3"]);
+        assert_eq!(read[1].data.get(), r#"{"type":"text_delta","text":"a\"2\n"}"#, "the stored text, unchanged");
         assert_eq!(read[1].at, events[2].at);
         assert_eq!(read[1].kind, "text_delta");
     }

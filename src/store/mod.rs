@@ -17,7 +17,8 @@ use serde_json::Value;
 use std::sync::Arc;
 use uuid::Uuid;
 
-use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, TraceStatus, Usage};
+use crate::domain::{Comparison, Conversation, Feedback, Message, Preference, Trace, TraceStatus, Usage};
+use crate::events::LoggedEvent;
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
@@ -241,12 +242,23 @@ pub trait Store: Send + Sync + 'static {
     /// Refreshes the heartbeat of the runs this process is running.
     async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
 
-    /// Asks every chatd process on this database to cancel the run (Postgres NOTIFY; a
-    /// no-op on SQLite, where there is only one process).
-    async fn notify_cancel(&self, trace_id: Uuid) -> Result<(), StoreError>;
-    /// The cancellations other processes ask for, as they come (`None` where there are no
-    /// other processes).
-    async fn cancel_requests(&self) -> Result<Option<BoxStream<'static, Uuid>>, StoreError>;
+    /// Tells every chatd process on this database (Postgres NOTIFY; a no-op on SQLite, where
+    /// there is only one process). Appending a run's events tells [`Notice::Logged`] itself.
+    async fn notify(&self, notice: Notice) -> Result<(), StoreError>;
+    /// What processes tell each other, as it comes (`None` where there are no other
+    /// processes).
+    async fn notices(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError>;
+}
+
+/// What one chatd process tells the others about a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// Cancel this run, whoever runs it.
+    Cancel(Uuid),
+    /// The run's log grew, or the run ended: whoever follows it reads again.
+    Logged(Uuid),
+    /// The listener lost its connection and may have missed notices: read again.
+    Missed,
 }
 
 /// Whether a backend's database is shared by several chatd processes.

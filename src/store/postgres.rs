@@ -11,14 +11,15 @@ use uuid::Uuid;
 
 use super::rows::*;
 use super::sql::impl_store;
-use super::{ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, RunningTrace, StoreError};
+use super::{ConversationPatch, NewEvent, Notice, PageCursor, RunFinish, RunStart, RunningTrace, StoreError};
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 
 use serde_json::Value;
 
-use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, Vote, now};
+use crate::domain::{Comparison, Conversation, Feedback, Message, Preference, Trace, Vote, now};
+use crate::events::LoggedEvent;
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -88,6 +89,8 @@ impl_store!(PostgresStore, Postgres);
 
 /// The channel on which replicas ask each other to cancel a run; the payload is its trace id.
 const CANCEL_CHANNEL: &str = "chatd_cancel";
+/// Where a run's log growing, or its end, is told.
+const LOG_CHANNEL: &str = "chatd_log";
 
 impl PostgresStore {
     async fn trace_events_impl(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
@@ -120,6 +123,13 @@ impl PostgresStore {
             });
             query.push(" on conflict (trace_id, first_seq) do nothing");
             query.build().execute(&mut *tx).await?;
+            // Whoever follows these runs from another process reads again (sent at commit).
+            let traces: Vec<Uuid> = rows.iter().map(|c| c.trace_id).collect();
+            sqlx::query("select pg_notify($1, t::text) from unnest($2::uuid[]) as t")
+                .bind(LOG_CHANNEL)
+                .bind(&traces)
+                .execute(&mut *tx)
+                .await?;
             tx.commit().await?;
         }
         Ok(())
@@ -130,29 +140,38 @@ impl PostgresStore {
         Ok(())
     }
 
-    async fn notify_cancel_impl(&self, trace_id: Uuid) -> Result<(), StoreError> {
-        sqlx::query("select pg_notify($1, $2)")
-            .bind(CANCEL_CHANNEL)
-            .bind(trace_id.to_string())
-            .execute(&self.pool)
-            .await?;
+    async fn notify_impl(&self, notice: Notice) -> Result<(), StoreError> {
+        let (channel, trace_id) = match notice {
+            Notice::Cancel(trace_id) => (CANCEL_CHANNEL, trace_id),
+            Notice::Logged(trace_id) => (LOG_CHANNEL, trace_id),
+            Notice::Missed => return Ok(()),
+        };
+        sqlx::query("select pg_notify($1, $2)").bind(channel).bind(trace_id.to_string()).execute(&self.pool).await?;
         Ok(())
     }
 
-    /// LISTENs on its own connection; sqlx reconnects it after a drop (notifications sent
-    /// meanwhile are lost, and a cancel asked then is answered by the caller's timeout).
-    async fn cancel_requests_impl(&self) -> Result<Option<BoxStream<'static, Uuid>>, StoreError> {
+    /// LISTENs on its own connection; sqlx reconnects it after a drop, and the notices sent
+    /// meanwhile are lost: [`Notice::Missed`] says so (a cancel asked then is answered by
+    /// the caller's timeout; a follower reads its log again).
+    async fn notices_impl(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen(CANCEL_CHANNEL).await?;
-        let ids = listener.into_stream().filter_map(|notification| async move {
+        listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL]).await?;
+        let notices = listener.into_stream().filter_map(|notification| async move {
             match notification {
-                Ok(n) => Uuid::try_parse(n.payload()).ok(),
+                Ok(n) => {
+                    let trace_id = Uuid::try_parse(n.payload()).ok()?;
+                    Some(if n.channel() == CANCEL_CHANNEL {
+                        Notice::Cancel(trace_id)
+                    } else {
+                        Notice::Logged(trace_id)
+                    })
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cancel listener lost its connection; reconnecting");
-                    None
+                    tracing::warn!(error = %e, "notice listener lost its connection; reconnecting");
+                    Some(Notice::Missed)
                 }
             }
         });
-        Ok(Some(ids.boxed()))
+        Ok(Some(notices.boxed()))
     }
 }

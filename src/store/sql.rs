@@ -410,12 +410,12 @@ macro_rules! impl_store {
                 .await
             }
 
-            async fn notify_cancel(&self, trace_id: Uuid) -> Result<(), StoreError> {
-                self.notify_cancel_impl(trace_id).await
+            async fn notify(&self, notice: Notice) -> Result<(), StoreError> {
+                self.notify_impl(notice).await
             }
 
-            async fn cancel_requests(&self) -> Result<Option<BoxStream<'static, Uuid>>, StoreError> {
-                self.cancel_requests_impl().await
+            async fn notices(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
+                self.notices_impl().await
             }
 
             async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {

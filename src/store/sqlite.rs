@@ -27,13 +27,14 @@ use uuid::Uuid;
 
 use super::rows::*;
 use super::sql::impl_store;
-use super::{ConversationPatch, NewEvent, PageCursor, RunFinish, RunStart, RunningTrace, StoreError};
+use super::{ConversationPatch, NewEvent, Notice, PageCursor, RunFinish, RunStart, RunningTrace, StoreError};
 use chrono::{DateTime, Utc};
 use futures_util::stream::BoxStream;
 
 use serde_json::Value;
 
-use crate::domain::{Comparison, Conversation, Feedback, LoggedEvent, Message, Preference, Trace, Vote, now};
+use crate::domain::{Comparison, Conversation, Feedback, Message, Preference, Trace, Vote, now};
+use crate::events::LoggedEvent;
 
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -418,11 +419,11 @@ impl SqliteStore {
     }
 
     /// One process per SQLite file: there is nobody else to tell.
-    async fn notify_cancel_impl(&self, _trace_id: Uuid) -> Result<(), StoreError> {
+    async fn notify_impl(&self, _notice: Notice) -> Result<(), StoreError> {
         Ok(())
     }
 
-    async fn cancel_requests_impl(&self) -> Result<Option<BoxStream<'static, Uuid>>, StoreError> {
+    async fn notices_impl(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
         Ok(None)
     }
 }

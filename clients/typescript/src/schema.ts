@@ -707,14 +707,15 @@ export interface components {
             /** Format: uuid */
             trace_id?: string | null;
         };
-        /** @description One event of a run's log: what was sent to clients, with its sequence number. */
+        /** @description One event of a run's log: what was sent to clients, with its sequence number and time. */
         LoggedEvent: {
             /** Format: int64 */
             seq: number;
             /** Format: date-time */
             at: string;
             type: string;
-            data: unknown;
+            /** @description The event exactly as it was sent (and stored). */
+            data: components["schemas"]["Event"];
         };
         /** @description One configured server, for `GET /api/tools`. */
         McpServerStatus: {

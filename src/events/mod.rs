@@ -1,8 +1,14 @@
 //! The wire events of CONTRACT.md §5: one enum, serde-tagged by `"type"`. Everything a run
-//! tells a client goes through [`Event`]; nothing else is ever written to a stream.
+//! tells a client goes through [`Event`]; the other vocabularies a stream can speak are
+//! functions of it: the legacy one (`legacy`, §11) and the A/B stream's (`comparison`, §10).
 
+pub mod comparison;
+pub mod legacy;
+
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::domain::{SuggestedAction, SuggestedValue, ToolRecord, Usage};
@@ -119,6 +125,41 @@ impl Event {
     }
 }
 
+/// One event of a run's log: what was sent to clients, with its sequence number and time.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct LoggedEvent {
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The event exactly as it was sent (and stored).
+    #[schema(value_type = Event)]
+    pub data: Box<RawValue>,
+    /// The same event, decoded once when it was read; `None` for an event this version does
+    /// not know (written by a newer one, or an older shape): it is still kept and replayed
+    /// as stored, and the other vocabularies leave it out.
+    #[serde(skip)]
+    pub event: Option<Event>,
+}
+
+impl LoggedEvent {
+    /// An event as the store keeps it: its JSON is decoded here, once.
+    pub fn decode(seq: i64, at: DateTime<Utc>, data: Box<RawValue>) -> Result<Self, serde_json::Error> {
+        let (kind, event) = match serde_json::from_str::<Event>(data.get()) {
+            Ok(event) => (event.kind().to_owned(), Some(event)),
+            Err(_) => {
+                #[derive(Deserialize)]
+                struct Tag {
+                    #[serde(rename = "type")]
+                    kind: String,
+                }
+                (serde_json::from_str::<Tag>(data.get())?.kind, None)
+            }
+        };
+        Ok(Self { seq, at, kind, data, event })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolStatus {
@@ -166,5 +207,22 @@ mod tests {
         }
         let usage = serde_json::to_value(Event::Usage(Usage { input_tokens: 3, ..Usage::default() })).unwrap();
         assert_eq!(usage, serde_json::json!({"type": "usage", "input_tokens": 3, "output_tokens": 0}));
+    }
+
+    #[test]
+    fn a_logged_event_is_decoded_once_and_one_this_version_cannot_type_is_kept_as_stored() {
+        let raw = |text: &str| RawValue::from_string(text.to_owned()).unwrap();
+        let at = chrono::Utc::now();
+        let known = LoggedEvent::decode(1, at, raw(r#"{"type":"text_delta","text":"hi"}"#)).unwrap();
+        assert_eq!(known.event, Some(Event::TextDelta { text: "hi".into() }));
+        assert_eq!(known.kind, "text_delta");
+        for (text, kind) in
+            [(r#"{"type":"reasoning_file","url":"x"}"#, "reasoning_file"), (r#"{"type":"done"}"#, "done")]
+        {
+            let unknown = LoggedEvent::decode(2, at, raw(text)).unwrap();
+            assert_eq!((unknown.kind.as_str(), unknown.event.is_none()), (kind, true));
+            assert_eq!(unknown.data.get(), text, "kept byte for byte");
+        }
+        assert!(LoggedEvent::decode(3, at, raw(r#"{"text":"no type"}"#)).is_err(), "an event names its type");
     }
 }

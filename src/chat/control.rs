@@ -1,0 +1,173 @@
+//! Stopping runs: cancel one run (by trace or by message), both sides of a comparison, or a
+//! conversation's runs before it is deleted. A run here is cancelled through its token and
+//! says how it ended by its last event; a run on another replica is asked by a notice, and
+//! the cancel waits, woken by that run's news, to learn how it ended.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::service::ChatService;
+use crate::domain::{Trace, TraceStatus};
+use crate::events::Event;
+use crate::store::{Notice, StoreError};
+
+/// How long a cancel waits for another process to stop its run.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
+/// How long deleting a conversation waits for its runs to stop.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// What to cancel.
+#[derive(Debug, Clone, Copy)]
+pub enum CancelTarget {
+    Trace(Uuid),
+    /// The run that is producing this assistant message.
+    Message(Uuid),
+    /// Both sides of an A/B comparison.
+    Comparison(Uuid),
+}
+
+/// What a cancel stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cancelled {
+    Run {
+        trace_id: Uuid,
+        message_id: Uuid,
+    },
+    /// The sides of the comparison that were still running.
+    Comparison {
+        comparison_id: Uuid,
+        trace_ids: Vec<Uuid>,
+    },
+}
+
+/// Why nothing was cancelled.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// No such run or comparison of this user's ("Trace", "Comparison").
+    #[error("{0} not found")]
+    Missing(&'static str),
+    /// The run ended first, or another cancel is stopping it.
+    #[error("{0}")]
+    Ended(&'static str),
+    /// The process running it did not answer in time.
+    #[error("The run did not answer the cancel; try again")]
+    NoAnswer,
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl ControlError {
+    /// Maps a store error, naming what was missing when it was `NotFound`.
+    pub fn missing(what: &'static str) -> impl FnOnce(StoreError) -> ControlError {
+        move |error| match error {
+            StoreError::NotFound => ControlError::Missing(what),
+            error => ControlError::Store(error),
+        }
+    }
+}
+
+impl From<StoreError> for ControlError {
+    fn from(error: StoreError) -> Self {
+        ControlError::Store(error)
+    }
+}
+
+const ENDED: &str = "The run has already ended";
+
+impl ChatService {
+    /// Cancels what `target` names, wherever it runs, and waits (bounded) to learn how it
+    /// ended: a run that completed first was not cancelled, so exactly one terminal event
+    /// is sent.
+    pub async fn cancel(&self, user: &str, target: CancelTarget) -> Result<Cancelled, ControlError> {
+        let trace = match target {
+            CancelTarget::Trace(trace_id) => {
+                self.store.get_trace(user, trace_id).await.map_err(ControlError::missing("Trace"))?
+            }
+            CancelTarget::Message(message_id) => {
+                self.store.trace_by_message(user, message_id).await.map_err(ControlError::missing("Trace"))?
+            }
+            CancelTarget::Comparison(comparison_id) => return self.cancel_comparison(user, comparison_id).await,
+        };
+        self.cancel_run(user, &trace).await?;
+        Ok(Cancelled::Run { trace_id: trace.trace_id, message_id: trace.message_id })
+    }
+
+    /// Cancels whichever sides of a comparison are still running.
+    async fn cancel_comparison(&self, user: &str, comparison_id: Uuid) -> Result<Cancelled, ControlError> {
+        let comparison =
+            self.store.get_comparison(user, comparison_id).await.map_err(ControlError::missing("Comparison"))?;
+        let mut trace_ids = Vec::new();
+        for trace_id in [comparison.trace_a, comparison.trace_b] {
+            let trace = self.store.get_trace(user, trace_id).await.map_err(ControlError::missing("Trace"))?;
+            match self.cancel_run(user, &trace).await {
+                Ok(()) => trace_ids.push(trace_id),
+                Err(ControlError::Store(e)) => return Err(ControlError::Store(e)),
+                Err(_) => {}
+            }
+        }
+        if trace_ids.is_empty() {
+            return Err(ControlError::Ended("Both runs have already ended"));
+        }
+        Ok(Cancelled::Comparison { comparison_id, trace_ids })
+    }
+
+    async fn cancel_run(&self, user: &str, trace: &Trace) -> Result<(), ControlError> {
+        if trace.status != TraceStatus::Running {
+            return Err(ControlError::Ended(ENDED));
+        }
+        let Some(run) = self.runs.get(trace.trace_id) else {
+            return self.cancel_elsewhere(user, trace.trace_id).await;
+        };
+        // Exactly one of simultaneous cancels is the one that cancelled.
+        let first = run.claim_cancel();
+        run.cancel.cancel();
+        run.finished().await;
+        if !first {
+            return Err(ControlError::Ended("The run is being cancelled already"));
+        }
+        match run.ending().as_deref() {
+            Some(Event::Cancelled { .. }) => Ok(()),
+            _ => Err(ControlError::Ended(ENDED)),
+        }
+    }
+
+    /// Asks the process running it (if any is) to cancel a run, and waits for its news.
+    async fn cancel_elsewhere(&self, user: &str, trace_id: Uuid) -> Result<(), ControlError> {
+        // Watching before asking: the run's last events cannot be told in between.
+        let mut news = self.news.watch(trace_id);
+        self.store.notify(Notice::Cancel(trace_id)).await?;
+        let ended = async {
+            loop {
+                let status = self.store.get_trace(user, trace_id).await?.status;
+                if status != TraceStatus::Running {
+                    return Ok::<_, StoreError>(status);
+                }
+                news.changed().await;
+            }
+        };
+        match tokio::time::timeout(CANCEL_WAIT, ended).await {
+            Ok(Ok(TraceStatus::Cancelled)) => Ok(()),
+            Ok(Ok(_)) => Err(ControlError::Ended(ENDED)),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(ControlError::NoAnswer),
+        }
+    }
+
+    /// Cancels this process's runs in a conversation and waits (bounded) for them to end,
+    /// so that deleting it leaves no run writing into it.
+    pub async fn stop_runs_in(&self, user: &str, conversation_id: Uuid) {
+        let runs: Vec<_> =
+            self.runs.all().into_iter().filter(|r| r.conversation_id == conversation_id && r.user_id == user).collect();
+        for run in &runs {
+            run.cancel.cancel();
+        }
+        let ended = async {
+            for run in &runs {
+                run.finished().await;
+            }
+        };
+        let _ = tokio::time::timeout(STOP_WAIT, ended).await;
+    }
+}

@@ -1,0 +1,88 @@
+//! What other chatd processes say about runs, for whoever in this one waits on a run it does
+//! not run itself: a follower of another replica's run reads its log again when told that it
+//! grew, a cancel learns that the run it asked to stop has ended. Nothing here polls.
+
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use crate::store::Notice;
+
+/// Notices kept for a slow waiter before it is told it missed some.
+const BACKLOG: usize = 1024;
+
+/// Cheap to clone; every clone tells the same waiters.
+#[derive(Clone)]
+pub struct RunNews {
+    sender: broadcast::Sender<Notice>,
+}
+
+impl Default for RunNews {
+    fn default() -> Self {
+        Self { sender: broadcast::channel(BACKLOG).0 }
+    }
+}
+
+impl RunNews {
+    /// Passes a notice on to every waiter.
+    pub fn tell(&self, notice: Notice) {
+        // No waiter is no error.
+        let _ = self.sender.send(notice);
+    }
+
+    /// Starts listening for news of `trace_id`: notices sent from now on are kept for it, so
+    /// a waiter that watches before it reads misses none.
+    pub fn watch(&self, trace_id: Uuid) -> Watch {
+        Watch { trace_id, receiver: self.sender.subscribe() }
+    }
+}
+
+pub struct Watch {
+    trace_id: Uuid,
+    receiver: broadcast::Receiver<Notice>,
+}
+
+impl Watch {
+    /// Returns once there is news of the run, or news may have been missed: either way, the
+    /// waiter reads the run again. Never returns where no other process can tell anything.
+    pub async fn changed(&mut self) {
+        loop {
+            match self.receiver.recv().await {
+                Ok(Notice::Logged(trace_id)) if trace_id == self.trace_id => return,
+                Ok(Notice::Missed) | Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_watch_wakes_for_its_run_and_for_missed_news_only() {
+        let news = RunNews::default();
+        let (mine, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut watch = news.watch(mine);
+        news.tell(Notice::Logged(other));
+        news.tell(Notice::Cancel(mine));
+        let quiet = tokio::time::timeout(Duration::from_millis(50), watch.changed()).await;
+        assert!(quiet.is_err(), "woke for another run's news or a cancel");
+        news.tell(Notice::Logged(mine));
+        tokio::time::timeout(Duration::from_secs(5), watch.changed()).await.expect("woke for its run");
+        news.tell(Notice::Missed);
+        tokio::time::timeout(Duration::from_secs(5), watch.changed()).await.expect("woke for missed news");
+    }
+
+    #[tokio::test]
+    async fn news_told_between_watching_and_waiting_is_not_lost() {
+        let news = RunNews::default();
+        let run = Uuid::new_v4();
+        let mut watch = news.watch(run);
+        news.tell(Notice::Logged(run));
+        tokio::time::timeout(Duration::from_secs(5), watch.changed()).await.expect("kept the notice");
+    }
+}
