@@ -8,7 +8,7 @@ COPY migrations migrations
 COPY config config
 COPY web web
 # Cargo checks every target the manifest names, benches included, even to build one binary.
-COPY benches benches
+COPY microbench microbench
 RUN cargo build --release --locked --bin chatd
 
 FROM debian:bookworm-slim

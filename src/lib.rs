@@ -7,6 +7,7 @@ pub mod domain;
 pub mod events;
 pub mod http;
 pub mod metrics;
+pub mod pages;
 pub mod providers;
 pub mod store;
 pub mod tools;

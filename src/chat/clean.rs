@@ -7,6 +7,7 @@
 //! never on where it was cut; the property tests below prove it.
 
 use super::markers::{Captured, MarkerFilter};
+use super::scan::{find, partial_len};
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -172,27 +173,6 @@ fn first_tag(text: &str) -> Option<(usize, &'static str)> {
         (Some(o), Some(c)) => Some(if o.0 < c.0 { o } else { c }),
         (o, c) => o.or(c),
     }
-}
-
-/// Where `pattern` first occurs in `text`. Runs once per token for every tag and marker,
-/// and nearly always finds nothing: a scan for the first byte answers that before a
-/// substring search is set up.
-pub(crate) fn find(text: &str, pattern: &str) -> Option<usize> {
-    let first = *pattern.as_bytes().first()?;
-    if !text.as_bytes().contains(&first) {
-        return None;
-    }
-    text.find(pattern)
-}
-
-/// The length of the longest end of `text` that `pattern` begins with, short of the whole
-/// pattern: a tag or marker cut by a chunk boundary. Only ends that start with the
-/// pattern's first byte are compared.
-pub(crate) fn partial_len(text: &str, pattern: &str) -> usize {
-    let (text, pattern) = (text.as_bytes(), pattern.as_bytes());
-    let Some(&first) = pattern.first() else { return 0 };
-    let from = text.len().saturating_sub(pattern.len() - 1);
-    (from..text.len()).find(|&i| text[i] == first && pattern.starts_with(&text[i..])).map_or(0, |i| text.len() - i)
 }
 
 /// Runs chunks (`true` for the reasoning channel) through one cleaner; returns its pieces.

@@ -4,7 +4,7 @@
 //! it is known not to be one, and a marker's JSON is captured up to its balanced end. A
 //! block whose JSON turns out not to parse stays in the text.
 
-use super::clean::{find, partial_len};
+use super::scan::{find, partial_len};
 
 /// A captured block: its marker and the JSON text after it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //! (`control`), other processes' news of their runs (`news`), the batched event log (`log`)
 //! and run starts written in groups (`starts`).
 
+mod actions;
 pub mod agent;
 pub mod arena;
 pub mod clean;
@@ -13,15 +14,20 @@ pub mod log;
 pub mod markers;
 pub mod news;
 pub mod payloads;
+mod plan;
 pub mod prompt;
 pub mod replay;
+pub mod request;
 pub mod runs;
+mod scan;
 pub mod service;
 mod starts;
+mod titles;
 pub mod turn;
 
 pub use control::{CancelTarget, Cancelled, ControlError};
 pub use log::EventLog;
 pub use replay::Resumed;
+pub use request::{ChatError, ChatRequest, InteractionType};
 pub use runs::{Frame, LiveRun, Runs};
-pub use service::{ChatError, ChatRequest, ChatService};
+pub use service::ChatService;

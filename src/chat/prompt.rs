@@ -9,8 +9,8 @@ use serde_json::Value;
 use super::payloads::{LlmPayloadType, SUGGESTED_ACTIONS, SUGGESTED_VALUES};
 use crate::config::ActionSettings;
 use crate::domain::Message;
+use crate::pages::PageScope;
 use crate::providers::ToolSpec;
-use crate::tools::PageScope;
 
 pub struct PromptParts<'a> {
     /// The conversation's or the profile's own system prompt.

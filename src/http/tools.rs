@@ -5,13 +5,12 @@ use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::json;
 
 use super::AppState;
 use super::error::AppError;
 use super::extract::{AppQuery, CurrentUser};
 use super::views::*;
-use crate::tools::PageScope;
+use crate::pages::{Location, PageScope};
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/tools", get(list))
@@ -55,8 +54,9 @@ async fn list(
             .profiles
             .get(profile_name)
             .ok_or_else(|| AppError::NotFound { field: Some("profile".into()), message: "Profile not found".into() })?;
-        let context = json!({"current_page": scope.page, "active_tab": scope.tab, "active_subtab": scope.subtab});
-        let page_scope = PageScope::resolve(&state.settings, Some(&context));
+        let location =
+            Location { page: scope.page.as_deref(), tab: scope.tab.as_deref(), subtab: scope.subtab.as_deref() };
+        let page_scope = PageScope::resolve(&state.settings, location);
         let names: Vec<String> =
             state.tools.for_request(&page_scope, &profile.tools).iter().map(|t| t.spec().name).collect();
         body.for_request = Some(names);

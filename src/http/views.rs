@@ -140,7 +140,7 @@ pub struct AbStreamBody {
     pub conversation_id: Option<Uuid>,
     pub parent_message_id: Option<Uuid>,
     pub context: Option<Value>,
-    pub interaction_type: Option<crate::chat::service::InteractionType>,
+    pub interaction_type: Option<crate::chat::InteractionType>,
     pub action: Option<Value>,
     pub diagnostics: Option<bool>,
     pub profile_a: String,

@@ -15,7 +15,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{PageSettings, Settings};
+use crate::config::Settings;
+use crate::pages::PageScope;
 pub use crate::providers::ToolSpec;
 
 /// The MCP side of the registry: the tools of the servers that are ready now.
@@ -209,46 +210,5 @@ impl Registry {
             })
             .map(|t| t.tool)
             .collect()
-    }
-}
-
-/// What the request's `context.current_page` / `active_tab` / `active_subtab` select from
-/// `pages.*`: the deepest identity and instructions, and the tools and payload types of
-/// every level.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PageScope {
-    pub identity: Option<String>,
-    pub instructions: Vec<String>,
-    pub tools: Vec<String>,
-    pub payload_types: Vec<String>,
-}
-
-impl PageScope {
-    pub fn resolve(settings: &Settings, context: Option<&Value>) -> Self {
-        let mut scope = PageScope::default();
-        let field = |key: &str| context.and_then(|c| c.get(key)).and_then(Value::as_str);
-        let Some(page) = field("current_page").and_then(|p| settings.pages.get(p)) else {
-            return scope;
-        };
-        scope.add(page);
-        let tab = field("active_tab").and_then(|t| page.tabs.get(t));
-        if let Some(tab) = tab {
-            scope.add(tab);
-        }
-        let subtab = field("active_subtab");
-        let subtab = subtab.and_then(|s| tab.and_then(|t| t.subtabs.get(s)).or_else(|| page.subtabs.get(s)));
-        if let Some(subtab) = subtab {
-            scope.add(subtab);
-        }
-        scope
-    }
-
-    fn add(&mut self, level: &PageSettings) {
-        if level.identity.is_some() {
-            self.identity.clone_from(&level.identity);
-        }
-        self.instructions.extend(level.instructions.iter().cloned());
-        self.tools.extend(level.tools.iter().cloned());
-        self.payload_types.extend(level.payload_types.iter().cloned());
     }
 }

@@ -4,7 +4,7 @@ with random provider faults, client disconnects, resumes and cancels; then every
 checked (its trace is not `running`; its replayed stream has exactly one terminal event and
 ends with `done`) and chatd's RSS over time is reported. Exits non-zero on any violation.
 
-  bench/soak.py [--minutes 10] [--runs 1000] [--postgres postgres://user@host:5432/db]
+  loadtest/soak.py [--minutes 10] [--runs 1000] [--postgres postgres://user@host:5432/db]
 
 With --postgres, a fresh database is created on that server (with psql) and dropped after.
 """

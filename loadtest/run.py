@@ -9,7 +9,7 @@ Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open s
 (d) a tool-calling run. Prints one table and writes target/bench/results.json. Figures are
 ratios against the direct path of the same run. Usage:
 
-  bench/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1] [--repeat N] [--chatd BIN]
+  loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1] [--repeat N] [--chatd BIN]
 
 Single runs on a shared 2-core machine vary by 20 % and more; --repeat N measures the
 direct and chatd paths N times in turn, on the same processes, and also prints the medians.

@@ -1,0 +1,181 @@
+//! A chat request (CONTRACT.md §4) and what is checked of it before any stream opens: the
+//! message, the conversation, the profile, the parent (branching: continue, regenerate,
+//! edit), the user's limit of running runs, and an executed action's result.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::runs::Reservation;
+use super::service::ChatService;
+use super::titles::title_from;
+use crate::domain::{Conversation, Message, Role, branch};
+use crate::store::StoreError;
+
+/// The body of `POST /api/chat/stream` (CONTRACT.md §4).
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    pub message: String,
+    #[serde(default)]
+    pub conversation_id: Option<Uuid>,
+    #[serde(default)]
+    pub profile: Option<String>,
+    #[serde(default)]
+    pub parent_message_id: Option<Uuid>,
+    #[serde(default)]
+    pub context: Option<Value>,
+    #[serde(default)]
+    pub interaction_type: InteractionType,
+    #[serde(default)]
+    pub action: Option<Value>,
+    #[serde(default)]
+    pub diagnostics: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InteractionType {
+    #[default]
+    TextInput,
+    ValueSelected,
+    ActionExecuted,
+}
+
+/// Why a chat request was refused before its stream opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    #[error("{message}")]
+    Invalid { field: &'static str, message: String },
+    #[error("{message}")]
+    TooLarge { field: &'static str, message: String },
+    #[error("{message}")]
+    NotFound { field: &'static str, message: String },
+    #[error("{0}")]
+    Unavailable(String),
+    /// Too many runs at once for this user.
+    #[error("{message}")]
+    Busy { message: String, retry_after: Duration },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ChatService {
+    /// Everything about a request that does not depend on the profile: the message checked,
+    /// the conversation found (or made), the parent, the history, an executed action's result.
+    /// `runs`: how many runs the request will start (two for a comparison).
+    pub(super) async fn prepare(&self, user: &str, request: &ChatRequest, runs: usize) -> Result<Prepared, ChatError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ChatError::Unavailable("The server is shutting down; try again shortly".into()));
+        }
+        let text = request.message.trim();
+        if text.is_empty() {
+            return Err(ChatError::Invalid { field: "message", message: "Message cannot be empty".into() });
+        }
+        // A run sent right after start-up must not go without the MCP servers' tools because
+        // they are still starting (bounded by `tools.mcp_start_wait_secs`).
+        self.tools.mcp().wait_started().await;
+        let limit = self.settings.limits.max_concurrent_runs_per_user;
+        let reservation = self.runs.reserve(user, runs, limit).map_err(busy)?;
+        let max = self.settings.limits.max_message_chars;
+        if text.chars().count() > max {
+            return Err(ChatError::TooLarge {
+                field: "message",
+                message: format!("Message is longer than {max} characters"),
+            });
+        }
+        let existing = match request.conversation_id {
+            Some(id) => Some(self.store.get_conversation(user, id).await.map_err(|e| match e {
+                StoreError::NotFound => not_found("conversation_id", "Conversation not found"),
+                e => e.into(),
+            })?),
+            None => None,
+        };
+        for profile in request.profile.iter() {
+            if !self.settings.profiles.contains_key(profile) {
+                return Err(not_found("profile", "Profile not found"));
+            }
+        }
+        let history = match &existing {
+            Some(conversation) => self.store.messages(user, conversation.id).await?,
+            None => Vec::new(),
+        };
+        // Branching: after an answer, the new message continues from it; naming a user
+        // message with its own text regenerates its answer (a sibling of the earlier ones),
+        // with other text it is an edit (a sibling of that message).
+        let mut regenerate: Option<Message> = None;
+        let parent = match request.parent_message_id {
+            Some(id) => match history.iter().find(|m| m.id == id) {
+                Some(m) if m.role == Role::User && m.content == text => {
+                    regenerate = Some(m.clone());
+                    m.parent_id
+                }
+                Some(m) if m.role == Role::User => m.parent_id,
+                Some(m) => Some(m.id),
+                None => return Err(not_found("parent_message_id", "Parent message not found")),
+            },
+            None => existing.as_ref().and_then(|c| c.active_leaf_id),
+        };
+        let new_conversation = match &existing {
+            Some(_) => None,
+            None => Some(Conversation {
+                profile: request.profile.clone(),
+                ..Conversation::new(user, title_from(text, self.settings.chat.title_max_chars))
+            }),
+        };
+        let conversation = existing.as_ref().or(new_conversation.as_ref()).expect("one of the two is set");
+        let action_result = match request.interaction_type {
+            InteractionType::ActionExecuted => {
+                Some(self.run_action(request.action.as_ref(), request.context.as_ref()).await)
+            }
+            _ => None,
+        };
+        Ok(Prepared {
+            conversation_id: conversation.id,
+            system_prompt: conversation.system_prompt.clone(),
+            existing_profile: existing.as_ref().and_then(|c| c.profile.clone()),
+            user_message_is_new: regenerate.is_none(),
+            user_message: regenerate
+                .unwrap_or_else(|| Message::new(conversation.id, parent, Role::User, text.to_owned())),
+            earlier: branch(&history, parent),
+            new_conversation,
+            action_result,
+            max_running: self.store.is_shared().then_some(limit),
+            reservation,
+        })
+    }
+}
+
+/// The profile-independent part of a request, ready to persist.
+pub(super) struct Prepared {
+    pub(super) conversation_id: Uuid,
+    pub(super) system_prompt: Option<String>,
+    pub(super) existing_profile: Option<String>,
+    pub(super) user_message: Message,
+    /// False when regenerating: the user's message is stored already.
+    pub(super) user_message_is_new: bool,
+    /// The active branch up to the new message's parent.
+    pub(super) earlier: Vec<Message>,
+    pub(super) new_conversation: Option<Conversation>,
+    pub(super) action_result: Option<String>,
+    /// The user's limit of running runs, checked again in the start's transaction where
+    /// other replicas start runs too.
+    pub(super) max_running: Option<usize>,
+    /// Room for the request's runs among its user's, until they are registered.
+    pub(super) reservation: Reservation,
+}
+
+/// The refusal of a request over its user's limit of running runs.
+pub(super) fn busy(running: usize) -> ChatError {
+    ChatError::Busy {
+        message: format!("{running} answers are still streaming; wait for one to finish"),
+        retry_after: Duration::from_secs(1),
+    }
+}
+
+pub(super) fn not_found(field: &'static str, message: &str) -> ChatError {
+    ChatError::NotFound { field, message: message.to_owned() }
+}

@@ -1,0 +1,83 @@
+//! Conversation titles: the first message's first line at once, then (with
+//! `chat.refine_titles`) a short title the default profile's model writes after the first
+//! answer.
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use super::runs::LiveRun;
+use super::service::ChatService;
+use crate::domain::{Message, Role};
+use crate::providers::ModelRequest;
+use crate::store::ConversationPatch;
+
+const TITLE_PROMPT: &str = "Write a title of at most six words for a conversation that starts with the \
+     user's message below. Answer with the title only, without quotes or a final period.";
+
+impl ChatService {
+    /// Replaces the first-message title by a short one the default profile's model writes,
+    /// after the first answer, unless the user renamed the conversation meanwhile. Never
+    /// blocks or fails a stream.
+    pub(super) fn refine_title(&self, user: &str, conversation_id: Uuid, first_message: &str, run: Arc<LiveRun>) {
+        let (store, settings, providers) = (self.store.clone(), self.settings.clone(), self.providers.clone());
+        let (user, first_message) = (user.to_owned(), first_message.to_owned());
+        tokio::spawn(async move {
+            run.finished().await;
+            let profile = &settings.profiles[&settings.chat.default_profile];
+            let Some(provider) = providers.get(&profile.provider) else {
+                return;
+            };
+            let message = Message::new(conversation_id, None, Role::User, first_message.clone());
+            let request = ModelRequest {
+                model: profile.model.clone(),
+                system_prompt: Some(TITLE_PROMPT.to_owned()),
+                messages: vec![message],
+                temperature: Some(0.2),
+                max_tokens: Some(30),
+                enable_thinking: false,
+                thinking_budget: None,
+                reasoning_effort: None,
+                tools: Vec::new(),
+            };
+            let Some(text) = super::turn::complete_text(&*provider, &request).await else { return };
+            let title: String = text.trim_matches('"').chars().take(settings.chat.title_max_chars).collect();
+            if title.is_empty() {
+                return;
+            }
+            let unchanged = store
+                .get_conversation(&user, conversation_id)
+                .await
+                .is_ok_and(|c| c.title == title_from(&first_message, settings.chat.title_max_chars));
+            if unchanged {
+                let patch = ConversationPatch { title: Some(title), ..ConversationPatch::default() };
+                if let Err(e) = store.update_conversation(&user, conversation_id, &patch).await {
+                    tracing::warn!(error = %e, "could not store the refined title");
+                }
+            }
+        });
+    }
+}
+
+/// A conversation's first title: the message's first line, cut to `max` characters.
+pub fn title_from(message: &str, max: usize) -> String {
+    let line = message.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("New conversation");
+    let collapsed = line.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() <= max {
+        return collapsed;
+    }
+    let cut: String = collapsed.chars().take(max.saturating_sub(1)).collect();
+    format!("{}…", cut.trim_end())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_come_from_the_first_line() {
+        assert_eq!(title_from("  Hello   world \nsecond", 60), "Hello world");
+        assert_eq!(title_from("abcdefghij", 5), "abcd…");
+        assert_eq!(title_from("\n\n", 7), "New co…");
+    }
+}
