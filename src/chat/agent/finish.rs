@@ -1,0 +1,197 @@
+//! The end of a run: its result persisted (retried while the database is unavailable, else
+//! closed later), then exactly one terminal event and `done`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::chat::payloads;
+use crate::chat::runs::Emitter;
+use crate::domain::{Message, Role, TraceStatus, now};
+use crate::events::{CompletePayload, Event};
+use crate::store::{RunFinish, Store};
+
+use super::{Ending, Output, RunPlan};
+
+pub(super) async fn finish(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    store: &Arc<dyn Store>,
+    ending: Ending,
+    mut output: Output,
+) {
+    if matches!(ending, Ending::Cancelled) {
+        // A call cancelled before its result (or before its arguments were whole) would be
+        // an unanswered call that providers refuse in every later turn: drop it.
+        for turn in &mut output.turns {
+            let answered: Vec<&str> = turn.tool_results.iter().map(|r| r.tool_call_id.as_str()).collect();
+            turn.tool_calls.retain(|c| answered.contains(&c.id.as_str()));
+        }
+    }
+    let extracted = payloads::extract(&output.captured, &plan.payload_types);
+    output.warnings.extend(extracted.warnings);
+    output.payloads.extend(extracted.payloads);
+    if !output.warnings.is_empty() {
+        tracing::warn!(warnings = ?output.warnings, "the answer's markers had problems");
+        if let Some(span) = output.spans.iter_mut().rev().find(|s| s["kind"] == "llm") {
+            span["attributes"]["chatd.warnings"] = json!(output.warnings);
+        }
+    }
+    let thinking = (!output.thinking.is_empty()).then(|| output.thinking.clone());
+    let mut message = Message::new(plan.conversation_id, Some(plan.user_message_id), Role::Assistant, String::new());
+    message.id = plan.message_id;
+    message.thinking = thinking.clone();
+    message.model = Some(plan.request.model.clone());
+    message.trace_id = Some(plan.trace_id);
+    message.usage = Some(output.usage);
+    message.tool_calls = output.turns.iter().flat_map(|t| t.tool_calls.clone()).collect();
+    message.tool_history = output.tool_history.clone();
+    message.payloads = output.payloads.clone();
+    message.suggested_values = extracted.suggested_values.clone();
+    message.suggested_actions = extracted.suggested_actions.clone();
+    message.provider_state = Some(json!({"turns": output.turns}));
+    if let Some((comparison_id, variant)) = &plan.comparison {
+        message.comparison_id = Some(*comparison_id);
+        message.variant = Some(variant.clone());
+    }
+    let (status, assistant, error, terminal) = match ending {
+        Ending::Completed => {
+            message.content = output.text.clone();
+            let diagnostics = plan.diagnostics.clone().map(|mut d| {
+                d["raw_llm_response"] = json!(output.raw_text);
+                d
+            });
+            let payload = CompletePayload {
+                message: output.text,
+                thinking,
+                suggested_values: extracted.suggested_values,
+                suggested_actions: extracted.suggested_actions,
+                custom_payload: output.payloads.last().cloned(),
+                tool_history: output.tool_history,
+                conversation_id: plan.conversation_id,
+                message_id: plan.message_id,
+                trace_id: plan.trace_id,
+                model: plan.request.model.clone(),
+                finish_reason: if output.finish_reason.is_empty() { "stop".to_owned() } else { output.finish_reason },
+                usage: output.usage,
+                diagnostics,
+            };
+            (TraceStatus::Completed, Some(message), None, Event::Complete { payload: Box::new(payload) })
+        }
+        Ending::Cancelled => {
+            message.cancelled = true;
+            message.content = if output.text.is_empty() {
+                "[cancelled]".to_owned()
+            } else {
+                format!("{}\n\n[cancelled]", output.text)
+            };
+            let cancelled = Event::Cancelled {
+                partial_text: output.text,
+                partial_thinking: thinking,
+                message_id: plan.message_id,
+                trace_id: plan.trace_id,
+                model: plan.request.model.clone(),
+            };
+            (TraceStatus::Cancelled, Some(message), None, cancelled)
+        }
+        Ending::Failed(error) => {
+            tracing::warn!(code = error.code(), error = %error.message, "model call failed");
+            metrics::counter!("chatd_provider_errors_total", "code" => error.code()).increment(1);
+            let event = error_event(plan, error.code(), &error.message, error.retryable);
+            let detail = json!({"code": error.code(), "message": error.message, "partial_text": output.text});
+            (TraceStatus::Error, None, Some(detail), event)
+        }
+    };
+    metrics::counter!("chatd_runs_total", "status" => status.as_str()).increment(1);
+    let record = RunFinish {
+        trace_id: plan.trace_id,
+        status,
+        ended_at: now(),
+        usage: output.usage,
+        error,
+        spans: output.spans,
+        assistant_message: assistant,
+    };
+    // The answer is stored before the client hears `complete`, so a load right after sees it.
+    let terminal = match retry_while_unavailable(&**store, &record, SAVE_FOR).await {
+        Ok(()) => terminal,
+        Err(e) => {
+            tracing::error!(error = %e, "could not persist the run's result");
+            if e.is_unavailable() {
+                save_later(store, unsaved(record));
+            }
+            error_event(plan, "SERVICE_UNAVAILABLE", "The answer could not be saved", true)
+        }
+    };
+    emitter.emit(terminal);
+    emitter.emit(Event::Done {
+        conversation_id: plan.conversation_id,
+        message_id: plan.message_id,
+        trace_id: plan.trace_id,
+    });
+}
+
+/// How long a run's end keeps trying to save its result while the database cannot take
+/// writes: a short fault (a disk full for a moment) costs the client a wait, not its answer.
+const SAVE_FOR: Duration = Duration::from_secs(5);
+/// How long the record of a run whose result could not be saved is tried again, after its
+/// client heard so: its trace must not stay `running` once the database is back.
+const SAVE_LATER_FOR: Duration = Duration::from_secs(3600);
+
+/// Saves a run's result, trying again (with backoff) for up to `within` while the database
+/// is unavailable. Other errors (the run was ended elsewhere) are final.
+pub(super) async fn retry_while_unavailable(
+    store: &dyn Store,
+    record: &RunFinish,
+    within: Duration,
+) -> Result<(), crate::store::StoreError> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match store.finish_run(record).await {
+            Err(e) if e.is_unavailable() && tokio::time::Instant::now() + pause < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            result => return result,
+        }
+    }
+}
+
+/// What is recorded of a run whose client was told its answer could not be saved: an error
+/// with what it had said so far, and no assistant message, as that client saw it.
+pub(super) fn unsaved(mut record: RunFinish) -> RunFinish {
+    let partial_text = record.assistant_message.take().map(|m| m.content).unwrap_or_default();
+    record.status = TraceStatus::Error;
+    record.error = Some(json!({
+        "code": "SERVICE_UNAVAILABLE",
+        "message": "The answer could not be saved",
+        "partial_text": partial_text,
+    }));
+    record
+}
+
+/// Keeps trying to close the trace of a run whose result could not be saved, in the
+/// background, until the database takes it (or `SAVE_LATER_FOR` passed: then the trace is
+/// closed as interrupted at the next start).
+pub(super) fn save_later(store: &Arc<dyn Store>, record: RunFinish) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let trace_id = record.trace_id;
+        match retry_while_unavailable(&*store, &record, SAVE_LATER_FOR).await {
+            Ok(()) => tracing::info!(%trace_id, "closed the trace of a run whose answer could not be saved"),
+            Err(e) => tracing::error!(%trace_id, error = %e, "gave up closing the trace of a run"),
+        }
+    });
+}
+
+pub(super) fn error_event(plan: &RunPlan, code: &str, message: &str, retryable: bool) -> Event {
+    Event::Error {
+        code: code.to_owned(),
+        message: message.to_owned(),
+        retryable,
+        message_id: plan.message_id,
+        trace_id: plan.trace_id,
+    }
+}

@@ -1,0 +1,365 @@
+//! The run, from `start` to `done`: the agent loop. Call the model; if it asked for tools,
+//! run them (concurrently, each with a timeout and bounded retries), feed the results back
+//! and call it again, up to `max_iterations` model calls. Then persist the result and end
+//! the stream with exactly one terminal event.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{FutureExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::context::{self, ContextKeeper};
+use super::markers::Captured;
+use super::payloads::{self, LlmPayloadType};
+use super::runs::{Emitter, Runs};
+use super::turn::Turn;
+use crate::domain::{AssistantTurn, Message, Role, ToolRecord, TraceStatus, Usage, now};
+use crate::events::Event;
+use crate::providers::{LlmProvider, ModelRequest, ProviderError, transport};
+use crate::store::{RunFinish, Store};
+use crate::tools::Tool;
+use crate::wake::when_woken;
+
+mod finish;
+mod tools;
+
+use finish::finish;
+use tools::run_tools;
+
+/// Everything a started run needs; built by the service once validation passed.
+pub struct RunPlan {
+    pub conversation_id: Uuid,
+    pub user_message_id: Uuid,
+    pub message_id: Uuid,
+    pub trace_id: Uuid,
+    pub profile: String,
+    pub provider: Arc<dyn LlmProvider>,
+    pub request: ModelRequest,
+    pub tools: Vec<Arc<dyn Tool>>,
+    pub max_iterations: u32,
+    pub payload_types: Vec<LlmPayloadType>,
+    pub limits: ToolLimits,
+    /// The diagnostics of the request, when it asked and config allows; the agent adds the
+    /// raw model output.
+    pub diagnostics: Option<Value>,
+    /// The comparison and side (`a` or `b`) this run answers for, if any.
+    pub comparison: Option<(Uuid, String)>,
+    pub context_limit: Option<u32>,
+    pub context: ContextKeeper,
+    /// Whether dropped history is replaced by a model-written summary.
+    pub summarize_dropped: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ToolLimits {
+    pub timeout: Duration,
+    pub max_output_chars: usize,
+    pub max_retries: u32,
+}
+
+/// What the run produced, however it ended.
+#[derive(Debug, Default)]
+struct Output {
+    /// The answer and the thinking exactly as the client received them.
+    text: String,
+    thinking: String,
+    usage: Usage,
+    finish_reason: String,
+    spans: Vec<Value>,
+    turns: Vec<AssistantTurn>,
+    tool_history: Vec<ToolRecord>,
+    payloads: Vec<Value>,
+    captured: Vec<Captured>,
+    warnings: Vec<String>,
+    raw_text: String,
+    /// A `[[tool:N]]` marker was the last text: the next text starts a new paragraph.
+    after_marker: bool,
+    /// When the run started, until its first token is timed (then `None`).
+    awaiting_first_token: Option<(Instant, String)>,
+}
+
+enum Ending {
+    Completed,
+    Cancelled,
+    Failed(ProviderError),
+}
+
+/// Emits the run's `start`. Its starter calls this before it spawns the run's task, so that
+/// the event is there when the response goes out: it leaves with the headers instead of a
+/// trip through the runtime's queues later (at load, each trip is a wait).
+pub fn announce(plan: &RunPlan, emitter: &mut Emitter) {
+    emitter.emit(Event::Start {
+        conversation_id: plan.conversation_id,
+        user_message_id: plan.user_message_id,
+        message_id: plan.message_id,
+        trace_id: plan.trace_id,
+        model: plan.request.model.clone(),
+        profile: plan.profile.clone(),
+    });
+}
+
+/// Runs an [announced](announce) plan in its own task and cleans up after it, even if the
+/// run panics: the trace is closed as an error and every listener still gets `error` then
+/// `done`.
+pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs) {
+    let (trace_id, conversation_id, message_id) = (plan.trace_id, plan.conversation_id, plan.message_id);
+    let run = AssertUnwindSafe(execute(plan, &mut emitter, &store)).catch_unwind().await;
+    if run.is_err() {
+        tracing::error!(%trace_id, "run panicked");
+        let failed = RunFinish {
+            trace_id,
+            status: TraceStatus::Error,
+            ended_at: now(),
+            usage: Usage::default(),
+            error: Some(json!({"code": "INTERNAL", "message": "Internal error"})),
+            spans: Vec::new(),
+            assistant_message: None,
+        };
+        if let Err(e) = store.finish_run(&failed).await {
+            tracing::error!(error = %e, %trace_id, "could not close the failed run's trace");
+        }
+        if !emitter.run().is_finished() {
+            emitter.emit(Event::Error {
+                code: "INTERNAL".into(),
+                message: "Internal error".into(),
+                retryable: true,
+                message_id,
+                trace_id,
+            });
+            emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+        }
+    }
+    if let Err(e) = emitter.seal().await {
+        tracing::error!(error = %e, %trace_id, "the run's last events could not be logged");
+    }
+    runs.remove(trace_id);
+}
+
+/// Runs the plan to its end, after its `start`. Every path emits exactly one of `complete`,
+/// `cancelled`, `error`, then `done`, and persists what it must.
+#[tracing::instrument(skip_all, fields(trace_id = %plan.trace_id, conversation_id = %plan.conversation_id))]
+async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store>) {
+    let cancel = emitter.run().cancel.clone();
+    let mut output =
+        Output { awaiting_first_token: Some((Instant::now(), plan.request.model.clone())), ..Output::default() };
+    let markers: Vec<String> = [payloads::SUGGESTED_VALUES, payloads::SUGGESTED_ACTIONS]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(plan.payload_types.iter().map(|t| t.marker.clone()))
+        .collect();
+    let mut ending = Ending::Completed;
+    for iteration in 1..=plan.max_iterations.max(1) {
+        ending = call_model(&plan, emitter, &cancel, &mut output, markers.clone()).await;
+        let Some(turn) = output.turns.last_mut() else {
+            break;
+        };
+        if !matches!(ending, Ending::Completed) || turn.tool_calls.is_empty() {
+            break;
+        }
+        let calls = turn.tool_calls.clone();
+        let results = run_tools(&plan, emitter, &cancel, &calls, &mut output).await;
+        let turn = output.turns.last_mut().expect("the turn that asked for the tools");
+        turn.tool_results = results;
+        if cancel.is_cancelled() {
+            ending = Ending::Cancelled;
+            break;
+        }
+        // The next call sees this turn and its results, in the provider's own format.
+        let mut exchange = Message::new(plan.conversation_id, None, Role::Assistant, turn.text.clone());
+        exchange.provider_state = Some(json!({"turns": [turn]}));
+        plan.request.messages.push(exchange);
+        if iteration == plan.max_iterations {
+            output.finish_reason = "max_iterations".to_owned();
+        }
+    }
+    finish(&plan, emitter, store, ending, output).await;
+}
+
+/// One model call, streamed out as events and into `output`.
+async fn call_model(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    cancel: &CancellationToken,
+    output: &mut Output,
+    markers: Vec<String>,
+) -> Ending {
+    let started_at = now();
+    emitter.emit(Event::Status { message: "Thinking…".to_owned() });
+    let messages = &plan.request.messages;
+    let protected = messages.iter().rposition(|m| m.role == Role::User).map_or(messages.len(), |i| messages.len() - i);
+    let mut fitted = context::fit(&plan.request, plan.context_limit, protected);
+    if plan.summarize_dropped {
+        summarize(plan, &mut fitted).await;
+    }
+    if output.spans.is_empty() || fitted.state.is_some() {
+        plan.context.record(fitted.state.as_ref()).await;
+    }
+    let mut turn = Turn::new(output.tool_history.len() as u32, markers);
+    emitter.hold(true);
+    let ending = tokio::select! {
+        biased;
+        () = when_woken(cancel.cancelled()) => Ending::Cancelled,
+        ending = stream_turn(plan, &fitted.request, emitter, &mut turn, output) => ending,
+    };
+    emitter.hold(false);
+    if matches!(ending, Ending::Cancelled) {
+        let mut held = Vec::new();
+        turn.flush(&mut held);
+        for event in held {
+            emit_content(emitter, output, event);
+        }
+    }
+    let ended_at = now();
+    let turn = turn.output;
+    output.usage.add(&turn.usage);
+    output.raw_text.push_str(&turn.raw_text);
+    output.captured.extend(turn.captured);
+    output.warnings.extend(
+        turn.invalid_markers.into_iter().map(|m| format!("marker left in the text, its JSON did not parse: {m}")),
+    );
+    if let Some(reason) = &turn.finish_reason {
+        output.finish_reason.clone_from(reason);
+    }
+    output.spans.push(json!({
+        "kind": "llm",
+        "name": format!("chat {}", plan.request.model),
+        "started_at": started_at,
+        "ended_at": ended_at,
+        "duration_ms": (ended_at - started_at).num_milliseconds(),
+        "status": status_of(&ending),
+        "attributes": {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": plan.request.model,
+            "gen_ai.usage.input_tokens": turn.usage.input_tokens,
+            "gen_ai.usage.output_tokens": turn.usage.output_tokens,
+            "gen_ai.response.finish_reasons": turn.finish_reason.iter().collect::<Vec<_>>(),
+            "chatd.context": fitted.state,
+        },
+    }));
+    if turn.usage != Usage::default() {
+        let model = plan.request.model.clone();
+        metrics::counter!("chatd_tokens_total", "model" => model.clone(), "direction" => "input")
+            .increment(turn.usage.input_tokens);
+        metrics::counter!("chatd_tokens_total", "model" => model, "direction" => "output")
+            .increment(turn.usage.output_tokens);
+        emitter.emit(Event::Usage(turn.usage));
+    }
+    output.turns.push(AssistantTurn {
+        text: turn.text,
+        thinking_blocks: turn.thinking_blocks,
+        tool_calls: turn.tool_calls,
+        tool_results: Vec::new(),
+    });
+    ending
+}
+
+/// Replaces what trimming dropped by a summary the model writes, kept in the context state
+/// and written again only when more is dropped. A failed summary leaves the trim as it is.
+async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed) {
+    let Some(state) = fitted.state.as_mut() else { return };
+    let dropped = state["dropped"].as_u64().unwrap_or(0) as usize;
+    if dropped == 0 {
+        return;
+    }
+    let stored = plan.context.stored().await;
+    let cached = stored
+        .filter(|s| s["dropped_through"] == state["dropped_through"])
+        .and_then(|s| s["summary"].as_str().map(str::to_owned));
+    let summary = match cached {
+        Some(summary) => summary,
+        None => {
+            let request = context::summary_request(&plan.request, &plan.request.messages[..dropped]);
+            let Some(summary) = super::turn::complete_text(&*plan.provider, &request).await else {
+                tracing::warn!("could not summarise the dropped context");
+                return;
+            };
+            summary
+        }
+    };
+    let prompt = fitted.request.system_prompt.get_or_insert_with(String::new);
+    prompt.push_str(&format!("\n\n## Earlier in this conversation\n{summary}"));
+    state["strategy"] = json!("trim_oldest_with_summary");
+    state["summary"] = json!(summary);
+}
+
+fn status_of(ending: &Ending) -> &'static str {
+    match ending {
+        Ending::Completed => "ok",
+        Ending::Cancelled => "cancelled",
+        Ending::Failed(_) => "error",
+    }
+}
+
+async fn stream_turn(
+    plan: &RunPlan,
+    request: &ModelRequest,
+    emitter: &mut Emitter,
+    turn: &mut Turn,
+    output: &mut Output,
+) -> Ending {
+    let mut stream = match plan.provider.stream(request).await {
+        Ok(stream) => stream,
+        Err(error) => return Ending::Failed(error),
+    };
+    let mut events = Vec::new();
+    while let Some(event) = next_event(&mut stream, emitter).await {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => return Ending::Failed(error),
+        };
+        turn.apply(event, &mut events);
+        for event in events.drain(..) {
+            emit_content(emitter, output, event);
+        }
+        if turn.finished() {
+            return Ending::Completed;
+        }
+    }
+    // Adapters end their streams with an error when the terminal frame is missing; a
+    // provider that simply stops is one more case of the same.
+    Ending::Failed(transport::network_error())
+}
+
+/// The provider's next event. What the turn emitted from what already arrived goes out
+/// before it waits for the network, so listeners get each burst at once, in one piece.
+async fn next_event<S: futures_util::Stream + Unpin>(stream: &mut S, emitter: &mut Emitter) -> Option<S::Item> {
+    if let Some(item) = stream.next().now_or_never() {
+        return item;
+    }
+    // The HTTP client hands a body over chunk by chunk from its connection task: give that
+    // task a turn before taking the provider for quiet.
+    tokio::task::yield_now().await;
+    if let Some(item) = stream.next().now_or_never() {
+        return item;
+    }
+    emitter.publish();
+    stream.next().await
+}
+
+/// Emits a turn's event, keeping `output` equal to what the client assembles.
+fn emit_content(emitter: &mut Emitter, output: &mut Output, event: Event) {
+    if matches!(event, Event::TextDelta { .. } | Event::ThinkingDelta { .. }) {
+        if let Some((started, model)) = output.awaiting_first_token.take() {
+            metrics::histogram!("chatd_time_to_first_token_seconds", "model" => model)
+                .record(started.elapsed().as_secs_f64());
+        }
+    }
+    match event {
+        Event::TextDelta { mut text } => {
+            if std::mem::take(&mut output.after_marker) {
+                text.insert_str(0, "\n\n");
+            }
+            output.text.push_str(&text);
+            emitter.emit(Event::TextDelta { text });
+        }
+        Event::ThinkingDelta { text } => {
+            output.thinking.push_str(&text);
+            emitter.emit(Event::ThinkingDelta { text });
+        }
+        other => emitter.emit(other),
+    }
+}
