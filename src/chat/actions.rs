@@ -4,10 +4,10 @@
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::service::ChatService;
+use super::core::Core;
 use crate::tools::ToolCallContext;
 
-impl ChatService {
+impl Core {
     /// Runs the server handler of an executed action (an HTTP URL or a tool) and describes
     /// the outcome for the model. A failure is described, not raised: the turn goes on.
     pub(super) async fn run_action(&self, action: Option<&Value>, context: Option<&Value>) -> String {

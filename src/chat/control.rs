@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::service::ChatService;
+use super::core::Core;
 use crate::domain::{Trace, TraceStatus};
 use crate::events::Event;
 use crate::store::{Notice, StoreError};
@@ -76,7 +76,7 @@ impl From<StoreError> for ControlError {
 
 const ENDED: &str = "The run has already ended";
 
-impl ChatService {
+impl Core {
     /// Cancels what `target` names, wherever it runs, and waits (bounded) to learn how it
     /// ended: a run that completed first was not cancelled, so exactly one terminal event
     /// is sent.

@@ -9,6 +9,7 @@ pub mod arena;
 pub mod clean;
 pub mod context;
 pub mod control;
+mod core;
 pub mod lifecycle;
 pub mod log;
 pub mod markers;

@@ -8,10 +8,10 @@ use uuid::Uuid;
 
 use super::agent::{RunPlan, ToolLimits};
 use super::context::ContextKeeper;
+use super::core::Core;
 use super::payloads::LlmPayloadType;
 use super::prompt::{self, PromptParts};
 use super::request::{ChatError, ChatRequest, Prepared, not_found};
-use super::service::ChatService;
 use crate::config::PayloadSource;
 use crate::domain::Trace;
 use crate::pages::{Location, PageScope};
@@ -23,7 +23,7 @@ pub(super) struct Side {
     pub(super) plan: RunPlan,
 }
 
-impl ChatService {
+impl Core {
     /// One side of a request: the trace and the run plan for `profile_name`.
     pub(super) fn plan(
         &self,

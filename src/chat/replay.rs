@@ -10,9 +10,9 @@ use futures_util::{Stream, StreamExt};
 use uuid::Uuid;
 
 use super::control::ControlError;
+use super::core::Core;
 use super::news::Watch;
 use super::runs::{Frame, LiveRun};
-use super::service::ChatService;
 use crate::domain::{Trace, TraceStatus};
 use crate::events::{Event, LoggedEvent};
 use crate::store::Store;
@@ -32,7 +32,7 @@ pub enum Resumed {
     Frames(BoxStream<'static, Frame>),
 }
 
-impl ChatService {
+impl Core {
     /// Follows the user's run `trace_id` from the event after `after`.
     pub async fn resume(&self, user: &str, trace_id: Uuid, after: u64) -> Result<Resumed, ControlError> {
         let trace = self.store.get_trace(user, trace_id).await.map_err(ControlError::missing("Trace"))?;
@@ -55,20 +55,6 @@ impl ChatService {
         Ok(Resumed::Frames(follower.frames(missed).boxed()))
     }
 
-    /// A run's frames from its first, for the client that started it: with `cancel_on_drop`,
-    /// the run is cancelled if that client goes away before `done` (a resuming client never
-    /// cancels by leaving).
-    pub fn from_the_start(run: Arc<LiveRun>, cancel_on_drop: bool) -> impl Stream<Item = Frame> + Send + 'static {
-        let mut guard = DisconnectGuard { run: run.clone(), cancel_on_drop, done: false };
-        run.follow(0).map(move |frame| {
-            // Borrowing the whole guard makes the closure own all of it (not just `done`),
-            // so the guard lives, and drops, with the stream.
-            let guard = &mut guard;
-            guard.done |= frame.is_last();
-            frame
-        })
-    }
-
     /// Waits (bounded) until a run of this process that has sent `done` has its log
     /// written, so that a trace read right after its stream ended is whole.
     pub async fn logged(&self, trace_id: Uuid) {
@@ -76,6 +62,20 @@ impl ChatService {
             let _ = tokio::time::timeout(LOGGED_WAIT, run.logged()).await;
         }
     }
+}
+
+/// A run's frames from its first, for the client that started it: with `cancel_on_drop`,
+/// the run is cancelled if that client goes away before `done` (a resuming client never
+/// cancels by leaving).
+pub fn from_the_start(run: Arc<LiveRun>, cancel_on_drop: bool) -> impl Stream<Item = Frame> + Send + 'static {
+    let mut guard = DisconnectGuard { run: run.clone(), cancel_on_drop, done: false };
+    run.follow(0).map(move |frame| {
+        // Borrowing the whole guard makes the closure own all of it (not just `done`),
+        // so the guard lives, and drops, with the stream.
+        let guard = &mut guard;
+        guard.done |= frame.is_last();
+        frame
+    })
 }
 
 /// The seq of the run's logged `done`, if it has one.

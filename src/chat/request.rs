@@ -9,8 +9,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::core::Core;
 use super::runs::Reservation;
-use super::service::ChatService;
 use super::titles::title_from;
 use crate::domain::{Conversation, Message, Role, branch};
 use crate::store::StoreError;
@@ -63,7 +63,7 @@ pub enum ChatError {
     Store(#[from] StoreError),
 }
 
-impl ChatService {
+impl Core {
     /// Everything about a request that does not depend on the profile: the message checked,
     /// the conversation found (or made), the parent, the history, an executed action's result.
     /// `runs`: how many runs the request will start (two for a comparison).

@@ -5,12 +5,13 @@
 //! `control`, titles `titles`, executed actions `actions`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use super::agent::{self, RunPlan};
+use super::core::Core;
 use super::log::EventLog;
 use super::news::RunNews;
 use super::plan::Side;
@@ -23,23 +24,18 @@ use crate::providers::Providers;
 use crate::store::{RunStart, Store, StoreError};
 use crate::tools::Registry;
 
+/// Starts, follows and stops runs (its parts: `Core`, and the rooms named above).
 #[derive(Clone)]
 pub struct ChatService {
-    pub(super) settings: Arc<Settings>,
-    pub(super) store: Arc<dyn Store>,
-    pub(super) providers: Providers,
-    pub(super) tools: Arc<Registry>,
-    pub(super) runs: Runs,
-    pub(super) log: EventLog,
-    pub(super) starts: StartWriter,
-    /// For server-side action handlers given as URLs.
-    pub(super) http: reqwest::Client,
-    /// This process, as the owner of the runs it starts.
-    pub(super) replica_id: String,
-    /// Set when the server drains for shutdown: no new runs.
-    pub(super) draining: Arc<AtomicBool>,
-    /// What other processes tell of their runs.
-    pub(super) news: RunNews,
+    core: Core,
+}
+
+impl std::ops::Deref for ChatService {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
 }
 
 impl ChatService {
@@ -57,46 +53,20 @@ impl ChatService {
             .build()
             .expect("the TLS backend initialises");
         Self {
-            starts: StartWriter::start(store.clone()),
-            settings,
-            store,
-            providers,
-            tools,
-            runs,
-            log,
-            http,
-            replica_id: new_id().to_string(),
-            draining: Arc::new(AtomicBool::new(false)),
-            news: RunNews::default(),
+            core: Core {
+                starts: StartWriter::start(store.clone()),
+                settings,
+                store,
+                providers,
+                tools,
+                runs,
+                log,
+                http,
+                replica_id: new_id().to_string(),
+                draining: Arc::new(AtomicBool::new(false)),
+                news: RunNews::default(),
+            },
         }
-    }
-
-    pub fn runs(&self) -> &Runs {
-        &self.runs
-    }
-
-    /// The event log writer (its batch count shows how often runs write).
-    pub fn event_log(&self) -> &EventLog {
-        &self.log
-    }
-
-    /// Where this process hears what the others tell of their runs.
-    pub fn news(&self) -> &RunNews {
-        &self.news
-    }
-
-    pub fn replica_id(&self) -> &str {
-        &self.replica_id
-    }
-
-    /// Refuses new runs from now on (shutdown).
-    pub fn start_draining(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether the server is shutting down (readiness says no meanwhile).
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
     }
 
     /// Validates and persists the request, then starts its run; returns the live run to follow.

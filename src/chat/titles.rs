@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
+use super::core::Core;
 use super::runs::LiveRun;
-use super::service::ChatService;
 use crate::domain::{Message, Role};
 use crate::providers::ModelRequest;
 use crate::store::ConversationPatch;
@@ -15,7 +15,7 @@ use crate::store::ConversationPatch;
 const TITLE_PROMPT: &str = "Write a title of at most six words for a conversation that starts with the \
      user's message below. Answer with the title only, without quotes or a final period.";
 
-impl ChatService {
+impl Core {
     /// Replaces the first-message title by a short one the default profile's model writes,
     /// after the first answer, unless the user renamed the conversation meanwhile. Never
     /// blocks or fails a stream.

@@ -1,0 +1,64 @@
+//! The chat service's parts, shared by its rooms (`request`, `plan`, `titles`, `actions`,
+//! `replay`, `control`), which each add their methods to [`Core`]; `service` composes them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::log::EventLog;
+use super::news::RunNews;
+use super::runs::Runs;
+use super::starts::StartWriter;
+use crate::config::Settings;
+use crate::providers::Providers;
+use crate::store::Store;
+use crate::tools::Registry;
+
+/// What the chat service holds; every clone shares it.
+#[derive(Clone)]
+pub struct Core {
+    pub(super) settings: Arc<Settings>,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) providers: Providers,
+    pub(super) tools: Arc<Registry>,
+    pub(super) runs: Runs,
+    pub(super) log: EventLog,
+    pub(super) starts: StartWriter,
+    /// For server-side action handlers given as URLs.
+    pub(super) http: reqwest::Client,
+    /// This process, as the owner of the runs it starts.
+    pub(super) replica_id: String,
+    /// Set when the server drains for shutdown: no new runs.
+    pub(super) draining: Arc<AtomicBool>,
+    /// What other processes tell of their runs.
+    pub(super) news: RunNews,
+}
+
+impl Core {
+    pub fn runs(&self) -> &Runs {
+        &self.runs
+    }
+
+    /// The event log writer (its batch count shows how often runs write).
+    pub fn event_log(&self) -> &EventLog {
+        &self.log
+    }
+
+    /// Where this process hears what the others tell of their runs.
+    pub fn news(&self) -> &RunNews {
+        &self.news
+    }
+
+    pub fn replica_id(&self) -> &str {
+        &self.replica_id
+    }
+
+    /// Refuses new runs from now on (shutdown).
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the server is shutting down (readiness says no meanwhile).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}
