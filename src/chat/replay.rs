@@ -44,10 +44,15 @@ impl Core {
         }
         // Watching before reading: nothing the run's process tells can fall in between.
         let news = self.news.watch(trace_id);
-        let missed = self.store.trace_events(trace_id, after as i64).await?;
+        // The log from the client's last event on, read once: whether that event was `done`,
+        // and what the client missed.
+        let mut missed = self.store.trace_events(trace_id, after.saturating_sub(1) as i64).await?;
+        let saw_done = missed.first().is_some_and(|e| e.seq as u64 == after && e.kind == "done");
+        missed.retain(|e| e.seq as u64 > after);
         if missed.is_empty()
             && trace.status != TraceStatus::Running
-            && logged_done(&*self.store, trace_id).await?.is_some_and(|done| after >= done)
+            // (A seq beyond the log's end needs the whole log to tell.)
+            && (saw_done || logged_done(&*self.store, trace_id).await?.is_some_and(|done| after >= done))
         {
             return Ok(Resumed::HeardAll);
         }

@@ -309,11 +309,13 @@ impl Emitter {
             event = serde_json::from_str(&data).expect("an event without NUL is still that event");
         }
         let data: Arc<str> = data.into();
-        let last = matches!(event, Event::Done { .. });
         let kind = event.kind();
+        // Built before the lock: listeners wait on it only for the push.
+        let frame = Frame::sent(self.seq, event, data.clone());
+        let last = frame.is_last();
         {
             let mut frames = self.run.frames.lock().expect("frames lock");
-            frames.sent.push(Frame::sent(self.seq, event, data.clone()));
+            frames.sent.push(frame);
             if last {
                 self.run.finished.store(true, Ordering::Release);
             }
