@@ -203,13 +203,13 @@ fn serialize(c: &mut Criterion) {
 }
 
 /// A store with `runs` running traces, in a fresh SQLite file.
-async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>, Vec<uuid::Uuid>) {
+async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>, Vec<chatd::ids::TraceId>) {
     let store = store::connect(&format!("sqlite://{}/bench.db", dir.display()), 4).await.expect("store opens");
     let mut traces = Vec::new();
     for _ in 0..runs {
-        let conversation = Conversation::new("bench", "bench".into());
+        let conversation = Conversation::new(&chatd::ids::UserId::new("bench"), "bench".into());
         let user_message = Message::new(conversation.id, None, Role::User, "go".into());
-        let trace = Trace::start("bench", &user_message, "m", "p");
+        let trace = Trace::start(&conversation.user_id, &user_message, "m", "p");
         traces.push(trace.trace_id);
         let start = RunStart {
             new_conversation: Some(conversation),

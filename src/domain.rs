@@ -5,17 +5,13 @@
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use uuid::Uuid;
+
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 
 /// The current time, cut to microseconds: both databases then store and return it exactly,
 /// so a pagination cursor made from a returned time matches the stored one.
 pub fn now() -> DateTime<Utc> {
     Utc::now().trunc_subsecs(6)
-}
-
-/// A new time-ordered id (UUID v7).
-pub fn new_id() -> Uuid {
-    Uuid::now_v7()
 }
 
 macro_rules! string_enum {
@@ -171,16 +167,16 @@ pub struct Feedback {
 
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Conversation {
-    pub id: Uuid,
+    pub id: ConversationId,
     #[serde(skip)]
-    pub user_id: String,
+    pub user_id: UserId,
     pub title: String,
     pub profile: Option<String>,
     pub system_prompt: Option<String>,
     pub metadata: Value,
     /// The newest message of the branch that loading shows.
     #[serde(skip)]
-    pub active_leaf_id: Option<Uuid>,
+    pub active_leaf_id: Option<MessageId>,
     pub message_count: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -189,11 +185,11 @@ pub struct Conversation {
 
 impl Conversation {
     /// A new, empty conversation of `user`, created now.
-    pub fn new(user_id: &str, title: String) -> Self {
+    pub fn new(user_id: &UserId, title: String) -> Self {
         let at = now();
         Conversation {
-            id: new_id(),
-            user_id: user_id.to_owned(),
+            id: ConversationId::new(),
+            user_id: user_id.clone(),
             title,
             profile: None,
             system_prompt: None,
@@ -209,9 +205,9 @@ impl Conversation {
 
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Message {
-    pub id: Uuid,
-    pub conversation_id: Uuid,
-    pub parent_id: Option<Uuid>,
+    pub id: MessageId,
+    pub conversation_id: ConversationId,
+    pub parent_id: Option<MessageId>,
     pub role: Role,
     pub content: String,
     pub thinking: Option<String>,
@@ -225,10 +221,10 @@ pub struct Message {
     pub suggested_actions: Vec<SuggestedAction>,
     pub cancelled: bool,
     pub model: Option<String>,
-    pub trace_id: Option<Uuid>,
+    pub trace_id: Option<TraceId>,
     pub usage: Option<Usage>,
     pub feedback: Option<Feedback>,
-    pub comparison_id: Option<Uuid>,
+    pub comparison_id: Option<ComparisonId>,
     pub variant: Option<String>,
     pub created_at: DateTime<Utc>,
 }
@@ -245,9 +241,9 @@ impl Message {
     }
 
     /// A message with only the required parts set; the rest empty.
-    pub fn new(conversation_id: Uuid, parent_id: Option<Uuid>, role: Role, content: String) -> Self {
+    pub fn new(conversation_id: ConversationId, parent_id: Option<MessageId>, role: Role, content: String) -> Self {
         Self {
-            id: new_id(),
+            id: MessageId::new(),
             conversation_id,
             parent_id,
             role,
@@ -273,8 +269,8 @@ impl Message {
 
 /// Returns the branch that ends at `leaf`, oldest first, from all of a conversation's
 /// messages. Messages not on that branch (other regenerations) are left out.
-pub fn branch(messages: &[Message], leaf: Option<Uuid>) -> Vec<Message> {
-    let by_id: std::collections::HashMap<Uuid, &Message> = messages.iter().map(|m| (m.id, m)).collect();
+pub fn branch(messages: &[Message], leaf: Option<MessageId>) -> Vec<Message> {
+    let by_id: std::collections::HashMap<MessageId, &Message> = messages.iter().map(|m| (m.id, m)).collect();
     let mut path = Vec::new();
     let mut next = leaf;
     while let Some(id) = next {
@@ -299,13 +295,13 @@ pub struct Vote {
 /// Two answers to one user message, by two profiles, and the user's vote.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Comparison {
-    pub comparison_id: Uuid,
-    pub conversation_id: Uuid,
+    pub comparison_id: ComparisonId,
+    pub conversation_id: ConversationId,
     #[serde(skip)]
-    pub user_id: String,
-    pub user_message_id: Uuid,
-    pub trace_a: Uuid,
-    pub trace_b: Uuid,
+    pub user_id: UserId,
+    pub user_message_id: MessageId,
+    pub trace_a: TraceId,
+    pub trace_b: TraceId,
     pub profile_a: String,
     pub profile_b: String,
     pub model_a: String,
@@ -319,11 +315,11 @@ pub struct Comparison {
 /// A run as stored: its trace (CONTRACT.md §9), without the events.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Trace {
-    pub trace_id: Uuid,
-    pub conversation_id: Uuid,
-    pub user_message_id: Uuid,
-    pub message_id: Uuid,
-    pub user_id: String,
+    pub trace_id: TraceId,
+    pub conversation_id: ConversationId,
+    pub user_message_id: MessageId,
+    pub message_id: MessageId,
+    pub user_id: UserId,
     pub status: TraceStatus,
     pub model: String,
     pub profile: String,
@@ -332,19 +328,19 @@ pub struct Trace {
     pub usage: Option<Usage>,
     pub error: Option<Value>,
     pub spans: Vec<Value>,
-    pub comparison_id: Option<Uuid>,
+    pub comparison_id: Option<ComparisonId>,
     pub variant: Option<String>,
 }
 
 impl Trace {
     /// A new running trace of `user`'s run answering `user_message`, started now.
-    pub fn start(user_id: &str, user_message: &Message, model: &str, profile: &str) -> Self {
+    pub fn start(user_id: &UserId, user_message: &Message, model: &str, profile: &str) -> Self {
         Trace {
-            trace_id: new_id(),
+            trace_id: TraceId::new(),
             conversation_id: user_message.conversation_id,
             user_message_id: user_message.id,
-            message_id: new_id(),
-            user_id: user_id.to_owned(),
+            message_id: MessageId::new(),
+            user_id: user_id.clone(),
             status: TraceStatus::Running,
             model: model.to_owned(),
             profile: profile.to_owned(),
@@ -374,7 +370,7 @@ mod tests {
 
     #[test]
     fn branch_follows_parents_from_the_leaf() {
-        let conversation = new_id();
+        let conversation = ConversationId::new();
         let root = Message::new(conversation, None, Role::User, "q".into());
         let first = Message::new(conversation, Some(root.id), Role::Assistant, "a1".into());
         let second = Message::new(conversation, Some(root.id), Role::Assistant, "a2".into());

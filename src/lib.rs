@@ -6,6 +6,7 @@ pub mod config;
 pub mod domain;
 pub mod events;
 pub mod http;
+pub mod ids;
 pub mod metrics;
 pub mod pages;
 pub mod providers;

@@ -77,16 +77,17 @@ pub fn leaderboard(comparisons: &[Comparison]) -> Vec<Standing> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{new_id, now};
+    use crate::domain::now;
+    use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 
     fn vote(a: &str, b: &str, preference: Preference) -> Comparison {
         Comparison {
-            comparison_id: new_id(),
-            conversation_id: new_id(),
-            user_id: "u".into(),
-            user_message_id: new_id(),
-            trace_a: new_id(),
-            trace_b: new_id(),
+            comparison_id: ComparisonId::new(),
+            conversation_id: ConversationId::new(),
+            user_id: UserId::new("u"),
+            user_message_id: MessageId::new(),
+            trace_a: TraceId::new(),
+            trace_b: TraceId::new(),
             profile_a: a.into(),
             profile_b: b.into(),
             model_a: a.into(),

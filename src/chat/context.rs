@@ -6,11 +6,11 @@
 //! user. The state is recomputed for every call, so it never outlives the messages it
 //! describes; it is cleared when nothing needs trimming and deleted with the conversation.
 
+use crate::ids::{ConversationId, UserId};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use crate::domain::{Message, Role};
 use crate::providers::ModelRequest;
@@ -109,15 +109,15 @@ pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize) -> Trim
 #[derive(Clone)]
 pub struct ContextKeeper {
     store: Arc<dyn Store>,
-    user: String,
-    conversation_id: Uuid,
+    user: UserId,
+    conversation_id: ConversationId,
     /// Whether a state may be stored: not for a conversation this run created, until it
     /// stores one (clearing what cannot exist would be one more write per new chat).
     may_be_stored: Arc<AtomicBool>,
 }
 
 impl ContextKeeper {
-    pub fn new(store: Arc<dyn Store>, user: &str, conversation_id: Uuid, new_conversation: bool) -> Self {
+    pub fn new(store: Arc<dyn Store>, user: &UserId, conversation_id: ConversationId, new_conversation: bool) -> Self {
         let may_be_stored = Arc::new(AtomicBool::new(!new_conversation));
         Self { store, user: user.to_owned(), conversation_id, may_be_stored }
     }
@@ -143,7 +143,7 @@ impl ContextKeeper {
 /// The request that asks the model to summarise what trimming dropped.
 pub fn summary_request(request: &ModelRequest, dropped: &[Message]) -> ModelRequest {
     let mut messages = dropped.to_vec();
-    messages.push(Message::new(Uuid::nil(), None, Role::User, SUMMARY_ASK.to_owned()));
+    messages.push(Message::new(ConversationId(uuid::Uuid::nil()), None, Role::User, SUMMARY_ASK.to_owned()));
     ModelRequest {
         system_prompt: Some(SUMMARY_PROMPT.to_owned()),
         messages,
@@ -162,10 +162,11 @@ pub const SUMMARY_ASK: &str = "Summarise the conversation so far.";
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{AssistantTurn, ToolCall, ToolResult, new_id};
+    use crate::domain::{AssistantTurn, ToolCall, ToolResult};
+    use crate::ids::ConversationId;
 
     fn message(role: Role, text: &str) -> Message {
-        Message::new(new_id(), None, role, text.to_owned())
+        Message::new(ConversationId::new(), None, role, text.to_owned())
     }
 
     fn request(messages: Vec<Message>) -> ModelRequest {

@@ -3,9 +3,8 @@
 //! says how it ended by its last event; a run on another replica is asked by a notice, and
 //! the cancel waits, woken by that run's news, to learn how it ended.
 
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 use std::time::Duration;
-
-use uuid::Uuid;
 
 use super::core::Core;
 use crate::domain::{Trace, TraceStatus};
@@ -21,24 +20,24 @@ const STOP_WAIT: Duration = Duration::from_secs(10);
 /// What to cancel.
 #[derive(Debug, Clone, Copy)]
 pub enum CancelTarget {
-    Trace(Uuid),
+    Trace(TraceId),
     /// The run that is producing this assistant message.
-    Message(Uuid),
+    Message(MessageId),
     /// Both sides of an A/B comparison.
-    Comparison(Uuid),
+    Comparison(ComparisonId),
 }
 
 /// What a cancel stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cancelled {
     Run {
-        trace_id: Uuid,
-        message_id: Uuid,
+        trace_id: TraceId,
+        message_id: MessageId,
     },
     /// The sides of the comparison that were still running.
     Comparison {
-        comparison_id: Uuid,
-        trace_ids: Vec<Uuid>,
+        comparison_id: ComparisonId,
+        trace_ids: Vec<TraceId>,
     },
 }
 
@@ -80,7 +79,7 @@ impl Core {
     /// Cancels what `target` names, wherever it runs, and waits (bounded) to learn how it
     /// ended: a run that completed first was not cancelled, so exactly one terminal event
     /// is sent.
-    pub async fn cancel(&self, user: &str, target: CancelTarget) -> Result<Cancelled, ControlError> {
+    pub async fn cancel(&self, user: &UserId, target: CancelTarget) -> Result<Cancelled, ControlError> {
         let trace = match target {
             CancelTarget::Trace(trace_id) => {
                 self.store.get_trace(user, trace_id).await.map_err(ControlError::missing("Trace"))?
@@ -95,7 +94,7 @@ impl Core {
     }
 
     /// Cancels whichever sides of a comparison are still running.
-    async fn cancel_comparison(&self, user: &str, comparison_id: Uuid) -> Result<Cancelled, ControlError> {
+    async fn cancel_comparison(&self, user: &UserId, comparison_id: ComparisonId) -> Result<Cancelled, ControlError> {
         let comparison =
             self.store.get_comparison(user, comparison_id).await.map_err(ControlError::missing("Comparison"))?;
         let mut trace_ids = Vec::new();
@@ -113,7 +112,7 @@ impl Core {
         Ok(Cancelled::Comparison { comparison_id, trace_ids })
     }
 
-    async fn cancel_run(&self, user: &str, trace: &Trace) -> Result<(), ControlError> {
+    async fn cancel_run(&self, user: &UserId, trace: &Trace) -> Result<(), ControlError> {
         if trace.status != TraceStatus::Running {
             return Err(ControlError::Ended(ENDED));
         }
@@ -134,7 +133,7 @@ impl Core {
     }
 
     /// Asks the process running it (if any is) to cancel a run, and waits for its news.
-    async fn cancel_elsewhere(&self, user: &str, trace_id: Uuid) -> Result<(), ControlError> {
+    async fn cancel_elsewhere(&self, user: &UserId, trace_id: TraceId) -> Result<(), ControlError> {
         // Watching before asking: the run's last events cannot be told in between.
         let mut news = self.news.watch(trace_id);
         self.store.notify(Notice::Cancel(trace_id)).await?;
@@ -157,9 +156,13 @@ impl Core {
 
     /// Cancels this process's runs in a conversation and waits (bounded) for them to end,
     /// so that deleting it leaves no run writing into it.
-    pub async fn stop_runs_in(&self, user: &str, conversation_id: Uuid) {
-        let runs: Vec<_> =
-            self.runs.all().into_iter().filter(|r| r.conversation_id == conversation_id && r.user_id == user).collect();
+    pub async fn stop_runs_in(&self, user: &UserId, conversation_id: ConversationId) {
+        let runs: Vec<_> = self
+            .runs
+            .all()
+            .into_iter()
+            .filter(|r| r.conversation_id == conversation_id && r.user_id == *user)
+            .collect();
         for run in &runs {
             run.cancel.cancel();
         }

@@ -4,14 +4,13 @@
 //! its end). Never a database write per token, and no wake-up of the writer per token either.
 //! A run that has ended has its log sealed right after its last events are written.
 
+use crate::ids::TraceId;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
-
-use uuid::Uuid;
 
 use crate::store::{NewEvent, Store, StoreError};
 
@@ -20,7 +19,7 @@ type Done = oneshot::Sender<Result<(), String>>;
 enum Control {
     Flush(Done),
     /// Writes what waits, then seals this run's log.
-    Seal(Uuid, Done),
+    Seal(TraceId, Done),
     /// `flush_max_events` are waiting: write now.
     Full,
 }
@@ -67,7 +66,7 @@ impl EventLog {
 
     /// Writes everything appended so far, then seals the log of `trace_id`, a run that has
     /// sent `done` ([`Store::seal_logs`]); returns once both are in the database.
-    pub async fn seal(&self, trace_id: Uuid) -> Result<(), String> {
+    pub async fn seal(&self, trace_id: TraceId) -> Result<(), String> {
         let (done, wait) = oneshot::channel();
         self.control.send(Control::Seal(trace_id, done)).map_err(|_| "event log writer stopped".to_owned())?;
         wait.await.map_err(|_| "event log writer stopped".to_owned())?
@@ -91,8 +90,8 @@ async fn write_loop(
     // What is being written, and what a failed write keeps for the next try.
     let mut batch: Vec<NewEvent> = Vec::new();
     let mut waiting: Vec<Done> = Vec::new();
-    let mut sealing: Vec<(Uuid, Done)> = Vec::new();
-    let mut unsealed: Vec<Uuid> = Vec::new();
+    let mut sealing: Vec<(TraceId, Done)> = Vec::new();
+    let mut unsealed: Vec<TraceId> = Vec::new();
     loop {
         let mut closed = false;
         let mut take = |message: Option<Control>| match message {
@@ -114,7 +113,7 @@ async fn write_loop(
             let _ = done.send(result.clone().map_err(|e| e.to_string()));
         }
         if !sealing.is_empty() || !unsealed.is_empty() {
-            let (mut logs, done): (Vec<Uuid>, Vec<Done>) = sealing.drain(..).unzip();
+            let (mut logs, done): (Vec<TraceId>, Vec<Done>) = sealing.drain(..).unzip();
             logs.append(&mut unsealed);
             let sealed = match &result {
                 Ok(()) => store.seal_logs(&logs).await.map_err(|e| e.to_string()),
@@ -159,7 +158,7 @@ async fn write(store: &dyn Store, pending: &mut Vec<NewEvent>, batches: &AtomicU
         Err(e) if e.is_unavailable() => return Err(keep_for_retry(pending, e)),
         Err(e) => e,
     };
-    let mut traces: Vec<uuid::Uuid> = pending.iter().map(|e| e.trace_id).collect();
+    let mut traces: Vec<TraceId> = pending.iter().map(|e| e.trace_id).collect();
     traces.sort_unstable();
     traces.dedup();
     let mut kept = Vec::new();

@@ -2,8 +2,8 @@
 //! not run itself: a follower of another replica's run reads its log again when told that it
 //! grew, a cancel learns that the run it asked to stop has ended. Nothing here polls.
 
+use crate::ids::TraceId;
 use tokio::sync::broadcast;
-use uuid::Uuid;
 
 use crate::store::Notice;
 
@@ -31,13 +31,13 @@ impl RunNews {
 
     /// Starts listening for news of `trace_id`: notices sent from now on are kept for it, so
     /// a waiter that watches before it reads misses none.
-    pub fn watch(&self, trace_id: Uuid) -> Watch {
+    pub fn watch(&self, trace_id: TraceId) -> Watch {
         Watch { trace_id, receiver: self.sender.subscribe() }
     }
 }
 
 pub struct Watch {
-    trace_id: Uuid,
+    trace_id: TraceId,
     receiver: broadcast::Receiver<Notice>,
 }
 
@@ -65,7 +65,7 @@ mod tests {
     #[tokio::test]
     async fn a_watch_wakes_for_its_run_and_for_missed_news_only() {
         let news = RunNews::default();
-        let (mine, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let (mine, other) = (TraceId::new(), TraceId::new());
         let mut watch = news.watch(mine);
         news.tell(Notice::Logged(other));
         news.tell(Notice::Cancel(mine));
@@ -80,7 +80,7 @@ mod tests {
     #[tokio::test]
     async fn news_told_between_watching_and_waiting_is_not_lost() {
         let news = RunNews::default();
-        let run = Uuid::new_v4();
+        let run = TraceId::new();
         let mut watch = news.watch(run);
         news.tell(Notice::Logged(run));
         tokio::time::timeout(Duration::from_secs(5), watch.changed()).await.expect("kept the notice");

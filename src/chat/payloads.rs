@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::markers::Captured;
 use crate::config::PayloadTypeSettings;
-use crate::domain::{SuggestedAction, SuggestedValue, new_id};
+use crate::domain::{SuggestedAction, SuggestedValue};
 
 pub const SUGGESTED_VALUES: &str = "SUGGESTED_VALUES:";
 pub const SUGGESTED_ACTIONS: &str = "SUGGESTED_ACTIONS:";
@@ -84,7 +84,7 @@ pub fn custom_payload(kind: &str, data: Value, summary: Option<&str>) -> Value {
     let summary = summary
         .or_else(|| data.get("summary").and_then(Value::as_str))
         .map_or_else(|| kind.replace('_', " "), |s| s.chars().take(200).collect());
-    let id = new_id().simple().to_string();
+    let id = uuid::Uuid::now_v7().simple().to_string();
     json!({"payload_id": &id[id.len() - 8..], "type": kind, "data": data, "summary": summary})
 }
 

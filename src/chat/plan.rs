@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use serde_json::json;
-use uuid::Uuid;
 
 use super::agent::{RunPlan, ToolLimits};
 use super::context::ContextKeeper;
@@ -14,6 +13,7 @@ use super::prompt::{self, PromptParts};
 use super::request::{ChatError, ChatRequest, Prepared, not_found};
 use crate::config::PayloadSource;
 use crate::domain::Trace;
+use crate::ids::{ComparisonId, UserId};
 use crate::pages::{Location, PageScope};
 use crate::providers::{ModelRequest, ToolSpec};
 
@@ -27,11 +27,11 @@ impl Core {
     /// One side of a request: the trace and the run plan for `profile_name`.
     pub(super) fn plan(
         &self,
-        user: &str,
+        user: &UserId,
         request: &ChatRequest,
         turn: &Prepared,
         profile_name: &str,
-        comparison: Option<(Uuid, &str)>,
+        comparison: Option<(ComparisonId, &str)>,
     ) -> Result<Side, ChatError> {
         let field = match comparison {
             Some((_, "a")) => "profile_a",

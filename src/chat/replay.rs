@@ -2,12 +2,12 @@
 //! run is here, else from its log, read again whenever the process running it tells that
 //! the log grew. Nothing here polls; every wait is woken.
 
+use crate::ids::{TraceId, UserId};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
-use uuid::Uuid;
 
 use super::control::ControlError;
 use super::core::Core;
@@ -34,7 +34,7 @@ pub enum Resumed {
 
 impl Core {
     /// Follows the user's run `trace_id` from the event after `after`.
-    pub async fn resume(&self, user: &str, trace_id: Uuid, after: u64) -> Result<Resumed, ControlError> {
+    pub async fn resume(&self, user: &UserId, trace_id: TraceId, after: u64) -> Result<Resumed, ControlError> {
         let trace = self.store.get_trace(user, trace_id).await.map_err(ControlError::missing("Trace"))?;
         if let Some(run) = self.runs.get(trace_id) {
             if run.heard_all(after) {
@@ -62,7 +62,7 @@ impl Core {
 
     /// Waits (bounded) until a run of this process that has sent `done` has its log
     /// written, so that a trace read right after its stream ended is whole.
-    pub async fn logged(&self, trace_id: Uuid) {
+    pub async fn logged(&self, trace_id: TraceId) {
         if let Some(run) = self.runs.get(trace_id).filter(|run| run.is_finished()) {
             let _ = tokio::time::timeout(LOGGED_WAIT, run.logged()).await;
         }
@@ -84,7 +84,7 @@ pub fn from_the_start(run: Arc<LiveRun>, cancel_on_drop: bool) -> impl Stream<It
 }
 
 /// The seq of the run's logged `done`, if it has one.
-async fn logged_done(store: &dyn Store, trace_id: Uuid) -> Result<Option<u64>, crate::store::StoreError> {
+async fn logged_done(store: &dyn Store, trace_id: TraceId) -> Result<Option<u64>, crate::store::StoreError> {
     let events = store.trace_events(trace_id, 0).await?;
     Ok(events.iter().rev().find(|e| e.kind == "done").map(|e| e.seq as u64))
 }

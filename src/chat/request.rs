@@ -2,12 +2,12 @@
 //! message, the conversation, the profile, the parent (branching: continue, regenerate,
 //! edit), the user's limit of running runs, and an executed action's result.
 
+use crate::ids::{ConversationId, MessageId, UserId};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
-use uuid::Uuid;
 
 use super::core::Core;
 use super::runs::Reservation;
@@ -21,11 +21,11 @@ use crate::store::StoreError;
 pub struct ChatRequest {
     pub message: String,
     #[serde(default)]
-    pub conversation_id: Option<Uuid>,
+    pub conversation_id: Option<ConversationId>,
     #[serde(default)]
     pub profile: Option<String>,
     #[serde(default)]
-    pub parent_message_id: Option<Uuid>,
+    pub parent_message_id: Option<MessageId>,
     #[serde(default)]
     pub context: Option<Value>,
     #[serde(default)]
@@ -67,7 +67,12 @@ impl Core {
     /// Everything about a request that does not depend on the profile: the message checked,
     /// the conversation found (or made), the parent, the history, an executed action's result.
     /// `runs`: how many runs the request will start (two for a comparison).
-    pub(super) async fn prepare(&self, user: &str, request: &ChatRequest, runs: usize) -> Result<Prepared, ChatError> {
+    pub(super) async fn prepare(
+        &self,
+        user: &UserId,
+        request: &ChatRequest,
+        runs: usize,
+    ) -> Result<Prepared, ChatError> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(ChatError::Unavailable("The server is shutting down; try again shortly".into()));
         }
@@ -151,7 +156,7 @@ impl Core {
 
 /// The profile-independent part of a request, ready to persist.
 pub(super) struct Prepared {
-    pub(super) conversation_id: Uuid,
+    pub(super) conversation_id: ConversationId,
     pub(super) system_prompt: Option<String>,
     pub(super) existing_profile: Option<String>,
     pub(super) user_message: Message,

@@ -2,6 +2,7 @@
 //! any number of listeners. A run does not belong to the HTTP request that started it; a
 //! listener can join at any sequence number and gets every later event, then follows live.
 
+use crate::ids::{ConversationId, MessageId, TraceId, UserId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,7 +10,6 @@ use std::task::{Poll, Waker};
 
 use futures_util::Stream;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use super::log::EventLog;
 use crate::domain::now;
@@ -59,10 +59,10 @@ impl Frame {
 }
 
 pub struct LiveRun {
-    pub trace_id: Uuid,
-    pub message_id: Uuid,
-    pub conversation_id: Uuid,
-    pub user_id: String,
+    pub trace_id: TraceId,
+    pub message_id: MessageId,
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
     pub cancel: CancellationToken,
     frames: Mutex<Frames>,
     /// Set once `done` is among the frames: read without the frames' lock.
@@ -182,15 +182,15 @@ pub struct Runs {
 /// together under one lock, so that simultaneous requests cannot all pass a user's limit.
 #[derive(Default)]
 struct Registry {
-    runs: HashMap<Uuid, Arc<LiveRun>>,
-    reserved: HashMap<String, usize>,
+    runs: HashMap<TraceId, Arc<LiveRun>>,
+    reserved: HashMap<UserId, usize>,
 }
 
 /// Room for a request's runs within its user's limit, held until they are registered (or
 /// the request failed); dropping it gives the room back.
 pub struct Reservation {
     registry: Arc<Mutex<Registry>>,
-    user: String,
+    user: UserId,
     runs: usize,
 }
 
@@ -210,17 +210,17 @@ impl Runs {
     /// Registers a run and returns it with the emitter that feeds it.
     pub fn register(
         &self,
-        trace_id: Uuid,
-        message_id: Uuid,
-        conversation_id: Uuid,
-        user_id: &str,
+        trace_id: TraceId,
+        message_id: MessageId,
+        conversation_id: ConversationId,
+        user_id: &UserId,
         log: EventLog,
     ) -> (Arc<LiveRun>, Emitter) {
         let run = Arc::new(LiveRun {
             trace_id,
             message_id,
             conversation_id,
-            user_id: user_id.to_owned(),
+            user_id: user_id.clone(),
             cancel: CancellationToken::new(),
             frames: Mutex::default(),
             finished: AtomicBool::new(false),
@@ -232,13 +232,13 @@ impl Runs {
         (run.clone(), Emitter { run, log, seq: 0, holding: false, held: Vec::new() })
     }
 
-    pub fn get(&self, trace_id: Uuid) -> Option<Arc<LiveRun>> {
+    pub fn get(&self, trace_id: TraceId) -> Option<Arc<LiveRun>> {
         self.live.lock().expect("runs lock").runs.get(&trace_id).cloned()
     }
 
     /// Forgets a run once its log is written; later listeners read the store, and whoever
     /// waits for the log to be written is woken.
-    pub fn remove(&self, trace_id: Uuid) {
+    pub fn remove(&self, trace_id: TraceId) {
         let Some(run) = self.live.lock().expect("runs lock").runs.remove(&trace_id) else { return };
         metrics::gauge!("chatd_active_runs").decrement(1.0);
         let waiting = {
@@ -259,15 +259,15 @@ impl Runs {
 
     /// Reserves room for `runs` more of `user`'s runs, if the runs that have not sent
     /// `done` yet and those already reserved leave it under `limit`; else how many there are.
-    pub fn reserve(&self, user: &str, runs: usize, limit: usize) -> Result<Reservation, usize> {
+    pub fn reserve(&self, user: &UserId, runs: usize, limit: usize) -> Result<Reservation, usize> {
         let mut registry = self.live.lock().expect("runs lock");
         let reserved = registry.reserved.get(user).copied().unwrap_or(0);
-        let running = registry.runs.values().filter(|r| r.user_id == user && !r.is_finished()).count() + reserved;
+        let running = registry.runs.values().filter(|r| r.user_id == *user && !r.is_finished()).count() + reserved;
         if running + runs > limit {
             return Err(running);
         }
-        *registry.reserved.entry(user.to_owned()).or_default() += runs;
-        Ok(Reservation { registry: self.live.clone(), user: user.to_owned(), runs })
+        *registry.reserved.entry(user.clone()).or_default() += runs;
+        Ok(Reservation { registry: self.live.clone(), user: user.clone(), runs })
     }
 
     /// Every run in this process now.

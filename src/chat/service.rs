@@ -19,7 +19,8 @@ use super::request::{ChatError, ChatRequest, Prepared, busy};
 use super::runs::{LiveRun, Runs};
 use super::starts::StartWriter;
 use crate::config::Settings;
-use crate::domain::{Comparison, Trace, new_id, now};
+use crate::domain::{Comparison, Trace, now};
+use crate::ids::{ComparisonId, UserId};
 use crate::providers::Providers;
 use crate::store::{RunStart, Store, StoreError};
 use crate::tools::Registry;
@@ -62,7 +63,7 @@ impl ChatService {
                 runs,
                 log,
                 http,
-                replica_id: new_id().to_string(),
+                replica_id: uuid::Uuid::now_v7().to_string(),
                 draining: Arc::new(AtomicBool::new(false)),
                 news: RunNews::default(),
             },
@@ -70,7 +71,7 @@ impl ChatService {
     }
 
     /// Validates and persists the request, then starts its run; returns the live run to follow.
-    pub async fn start(&self, user: &str, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
+    pub async fn start(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
         let turn = self.prepare(user, &request, 1).await?;
         let profile = request
             .profile
@@ -86,13 +87,13 @@ impl ChatService {
     /// runs, two traces, one comparison; both answers become siblings under the message.
     pub async fn start_comparison(
         &self,
-        user: &str,
+        user: &UserId,
         request: &ChatRequest,
         profile_a: &str,
         profile_b: &str,
     ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
         let turn = self.prepare(user, request, 2).await?;
-        let comparison_id = new_id();
+        let comparison_id = ComparisonId::new();
         let a = self.plan(user, request, &turn, profile_a, Some((comparison_id, "a")))?;
         let b = self.plan(user, request, &turn, profile_b, Some((comparison_id, "b")))?;
         let comparison = Comparison {
@@ -121,7 +122,7 @@ impl ChatService {
     /// task of its own.
     async fn launch(
         &self,
-        user: &str,
+        user: &UserId,
         turn: Prepared,
         sides: Vec<Side>,
         comparison: Option<Comparison>,
@@ -160,7 +161,7 @@ impl ChatService {
     }
 
     /// Registers and spawns the runs of a start that is in the database.
-    fn run_written(&self, user: &str, start: RunStart, plans: Vec<RunPlan>) -> Vec<Arc<LiveRun>> {
+    fn run_written(&self, user: &UserId, start: RunStart, plans: Vec<RunPlan>) -> Vec<Arc<LiveRun>> {
         let mut runs = Vec::new();
         for plan in plans {
             let (run, mut emitter) =

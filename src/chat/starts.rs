@@ -95,8 +95,9 @@ mod tests {
 
     use super::*;
     use crate::domain::{Conversation, Message, Role, Trace};
+    use crate::ids::UserId;
 
-    fn new_chat(user: &str) -> RunStart {
+    fn new_chat(user: &UserId) -> RunStart {
         let conversation = Conversation::new(user, "a question".into());
         let user_message = Message::new(conversation.id, None, Role::User, "a question".into());
         RunStart {
@@ -118,19 +119,20 @@ mod tests {
         let writer = StartWriter::start(store.clone());
 
         let (done, dropped) = oneshot::channel::<()>();
-        writer.write(new_chat("ann"), move |_| {
+        writer.write(new_chat(&UserId::new("ann")), move |_| {
             let _done = done;
             panic!("a bug in what follows a start");
         });
         assert!(dropped.await.is_err(), "the panicking follow-up's wait ends");
 
         let (done, written) = oneshot::channel();
-        let next = new_chat("bob");
+        let bob = UserId::new("bob");
+        let next = new_chat(&bob);
         let id = next.user_message.conversation_id;
         writer.write(next, move |result| {
             let _ = done.send(result.map(|start| start.user_message.conversation_id));
         });
         assert_eq!(written.await.expect("the writer goes on").expect("written"), id);
-        assert!(store.get_conversation("bob", id).await.is_ok());
+        assert!(store.get_conversation(&bob, id).await.is_ok());
     }
 }

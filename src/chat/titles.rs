@@ -2,9 +2,8 @@
 //! `chat.refine_titles`) a short title the default profile's model writes after the first
 //! answer.
 
+use crate::ids::{ConversationId, UserId};
 use std::sync::Arc;
-
-use uuid::Uuid;
 
 use super::core::Core;
 use super::runs::LiveRun;
@@ -19,7 +18,13 @@ impl Core {
     /// Replaces the first-message title by a short one the default profile's model writes,
     /// after the first answer, unless the user renamed the conversation meanwhile. Never
     /// blocks or fails a stream.
-    pub(super) fn refine_title(&self, user: &str, conversation_id: Uuid, first_message: &str, run: Arc<LiveRun>) {
+    pub(super) fn refine_title(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        first_message: &str,
+        run: Arc<LiveRun>,
+    ) {
         let (store, settings, providers) = (self.store.clone(), self.settings.clone(), self.providers.clone());
         let (user, first_message) = (user.to_owned(), first_message.to_owned());
         tokio::spawn(async move {

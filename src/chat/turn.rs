@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::clean::{Cleaner, Piece};
 use super::markers::Captured;
-use crate::domain::{ToolCall, Usage, new_id};
+use crate::domain::{ToolCall, Usage};
 use crate::events::Event;
 use crate::providers::ProviderEvent;
 
@@ -82,7 +82,7 @@ impl Turn {
                     .push(json!({"type": "thinking", "thinking": thinking, "signature": signature}));
             }
             ProviderEvent::ToolCallStart { index, id, name } => {
-                let id = if id.is_empty() { format!("call_{}", new_id().simple()) } else { id };
+                let id = if id.is_empty() { format!("call_{}", uuid::Uuid::now_v7().simple()) } else { id };
                 let run_index = self.next_index;
                 self.next_index += 1;
                 out.push(Event::ToolInputStart { tool_call_id: id.clone(), tool: name.clone(), index: run_index });

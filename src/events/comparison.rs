@@ -2,8 +2,8 @@
 //! both runs but their own `done`, each tagged with its `variant`, then one `done` of the
 //! comparison.
 
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId};
 use serde::Serialize;
-use uuid::Uuid;
 
 use super::Event;
 use crate::domain::Comparison;
@@ -19,21 +19,21 @@ pub enum Variant {
 #[derive(Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ComparisonEvent {
-    Comparison { comparison_id: Uuid, a: SideStart, b: SideStart },
-    Done { comparison_id: Uuid, conversation_id: Uuid, message_ids: Pair },
+    Comparison { comparison_id: ComparisonId, a: SideStart, b: SideStart },
+    Done { comparison_id: ComparisonId, conversation_id: ConversationId, message_ids: Pair },
 }
 
 #[derive(Debug, Serialize)]
 pub struct SideStart {
-    pub trace_id: Uuid,
-    pub message_id: Uuid,
+    pub trace_id: TraceId,
+    pub message_id: MessageId,
     pub model: String,
 }
 
 #[derive(Debug, Serialize)]
 pub struct Pair {
-    pub a: Uuid,
-    pub b: Uuid,
+    pub a: MessageId,
+    pub b: MessageId,
 }
 
 /// One side's event, tagged with its side.
@@ -46,7 +46,7 @@ pub struct Tagged<'a> {
 
 impl ComparisonEvent {
     /// The first event: the comparison and each side's run (`a` and `b` are their messages).
-    pub fn opening(comparison: &Comparison, message_a: Uuid, message_b: Uuid) -> Self {
+    pub fn opening(comparison: &Comparison, message_a: MessageId, message_b: MessageId) -> Self {
         let side = |trace_id, message_id, model: &str| SideStart { trace_id, message_id, model: model.to_owned() };
         ComparisonEvent::Comparison {
             comparison_id: comparison.comparison_id,
@@ -56,7 +56,7 @@ impl ComparisonEvent {
     }
 
     /// The last event, once both sides are done.
-    pub fn closing(comparison: &Comparison, message_a: Uuid, message_b: Uuid) -> Self {
+    pub fn closing(comparison: &Comparison, message_a: MessageId, message_b: MessageId) -> Self {
         ComparisonEvent::Done {
             comparison_id: comparison.comparison_id,
             conversation_id: comparison.conversation_id,

@@ -2,10 +2,10 @@
 //! `tool_output`, `tool_end`, `error`, `done`, each a function of one [`Event`] of the same
 //! run. Events with no legacy word are left out.
 
+use crate::ids::{ConversationId, MessageId, TraceId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use uuid::Uuid;
 
 use super::{Event, ToolStatus};
 
@@ -15,7 +15,7 @@ pub enum LegacyEvent<'a> {
     Chunk {
         content: &'a str,
         /// From the run's `start`; null if it was not seen.
-        conversation_id: Option<Uuid>,
+        conversation_id: Option<ConversationId>,
     },
     ToolStart {
         tool_call_id: &'a str,
@@ -40,9 +40,9 @@ pub enum LegacyEvent<'a> {
         message: &'a str,
     },
     Done {
-        conversation_id: Uuid,
-        message_id: Uuid,
-        trace_id: Uuid,
+        conversation_id: ConversationId,
+        message_id: MessageId,
+        trace_id: TraceId,
     },
 }
 
@@ -50,7 +50,7 @@ pub enum LegacyEvent<'a> {
 /// id goes into every `chunk`.
 #[derive(Debug, Default)]
 pub struct ToLegacy {
-    conversation_id: Option<Uuid>,
+    conversation_id: Option<ConversationId>,
 }
 
 impl ToLegacy {
@@ -87,7 +87,7 @@ mod tests {
 
     #[test]
     fn chunks_carry_the_conversation_of_the_runs_start() {
-        let conversation_id = Uuid::new_v4();
+        let conversation_id = ConversationId::new();
         let mut legacy = ToLegacy::default();
         let text = Event::TextDelta { text: "hi".into() };
         assert_eq!(
@@ -96,9 +96,9 @@ mod tests {
         );
         let start = Event::Start {
             conversation_id,
-            user_message_id: Uuid::nil(),
-            message_id: Uuid::nil(),
-            trace_id: Uuid::nil(),
+            user_message_id: MessageId::new(),
+            message_id: MessageId::new(),
+            trace_id: TraceId::new(),
             model: "m".into(),
             profile: "p".into(),
         };
@@ -129,8 +129,8 @@ mod tests {
             code: "RATE_LIMITED".into(),
             message: "slow down".into(),
             retryable: true,
-            message_id: Uuid::nil(),
-            trace_id: Uuid::nil(),
+            message_id: MessageId::new(),
+            trace_id: TraceId::new(),
         };
         assert_eq!(
             serde_json::to_value(legacy.translate(&error)).unwrap(),

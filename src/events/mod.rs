@@ -5,11 +5,11 @@
 pub mod comparison;
 pub mod legacy;
 
+use crate::ids::{ConversationId, MessageId, TraceId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
-use uuid::Uuid;
 
 use crate::domain::{SuggestedAction, SuggestedValue, ToolRecord, Usage};
 
@@ -17,10 +17,10 @@ use crate::domain::{SuggestedAction, SuggestedValue, ToolRecord, Usage};
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     Start {
-        conversation_id: Uuid,
-        user_message_id: Uuid,
-        message_id: Uuid,
-        trace_id: Uuid,
+        conversation_id: ConversationId,
+        user_message_id: MessageId,
+        message_id: MessageId,
+        trace_id: TraceId,
         model: String,
         profile: String,
     },
@@ -84,21 +84,21 @@ pub enum Event {
         partial_text: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         partial_thinking: Option<String>,
-        message_id: Uuid,
-        trace_id: Uuid,
+        message_id: MessageId,
+        trace_id: TraceId,
         model: String,
     },
     Error {
         code: String,
         message: String,
         retryable: bool,
-        message_id: Uuid,
-        trace_id: Uuid,
+        message_id: MessageId,
+        trace_id: TraceId,
     },
     Done {
-        conversation_id: Uuid,
-        message_id: Uuid,
-        trace_id: Uuid,
+        conversation_id: ConversationId,
+        message_id: MessageId,
+        trace_id: TraceId,
     },
 }
 
@@ -180,9 +180,9 @@ pub struct CompletePayload {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub custom_payload: Option<Value>,
     pub tool_history: Vec<ToolRecord>,
-    pub conversation_id: Uuid,
-    pub message_id: Uuid,
-    pub trace_id: Uuid,
+    pub conversation_id: ConversationId,
+    pub message_id: MessageId,
+    pub trace_id: TraceId,
     pub model: String,
     pub finish_reason: String,
     pub usage: Usage,

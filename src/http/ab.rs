@@ -19,6 +19,7 @@ use crate::chat::arena;
 use crate::chat::{ChatRequest, Frame};
 use crate::domain::{Comparison, Preference};
 use crate::events::comparison::Variant;
+use crate::ids::{ComparisonId, TraceId, UserId};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -67,19 +68,19 @@ fn paired(
 async fn show(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<ComparisonId>,
 ) -> Result<Json<ComparisonView>, AppError> {
     let comparison = state.store.get_comparison(&user, id).await.map_err(AppError::missing("Comparison not found"))?;
     describe(&state, &user, comparison).await.map(Json)
 }
 
-async fn describe(state: &AppState, user: &str, comparison: Comparison) -> Result<ComparisonView, AppError> {
+async fn describe(state: &AppState, user: &UserId, comparison: Comparison) -> Result<ComparisonView, AppError> {
     let a = side(state, user, comparison.trace_a, &comparison.profile_a).await?;
     let b = side(state, user, comparison.trace_b, &comparison.profile_b).await?;
     Ok(ComparisonView { comparison, a, b })
 }
 
-async fn side(state: &AppState, user: &str, trace_id: uuid::Uuid, profile: &str) -> Result<SideView, AppError> {
+async fn side(state: &AppState, user: &UserId, trace_id: TraceId, profile: &str) -> Result<SideView, AppError> {
     let trace = state.store.get_trace(user, trace_id).await?;
     let events = state.store.trace_events(trace.trace_id, 0).await?;
     let first_token =
@@ -107,7 +108,7 @@ struct VoteBody {
 async fn vote(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<ComparisonId>,
     AppJson(body): AppJson<VoteBody>,
 ) -> Result<Json<ComparisonView>, AppError> {
     cast(&state, &user, id, body.preference, false).await
@@ -118,7 +119,7 @@ async fn vote(
 async fn change_vote(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<ComparisonId>,
     AppJson(body): AppJson<VoteBody>,
 ) -> Result<Json<ComparisonView>, AppError> {
     cast(&state, &user, id, body.preference, true).await
@@ -126,8 +127,8 @@ async fn change_vote(
 
 async fn cast(
     state: &AppState,
-    user: &str,
-    id: uuid::Uuid,
+    user: &UserId,
+    id: ComparisonId,
     preference: Preference,
     change: bool,
 ) -> Result<Json<ComparisonView>, AppError> {

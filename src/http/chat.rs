@@ -3,6 +3,7 @@
 //! it (`POST /api/cancel_stream`). Each SSE frame is `id: <seq>` + `data: <json>`, with
 //! `: ping` keep-alives when idle.
 
+use crate::ids::{ComparisonId, MessageId, TraceId};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -12,7 +13,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::Stream;
 use serde::Deserialize;
-use uuid::Uuid;
 
 use super::AppState;
 use super::error::AppError;
@@ -56,7 +56,7 @@ struct ResumeQuery {
 async fn resume(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(trace_id): IdPath,
+    IdPath(trace_id): IdPath<TraceId>,
     AppQuery(query): AppQuery<ResumeQuery>,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
@@ -84,10 +84,10 @@ async fn resume(
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CancelBody {
-    trace_id: Option<Uuid>,
-    message_id: Option<Uuid>,
+    trace_id: Option<TraceId>,
+    message_id: Option<MessageId>,
     /// Cancels both sides of an A/B comparison.
-    comparison_id: Option<Uuid>,
+    comparison_id: Option<ComparisonId>,
 }
 
 #[utoipa::path(post, operation_id = "cancel_stream", path = "/api/cancel_stream", tag = "chat", request_body = CancelBody, responses((status = 200, description = "Cancelled", body = CancelResult), Refused, Missing, (status = 409, description = "The run already ended", body = ErrorBody), (status = 503, description = "The run did not answer", body = ErrorBody)))]

@@ -13,6 +13,7 @@ use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
 use super::views::*;
 use crate::domain::{Conversation, Feedback, Rating, branch, now};
+use crate::ids::{ConversationId, MessageId};
 use crate::store::{ConversationPatch, PageCursor};
 
 pub fn routes() -> Router<AppState> {
@@ -104,7 +105,7 @@ async fn create(
 async fn load(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<ConversationId>,
 ) -> Result<Json<ConversationView>, AppError> {
     let conversation =
         state.store.get_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
@@ -118,7 +119,7 @@ async fn load(
 async fn patch(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<ConversationId>,
     AppJson(body): AppJson<ConversationBody>,
 ) -> Result<Json<Conversation>, AppError> {
     body.validate(&state)?;
@@ -140,7 +141,7 @@ async fn patch(
 async fn delete(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<ConversationId>,
 ) -> Result<StatusCode, AppError> {
     state.store.get_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
     state.chat.stop_runs_in(&user, id).await;
@@ -159,7 +160,7 @@ struct FeedbackBody {
 async fn feedback(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<MessageId>,
     AppJson(body): AppJson<FeedbackBody>,
 ) -> Result<Json<FeedbackResult>, AppError> {
     let comment = body.comment.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty());
@@ -176,12 +177,12 @@ async fn feedback(
 async fn siblings(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<MessageId>,
 ) -> Result<Json<SiblingsView>, AppError> {
     let message = state.store.get_message(&user, id).await.map_err(AppError::missing("Message not found"))?;
     let conversation = state.store.get_conversation(&user, message.conversation_id).await?;
     let all = state.store.messages(&user, message.conversation_id).await?;
-    let active: Vec<uuid::Uuid> = branch(&all, conversation.active_leaf_id).iter().map(|m| m.id).collect();
+    let active: Vec<MessageId> = branch(&all, conversation.active_leaf_id).iter().map(|m| m.id).collect();
     let siblings = all
         .into_iter()
         .filter(|m| m.parent_id == message.parent_id && m.role == message.role)
@@ -196,7 +197,7 @@ async fn siblings(
 async fn activate(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<MessageId>,
 ) -> Result<Json<ConversationView>, AppError> {
     let message = state.store.get_message(&user, id).await.map_err(AppError::missing("Message not found"))?;
     let all = state.store.messages(&user, message.conversation_id).await?;

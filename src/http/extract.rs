@@ -10,6 +10,8 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
+use crate::ids::UserId;
+
 use super::AppState;
 use super::error::AppError;
 
@@ -80,17 +82,20 @@ fn has_nul(bytes: &[u8]) -> bool {
     false
 }
 
-/// A UUID path segment; a malformed one is a 400 on `field` `id`.
-pub struct IdPath(pub Uuid);
+/// A UUID path segment, as the kind of id `T` it names; a malformed one is a 400 on `field`
+/// `id`.
+pub struct IdPath<T>(pub T);
 
-impl<S: Send + Sync> FromRequestParts<S> for IdPath {
+impl<T: From<Uuid>, S: Send + Sync> FromRequestParts<S> for IdPath<T> {
     type Rejection = AppError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e| AppError::validation("id", e.body_text()))?;
-        Uuid::try_parse(&raw).map(IdPath).map_err(|_| AppError::validation("id", "Invalid id: expected a UUID"))
+        Uuid::try_parse(&raw)
+            .map(|id| IdPath(T::from(id)))
+            .map_err(|_| AppError::validation("id", "Invalid id: expected a UUID"))
     }
 }
 
@@ -110,7 +115,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for AppQuery<T> {
 
 /// The user a request acts for. Everything it reads or writes is scoped to this id.
 #[derive(Debug, Clone)]
-pub struct CurrentUser(pub String);
+pub struct CurrentUser(pub UserId);
 
 impl FromRequestParts<AppState> for CurrentUser {
     type Rejection = AppError;
@@ -119,7 +124,7 @@ impl FromRequestParts<AppState> for CurrentUser {
         let peer = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
         let user = state.auth.user(&parts.headers, peer)?;
         state.auth.admit(&user)?;
-        Ok(CurrentUser(user))
+        Ok(CurrentUser(UserId::new(user)))
     }
 }
 

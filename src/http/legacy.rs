@@ -1,12 +1,12 @@
 //! The legacy endpoints (CONTRACT.md §11, seed 004), served from the same runs and records:
 //! no second agent loop. The stream speaks the legacy vocabulary (`events::legacy`).
 
+use crate::ids::{ConversationId, UserId};
 use axum::extract::State;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
-use uuid::Uuid;
 
 use super::AppState;
 use super::chat::from_the_start;
@@ -37,7 +37,7 @@ async fn stream(
 
 #[derive(Deserialize)]
 struct LoadQuery {
-    conversation_id: Uuid,
+    conversation_id: ConversationId,
 }
 
 /// The conversation's messages in order, each with its feedback status.
@@ -87,7 +87,7 @@ async fn list(
     AppQuery(query): AppQuery<ListQuery>,
 ) -> Result<Json<LegacyList>, AppError> {
     let user = match (state.settings.auth.mode, query.client_id) {
-        (AuthMode::None, Some(client)) if !client.trim().is_empty() => client.trim().to_owned(),
+        (AuthMode::None, Some(client)) if !client.trim().is_empty() => UserId::new(client.trim()),
         _ => user,
     };
     let conversations = state.store.list_conversations(&user, state.settings.limits.max_page_size, None).await?;

@@ -2,6 +2,7 @@
 //! wire through an [`Encoder`]: one small type per vocabulary a client may speak (`Native`,
 //! `Legacy`, `Comparisons`), each a function of the typed events.
 
+use crate::ids::MessageId;
 use std::convert::Infallible;
 
 use axum::body::Body;
@@ -10,7 +11,6 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
-use uuid::Uuid;
 
 use super::AppState;
 use crate::chat::Frame;
@@ -88,13 +88,13 @@ pub enum Paired {
 /// its trace id.
 pub struct Comparisons {
     comparison: Comparison,
-    message_a: Uuid,
-    message_b: Uuid,
+    message_a: MessageId,
+    message_b: MessageId,
     seq: u64,
 }
 
 impl Comparisons {
-    pub fn new(comparison: Comparison, message_a: Uuid, message_b: Uuid) -> Self {
+    pub fn new(comparison: Comparison, message_a: MessageId, message_b: MessageId) -> Self {
         Self { comparison, message_a, message_b, seq: 0 }
     }
 }

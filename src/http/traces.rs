@@ -9,6 +9,7 @@ use super::error::AppError;
 use super::extract::{CurrentUser, IdPath};
 use super::views::*;
 use crate::domain::Trace;
+use crate::ids::{MessageId, TraceId};
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/trace/{id}", get(by_id)).route("/api/trace/by_message/{id}", get(by_message))
@@ -18,7 +19,7 @@ pub fn routes() -> Router<AppState> {
 async fn by_id(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<TraceId>,
 ) -> Result<Json<TraceView>, AppError> {
     let trace = state.store.get_trace(&user, id).await.map_err(AppError::missing("Trace not found"))?;
     render(&state, trace).await
@@ -28,7 +29,7 @@ async fn by_id(
 async fn by_message(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    IdPath(id): IdPath,
+    IdPath(id): IdPath<MessageId>,
 ) -> Result<Json<TraceView>, AppError> {
     let trace = state.store.trace_by_message(&user, id).await.map_err(AppError::missing("Trace not found"))?;
     render(&state, trace).await

@@ -1,10 +1,10 @@
 //! The bodies handlers answer with, as the OpenAPI document describes them: one type per
 //! response shape, so the document, the TypeScript types and the real responses agree.
 
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId};
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 pub use crate::chat::ChatRequest;
 pub use crate::domain::{Comparison, Conversation, Feedback, Message, Trace};
@@ -64,14 +64,14 @@ pub struct ConversationView {
 
 #[derive(Serialize, ToSchema)]
 pub struct FeedbackResult {
-    pub message_id: Uuid,
+    pub message_id: MessageId,
     pub feedback: Option<Feedback>,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct SiblingsView {
-    pub message_id: Uuid,
-    pub parent_id: Option<Uuid>,
+    pub message_id: MessageId,
+    pub parent_id: Option<MessageId>,
     /// The messages at that point, oldest first.
     pub siblings: Vec<SiblingView>,
 }
@@ -101,18 +101,18 @@ pub struct CancelResult {
     /// `cancelled`.
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub trace_id: Option<Uuid>,
+    pub trace_id: Option<TraceId>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub message_id: Option<Uuid>,
+    pub message_id: Option<MessageId>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub comparison_id: Option<Uuid>,
+    pub comparison_id: Option<ComparisonId>,
     /// With `comparison_id`: the runs that were cancelled.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub trace_ids: Option<Vec<Uuid>>,
+    pub trace_ids: Option<Vec<TraceId>>,
 }
 
 impl CancelResult {
-    pub fn run(trace_id: Uuid, message_id: Uuid) -> Self {
+    pub fn run(trace_id: TraceId, message_id: MessageId) -> Self {
         Self {
             status: "cancelled",
             trace_id: Some(trace_id),
@@ -122,7 +122,7 @@ impl CancelResult {
         }
     }
 
-    pub fn comparison(comparison_id: Uuid, trace_ids: Vec<Uuid>) -> Self {
+    pub fn comparison(comparison_id: ComparisonId, trace_ids: Vec<TraceId>) -> Self {
         Self {
             status: "cancelled",
             trace_id: None,
@@ -137,8 +137,8 @@ impl CancelResult {
 #[derive(Serialize, ToSchema)]
 pub struct AbStreamBody {
     pub message: String,
-    pub conversation_id: Option<Uuid>,
-    pub parent_message_id: Option<Uuid>,
+    pub conversation_id: Option<ConversationId>,
+    pub parent_message_id: Option<MessageId>,
     pub context: Option<Value>,
     pub interaction_type: Option<crate::chat::InteractionType>,
     pub action: Option<Value>,
@@ -171,8 +171,8 @@ pub struct ComparisonView {
 /// and usage.
 #[derive(Serialize, ToSchema)]
 pub struct SideView {
-    pub trace_id: Uuid,
-    pub message_id: Uuid,
+    pub trace_id: TraceId,
+    pub message_id: MessageId,
     pub model: String,
     pub profile: String,
     pub status: crate::domain::TraceStatus,
@@ -244,7 +244,7 @@ pub struct LegacyEvent {
 
 #[derive(Serialize, ToSchema)]
 pub struct LegacyConversation {
-    pub conversation_id: Uuid,
+    pub conversation_id: ConversationId,
     pub title: String,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub last_message_at: chrono::DateTime<chrono::Utc>,
@@ -254,13 +254,13 @@ pub struct LegacyConversation {
 /// A message in the legacy vocabulary.
 #[derive(Serialize, ToSchema)]
 pub struct LegacyMessage {
-    pub message_id: Uuid,
+    pub message_id: MessageId,
     pub role: crate::domain::Role,
     pub content: String,
     pub timestamp: chrono::DateTime<chrono::Utc>,
     /// The rating, if the message has one.
     pub feedback: Option<crate::domain::Rating>,
-    pub trace_id: Option<Uuid>,
+    pub trace_id: Option<TraceId>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -271,7 +271,7 @@ pub struct LegacyList {
 /// A conversation in the legacy list.
 #[derive(Serialize, ToSchema)]
 pub struct LegacyListed {
-    pub conversation_id: Uuid,
+    pub conversation_id: ConversationId,
     pub title: String,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub last_message_at: chrono::DateTime<chrono::Utc>,

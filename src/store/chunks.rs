@@ -6,9 +6,9 @@
 
 use std::collections::HashMap;
 
+use crate::ids::TraceId;
 use chrono::DateTime;
 use serde_json::value::RawValue;
-use uuid::Uuid;
 
 use super::{NewEvent, StoreError};
 use crate::events::LoggedEvent;
@@ -16,7 +16,7 @@ use crate::events::LoggedEvent;
 /// One row of the log: the events of one run, `first_seq..=last_seq`.
 #[derive(Debug, PartialEq)]
 pub struct Chunk {
-    pub trace_id: Uuid,
+    pub trace_id: TraceId,
     pub first_seq: i64,
     pub last_seq: i64,
     pub events: String,
@@ -25,7 +25,7 @@ pub struct Chunk {
 /// Groups a batch into one chunk per run, each run's events in the order given.
 pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
     let mut chunks: Vec<Chunk> = Vec::new();
-    let mut index: HashMap<Uuid, usize> = HashMap::new();
+    let mut index: HashMap<TraceId, usize> = HashMap::new();
     let mut number = itoa::Buffer::new();
     for event in events {
         let at = event.at.timestamp_micros();
@@ -77,14 +77,14 @@ mod tests {
     use super::*;
     use crate::domain::now;
 
-    fn event(trace_id: Uuid, seq: i64, text: &str) -> NewEvent {
+    fn event(trace_id: TraceId, seq: i64, text: &str) -> NewEvent {
         let data = serde_json::json!({"type": "text_delta", "text": text}).to_string();
         NewEvent { trace_id, seq, at: now(), kind: "text_delta", data: Arc::from(data) }
     }
 
     #[test]
     fn interleaved_runs_get_one_chunk_each_and_read_back_exactly() {
-        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let (a, b) = (TraceId::new(), TraceId::new());
         let events =
             vec![event(a, 1, "a1"), event(b, 7, "b7"), event(a, 2, "a\"2\n"), event(b, 8, "b8"), event(a, 3, "a3")];
         let chunks = encode(&events);
@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn reading_after_a_seq_skips_what_the_client_has() {
-        let a = Uuid::now_v7();
+        let a = TraceId::new();
         let chunks = encode(&[event(a, 4, "x"), event(a, 5, "y"), event(a, 6, "z")]);
         let mut read = Vec::new();
         decode(&chunks[0].events, 5, &mut read).unwrap();

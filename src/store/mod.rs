@@ -15,10 +15,10 @@ use chrono::{DateTime, Utc};
 use futures_util::stream::BoxStream;
 use serde_json::Value;
 use std::sync::Arc;
-use uuid::Uuid;
 
 use crate::domain::{Comparison, Conversation, Feedback, Message, Preference, Trace, TraceStatus, Usage};
 use crate::events::LoggedEvent;
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
@@ -83,20 +83,20 @@ fn is_fault(error: &sqlx::Error) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageCursor {
     pub last_message_at: DateTime<Utc>,
-    pub id: Uuid,
+    pub id: ConversationId,
 }
 
 impl PageCursor {
     /// The opaque text form handed to clients as `next_cursor`.
     pub fn encode(&self) -> String {
-        format!("{}_{}", self.last_message_at.timestamp_micros(), self.id.simple())
+        format!("{}_{}", self.last_message_at.timestamp_micros(), self.id.0.simple())
     }
 
     pub fn parse(text: &str) -> Option<Self> {
         let (micros, id) = text.split_once('_')?;
         Some(Self {
             last_message_at: DateTime::from_timestamp_micros(micros.parse().ok()?)?,
-            id: Uuid::try_parse(id).ok()?,
+            id: ConversationId::parse(id).ok()?,
         })
     }
 }
@@ -139,7 +139,7 @@ pub struct RunningTrace {
 /// Everything written when a run ends, in one transaction.
 #[derive(Debug, Clone)]
 pub struct RunFinish {
-    pub trace_id: Uuid,
+    pub trace_id: TraceId,
     pub status: TraceStatus,
     pub ended_at: DateTime<Utc>,
     pub usage: Usage,
@@ -152,7 +152,7 @@ pub struct RunFinish {
 /// One event for the trace's log, already serialized as it was sent.
 #[derive(Debug, Clone)]
 pub struct NewEvent {
-    pub trace_id: Uuid,
+    pub trace_id: TraceId,
     pub seq: i64,
     pub at: DateTime<Utc>,
     pub kind: &'static str,
@@ -174,26 +174,26 @@ pub trait Store: Send + Sync + 'static {
     /// The user's conversations, newest `last_message_at` first, after `cursor`.
     async fn list_conversations(
         &self,
-        user: &str,
+        user: &UserId,
         limit: u32,
         cursor: Option<PageCursor>,
     ) -> Result<Vec<Conversation>, StoreError>;
-    async fn get_conversation(&self, user: &str, id: Uuid) -> Result<Conversation, StoreError>;
+    async fn get_conversation(&self, user: &UserId, id: ConversationId) -> Result<Conversation, StoreError>;
     async fn update_conversation(
         &self,
-        user: &str,
-        id: Uuid,
+        user: &UserId,
+        id: ConversationId,
         patch: &ConversationPatch,
     ) -> Result<Conversation, StoreError>;
     /// Deletes the conversation with its messages, traces, comparisons and context state.
-    async fn delete_conversation(&self, user: &str, id: Uuid) -> Result<(), StoreError>;
+    async fn delete_conversation(&self, user: &UserId, id: ConversationId) -> Result<(), StoreError>;
 
     /// All messages of a conversation, every branch, oldest first.
-    async fn messages(&self, user: &str, conversation_id: Uuid) -> Result<Vec<Message>, StoreError>;
+    async fn messages(&self, user: &UserId, conversation_id: ConversationId) -> Result<Vec<Message>, StoreError>;
     async fn set_feedback(
         &self,
-        user: &str,
-        message_id: Uuid,
+        user: &UserId,
+        message_id: MessageId,
         feedback: Option<Feedback>,
     ) -> Result<Message, StoreError>;
 
@@ -207,33 +207,44 @@ pub trait Store: Send + Sync + 'static {
     /// Closes the logs of runs that have ended, once their last events are appended. Where
     /// a run's chunks are found by an index (Postgres) there is nothing to write; SQLite's
     /// chunks have none, and a sealed run's row lists its chunks.
-    async fn seal_logs(&self, traces: &[Uuid]) -> Result<(), StoreError>;
+    async fn seal_logs(&self, traces: &[TraceId]) -> Result<(), StoreError>;
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError>;
-    async fn get_trace(&self, user: &str, trace_id: Uuid) -> Result<Trace, StoreError>;
+    async fn get_trace(&self, user: &UserId, trace_id: TraceId) -> Result<Trace, StoreError>;
     /// The trace whose run produced (or is producing) `message_id`.
-    async fn trace_by_message(&self, user: &str, message_id: Uuid) -> Result<Trace, StoreError>;
+    async fn trace_by_message(&self, user: &UserId, message_id: MessageId) -> Result<Trace, StoreError>;
     /// The run's logged events with `seq > after`, in order.
-    async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
+    async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
 
-    async fn get_message(&self, user: &str, id: Uuid) -> Result<Message, StoreError>;
+    async fn get_message(&self, user: &UserId, id: MessageId) -> Result<Message, StoreError>;
     /// Makes `leaf` the end of the conversation's active branch.
-    async fn set_active_leaf(&self, user: &str, conversation_id: Uuid, leaf: Uuid) -> Result<(), StoreError>;
+    async fn set_active_leaf(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        leaf: MessageId,
+    ) -> Result<(), StoreError>;
 
-    async fn get_comparison(&self, user: &str, id: Uuid) -> Result<Comparison, StoreError>;
+    async fn get_comparison(&self, user: &UserId, id: ComparisonId) -> Result<Comparison, StoreError>;
     /// Records a vote. Without `change`, a different vote than the one recorded is a
     /// conflict (the same one again is fine); with it, the vote is replaced and the
     /// history keeps the earlier ones. The preferred answer becomes the active branch.
-    async fn vote(&self, user: &str, id: Uuid, preference: Preference, change: bool) -> Result<Comparison, StoreError>;
+    async fn vote(
+        &self,
+        user: &UserId,
+        id: ComparisonId,
+        preference: Preference,
+        change: bool,
+    ) -> Result<Comparison, StoreError>;
     /// Every comparison with a vote, oldest vote first, of all users (for the leaderboard).
     async fn voted_comparisons(&self) -> Result<Vec<Comparison>, StoreError>;
 
     /// The conversation's stored context state, if any.
-    async fn context_state(&self, user: &str, conversation_id: Uuid) -> Result<Option<Value>, StoreError>;
+    async fn context_state(&self, user: &UserId, conversation_id: ConversationId) -> Result<Option<Value>, StoreError>;
     /// Stores (`Some`) or clears (`None`) the conversation's context state.
     async fn set_context_state(
         &self,
-        user: &str,
-        conversation_id: Uuid,
+        user: &UserId,
+        conversation_id: ConversationId,
         state: Option<&Value>,
     ) -> Result<(), StoreError>;
 
@@ -254,9 +265,9 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Notice {
     /// Cancel this run, whoever runs it.
-    Cancel(Uuid),
+    Cancel(TraceId),
     /// The run's log grew, or the run ended: whoever follows it reads again.
-    Logged(Uuid),
+    Logged(TraceId),
     /// The listener lost its connection and may have missed notices: read again.
     Missed,
 }
@@ -289,7 +300,7 @@ mod tests {
 
     #[test]
     fn cursor_round_trips_and_refuses_garbage() {
-        let cursor = PageCursor { last_message_at: crate::domain::now(), id: crate::domain::new_id() };
+        let cursor = PageCursor { last_message_at: crate::domain::now(), id: ConversationId::new() };
         assert_eq!(PageCursor::parse(&cursor.encode()), Some(cursor));
         for bad in ["", "abc", "12_notauuid", "x_0192f0c1-7d7e-7cc5-8a5b-6c6f2d3b7a10"] {
             assert_eq!(PageCursor::parse(bad), None, "{bad}");

@@ -4,10 +4,10 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{PgPool, Postgres};
-use uuid::Uuid;
 
 use super::rows::*;
 use super::sql::impl_store;
@@ -93,7 +93,7 @@ const CANCEL_CHANNEL: &str = "chatd_cancel";
 const LOG_CHANNEL: &str = "chatd_log";
 
 impl PostgresStore {
-    async fn trace_events_impl(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
+    async fn trace_events_impl(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
         let rows: Vec<(String,)> = sqlx::query_as(
             "select events from trace_event_chunks where trace_id = $1 and last_seq > $2 order by first_seq",
         )
@@ -124,7 +124,7 @@ impl PostgresStore {
             query.push(" on conflict (trace_id, first_seq) do nothing");
             query.build().execute(&mut *tx).await?;
             // Whoever follows these runs from another process reads again (sent at commit).
-            let traces: Vec<Uuid> = rows.iter().map(|c| c.trace_id).collect();
+            let traces: Vec<TraceId> = rows.iter().map(|c| c.trace_id).collect();
             sqlx::query("select pg_notify($1, t::text) from unnest($2::uuid[]) as t")
                 .bind(LOG_CHANNEL)
                 .bind(&traces)
@@ -136,7 +136,7 @@ impl PostgresStore {
     }
 
     /// The chunks, indexed by run, are the log: nothing more to write.
-    async fn seal_logs_impl(&self, _traces: &[Uuid]) -> Result<(), StoreError> {
+    async fn seal_logs_impl(&self, _traces: &[TraceId]) -> Result<(), StoreError> {
         Ok(())
     }
 
@@ -159,7 +159,7 @@ impl PostgresStore {
         let notices = listener.into_stream().filter_map(|notification| async move {
             match notification {
                 Ok(n) => {
-                    let trace_id = Uuid::try_parse(n.payload()).ok()?;
+                    let trace_id = TraceId::parse(n.payload()).ok()?;
                     Some(if n.channel() == CANCEL_CHANNEL {
                         Notice::Cancel(trace_id)
                     } else {

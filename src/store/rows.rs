@@ -5,26 +5,26 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
-use uuid::Uuid;
 
 use super::{RunningTrace, StoreError};
 use crate::domain::{
     Comparison, Conversation, Feedback, Message, Preference, Role, SuggestedAction, SuggestedValue, ToolCall,
     ToolRecord, Trace, TraceStatus, Usage, Vote,
 };
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 
 pub const CONVERSATION_COLUMNS: &str = "id, user_id, title, profile, system_prompt, metadata, \
      active_leaf_id, message_count, created_at, updated_at, last_message_at";
 
 #[derive(sqlx::FromRow)]
 pub struct ConversationRow {
-    id: Uuid,
-    user_id: String,
+    id: ConversationId,
+    user_id: UserId,
     title: String,
     profile: Option<String>,
     system_prompt: Option<String>,
     metadata: Json<Value>,
-    active_leaf_id: Option<Uuid>,
+    active_leaf_id: Option<MessageId>,
     message_count: i64,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
@@ -55,9 +55,9 @@ pub const MESSAGE_COLUMNS: &str = "id, conversation_id, parent_id, role, content
 
 #[derive(sqlx::FromRow)]
 pub struct MessageRow {
-    id: Uuid,
-    conversation_id: Uuid,
-    parent_id: Option<Uuid>,
+    id: MessageId,
+    conversation_id: ConversationId,
+    parent_id: Option<MessageId>,
     role: String,
     content: String,
     thinking: Option<String>,
@@ -69,10 +69,10 @@ pub struct MessageRow {
     suggested_actions: Json<Vec<SuggestedAction>>,
     cancelled: bool,
     model: Option<String>,
-    trace_id: Option<Uuid>,
+    trace_id: Option<TraceId>,
     usage: Option<Json<Usage>>,
     feedback: Option<Json<Feedback>>,
-    comparison_id: Option<Uuid>,
+    comparison_id: Option<ComparisonId>,
     variant: Option<String>,
     created_at: DateTime<Utc>,
 }
@@ -111,11 +111,11 @@ pub const TRACE_COLUMNS: &str = "id, conversation_id, user_id, user_message_id, 
 
 #[derive(sqlx::FromRow)]
 pub struct TraceRow {
-    id: Uuid,
-    conversation_id: Uuid,
-    user_id: String,
-    user_message_id: Uuid,
-    message_id: Uuid,
+    id: TraceId,
+    conversation_id: ConversationId,
+    user_id: UserId,
+    user_message_id: MessageId,
+    message_id: MessageId,
     status: String,
     model: String,
     profile: String,
@@ -124,7 +124,7 @@ pub struct TraceRow {
     usage: Option<Json<Usage>>,
     error: Option<Json<Value>>,
     spans: Json<Vec<Value>>,
-    comparison_id: Option<Uuid>,
+    comparison_id: Option<ComparisonId>,
     variant: Option<String>,
 }
 
@@ -173,12 +173,12 @@ pub const COMPARISON_COLUMNS: &str = "id, conversation_id, user_id, user_message
 
 #[derive(sqlx::FromRow)]
 pub struct ComparisonRow {
-    id: Uuid,
-    conversation_id: Uuid,
-    user_id: String,
-    user_message_id: Uuid,
-    trace_a: Uuid,
-    trace_b: Uuid,
+    id: ComparisonId,
+    conversation_id: ConversationId,
+    user_id: UserId,
+    user_message_id: MessageId,
+    trace_a: TraceId,
+    trace_b: TraceId,
     profile_a: String,
     profile_b: String,
     model_a: String,

@@ -27,7 +27,7 @@ macro_rules! impl_store {
 
             async fn list_conversations(
                 &self,
-                user: &str,
+                user: &UserId,
                 limit: u32,
                 cursor: Option<PageCursor>,
             ) -> Result<Vec<Conversation>, StoreError> {
@@ -57,7 +57,7 @@ macro_rules! impl_store {
                 Ok(rows.into_iter().map(Conversation::from).collect())
             }
 
-            async fn get_conversation(&self, user: &str, id: Uuid) -> Result<Conversation, StoreError> {
+            async fn get_conversation(&self, user: &UserId, id: ConversationId) -> Result<Conversation, StoreError> {
                 let sql = format!(
                     "select {CONVERSATION_COLUMNS} from conversations where id = $1 and user_id = $2"
                 );
@@ -68,8 +68,8 @@ macro_rules! impl_store {
 
             async fn update_conversation(
                 &self,
-                user: &str,
-                id: Uuid,
+                user: &UserId,
+                id: ConversationId,
                 patch: &ConversationPatch,
             ) -> Result<Conversation, StoreError> {
                 let sql = format!(
@@ -95,7 +95,7 @@ macro_rules! impl_store {
                 row.map(Conversation::from).ok_or(StoreError::NotFound)
             }
 
-            async fn delete_conversation(&self, user: &str, id: Uuid) -> Result<(), StoreError> {
+            async fn delete_conversation(&self, user: &UserId, id: ConversationId) -> Result<(), StoreError> {
                 let done = self
                     .write(async |conn| {
                         Ok(sqlx::query("delete from conversations where id = $1 and user_id = $2")
@@ -111,7 +111,7 @@ macro_rules! impl_store {
                 Ok(())
             }
 
-            async fn messages(&self, user: &str, conversation_id: Uuid) -> Result<Vec<Message>, StoreError> {
+            async fn messages(&self, user: &UserId, conversation_id: ConversationId) -> Result<Vec<Message>, StoreError> {
                 let sql = format!(
                     "select {MESSAGE_COLUMNS} from messages where conversation_id = $1 and user_id = $2 \
                      order by created_at, id"
@@ -123,8 +123,8 @@ macro_rules! impl_store {
 
             async fn set_feedback(
                 &self,
-                user: &str,
-                message_id: Uuid,
+                user: &UserId,
+                message_id: MessageId,
                 feedback: Option<Feedback>,
             ) -> Result<Message, StoreError> {
                 let sql = format!(
@@ -165,7 +165,7 @@ macro_rules! impl_store {
                         conversations.push(c);
                     }
                     if start.user_message_is_new {
-                        messages.push((first.user_id.as_str(), &start.user_message));
+                        messages.push((&first.user_id, &start.user_message));
                     }
                     traces.extend(start.traces.iter().map(|t| (t, start.replica_id.as_str())));
                 }
@@ -214,7 +214,7 @@ macro_rules! impl_store {
                     let mut tx = sqlx::Connection::begin_with(conn, <Self as $crate::store::Shared>::BEGIN_WRITE).await?;
                     // Only a running trace ends: if another process already closed it (marked it
                     // interrupted), this result is refused whole instead of overwriting that.
-                    let owner: Option<(String,)> = sqlx::query_as(
+                    let owner: Option<(UserId,)> = sqlx::query_as(
                         "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6 \
                          where id = $1 and status = 'running' returning user_id",
                     )
@@ -238,14 +238,14 @@ macro_rules! impl_store {
                 .await
             }
 
-            async fn get_trace(&self, user: &str, trace_id: Uuid) -> Result<Trace, StoreError> {
+            async fn get_trace(&self, user: &UserId, trace_id: TraceId) -> Result<Trace, StoreError> {
                 let sql = format!("select {TRACE_COLUMNS} from traces where id = $1 and user_id = $2");
                 let row: Option<TraceRow> =
                     sqlx::query_as(&sql).bind(trace_id).bind(user).fetch_optional(&self.pool).await?;
                 row.ok_or(StoreError::NotFound)?.try_into()
             }
 
-            async fn trace_by_message(&self, user: &str, message_id: Uuid) -> Result<Trace, StoreError> {
+            async fn trace_by_message(&self, user: &UserId, message_id: MessageId) -> Result<Trace, StoreError> {
                 let sql = format!(
                     "select {TRACE_COLUMNS} from traces where message_id = $1 and user_id = $2 \
                      order by started_at desc limit 1"
@@ -255,13 +255,13 @@ macro_rules! impl_store {
                 row.ok_or(StoreError::NotFound)?.try_into()
             }
 
-            async fn get_message(&self, user: &str, id: Uuid) -> Result<Message, StoreError> {
+            async fn get_message(&self, user: &UserId, id: MessageId) -> Result<Message, StoreError> {
                 let sql = format!("select {MESSAGE_COLUMNS} from messages where id = $1 and user_id = $2");
                 let row: Option<MessageRow> = sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&self.pool).await?;
                 row.ok_or(StoreError::NotFound)?.try_into()
             }
 
-            async fn set_active_leaf(&self, user: &str, conversation_id: Uuid, leaf: Uuid) -> Result<(), StoreError> {
+            async fn set_active_leaf(&self, user: &UserId, conversation_id: ConversationId, leaf: MessageId) -> Result<(), StoreError> {
                 let done = self
                     .write(async |conn| {
                         Ok(sqlx::query(
@@ -282,7 +282,7 @@ macro_rules! impl_store {
                 Ok(())
             }
 
-            async fn get_comparison(&self, user: &str, id: Uuid) -> Result<Comparison, StoreError> {
+            async fn get_comparison(&self, user: &UserId, id: ComparisonId) -> Result<Comparison, StoreError> {
                 let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
                 let row: Option<ComparisonRow> =
                     sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&self.pool).await?;
@@ -291,8 +291,8 @@ macro_rules! impl_store {
 
             async fn vote(
                 &self,
-                user: &str,
-                id: Uuid,
+                user: &UserId,
+                id: ComparisonId,
                 preference: Preference,
                 change: bool,
             ) -> Result<Comparison, StoreError> {
@@ -344,7 +344,7 @@ macro_rules! impl_store {
                 rows.into_iter().map(Comparison::try_from).collect()
             }
 
-            async fn context_state(&self, user: &str, conversation_id: Uuid) -> Result<Option<Value>, StoreError> {
+            async fn context_state(&self, user: &UserId, conversation_id: ConversationId) -> Result<Option<Value>, StoreError> {
                 let row: Option<(Json<Value>,)> =
                     sqlx::query_as("select state from context_states where conversation_id = $1 and user_id = $2")
                         .bind(conversation_id)
@@ -356,8 +356,8 @@ macro_rules! impl_store {
 
             async fn set_context_state(
                 &self,
-                user: &str,
-                conversation_id: Uuid,
+                user: &UserId,
+                conversation_id: ConversationId,
                 state: Option<&Value>,
             ) -> Result<(), StoreError> {
                 self.write(async |conn| {
@@ -418,11 +418,11 @@ macro_rules! impl_store {
                 self.notices_impl().await
             }
 
-            async fn trace_events(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
+            async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
                 self.trace_events_impl(trace_id, after).await
             }
 
-            async fn seal_logs(&self, traces: &[Uuid]) -> Result<(), StoreError> {
+            async fn seal_logs(&self, traces: &[TraceId]) -> Result<(), StoreError> {
                 self.seal_logs_impl(traces).await
             }
         }
@@ -436,12 +436,12 @@ macro_rules! impl_store {
                 conn: &mut <$db as sqlx::Database>::Connection,
                 starts: &[&RunStart],
             ) -> Result<(), StoreError> {
-                let mut users: Vec<(&str, usize, usize)> = Vec::new();
+                let mut users: Vec<(&UserId, usize, usize)> = Vec::new();
                 for start in starts {
                     let (Some(limit), Some(first)) = (start.max_running, start.traces.first()) else { continue };
-                    match users.iter_mut().find(|(user, _, _)| *user == first.user_id) {
+                    match users.iter_mut().find(|(user, _, _)| *user == &first.user_id) {
                         Some((_, _, adding)) => *adding += start.traces.len(),
-                        None => users.push((first.user_id.as_str(), limit, start.traces.len())),
+                        None => users.push((&first.user_id, limit, start.traces.len())),
                     }
                 }
                 users.sort_unstable();
@@ -500,7 +500,7 @@ macro_rules! impl_store {
             /// Inserts messages, each `(owner, message)`, without touching their conversations.
             async fn insert_messages(
                 conn: &mut <$db as sqlx::Database>::Connection,
-                rows: &[(&str, &Message)],
+                rows: &[(&UserId, &Message)],
             ) -> Result<(), StoreError> {
                 let mut query = sqlx::QueryBuilder::<$db>::new("");
                 Self::push_messages(&mut query, rows);
@@ -508,7 +508,7 @@ macro_rules! impl_store {
                 Ok(())
             }
 
-            fn push_messages<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, rows: &'a [(&'a str, &'a Message)]) {
+            fn push_messages<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, rows: &'a [(&'a UserId, &'a Message)]) {
                 query.push(
                     "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
                      thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
@@ -592,7 +592,7 @@ macro_rules! impl_store {
             async fn start_runs_in_one_query(
                 &self,
                 conversations: &[Conversation],
-                messages: &[(&str, &Message)],
+                messages: &[(&UserId, &Message)],
                 starts: &[&RunStart],
                 traces: &[(&Trace, &str)],
             ) -> Result<(), StoreError> {
@@ -646,7 +646,7 @@ macro_rules! impl_store {
             /// Inserts a message and makes it the conversation's active leaf.
             async fn append_message(
                 conn: &mut <$db as sqlx::Database>::Connection,
-                user: &str,
+                user: &UserId,
                 m: &Message,
             ) -> Result<(), StoreError> {
                 Self::insert_messages(conn, &[(user, m)]).await?;
@@ -656,7 +656,7 @@ macro_rules! impl_store {
             /// Counts a new message in its conversation and makes it the active leaf.
             async fn touch_conversation(
                 conn: &mut <$db as sqlx::Database>::Connection,
-                user: &str,
+                user: &UserId,
                 m: &Message,
             ) -> Result<(), StoreError> {
                 let mut query = sqlx::QueryBuilder::<$db>::new("");
@@ -671,7 +671,7 @@ macro_rules! impl_store {
             /// The update of [`touch_conversation`](Self::touch_conversation). The second answer
             /// of a comparison does not take over the branch: A stays active until a vote says
             /// otherwise.
-            fn push_touch<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, user: &'a str, m: &'a Message) {
+            fn push_touch<'a>(query: &mut sqlx::QueryBuilder<'a, $db>, user: &'a UserId, m: &'a Message) {
                 query.push("update conversations set active_leaf_id = case when ");
                 query.push_bind(m.variant.as_deref() == Some("b"));
                 query.push(" then active_leaf_id else ").push_bind(m.id);

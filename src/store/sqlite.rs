@@ -19,11 +19,11 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::types::Json;
 use sqlx::{ConnectOptions, Sqlite, SqliteConnection, SqlitePool};
 use tokio_util::sync::{CancellationToken, DropGuard};
-use uuid::Uuid;
 
 use super::rows::*;
 use super::sql::impl_store;
@@ -46,7 +46,7 @@ pub struct SqliteStore {
     /// What tells whether writes work now, for readiness (shared with the checkpoint task).
     health: Arc<WriteHealth>,
     /// The ids of the chunks written for each run not sealed yet.
-    chunk_ids: Mutex<HashMap<Uuid, Vec<i64>>>,
+    chunk_ids: Mutex<HashMap<TraceId, Vec<i64>>>,
     /// The id the next chunk gets: above every id in the table, so a run's chunks are all
     /// after its `log_from` (taken only while holding the writer).
     next_chunk_id: AtomicI64,
@@ -288,7 +288,7 @@ impl crate::store::Shared for SqliteStore {
 impl_store!(SqliteStore, Sqlite);
 
 /// Runs and their lists of chunk ids as a `values` table (`column1`, `column2`).
-fn lists_as_values<'a>(query: &mut sqlx::QueryBuilder<'a, Sqlite>, lists: &'a [(Uuid, String)]) {
+fn lists_as_values<'a>(query: &mut sqlx::QueryBuilder<'a, Sqlite>, lists: &'a [(TraceId, String)]) {
     query.push_values(lists, |mut row, (trace_id, ids)| {
         row.push_bind(*trace_id).push_bind(ids.as_str());
     });
@@ -338,7 +338,7 @@ impl SqliteStore {
     /// A sealed run's chunks are those its row lists; a running one's, those after its
     /// `log_from`. Both are read in one transaction. A chunk written twice (a batch retried
     /// run by run after it failed halfway) is read once.
-    async fn trace_events_impl(&self, trace_id: Uuid, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
+    async fn trace_events_impl(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let sealed: Option<(String,)> = sqlx::query_as("select chunk_ids from trace_logs where trace_id = $1")
             .bind(trace_id)
@@ -380,9 +380,9 @@ impl SqliteStore {
     /// Writes each run's list of chunks as its row of `trace_logs`. The chunks of a run
     /// deleted meanwhile have no row to go with: they are deleted here. Each group of runs is
     /// one query, as for appends.
-    async fn seal_logs_impl(&self, traces: &[Uuid]) -> Result<(), StoreError> {
+    async fn seal_logs_impl(&self, traces: &[TraceId]) -> Result<(), StoreError> {
         for traces in traces.chunks(LOGS_PER_TRANSACTION) {
-            let lists: Vec<(Uuid, String)> = {
+            let lists: Vec<(TraceId, String)> = {
                 let kept = self.chunk_ids.lock().expect("chunk ids lock");
                 traces
                     .iter()

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use chatd::domain::{Conversation, Message, Role, Trace, TraceStatus, Usage, now};
+use chatd::ids::{TraceId, UserId};
 use chatd::store::{self, NewEvent, PageCursor, RunFinish, RunStart, Store, StoreError};
 use serde_json::json;
 
@@ -20,8 +21,12 @@ fn json(event: &chatd::events::LoggedEvent) -> serde_json::Value {
     serde_json::from_str(event.data.get()).unwrap()
 }
 
-fn conversation(user: &str, title: &str) -> Conversation {
-    Conversation::new(user, title.into())
+fn user(name: &str) -> UserId {
+    UserId::new(name)
+}
+
+fn conversation(name: &str, title: &str) -> Conversation {
+    Conversation::new(&user(name), title.into())
 }
 
 fn run_start(conversation: &Conversation, new: bool) -> RunStart {
@@ -49,8 +54,8 @@ both_backends! {
         let mut clash = run_start(&second, true);
         clash.traces[0].trace_id = start.traces[0].trace_id;
         assert!(store.start_run(&clash).await.is_err());
-        assert!(matches!(store.get_conversation("ann", second.id).await, Err(StoreError::NotFound)));
-        assert_eq!(store.list_conversations("ann", 10, None).await.unwrap().len(), 1);
+        assert!(matches!(store.get_conversation(&user("ann"), second.id).await, Err(StoreError::NotFound)));
+        assert_eq!(store.list_conversations(&user("ann"), 10, None).await.unwrap().len(), 1);
 
         let mut answer = Message::new(first.id, Some(start.user_message.id), Role::Assistant, "answer".into());
         answer.id = start.traces[0].message_id;
@@ -67,15 +72,15 @@ both_backends! {
             })
             .await
             .unwrap();
-        let loaded = store.get_conversation("ann", first.id).await.unwrap();
+        let loaded = store.get_conversation(&user("ann"), first.id).await.unwrap();
         assert_eq!(loaded.message_count, 2);
         assert_eq!(loaded.active_leaf_id, Some(answer.id));
-        let messages = store.messages("ann", first.id).await.unwrap();
+        let messages = store.messages(&user("ann"), first.id).await.unwrap();
         assert_eq!(messages, vec![start.user_message.clone(), answer]);
-        let trace = store.get_trace("ann", start.traces[0].trace_id).await.unwrap();
+        let trace = store.get_trace(&user("ann"), start.traces[0].trace_id).await.unwrap();
         assert_eq!(trace.status, TraceStatus::Completed);
         assert_eq!(trace.spans, vec![json!({"kind": "llm"})]);
-        assert_eq!(store.trace_by_message("ann", trace.message_id).await.unwrap().trace_id, trace.trace_id);
+        assert_eq!(store.trace_by_message(&user("ann"), trace.message_id).await.unwrap().trace_id, trace.trace_id);
     }
 
     async fn events_append_in_batches_and_read_back_after_a_seq(backend: Backend) {
@@ -112,17 +117,17 @@ both_backends! {
         let (a, b) = (conversation("ann", "a"), conversation("bob", "b"));
         let (start_a, start_b) = (run_start(&a, true), run_start(&b, true));
         store.start_runs(&[&start_a, &start_b]).await.unwrap();
-        assert_eq!(store.get_trace("ann", start_a.traces[0].trace_id).await.unwrap().status, TraceStatus::Running);
-        assert_eq!(store.get_trace("bob", start_b.traces[0].trace_id).await.unwrap().status, TraceStatus::Running);
+        assert_eq!(store.get_trace(&user("ann"), start_a.traces[0].trace_id).await.unwrap().status, TraceStatus::Running);
+        assert_eq!(store.get_trace(&user("bob"), start_b.traces[0].trace_id).await.unwrap().status, TraceStatus::Running);
         // A start into a conversation that does not exist fails, and takes its group with it.
         let c = conversation("cat", "c");
         let good = run_start(&c, true);
         let orphan = run_start(&conversation("cat", "never stored"), false);
         assert!(store.start_runs(&[&good, &orphan]).await.is_err());
-        assert!(matches!(store.get_conversation("cat", c.id).await, Err(StoreError::NotFound)));
-        assert!(matches!(store.get_trace("cat", good.traces[0].trace_id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.get_conversation(&user("cat"), c.id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.get_trace(&user("cat"), good.traces[0].trace_id).await, Err(StoreError::NotFound)));
         store.start_run(&good).await.unwrap();
-        assert_eq!(store.get_conversation("cat", c.id).await.unwrap().title, "c");
+        assert_eq!(store.get_conversation(&user("cat"), c.id).await.unwrap().title, "c");
     }
 
     async fn an_event_log_from_before_chunks_is_carried_over(backend: Backend) {
@@ -194,18 +199,18 @@ both_backends! {
         let c = conversation("ann", "mine");
         let start = run_start(&c, true);
         store.start_run(&start).await.unwrap();
-        assert!(matches!(store.get_conversation("bob", c.id).await, Err(StoreError::NotFound)));
-        assert!(store.messages("bob", c.id).await.unwrap().is_empty());
-        assert!(matches!(store.set_feedback("bob", start.user_message.id, None).await, Err(StoreError::NotFound)));
-        assert!(matches!(store.get_trace("bob", start.traces[0].trace_id).await, Err(StoreError::NotFound)));
-        assert!(matches!(store.trace_by_message("bob", start.traces[0].message_id).await, Err(StoreError::NotFound)));
-        assert!(matches!(store.delete_conversation("bob", c.id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.get_conversation(&user("bob"), c.id).await, Err(StoreError::NotFound)));
+        assert!(store.messages(&user("bob"), c.id).await.unwrap().is_empty());
+        assert!(matches!(store.set_feedback(&user("bob"), start.user_message.id, None).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.get_trace(&user("bob"), start.traces[0].trace_id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.trace_by_message(&user("bob"), start.traces[0].message_id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.delete_conversation(&user("bob"), c.id).await, Err(StoreError::NotFound)));
         let patch = chatd::store::ConversationPatch { title: Some("stolen".into()), ..Default::default() };
-        assert!(matches!(store.update_conversation("bob", c.id, &patch).await, Err(StoreError::NotFound)));
-        assert_eq!(store.get_conversation("ann", c.id).await.unwrap().title, "mine");
-        store.delete_conversation("ann", c.id).await.unwrap();
+        assert!(matches!(store.update_conversation(&user("bob"), c.id, &patch).await, Err(StoreError::NotFound)));
+        assert_eq!(store.get_conversation(&user("ann"), c.id).await.unwrap().title, "mine");
+        store.delete_conversation(&user("ann"), c.id).await.unwrap();
         assert!(store.trace_events(start.traces[0].trace_id, 0).await.unwrap().is_empty());
-        assert!(matches!(store.get_trace("ann", start.traces[0].trace_id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.get_trace(&user("ann"), start.traces[0].trace_id).await, Err(StoreError::NotFound)));
     }
 
     async fn running_traces_carry_their_replica_and_heartbeat(backend: Backend) {
@@ -229,16 +234,16 @@ both_backends! {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "long");
         store.create_conversation(&c).await.unwrap();
-        assert_eq!(store.context_state("ann", c.id).await.unwrap(), None);
-        store.set_context_state("ann", c.id, Some(&json!({"strategy": "trim_oldest", "dropped": 2}))).await.unwrap();
-        store.set_context_state("ann", c.id, Some(&json!({"strategy": "trim_oldest", "dropped": 4}))).await.unwrap();
-        assert_eq!(store.context_state("ann", c.id).await.unwrap().unwrap()["dropped"], 4);
-        assert_eq!(store.context_state("bob", c.id).await.unwrap(), None, "owner only");
-        store.set_context_state("ann", c.id, None).await.unwrap();
-        assert_eq!(store.context_state("ann", c.id).await.unwrap(), None);
-        store.set_context_state("ann", c.id, Some(&json!({"strategy": "trim_oldest"}))).await.unwrap();
-        store.delete_conversation("ann", c.id).await.unwrap();
-        assert_eq!(store.context_state("ann", c.id).await.unwrap(), None, "deleted with the conversation");
+        assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap(), None);
+        store.set_context_state(&user("ann"), c.id, Some(&json!({"strategy": "trim_oldest", "dropped": 2}))).await.unwrap();
+        store.set_context_state(&user("ann"), c.id, Some(&json!({"strategy": "trim_oldest", "dropped": 4}))).await.unwrap();
+        assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap().unwrap()["dropped"], 4);
+        assert_eq!(store.context_state(&user("bob"), c.id).await.unwrap(), None, "owner only");
+        store.set_context_state(&user("ann"), c.id, None).await.unwrap();
+        assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap(), None);
+        store.set_context_state(&user("ann"), c.id, Some(&json!({"strategy": "trim_oldest"}))).await.unwrap();
+        store.delete_conversation(&user("ann"), c.id).await.unwrap();
+        assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap(), None, "deleted with the conversation");
     }
 
     async fn the_cursor_breaks_ties_on_equal_times(backend: Backend) {
@@ -251,11 +256,11 @@ both_backends! {
             store.create_conversation(&c).await.unwrap();
             made.push(c.id);
         }
-        let first = store.list_conversations("ann", 2, None).await.unwrap();
+        let first = store.list_conversations(&user("ann"), 2, None).await.unwrap();
         let last = &first[1];
         let cursor = PageCursor { last_message_at: last.last_message_at, id: last.id };
         assert_eq!(last.last_message_at, at, "times come back exactly as written");
-        let second = store.list_conversations("ann", 2, Some(cursor)).await.unwrap();
+        let second = store.list_conversations(&user("ann"), 2, Some(cursor)).await.unwrap();
         let mut seen: Vec<_> = first.iter().chain(&second).map(|c| c.id).collect();
         made.sort();
         made.reverse();
@@ -278,7 +283,7 @@ both_backends! {
     }
 }
 
-fn text_deltas(trace_id: uuid::Uuid, seqs: std::ops::RangeInclusive<i64>) -> Vec<NewEvent> {
+fn text_deltas(trace_id: TraceId, seqs: std::ops::RangeInclusive<i64>) -> Vec<NewEvent> {
     seqs.map(|seq| NewEvent {
         trace_id,
         seq,
@@ -322,12 +327,12 @@ async fn sqlite_finds_a_runs_chunks_without_an_index_and_deletes_them_with_it() 
     assert!(store.trace_events(later.traces[0].trace_id, 0).await.unwrap().is_empty());
     // A sealed log goes with its conversation, chunks and all; the other run's stay.
     assert_eq!(sqlite_chunks(&db.url).await, 3);
-    store.delete_conversation("ann", a.id).await.unwrap();
+    store.delete_conversation(&user("ann"), a.id).await.unwrap();
     assert!(store.trace_events(ended_id, 0).await.unwrap().is_empty());
     assert_eq!(sqlite_chunks(&db.url).await, 1);
     assert_eq!(store.trace_events(running_id, 0).await.unwrap().len(), 2);
     // The chunks of a run deleted before it was sealed go when it is.
-    store.delete_conversation("ann", b.id).await.unwrap();
+    store.delete_conversation(&user("ann"), b.id).await.unwrap();
     store.seal_logs(&[running_id]).await.unwrap();
     assert_eq!(sqlite_chunks(&db.url).await, 0);
 }

@@ -3,6 +3,7 @@
 //! and call it again, up to `max_iterations` model calls. Then persist the result and end
 //! the stream with exactly one terminal event.
 
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +11,6 @@ use std::time::{Duration, Instant};
 use futures_util::{FutureExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use super::context::{self, ContextKeeper};
 use super::markers::Captured;
@@ -32,10 +32,10 @@ use tools::run_tools;
 
 /// Everything a started run needs; built by the service once validation passed.
 pub struct RunPlan {
-    pub conversation_id: Uuid,
-    pub user_message_id: Uuid,
-    pub message_id: Uuid,
-    pub trace_id: Uuid,
+    pub conversation_id: ConversationId,
+    pub user_message_id: MessageId,
+    pub message_id: MessageId,
+    pub trace_id: TraceId,
     pub profile: String,
     pub provider: Arc<dyn LlmProvider>,
     pub request: ModelRequest,
@@ -47,7 +47,7 @@ pub struct RunPlan {
     /// raw model output.
     pub diagnostics: Option<Value>,
     /// The comparison and side (`a` or `b`) this run answers for, if any.
-    pub comparison: Option<(Uuid, String)>,
+    pub comparison: Option<(ComparisonId, String)>,
     pub context_limit: Option<u32>,
     pub context: ContextKeeper,
     /// Whether dropped history is replaced by a model-written summary.
