@@ -10,25 +10,21 @@ use crate::ids::{ConversationId, UserId};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde_json::{Value, json};
-
-use crate::domain::{Message, Role};
-use crate::providers::ModelRequest;
+use crate::domain::{ContextState, ContextStrategy};
+use crate::providers::{InputMessage, ModelRequest};
 use crate::store::Store;
 
 /// The share of the context window the request may fill before history is trimmed.
 pub const THRESHOLD: f64 = 0.7;
-pub const STRATEGY: &str = "trim_oldest";
 
 /// A rough token count: four characters a token, as the providers' own rules of thumb.
 pub fn estimate(text: &str) -> u64 {
     (text.chars().count() as u64).div_ceil(4)
 }
 
-fn message_tokens(message: &Message) -> u64 {
-    let turns: u64 = match message.role {
-        Role::Assistant => message
-            .turns()
+fn message_tokens(message: &InputMessage) -> u64 {
+    let turns: u64 = match message {
+        InputMessage::Assistant { turns, .. } => turns
             .iter()
             .map(|t| {
                 estimate(&t.text)
@@ -36,7 +32,7 @@ fn message_tokens(message: &Message) -> u64 {
                     + t.tool_results.iter().map(|r| estimate(&r.content)).sum::<u64>()
             })
             .sum(),
-        _ => estimate(&message.content),
+        InputMessage::User { text, .. } | InputMessage::System { text, .. } => estimate(text),
     };
     // Role markers and framing cost a few tokens a message.
     turns + 4
@@ -58,7 +54,7 @@ pub fn request_tokens(request: &ModelRequest) -> u64 {
 pub struct Trimmed {
     pub request: ModelRequest,
     /// The state to store: `None` when nothing was dropped.
-    pub state: Option<Value>,
+    pub state: Option<ContextState>,
 }
 
 /// Fits `request` under `THRESHOLD` of `limit`. `protected` is how many messages at the end
@@ -86,22 +82,23 @@ pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize) -> Trim
         first_kept -= 1;
     }
     // The history must start with the user's turn.
-    while first_kept < messages.len() - protected && messages[first_kept].role != Role::User {
+    while first_kept < messages.len() - protected && !messages[first_kept].is_user() {
         used -= message_tokens(&messages[first_kept]);
         first_kept += 1;
     }
     let kept = messages[first_kept..].to_vec();
-    let state = json!({
-        "strategy": STRATEGY,
-        "limit": limit,
-        "threshold": THRESHOLD,
-        "estimate_before": before,
-        "estimate": used,
-        "dropped": first_kept,
-        "kept": kept.len(),
-        "kept_from": kept.first().map(|m| m.id),
-        "dropped_through": first_kept.checked_sub(1).map(|i| messages[i].id),
-    });
+    let state = ContextState {
+        strategy: ContextStrategy::TrimOldest,
+        limit,
+        threshold: THRESHOLD,
+        estimate_before: before,
+        estimate: used,
+        dropped: first_kept,
+        kept: kept.len(),
+        kept_from: kept.first().map(InputMessage::id),
+        dropped_through: first_kept.checked_sub(1).map(|i| messages[i].id()),
+        summary: None,
+    };
     Trimmed { request: ModelRequest { messages: kept, ..request.clone() }, state: Some(state) }
 }
 
@@ -123,12 +120,12 @@ impl ContextKeeper {
     }
 
     /// The stored state, if any.
-    pub async fn stored(&self) -> Option<Value> {
+    pub async fn stored(&self) -> Option<ContextState> {
         self.store.context_state(&self.user, self.conversation_id).await.ok().flatten()
     }
 
     /// Stores the state of the latest trim, or clears a stored one that no longer applies.
-    pub async fn record(&self, state: Option<&Value>) {
+    pub async fn record(&self, state: Option<&ContextState>) {
         if state.is_some() {
             self.may_be_stored.store(true, Ordering::Relaxed);
         } else if !self.may_be_stored.load(Ordering::Relaxed) {
@@ -141,9 +138,9 @@ impl ContextKeeper {
 }
 
 /// The request that asks the model to summarise what trimming dropped.
-pub fn summary_request(request: &ModelRequest, dropped: &[Message]) -> ModelRequest {
+pub fn summary_request(request: &ModelRequest, dropped: &[InputMessage]) -> ModelRequest {
     let mut messages = dropped.to_vec();
-    messages.push(Message::new(ConversationId(uuid::Uuid::nil()), None, Role::User, SUMMARY_ASK.to_owned()));
+    messages.push(InputMessage::user(SUMMARY_ASK));
     ModelRequest {
         system_prompt: Some(SUMMARY_PROMPT.to_owned()),
         messages,
@@ -163,13 +160,25 @@ pub const SUMMARY_ASK: &str = "Summarise the conversation so far.";
 mod tests {
     use super::*;
     use crate::domain::{AssistantTurn, ToolCall, ToolResult};
-    use crate::ids::ConversationId;
+    use crate::ids::MessageId;
 
-    fn message(role: Role, text: &str) -> Message {
-        Message::new(ConversationId::new(), None, role, text.to_owned())
+    #[derive(Clone, Copy)]
+    enum Role {
+        User,
+        Assistant,
     }
 
-    fn request(messages: Vec<Message>) -> ModelRequest {
+    fn message(role: Role, text: &str) -> InputMessage {
+        match role {
+            Role::User => InputMessage::user(text),
+            Role::Assistant => InputMessage::Assistant {
+                id: MessageId::new(),
+                turns: vec![AssistantTurn { text: text.to_owned(), ..AssistantTurn::default() }],
+            },
+        }
+    }
+
+    fn request(messages: Vec<InputMessage>) -> ModelRequest {
         ModelRequest {
             model: "m".into(),
             system_prompt: Some("s".repeat(40)),
@@ -193,13 +202,25 @@ mod tests {
     #[test]
     fn the_oldest_turns_go_first_and_the_history_starts_with_the_user() {
         let long = "x".repeat(400); // 100 tokens
-        let mut tool_turn = message(Role::Assistant, "");
-        tool_turn.provider_state = Some(json!({"turns": [AssistantTurn {
-            text: "calling".into(),
-            tool_calls: vec![ToolCall { id: "c1".into(), name: "t".into(), input: json!({}), invalid_arguments: None }],
-            tool_results: vec![ToolResult { tool_call_id: "c1".into(), tool_name: "t".into(), content: long.clone(), is_error: false }],
-            ..AssistantTurn::default()
-        }]}));
+        let tool_turn = InputMessage::Assistant {
+            id: MessageId::new(),
+            turns: vec![AssistantTurn {
+                text: "calling".into(),
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "t".into(),
+                    input: serde_json::json!({}),
+                    invalid_arguments: None,
+                }],
+                tool_results: vec![ToolResult {
+                    tool_call_id: "c1".into(),
+                    tool_name: "t".into(),
+                    content: long.clone(),
+                    is_error: false,
+                }],
+                ..AssistantTurn::default()
+            }],
+        };
         let messages = vec![
             message(Role::User, &long),
             message(Role::Assistant, &long),
@@ -212,16 +233,16 @@ mod tests {
         // 70% of 400 = 280 tokens: the newest user turn, the tool exchange and the user
         // message before it fit; the first exchange does not.
         assert_eq!(trimmed.request.messages.len(), 3);
-        assert_eq!(trimmed.request.messages[0].id, messages[2].id);
+        assert_eq!(trimmed.request.messages[0].id(), messages[2].id());
         assert_eq!(trimmed.request.messages[1], tool_turn, "a call stays with its result");
-        assert_eq!(state["dropped"], 2);
-        assert_eq!(state["kept_from"], json!(messages[2].id));
-        assert!(state["estimate"].as_u64().unwrap() <= 280);
+        assert_eq!(state.dropped, 2);
+        assert_eq!(state.kept_from, Some(messages[2].id()));
+        assert!(state.estimate <= 280);
 
         // With room only for the tool exchange, it would lead: it is dropped too, so the
         // history starts with the user.
         let trimmed = fit(&request(messages.clone()), Some(250), 1);
-        assert_eq!(trimmed.request.messages.first().unwrap().role, Role::User);
+        assert!(trimmed.request.messages.first().unwrap().is_user());
     }
 
     #[test]

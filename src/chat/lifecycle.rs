@@ -6,12 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::news::RunNews;
 use super::runs::Runs;
-use crate::domain::{Message, Role, TraceStatus, now};
+use crate::domain::{Message, Role, RunError, TraceStatus, now};
 use crate::events::Event;
 use crate::store::{Notice, RunFinish, RunningTrace, Store};
 
@@ -75,9 +74,7 @@ async fn interrupt(store: &dyn Store, orphan: &RunningTrace) -> Result<(), crate
             status: TraceStatus::Interrupted,
             ended_at: now(),
             usage: trace.usage.unwrap_or_default(),
-            error: Some(
-                json!({"code": "INTERRUPTED", "message": "The server stopped during the run", "partial_text": text}),
-            ),
+            error: Some(RunError::new("INTERRUPTED", "The server stopped during the run", Some(text))),
             spans: trace.spans.clone(),
             assistant_message: Some(message),
         })

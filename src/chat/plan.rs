@@ -15,7 +15,7 @@ use crate::config::PayloadSource;
 use crate::domain::Trace;
 use crate::ids::{ComparisonId, UserId};
 use crate::pages::{Location, PageScope};
-use crate::providers::{ModelRequest, ToolSpec};
+use crate::providers::{InputMessage, ModelRequest, ToolSpec};
 
 /// One run of a request (a comparison has two).
 pub(super) struct Side {
@@ -61,8 +61,8 @@ impl Core {
         if let Some(outcome) = &turn.action_result {
             system_prompt.push_str(&format!("\n\n## Action result\n{outcome}"));
         }
-        let mut messages = turn.earlier.clone();
-        messages.push(turn.user_message.clone());
+        let messages: Vec<InputMessage> =
+            turn.earlier.iter().chain([&turn.user_message]).filter_map(InputMessage::of).collect();
         let diagnostics = (request.diagnostics && self.settings.chat.allow_diagnostics).then(|| {
             json!({
                 "model": profile.model,
@@ -71,7 +71,7 @@ impl Core {
                 "temperature": profile.temperature,
                 "tools": specs.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
                 "system_prompt": system_prompt,
-                "messages": messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect::<Vec<_>>(),
+                "messages": turn.earlier.iter().chain([&turn.user_message]).map(|m| json!({"role": m.role, "content": m.content})).collect::<Vec<_>>(),
                 "context": request.context,
             })
         });

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::core::Core;
 use super::runs::LiveRun;
-use crate::domain::{Message, Role};
+use crate::providers::InputMessage;
 use crate::providers::ModelRequest;
 use crate::store::ConversationPatch;
 
@@ -33,11 +33,10 @@ impl Core {
             let Some(provider) = providers.get(&profile.provider) else {
                 return;
             };
-            let message = Message::new(conversation_id, None, Role::User, first_message.clone());
             let request = ModelRequest {
                 model: profile.model.clone(),
                 system_prompt: Some(TITLE_PROMPT.to_owned()),
-                messages: vec![message],
+                messages: vec![InputMessage::user(first_message.clone())],
                 temperature: Some(0.2),
                 max_tokens: Some(30),
                 enable_thinking: false,

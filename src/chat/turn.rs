@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::clean::{Cleaner, Piece};
 use super::markers::Captured;
-use crate::domain::{ToolCall, Usage};
+use crate::domain::{ThinkingBlock, ToolCall, Usage};
 use crate::events::Event;
 use crate::providers::ProviderEvent;
 
@@ -22,7 +22,7 @@ pub struct TurnOutput {
     /// Set once the provider's terminal frame arrived.
     pub finish_reason: Option<String>,
     /// Signed thinking blocks, raw, to send back to the provider in later turns.
-    pub thinking_blocks: Vec<Value>,
+    pub thinking_blocks: Vec<ThinkingBlock>,
     /// The tool calls the model asked for, in the order they began.
     pub tool_calls: Vec<ToolCall>,
     /// The answer as the provider sent it, before cleaning (for diagnostics).
@@ -77,9 +77,7 @@ impl Turn {
             }
             ProviderEvent::ThinkingSignature(signature) => {
                 let thinking = std::mem::take(&mut self.raw_thinking);
-                self.output
-                    .thinking_blocks
-                    .push(json!({"type": "thinking", "thinking": thinking, "signature": signature}));
+                self.output.thinking_blocks.push(ThinkingBlock::Thinking { thinking, signature });
             }
             ProviderEvent::ToolCallStart { index, id, name } => {
                 let id = if id.is_empty() { format!("call_{}", uuid::Uuid::now_v7().simple()) } else { id };

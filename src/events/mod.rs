@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+pub use crate::domain::ToolStatus;
 use crate::domain::{SuggestedAction, SuggestedValue, ToolRecord, Usage};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -158,15 +159,6 @@ impl LoggedEvent {
         };
         Ok(Self { seq, at, kind, data, event })
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolStatus {
-    Success,
-    Error,
-    Cancelled,
-    Timeout,
 }
 
 /// The `complete` event's payload (CONTRACT.md §5).

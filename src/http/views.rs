@@ -7,7 +7,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 pub use crate::chat::ChatRequest;
-pub use crate::domain::{Comparison, Conversation, Feedback, Message, Trace};
+pub use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Trace};
 pub use crate::events::{Event, LoggedEvent};
 
 /// Every error outside a stream (CONTRACT.md §1).
@@ -59,7 +59,7 @@ pub struct ConversationView {
     pub conversation: Conversation,
     pub messages: Vec<Message>,
     /// What context trimming kept, if it trimmed.
-    pub context_state: Option<Value>,
+    pub context_state: Option<ContextState>,
 }
 
 #[derive(Serialize, ToSchema)]

@@ -14,9 +14,9 @@ use eventsource_stream::Event as SseFrame;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json, parse_error};
-use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use super::{InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::{ProviderSettings, Secret};
-use crate::domain::{Role, Usage};
+use crate::domain::{ThinkingBlock, Usage};
 
 const API_VERSION: &str = "2023-06-01";
 /// Anthropic requires `max_tokens`; used when the profile sets none.
@@ -43,15 +43,21 @@ impl AnthropicProvider {
     fn body(request: &ModelRequest) -> Value {
         let mut messages: Vec<Value> = Vec::new();
         for message in &request.messages {
-            match message.role {
-                Role::User => push(&mut messages, "user", vec![json!({"type": "text", "text": message.content})]),
-                Role::Assistant => {
-                    for turn in message.turns() {
+            match message {
+                InputMessage::User { text, .. } => {
+                    push(&mut messages, "user", vec![json!({"type": "text", "text": text})])
+                }
+                InputMessage::Assistant { turns, .. } => {
+                    for turn in turns {
                         let mut content: Vec<Value> = turn
                             .thinking_blocks
                             .iter()
-                            .filter(|b| b["signature"].as_str().is_some_and(|s| !s.is_empty()))
-                            .cloned()
+                            .filter_map(|block| match block {
+                                ThinkingBlock::Thinking { thinking, signature } if !signature.is_empty() => {
+                                    Some(json!({"type": "thinking", "thinking": thinking, "signature": signature}))
+                                }
+                                ThinkingBlock::Thinking { .. } => None,
+                            })
                             .collect();
                         if !turn.text.is_empty() {
                             content.push(json!({"type": "text", "text": turn.text}));
@@ -67,7 +73,7 @@ impl AnthropicProvider {
                         push(&mut messages, "user", results.collect());
                     }
                 }
-                Role::System | Role::Tool => {}
+                InputMessage::System { .. } => {}
             }
         }
         let thinking_budget = request

@@ -11,9 +11,9 @@ use eventsource_stream::Event as SseFrame;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json};
-use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use super::{InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::{ProviderSettings, Secret};
-use crate::domain::{Role, Usage};
+use crate::domain::Usage;
 
 pub struct GoogleProvider {
     transport: Transport,
@@ -31,10 +31,10 @@ impl GoogleProvider {
     fn body(request: &ModelRequest) -> Value {
         let mut contents: Vec<Value> = Vec::new();
         for message in &request.messages {
-            match message.role {
-                Role::User => push(&mut contents, "user", vec![json!({"text": message.content})]),
-                Role::Assistant => {
-                    for turn in message.turns() {
+            match message {
+                InputMessage::User { text, .. } => push(&mut contents, "user", vec![json!({"text": text})]),
+                InputMessage::Assistant { turns, .. } => {
+                    for turn in turns {
                         let mut parts = Vec::new();
                         if !turn.text.is_empty() {
                             parts.push(json!({"text": turn.text}));
@@ -49,7 +49,7 @@ impl GoogleProvider {
                         push(&mut contents, "user", responses.collect());
                     }
                 }
-                Role::System | Role::Tool => {}
+                InputMessage::System { .. } => {}
             }
         }
         let mut generation = json!({});

@@ -18,9 +18,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 
-use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use super::{InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::MockSettings;
-use crate::domain::{Role, Usage};
+use crate::domain::Usage;
 
 pub struct MockProvider {
     settings: MockSettings,
@@ -138,8 +138,10 @@ impl LlmProvider for MockProvider {
             .messages
             .iter()
             .rev()
-            .find(|m| m.role == Role::User)
-            .map(|m| m.content.as_str())
+            .find_map(|m| match m {
+                InputMessage::User { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
             .unwrap_or_default();
         let mut script = self.script(last_user);
         if let Some(kind) = script.error {
@@ -150,19 +152,29 @@ impl LlmProvider for MockProvider {
             .messages
             .iter()
             .rev()
-            .take_while(|m| m.role != Role::User)
-            .flat_map(|m| m.turns())
-            .flat_map(|t| t.tool_results)
+            .take_while(|m| !m.is_user())
+            .flat_map(|m| match m {
+                InputMessage::Assistant { turns, .. } => turns.as_slice(),
+                _ => &[],
+            })
+            .flat_map(|t| &t.tool_results)
             .map(|r| format!("{} said {}", r.tool_name, r.content))
             .collect();
-        let round = request.messages.iter().rev().take_while(|m| m.role != Role::User).count();
+        let round = request.messages.iter().rev().take_while(|m| !m.is_user()).count();
         if !results.is_empty() {
             script.text = format!("The tools answered: {}.", results.join("; "));
             if !script.repeat_tools {
                 script.tools.clear();
             }
         }
-        let input_tokens = request.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>()
+        let input_tokens = request
+            .messages
+            .iter()
+            .map(|m| match m {
+                InputMessage::User { text, .. } | InputMessage::System { text, .. } => estimate_tokens(text),
+                InputMessage::Assistant { turns, .. } => turns.iter().map(|t| estimate_tokens(&t.text)).sum(),
+            })
+            .sum::<u64>()
             + request.system_prompt.as_deref().map_or(0, estimate_tokens);
         let size = self.settings.chunk_chars;
         let stream = async_stream::stream! {

@@ -4,6 +4,7 @@
 
 mod anthropic;
 mod google;
+mod input;
 mod mock;
 mod openai;
 pub mod transport;
@@ -14,38 +15,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::stream::BoxStream;
-use serde_json::Value;
 
 use crate::config::{ProviderKind, Settings};
-use crate::domain::{Message, Usage};
+use crate::domain::Usage;
 
 pub use anthropic::AnthropicProvider;
 pub use google::GoogleProvider;
+pub use input::{InputMessage, ModelRequest, ToolSpec};
 pub use mock::MockProvider;
 pub use openai::OpenAiProvider;
-
-/// What a model call needs, in provider-neutral form; each adapter builds its own wire body.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelRequest {
-    pub model: String,
-    pub system_prompt: Option<String>,
-    /// The conversation so far, oldest first, ending with the user's new message.
-    pub messages: Vec<Message>,
-    pub temperature: Option<f32>,
-    pub max_tokens: Option<u32>,
-    pub enable_thinking: bool,
-    pub thinking_budget: Option<u32>,
-    pub reasoning_effort: Option<String>,
-    pub tools: Vec<ToolSpec>,
-}
-
-/// A tool as offered to the model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolSpec {
-    pub name: String,
-    pub description: String,
-    pub input_schema: Value,
-}
 
 /// One thing a provider said, already decoded from its wire format.
 #[derive(Debug, Clone, PartialEq)]

@@ -16,9 +16,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json};
-use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use super::{InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::{ProviderKind, ProviderSettings, Secret};
-use crate::domain::{Role, Usage};
+use crate::domain::Usage;
 
 pub struct OpenAiProvider {
     transport: Transport,
@@ -47,11 +47,11 @@ impl OpenAiProvider {
             messages.push(json!({"role": "system", "content": system}));
         }
         for message in &request.messages {
-            match message.role {
-                Role::User => messages.push(json!({"role": "user", "content": message.content})),
-                Role::System => messages.push(json!({"role": "system", "content": message.content})),
-                Role::Assistant => {
-                    for turn in message.turns() {
+            match message {
+                InputMessage::User { text, .. } => messages.push(json!({"role": "user", "content": text})),
+                InputMessage::System { text, .. } => messages.push(json!({"role": "system", "content": text})),
+                InputMessage::Assistant { turns, .. } => {
+                    for turn in turns {
                         let mut assistant = json!({"role": "assistant", "content": turn.text});
                         if !turn.tool_calls.is_empty() {
                             assistant["tool_calls"] = turn
@@ -69,7 +69,6 @@ impl OpenAiProvider {
                         }));
                     }
                 }
-                Role::Tool => {}
             }
         }
         let mut body = json!({

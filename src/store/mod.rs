@@ -16,7 +16,9 @@ use futures_util::stream::BoxStream;
 use serde_json::Value;
 use std::sync::Arc;
 
-use crate::domain::{Comparison, Conversation, Feedback, Message, Preference, Trace, TraceStatus, Usage};
+use crate::domain::{
+    Comparison, ContextState, Conversation, Feedback, Message, Preference, RunError, Span, Trace, TraceStatus, Usage,
+};
 use crate::events::LoggedEvent;
 use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 
@@ -143,8 +145,8 @@ pub struct RunFinish {
     pub status: TraceStatus,
     pub ended_at: DateTime<Utc>,
     pub usage: Usage,
-    pub error: Option<Value>,
-    pub spans: Vec<Value>,
+    pub error: Option<RunError>,
+    pub spans: Vec<Span>,
     /// The assistant's answer; none for a failed run.
     pub assistant_message: Option<Message>,
 }
@@ -239,13 +241,17 @@ pub trait Store: Send + Sync + 'static {
     async fn voted_comparisons(&self) -> Result<Vec<Comparison>, StoreError>;
 
     /// The conversation's stored context state, if any.
-    async fn context_state(&self, user: &UserId, conversation_id: ConversationId) -> Result<Option<Value>, StoreError>;
+    async fn context_state(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+    ) -> Result<Option<ContextState>, StoreError>;
     /// Stores (`Some`) or clears (`None`) the conversation's context state.
     async fn set_context_state(
         &self,
         user: &UserId,
         conversation_id: ConversationId,
-        state: Option<&Value>,
+        state: Option<&ContextState>,
     ) -> Result<(), StoreError>;
 
     /// Every run still marked running, of any user and any process.

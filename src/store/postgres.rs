@@ -18,7 +18,7 @@ use futures_util::stream::BoxStream;
 
 use serde_json::Value;
 
-use crate::domain::{Comparison, Conversation, Feedback, Message, Preference, Trace, Vote, now};
+use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, Trace, Vote, now};
 use crate::events::LoggedEvent;
 
 pub struct PostgresStore {

@@ -3,14 +3,38 @@
 //! type per table serves both; conversions into domain types live here too.
 
 use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::types::Json;
 
 use super::{RunningTrace, StoreError};
 use crate::domain::{
-    Comparison, Conversation, Feedback, Message, Preference, Role, SuggestedAction, SuggestedValue, ToolCall,
-    ToolRecord, Trace, TraceStatus, Usage, Vote,
+    AssistantTurn, Comparison, ContextState, Conversation, Feedback, Message, Preference, Role, RunError, Span,
+    SuggestedAction, SuggestedValue, ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
 };
+
+/// A JSON column's value as `T`, or `None` (with a warning) where it is not one: a row
+/// written by hand or by a newer version still reads, without the part this one cannot.
+fn lenient<T: DeserializeOwned>(what: &str, value: Value) -> Option<T> {
+    serde_json::from_value(value).map_err(|e| tracing::warn!(error = %e, "a stored {what} is left out")).ok()
+}
+
+/// The `provider_state` column of an answer: its model calls, as the next turns send them.
+#[derive(Serialize, Deserialize)]
+struct ProviderState<T> {
+    turns: T,
+}
+
+/// The `provider_state` to store for a message: its turns, if it has any.
+pub fn provider_state(message: &Message) -> Option<Json<impl Serialize + '_>> {
+    (!message.turns.is_empty()).then_some(Json(ProviderState { turns: &message.turns }))
+}
+
+/// A conversation's stored context state.
+pub fn context_state(value: Value) -> Option<ContextState> {
+    lenient("context state", value)
+}
 use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 
 pub const CONVERSATION_COLUMNS: &str = "id, user_id, title, profile, system_prompt, metadata, \
@@ -88,7 +112,11 @@ impl TryFrom<MessageRow> for Message {
             role: Role::parse(&row.role).map_err(|e| StoreError::Corrupt(e.to_string()))?,
             content: row.content,
             thinking: row.thinking,
-            provider_state: row.provider_state.map(|j| j.0),
+            turns: row
+                .provider_state
+                .and_then(|j| lenient::<ProviderState<Vec<AssistantTurn>>>("provider state", j.0))
+                .map(|state| state.turns)
+                .unwrap_or_default(),
             tool_calls: row.tool_calls.0,
             tool_history: row.tool_history.0,
             payloads: row.payloads.0,
@@ -144,8 +172,8 @@ impl TryFrom<TraceRow> for Trace {
             started_at: row.started_at,
             ended_at: row.ended_at,
             usage: row.usage.map(|j| j.0),
-            error: row.error.map(|j| j.0),
-            spans: row.spans.0,
+            error: row.error.and_then(|j| lenient::<RunError>("run error", j.0)),
+            spans: row.spans.0.into_iter().filter_map(|span| lenient::<Span>("span", span)).collect(),
             comparison_id: row.comparison_id,
             variant: row.variant,
         })

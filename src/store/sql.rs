@@ -344,26 +344,26 @@ macro_rules! impl_store {
                 rows.into_iter().map(Comparison::try_from).collect()
             }
 
-            async fn context_state(&self, user: &UserId, conversation_id: ConversationId) -> Result<Option<Value>, StoreError> {
+            async fn context_state(&self, user: &UserId, conversation_id: ConversationId) -> Result<Option<ContextState>, StoreError> {
                 let row: Option<(Json<Value>,)> =
                     sqlx::query_as("select state from context_states where conversation_id = $1 and user_id = $2")
                         .bind(conversation_id)
                         .bind(user)
                         .fetch_optional(&self.pool)
                         .await?;
-                Ok(row.map(|(state,)| state.0))
+                Ok(row.and_then(|(state,)| $crate::store::rows::context_state(state.0)))
             }
 
             async fn set_context_state(
                 &self,
                 user: &UserId,
                 conversation_id: ConversationId,
-                state: Option<&Value>,
+                state: Option<&ContextState>,
             ) -> Result<(), StoreError> {
                 self.write(async |conn| {
                 match state {
                     Some(state) => {
-                        let strategy = state["strategy"].as_str().unwrap_or("trim_oldest");
+                        let strategy = state.strategy.as_str();
                         sqlx::query(
                             "insert into context_states (conversation_id, user_id, strategy, state, updated_at) \
                              values ($1, $2, $3, $4, $5) on conflict (conversation_id) do update \
@@ -523,7 +523,7 @@ macro_rules! impl_store {
                         .push_bind(m.role.as_str())
                         .push_bind(&m.content)
                         .push_bind(m.thinking.as_deref())
-                        .push_bind(m.provider_state.as_ref().map(Json))
+                        .push_bind($crate::store::rows::provider_state(m))
                         .push_bind(Json(&m.tool_calls))
                         .push_bind(Json(&m.tool_history))
                         .push_bind(Json(&m.payloads))

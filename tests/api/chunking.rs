@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use chatd::chat::turn::{Turn, TurnOutput};
+use chatd::domain::ThinkingBlock;
 use chatd::events::Event;
 use chatd::providers::{WireFormat, decode_sse};
 use futures_util::StreamExt;
@@ -116,7 +117,8 @@ fn the_recordings_decode_to_what_they_say() {
 
     let (_, output) = replay(WireFormat::Anthropic, &recorded(WireFormat::Anthropic), &[]);
     assert_eq!(output.text, "Answer: 😀 done.");
-    assert_eq!(output.thinking_blocks[0]["signature"], "sig==");
+    let ThinkingBlock::Thinking { signature, .. } = &output.thinking_blocks[0];
+    assert_eq!(signature, "sig==");
     assert_eq!((output.usage.input_tokens, output.usage.output_tokens), (7, 9));
 
     let (_, output) = replay(WireFormat::Google, &recorded(WireFormat::Google), &[]);

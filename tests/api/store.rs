@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use chatd::domain::{Conversation, Message, Role, Trace, TraceStatus, Usage, now};
+use chatd::domain::{
+    CallStatus, ContextState, Conversation, LlmAttributes, Message, Role, Span, SpanTiming, Trace, TraceStatus, Usage,
+    now,
+};
 use chatd::ids::{TraceId, UserId};
 use chatd::store::{self, NewEvent, PageCursor, RunFinish, RunStart, Store, StoreError};
 use serde_json::json;
@@ -19,6 +22,16 @@ async fn open(backend: Backend) -> (Arc<dyn Store>, TestDb) {
 /// A logged event's JSON, as stored.
 fn json(event: &chatd::events::LoggedEvent) -> serde_json::Value {
     serde_json::from_str(event.data.get()).unwrap()
+}
+
+/// A model call's span, as a run records it.
+fn llm_span() -> Span {
+    let at = now();
+    Span::Llm {
+        timing: SpanTiming::new("chat m".into(), at, at),
+        status: CallStatus::Ok,
+        attributes: LlmAttributes { request_model: "m".into(), output_tokens: 2, ..LlmAttributes::default() },
+    }
 }
 
 fn user(name: &str) -> UserId {
@@ -57,6 +70,7 @@ both_backends! {
         assert!(matches!(store.get_conversation(&user("ann"), second.id).await, Err(StoreError::NotFound)));
         assert_eq!(store.list_conversations(&user("ann"), 10, None).await.unwrap().len(), 1);
 
+        let span = llm_span();
         let mut answer = Message::new(first.id, Some(start.user_message.id), Role::Assistant, "answer".into());
         answer.id = start.traces[0].message_id;
         answer.usage = Some(Usage { input_tokens: 1, output_tokens: 2, ..Usage::default() });
@@ -67,7 +81,7 @@ both_backends! {
                 ended_at: now(),
                 usage: Usage { input_tokens: 1, output_tokens: 2, ..Usage::default() },
                 error: None,
-                spans: vec![json!({"kind": "llm"})],
+                spans: vec![span.clone()],
                 assistant_message: Some(answer.clone()),
             })
             .await
@@ -79,7 +93,7 @@ both_backends! {
         assert_eq!(messages, vec![start.user_message.clone(), answer]);
         let trace = store.get_trace(&user("ann"), start.traces[0].trace_id).await.unwrap();
         assert_eq!(trace.status, TraceStatus::Completed);
-        assert_eq!(trace.spans, vec![json!({"kind": "llm"})]);
+        assert_eq!(trace.spans, vec![span]);
         assert_eq!(store.trace_by_message(&user("ann"), trace.message_id).await.unwrap().trace_id, trace.trace_id);
     }
 
@@ -235,13 +249,14 @@ both_backends! {
         let c = conversation("ann", "long");
         store.create_conversation(&c).await.unwrap();
         assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap(), None);
-        store.set_context_state(&user("ann"), c.id, Some(&json!({"strategy": "trim_oldest", "dropped": 2}))).await.unwrap();
-        store.set_context_state(&user("ann"), c.id, Some(&json!({"strategy": "trim_oldest", "dropped": 4}))).await.unwrap();
-        assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap().unwrap()["dropped"], 4);
+        let dropped = |dropped| ContextState { dropped, ..ContextState::default() };
+        store.set_context_state(&user("ann"), c.id, Some(&dropped(2))).await.unwrap();
+        store.set_context_state(&user("ann"), c.id, Some(&dropped(4))).await.unwrap();
+        assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap().unwrap().dropped, 4);
         assert_eq!(store.context_state(&user("bob"), c.id).await.unwrap(), None, "owner only");
         store.set_context_state(&user("ann"), c.id, None).await.unwrap();
         assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap(), None);
-        store.set_context_state(&user("ann"), c.id, Some(&json!({"strategy": "trim_oldest"}))).await.unwrap();
+        store.set_context_state(&user("ann"), c.id, Some(&ContextState::default())).await.unwrap();
         store.delete_conversation(&user("ann"), c.id).await.unwrap();
         assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap(), None, "deleted with the conversation");
     }

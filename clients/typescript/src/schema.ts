@@ -391,6 +391,11 @@ export interface components {
             profile_a: string;
             profile_b: string;
         };
+        /**
+         * @description How a model call ended.
+         * @enum {string}
+         */
+        CallStatus: "ok" | "cancelled" | "error";
         CancelBody: {
             /** Format: uuid */
             trace_id?: string | null;
@@ -478,6 +483,62 @@ export interface components {
             usage: components["schemas"]["Usage"];
             diagnostics?: unknown;
         };
+        /**
+         * @description What context trimming kept of a conversation for its latest model call (stored per
+         *     conversation, shown with it, and on the call's span).
+         */
+        ContextState: {
+            /** @default trim_oldest */
+            strategy: components["schemas"]["ContextStrategy"];
+            /**
+             * Format: int32
+             * @description The profile's `context_limit`, in tokens.
+             * @default 0
+             */
+            limit: number;
+            /**
+             * Format: double
+             * @description The share of the limit the request may fill.
+             * @default 0
+             */
+            threshold: number;
+            /**
+             * Format: int64
+             * @description The request's estimated tokens before trimming, and after.
+             * @default 0
+             */
+            estimate_before: number;
+            /**
+             * Format: int64
+             * @default 0
+             */
+            estimate: number;
+            /**
+             * @description How many history messages were dropped, and kept.
+             * @default 0
+             */
+            dropped: number;
+            /** @default 0 */
+            kept: number;
+            /**
+             * Format: uuid
+             * @description The first message kept, and the last one dropped.
+             * @default null
+             */
+            kept_from: string | null;
+            /**
+             * Format: uuid
+             * @default null
+             */
+            dropped_through: string | null;
+            /**
+             * @description What the model wrote of the dropped messages (`trim_oldest_with_summary`).
+             * @default null
+             */
+            summary: string | null;
+        };
+        /** @enum {string} */
+        ContextStrategy: "trim_oldest" | "trim_oldest_with_summary";
         Conversation: {
             /** Format: uuid */
             id: string;
@@ -508,8 +569,7 @@ export interface components {
         /** @description A conversation with the messages of its active branch. */
         ConversationView: components["schemas"]["Conversation"] & {
             messages: components["schemas"]["Message"][];
-            /** @description What context trimming kept, if it trimmed. */
-            context_state?: unknown;
+            context_state?: null | components["schemas"]["ContextState"];
         };
         /** @description Every error outside a stream (CONTRACT.md §1). */
         ErrorBody: {
@@ -707,6 +767,35 @@ export interface components {
             /** Format: uuid */
             trace_id?: string | null;
         };
+        /** @description A model call's attributes. */
+        LlmAttributes: {
+            /**
+             * @description Always `chat`.
+             * @default
+             */
+            "gen_ai.operation.name": string;
+            /** @default  */
+            "gen_ai.request.model": string;
+            /**
+             * Format: int64
+             * @default 0
+             */
+            "gen_ai.usage.input_tokens": number;
+            /**
+             * Format: int64
+             * @default 0
+             */
+            "gen_ai.usage.output_tokens": number;
+            /** @default [] */
+            "gen_ai.response.finish_reasons": string[];
+            /** @default null */
+            "chatd.context": null | components["schemas"]["ContextState"];
+            /**
+             * @description Problems with the answer's markers, on the run's last model call.
+             * @default []
+             */
+            "chatd.warnings": string[];
+        };
         /** @description One event of a run's log: what was sent to clients, with its sequence number and time. */
         LoggedEvent: {
             /** Format: int64 */
@@ -793,6 +882,14 @@ export interface components {
         Rating: "up" | "down";
         /** @enum {string} */
         Role: "user" | "assistant" | "system" | "tool";
+        /** @description Why a run did not complete, as its trace keeps it. */
+        RunError: {
+            /** @description The contract's error code (`RATE_LIMITED`, `INTERRUPTED`, …). */
+            code: string;
+            message: string;
+            /** @description The answer's text streamed before the failure (none where the run failed inside). */
+            partial_text?: string | null;
+        };
         /** @description A message among its siblings. */
         SiblingView: components["schemas"]["Message"] & {
             /** @description Whether it is on the conversation's active branch. */
@@ -823,6 +920,33 @@ export interface components {
             /** Format: int64 */
             duration_ms?: number | null;
             usage?: null | components["schemas"]["Usage"];
+        };
+        /**
+         * @description One timed step of a run: a model call or a tool call, with OpenTelemetry GenAI
+         *     attributes.
+         */
+        Span: (components["schemas"]["SpanTiming"] & {
+            status: components["schemas"]["CallStatus"];
+            attributes: components["schemas"]["LlmAttributes"];
+        } & {
+            /** @enum {string} */
+            kind: "llm";
+        }) | (components["schemas"]["SpanTiming"] & {
+            status: components["schemas"]["ToolStatus"];
+            attributes: components["schemas"]["ToolAttributes"];
+        } & {
+            /** @enum {string} */
+            kind: "tool";
+        });
+        /** @description A span's name and when it ran. */
+        SpanTiming: {
+            name: string;
+            /** Format: date-time */
+            started_at: string;
+            /** Format: date-time */
+            ended_at: string;
+            /** Format: int64 */
+            duration_ms: number;
         };
         /**
          * @description One Server-Sent Events frame: `id` is the event's seq, `data` a JSON [`Event`] (on the
@@ -866,6 +990,18 @@ export interface components {
             label: string;
             value: string;
         };
+        /** @description A tool call's attributes. */
+        ToolAttributes: {
+            /**
+             * @description Always `execute_tool`.
+             * @default
+             */
+            "gen_ai.operation.name": string;
+            /** @default  */
+            "gen_ai.tool.name": string;
+            /** @default  */
+            "gen_ai.tool.call.id": string;
+        };
         /** @description A tool call as the model asked for it, kept to send back in later turns. */
         ToolCall: {
             id: string;
@@ -894,7 +1030,10 @@ export interface components {
             /** @enum {string} */
             kind: "mcp";
         };
-        /** @enum {string} */
+        /**
+         * @description How a tool call ended (the `tool_complete` event's `status` too).
+         * @enum {string}
+         */
         ToolStatus: "success" | "error" | "cancelled" | "timeout";
         /** @description A tool under the name a model sees it by. */
         ToolView: {
@@ -931,8 +1070,8 @@ export interface components {
             /** Format: date-time */
             ended_at?: string | null;
             usage?: null | components["schemas"]["Usage"];
-            error?: unknown;
-            spans: unknown[];
+            error?: null | components["schemas"]["RunError"];
+            spans: components["schemas"]["Span"][];
             /** Format: uuid */
             comparison_id?: string | null;
             variant?: string | null;

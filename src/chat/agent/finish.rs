@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::chat::payloads;
 use crate::chat::runs::Emitter;
-use crate::domain::{Message, Role, TraceStatus, now};
+use crate::domain::{Message, Role, RunError, Span, TraceStatus, now};
 use crate::events::{CompletePayload, Event};
 use crate::store::{RunFinish, Store};
 
@@ -34,8 +34,12 @@ pub(super) async fn finish(
     output.payloads.extend(extracted.payloads);
     if !output.warnings.is_empty() {
         tracing::warn!(warnings = ?output.warnings, "the answer's markers had problems");
-        if let Some(span) = output.spans.iter_mut().rev().find(|s| s["kind"] == "llm") {
-            span["attributes"]["chatd.warnings"] = json!(output.warnings);
+        let last_call = output.spans.iter_mut().rev().find_map(|span| match span {
+            Span::Llm { attributes, .. } => Some(attributes),
+            Span::Tool { .. } => None,
+        });
+        if let Some(attributes) = last_call {
+            attributes.warnings.clone_from(&output.warnings);
         }
     }
     let thinking = (!output.thinking.is_empty()).then(|| output.thinking.clone());
@@ -50,7 +54,7 @@ pub(super) async fn finish(
     message.payloads = output.payloads.clone();
     message.suggested_values = extracted.suggested_values.clone();
     message.suggested_actions = extracted.suggested_actions.clone();
-    message.provider_state = Some(json!({"turns": output.turns}));
+    message.turns = output.turns;
     if let Some((comparison_id, variant)) = &plan.comparison {
         message.comparison_id = Some(*comparison_id);
         message.variant = Some(variant.clone());
@@ -99,7 +103,7 @@ pub(super) async fn finish(
             tracing::warn!(code = error.code(), error = %error.message, "model call failed");
             metrics::counter!("chatd_provider_errors_total", "code" => error.code()).increment(1);
             let event = error_event(plan, error.code(), &error.message, error.retryable);
-            let detail = json!({"code": error.code(), "message": error.message, "partial_text": output.text});
+            let detail = RunError::new(error.code(), &error.message, Some(output.text));
             (TraceStatus::Error, None, Some(detail), event)
         }
     };
@@ -164,11 +168,7 @@ pub(super) async fn retry_while_unavailable(
 pub(super) fn unsaved(mut record: RunFinish) -> RunFinish {
     let partial_text = record.assistant_message.take().map(|m| m.content).unwrap_or_default();
     record.status = TraceStatus::Error;
-    record.error = Some(json!({
-        "code": "SERVICE_UNAVAILABLE",
-        "message": "The answer could not be saved",
-        "partial_text": partial_text,
-    }));
+    record.error = Some(RunError::new("SERVICE_UNAVAILABLE", "The answer could not be saved", Some(partial_text)));
     record
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{self, ContextKeeper};
@@ -17,9 +17,12 @@ use super::markers::Captured;
 use super::payloads::{self, LlmPayloadType};
 use super::runs::{Emitter, Runs};
 use super::turn::Turn;
-use crate::domain::{AssistantTurn, Message, Role, ToolRecord, TraceStatus, Usage, now};
+use crate::domain::{
+    AssistantTurn, CallStatus, ContextStrategy, LlmAttributes, RunError, Span, SpanTiming, ToolRecord, TraceStatus,
+    Usage, now,
+};
 use crate::events::Event;
-use crate::providers::{LlmProvider, ModelRequest, ProviderError, transport};
+use crate::providers::{InputMessage, LlmProvider, ModelRequest, ProviderError, transport};
 use crate::store::{RunFinish, Store};
 use crate::tools::Tool;
 use crate::wake::when_woken;
@@ -69,7 +72,7 @@ struct Output {
     thinking: String,
     usage: Usage,
     finish_reason: String,
-    spans: Vec<Value>,
+    spans: Vec<Span>,
     turns: Vec<AssistantTurn>,
     tool_history: Vec<ToolRecord>,
     payloads: Vec<Value>,
@@ -115,7 +118,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
             status: TraceStatus::Error,
             ended_at: now(),
             usage: Usage::default(),
-            error: Some(json!({"code": "INTERNAL", "message": "Internal error"})),
+            error: Some(RunError::new("INTERNAL", "Internal error", None)),
             spans: Vec::new(),
             assistant_message: None,
         };
@@ -168,10 +171,8 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
             ending = Ending::Cancelled;
             break;
         }
-        // The next call sees this turn and its results, in the provider's own format.
-        let mut exchange = Message::new(plan.conversation_id, None, Role::Assistant, turn.text.clone());
-        exchange.provider_state = Some(json!({"turns": [turn]}));
-        plan.request.messages.push(exchange);
+        // The next call sees this turn and its results.
+        plan.request.messages.push(InputMessage::Assistant { id: plan.message_id, turns: vec![turn.clone()] });
         if iteration == plan.max_iterations {
             output.finish_reason = "max_iterations".to_owned();
         }
@@ -190,7 +191,7 @@ async fn call_model(
     let started_at = now();
     emitter.emit(Event::Status { message: "Thinking…".to_owned() });
     let messages = &plan.request.messages;
-    let protected = messages.iter().rposition(|m| m.role == Role::User).map_or(messages.len(), |i| messages.len() - i);
+    let protected = messages.iter().rposition(InputMessage::is_user).map_or(messages.len(), |i| messages.len() - i);
     let mut fitted = context::fit(&plan.request, plan.context_limit, protected);
     if plan.summarize_dropped {
         summarize(plan, &mut fitted).await;
@@ -224,22 +225,19 @@ async fn call_model(
     if let Some(reason) = &turn.finish_reason {
         output.finish_reason.clone_from(reason);
     }
-    output.spans.push(json!({
-        "kind": "llm",
-        "name": format!("chat {}", plan.request.model),
-        "started_at": started_at,
-        "ended_at": ended_at,
-        "duration_ms": (ended_at - started_at).num_milliseconds(),
-        "status": status_of(&ending),
-        "attributes": {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": plan.request.model,
-            "gen_ai.usage.input_tokens": turn.usage.input_tokens,
-            "gen_ai.usage.output_tokens": turn.usage.output_tokens,
-            "gen_ai.response.finish_reasons": turn.finish_reason.iter().collect::<Vec<_>>(),
-            "chatd.context": fitted.state,
+    output.spans.push(Span::Llm {
+        timing: SpanTiming::new(format!("chat {}", plan.request.model), started_at, ended_at),
+        status: status_of(&ending),
+        attributes: LlmAttributes {
+            operation_name: "chat".to_owned(),
+            request_model: plan.request.model.clone(),
+            input_tokens: turn.usage.input_tokens,
+            output_tokens: turn.usage.output_tokens,
+            finish_reasons: turn.finish_reason.iter().cloned().collect(),
+            context: fitted.state,
+            warnings: Vec::new(),
         },
-    }));
+    });
     if turn.usage != Usage::default() {
         let model = plan.request.model.clone();
         metrics::counter!("chatd_tokens_total", "model" => model.clone(), "direction" => "input")
@@ -261,14 +259,12 @@ async fn call_model(
 /// and written again only when more is dropped. A failed summary leaves the trim as it is.
 async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed) {
     let Some(state) = fitted.state.as_mut() else { return };
-    let dropped = state["dropped"].as_u64().unwrap_or(0) as usize;
+    let dropped = state.dropped;
     if dropped == 0 {
         return;
     }
     let stored = plan.context.stored().await;
-    let cached = stored
-        .filter(|s| s["dropped_through"] == state["dropped_through"])
-        .and_then(|s| s["summary"].as_str().map(str::to_owned));
+    let cached = stored.filter(|s| s.dropped_through == state.dropped_through).and_then(|s| s.summary);
     let summary = match cached {
         Some(summary) => summary,
         None => {
@@ -282,15 +278,15 @@ async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed) {
     };
     let prompt = fitted.request.system_prompt.get_or_insert_with(String::new);
     prompt.push_str(&format!("\n\n## Earlier in this conversation\n{summary}"));
-    state["strategy"] = json!("trim_oldest_with_summary");
-    state["summary"] = json!(summary);
+    state.strategy = ContextStrategy::TrimOldestWithSummary;
+    state.summary = Some(summary);
 }
 
-fn status_of(ending: &Ending) -> &'static str {
+fn status_of(ending: &Ending) -> CallStatus {
     match ending {
-        Ending::Completed => "ok",
-        Ending::Cancelled => "cancelled",
-        Ending::Failed(_) => "error",
+        Ending::Completed => CallStatus::Ok,
+        Ending::Cancelled => CallStatus::Cancelled,
+        Ending::Failed(_) => CallStatus::Error,
     }
 }
 

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::chat::payloads;
 use crate::chat::runs::Emitter;
-use crate::domain::{ToolCall, ToolRecord, ToolResult, now};
+use crate::domain::{Span, SpanTiming, ToolAttributes, ToolCall, ToolRecord, ToolResult, now};
 use crate::events::{Event, ToolStatus};
 use crate::tools::{Tool, ToolCallContext, ToolError, ToolProgress};
 
@@ -232,17 +232,18 @@ fn tool_done(
         duration_ms,
     };
     let ended_at = done.started_at + chrono::Duration::milliseconds(duration_ms as i64);
-    output.spans.push(json!({
-        "kind": "tool",
-        "name": format!("execute_tool {}", call.name),
-        "started_at": done.started_at,
-        "ended_at": ended_at,
-        "duration_ms": duration_ms,
-        "status": done.status,
-        "attributes": {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": call.name,
-            "gen_ai.tool.call.id": call.id,
+    output.spans.push(Span::Tool {
+        timing: SpanTiming {
+            name: format!("execute_tool {}", call.name),
+            started_at: done.started_at,
+            ended_at,
+            duration_ms,
         },
-    }));
+        status: done.status,
+        attributes: ToolAttributes {
+            operation_name: "execute_tool".to_owned(),
+            tool_name: call.name.clone(),
+            tool_call_id: call.id.clone(),
+        },
+    });
 }

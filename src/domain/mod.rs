@@ -1,6 +1,14 @@
 //! Domain types shared by the store, the run and the HTTP layer: conversations, messages,
 //! traces, and the small value types they carry. Enums parse from strings with a `Result`,
-//! so a bad value is refused where it enters.
+//! so a bad value is refused where it enters. A run's trace, its spans and the context
+//! state it records are in [`trace`].
+
+mod trace;
+
+pub use trace::{
+    CallStatus, ContextState, ContextStrategy, LlmAttributes, RunError, Span, SpanTiming, ToolAttributes, ToolStatus,
+    Trace,
+};
 
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
@@ -145,16 +153,24 @@ pub struct ToolResult {
 /// One model call of an assistant message: what the model said and asked for, and what
 /// its tools answered. Stored with the message so later turns send the exchange back to
 /// the provider in its own format.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AssistantTurn {
     pub text: String,
     /// Signed thinking blocks (Anthropic), sent back as received.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub thinking_blocks: Vec<Value>,
+    pub thinking_blocks: Vec<ThinkingBlock>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_results: Vec<ToolResult>,
+}
+
+/// A block of the model's thinking with the provider's proof of it, which later turns must
+/// send back unchanged (Anthropic's `thinking` content block).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ThinkingBlock {
+    Thinking { thinking: String, signature: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -211,9 +227,11 @@ pub struct Message {
     pub role: Role,
     pub content: String,
     pub thinking: Option<String>,
-    /// Thinking signatures and other provider state the next turn must send back.
+    /// An answer's model calls, oldest first, with the thinking signatures and tool
+    /// exchanges the next turns must send back. Empty for the user's messages, and for an
+    /// answer stored without them (by hand, or by another version).
     #[serde(skip)]
-    pub provider_state: Option<Value>,
+    pub turns: Vec<AssistantTurn>,
     pub tool_calls: Vec<ToolCall>,
     pub tool_history: Vec<ToolRecord>,
     pub payloads: Vec<Value>,
@@ -230,16 +248,6 @@ pub struct Message {
 }
 
 impl Message {
-    /// The model calls of an assistant message, oldest first. A message stored without
-    /// them (written by hand, or by another version) is one turn of its content.
-    pub fn turns(&self) -> Vec<AssistantTurn> {
-        self.provider_state
-            .as_ref()
-            .and_then(|state| state.get("turns"))
-            .and_then(|turns| serde_json::from_value(turns.clone()).ok())
-            .unwrap_or_else(|| vec![AssistantTurn { text: self.content.clone(), ..AssistantTurn::default() }])
-    }
-
     /// A message with only the required parts set; the rest empty.
     pub fn new(conversation_id: ConversationId, parent_id: Option<MessageId>, role: Role, content: String) -> Self {
         Self {
@@ -249,7 +257,7 @@ impl Message {
             role,
             content,
             thinking: None,
-            provider_state: None,
+            turns: Vec::new(),
             tool_calls: Vec::new(),
             tool_history: Vec::new(),
             payloads: Vec::new(),
@@ -310,49 +318,6 @@ pub struct Comparison {
     pub voted_at: Option<DateTime<Utc>>,
     pub vote_history: Vec<Vote>,
     pub created_at: DateTime<Utc>,
-}
-
-/// A run as stored: its trace (CONTRACT.md §9), without the events.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct Trace {
-    pub trace_id: TraceId,
-    pub conversation_id: ConversationId,
-    pub user_message_id: MessageId,
-    pub message_id: MessageId,
-    pub user_id: UserId,
-    pub status: TraceStatus,
-    pub model: String,
-    pub profile: String,
-    pub started_at: DateTime<Utc>,
-    pub ended_at: Option<DateTime<Utc>>,
-    pub usage: Option<Usage>,
-    pub error: Option<Value>,
-    pub spans: Vec<Value>,
-    pub comparison_id: Option<ComparisonId>,
-    pub variant: Option<String>,
-}
-
-impl Trace {
-    /// A new running trace of `user`'s run answering `user_message`, started now.
-    pub fn start(user_id: &UserId, user_message: &Message, model: &str, profile: &str) -> Self {
-        Trace {
-            trace_id: TraceId::new(),
-            conversation_id: user_message.conversation_id,
-            user_message_id: user_message.id,
-            message_id: MessageId::new(),
-            user_id: user_id.clone(),
-            status: TraceStatus::Running,
-            model: model.to_owned(),
-            profile: profile.to_owned(),
-            started_at: now(),
-            ended_at: None,
-            usage: None,
-            error: None,
-            spans: Vec::new(),
-            comparison_id: None,
-            variant: None,
-        }
-    }
 }
 
 #[cfg(test)]

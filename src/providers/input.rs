@@ -1,0 +1,98 @@
+//! What a model call needs, in no provider's format: the settings, the tools offered, and
+//! the conversation as typed messages. Each adapter turns these into its own wire body;
+//! none of them reads the store's rows or the API's views.
+
+use serde_json::Value;
+
+use crate::domain::{AssistantTurn, Message, Role};
+use crate::ids::MessageId;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRequest {
+    pub model: String,
+    pub system_prompt: Option<String>,
+    /// The conversation so far, oldest first, ending with the user's new message and this
+    /// run's exchanges.
+    pub messages: Vec<InputMessage>,
+    pub temperature: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub enable_thinking: bool,
+    pub thinking_budget: Option<u32>,
+    pub reasoning_effort: Option<String>,
+    pub tools: Vec<ToolSpec>,
+}
+
+/// A tool as offered to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// One message of the model's input. `id` names the stored message it comes from (context
+/// trimming records which were kept).
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputMessage {
+    User {
+        id: MessageId,
+        text: String,
+    },
+    /// A system note in the history, where the provider's format has a place for one.
+    System {
+        id: MessageId,
+        text: String,
+    },
+    /// An answer: its model calls, oldest first, each with what its tools answered.
+    Assistant {
+        id: MessageId,
+        turns: Vec<AssistantTurn>,
+    },
+}
+
+impl InputMessage {
+    /// The stored message as model input; `None` for a role no provider is sent.
+    pub fn of(message: &Message) -> Option<Self> {
+        let id = message.id;
+        match message.role {
+            Role::User => Some(InputMessage::User { id, text: message.content.clone() }),
+            Role::System => Some(InputMessage::System { id, text: message.content.clone() }),
+            Role::Assistant if message.turns.is_empty() => Some(InputMessage::Assistant {
+                id,
+                turns: vec![AssistantTurn { text: message.content.clone(), ..AssistantTurn::default() }],
+            }),
+            Role::Assistant => Some(InputMessage::Assistant { id, turns: message.turns.clone() }),
+            Role::Tool => None,
+        }
+    }
+
+    /// The user's words, alone (a title or summary request).
+    pub fn user(text: impl Into<String>) -> Self {
+        InputMessage::User { id: MessageId::new(), text: text.into() }
+    }
+
+    pub fn id(&self) -> MessageId {
+        match self {
+            InputMessage::User { id, .. } | InputMessage::System { id, .. } | InputMessage::Assistant { id, .. } => *id,
+        }
+    }
+
+    pub fn is_user(&self) -> bool {
+        matches!(self, InputMessage::User { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::ConversationId;
+
+    #[test]
+    fn an_answer_stored_without_its_turns_is_one_turn_of_its_text() {
+        let answer = Message::new(ConversationId::new(), None, Role::Assistant, "hello".into());
+        let Some(InputMessage::Assistant { turns, .. }) = InputMessage::of(&answer) else { panic!("an answer") };
+        assert_eq!(turns, vec![AssistantTurn { text: "hello".into(), ..AssistantTurn::default() }]);
+        let tool = Message::new(ConversationId::new(), None, Role::Tool, "x".into());
+        assert_eq!(InputMessage::of(&tool), None);
+    }
+}
