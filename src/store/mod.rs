@@ -278,17 +278,6 @@ pub enum Notice {
     Missed,
 }
 
-/// Whether a backend's database is shared by several chatd processes.
-trait Shared {
-    const SHARED: bool;
-    /// How a transaction that will write starts. SQLite needs `BEGIN IMMEDIATE`: a deferred
-    /// transaction that reads first cannot wait for the write lock and fails at once.
-    const BEGIN_WRITE: &'static str;
-    /// Whether one query may hold several statements (sqlx runs SQLite's in turn; a Postgres
-    /// prepared statement is one statement).
-    const MANY_STATEMENTS_PER_QUERY: bool;
-}
-
 /// Opens the store the URL names and runs its migrations.
 pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {

@@ -1,25 +1,20 @@
 //! The Postgres backend: native uuid, timestamptz and jsonb; several chatd replicas may share
-//! one database.
+//! one database. Writers take connections of the pool; replicas tell each other about runs
+//! with NOTIFY.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
-use sqlx::types::Json;
-use sqlx::{PgPool, Postgres};
-
-use super::rows::*;
-use super::sql::impl_store;
-use super::{ConversationPatch, NewEvent, Notice, PageCursor, RunFinish, RunStart, RunningTrace, StoreError};
-use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions, PgQueryResult};
+use sqlx::{PgPool, Postgres, QueryBuilder};
 
-use serde_json::Value;
-
-use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, Trace, Vote, now};
+use super::sql::Backend;
+use super::{NewEvent, Notice, StoreError};
 use crate::events::LoggedEvent;
+use crate::ids::TraceId;
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -51,49 +46,58 @@ impl PostgresStore {
     }
 }
 
-impl PostgresStore {
-    /// Runs `f` on a connection of the pool: Postgres takes concurrent writers. A connection
-    /// that a fault (or a transaction left open) made unfit is closed instead of going back
-    /// to the pool.
-    async fn write<T>(
-        &self,
-        f: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let result = f(&mut conn).await;
-        if let Err(e) = &result {
-            if e.is_unavailable() || sqlx::Connection::is_in_transaction(&*conn) {
-                conn.close_on_drop();
-            }
-        }
-        result
-    }
-
-    async fn ping_impl(&self) -> Result<(), StoreError> {
-        sqlx::query("select 1").execute(&self.pool).await?;
-        Ok(())
-    }
-}
-
 /// Chunks of the event log written per transaction: each commit waits for the WAL to reach
 /// the disk, and writers do not block each other.
 const LOG_ROWS_PER_TRANSACTION: usize = 1000;
-
-impl crate::store::Shared for PostgresStore {
-    const BEGIN_WRITE: &'static str = "BEGIN";
-    const SHARED: bool = true;
-    const MANY_STATEMENTS_PER_QUERY: bool = false;
-}
-
-impl_store!(PostgresStore, Postgres);
 
 /// The channel on which replicas ask each other to cancel a run; the payload is its trace id.
 const CANCEL_CHANNEL: &str = "chatd_cancel";
 /// Where a run's log growing, or its end, is told.
 const LOG_CHANNEL: &str = "chatd_log";
 
-impl PostgresStore {
-    async fn trace_events_impl(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
+impl Backend for PostgresStore {
+    type Db = Postgres;
+    type Writer<'a> = PoolConnection<Postgres>;
+    const SHARED: bool = true;
+    const BEGIN_WRITE: &'static str = "BEGIN";
+    const MANY_STATEMENTS_PER_QUERY: bool = false;
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// A connection of the pool: Postgres takes concurrent writers.
+    async fn writer(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+        Ok(self.pool.acquire().await?)
+    }
+
+    /// A connection that a fault (or a transaction left open) made unfit is closed instead
+    /// of going back to the pool.
+    fn written<T>(&self, mut writer: PoolConnection<Postgres>, result: &Result<T, StoreError>) {
+        if let Err(e) = result {
+            if e.is_unavailable() || sqlx::Connection::is_in_transaction(&*writer) {
+                writer.close_on_drop();
+            }
+        }
+    }
+
+    fn rows_affected(result: &PgQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    async fn execute<'c, 'q>(
+        conn: &'c mut PgConnection,
+        mut query: QueryBuilder<'q, Postgres>,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(query.build().execute(conn).await?.rows_affected())
+    }
+
+    async fn ping_database(&self) -> Result<(), StoreError> {
+        sqlx::query("select 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn read_log(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
         let rows: Vec<(String,)> = sqlx::query_as(
             "select events from trace_event_chunks where trace_id = $1 and last_seq > $2 order by first_seq",
         )
@@ -111,7 +115,7 @@ impl PostgresStore {
     /// One row per run per flush (see `chunks`), in transactions of a bounded size: a run's
     /// chunk is whole in one of them. Writing a chunk again is a no-op, so a batch that
     /// failed halfway can be retried run by run.
-    async fn append_events_impl(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+    async fn append_log(&self, events: &[NewEvent]) -> Result<(), StoreError> {
         let chunks = super::chunks::encode(events);
         for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
             let mut tx = self.pool.begin().await?;
@@ -136,11 +140,11 @@ impl PostgresStore {
     }
 
     /// The chunks, indexed by run, are the log: nothing more to write.
-    async fn seal_logs_impl(&self, _traces: &[TraceId]) -> Result<(), StoreError> {
+    async fn seal_log(&self, _traces: &[TraceId]) -> Result<(), StoreError> {
         Ok(())
     }
 
-    async fn notify_impl(&self, notice: Notice) -> Result<(), StoreError> {
+    async fn tell(&self, notice: Notice) -> Result<(), StoreError> {
         let (channel, trace_id) = match notice {
             Notice::Cancel(trace_id) => (CANCEL_CHANNEL, trace_id),
             Notice::Logged(trace_id) => (LOG_CHANNEL, trace_id),
@@ -153,7 +157,7 @@ impl PostgresStore {
     /// LISTENs on its own connection; sqlx reconnects it after a drop, and the notices sent
     /// meanwhile are lost: [`Notice::Missed`] says so (a cancel asked then is answered by
     /// the caller's timeout; a follower reads its log again).
-    async fn notices_impl(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
+    async fn listen(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL]).await?;
         let notices = listener.into_stream().filter_map(|notification| async move {

@@ -27,8 +27,8 @@ struct ProviderState<T> {
 }
 
 /// The `provider_state` to store for a message: its turns, if it has any.
-pub fn provider_state(message: &Message) -> Option<Json<impl Serialize + '_>> {
-    (!message.turns.is_empty()).then_some(Json(ProviderState { turns: &message.turns }))
+pub fn provider_state(message: &Message) -> Option<super::sql::JsonText> {
+    (!message.turns.is_empty()).then(|| super::sql::json(&ProviderState { turns: &message.turns }))
 }
 
 /// A conversation's stored context state.

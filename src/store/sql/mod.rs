@@ -1,0 +1,440 @@
+//! The SQL both backends share. SQLite and Postgres accept the same statements here (`$n`
+//! parameters, `returning`, `on conflict`), and the row types in `rows.rs` decode on both, so
+//! the [`Store`] methods are written once, as plain code generic over a [`Backend`]: what a
+//! backend has of its own (connecting, migrations, its writer, its event log, notices) is in
+//! its file, behind that trait. `runs.rs` writes the rows of runs starting and ending.
+//!
+//! The `where` clause of the generic code lists what the SQL binds and reads: sqlx's traits
+//! do not carry it, so it is written out where the code is (here and in `runs.rs`).
+
+mod runs;
+
+use std::ops::DerefMut;
+
+use chrono::{DateTime, Utc};
+use futures_util::stream::BoxStream;
+use serde::Serialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use sqlx::types::Json;
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
+use uuid::Uuid;
+
+use self::runs::Rows;
+use super::rows::*;
+use super::{ConversationPatch, NewEvent, Notice, PageCursor, RunFinish, RunStart, RunningTrace, Store, StoreError};
+use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, Trace, now};
+use crate::events::LoggedEvent;
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
+
+/// Rows in one multi-row insert, at most: 21 parameters a message row stays well under
+/// SQLite's 32,766 and Postgres's 65,535 parameters a statement.
+pub const ROWS_PER_INSERT: usize = 500;
+
+/// A backend's connection.
+pub(super) type Conn<B> = <<B as Backend>::Db as Database>::Connection;
+/// A row of a backend's database.
+pub(super) type Row<B> = <<B as Backend>::Db as Database>::Row;
+/// A JSON column's value, serialized once: one type to bind for every JSON column.
+pub(super) type JsonText = Json<Box<RawValue>>;
+
+/// A value for a JSON column.
+pub(super) fn json(value: &impl Serialize) -> JsonText {
+    Json(serde_json::value::to_raw_value(value).expect("domain values serialize"))
+}
+
+/// What a backend has of its own; [`Store`] is implemented over it.
+pub(super) trait Backend: Send + Sync + 'static {
+    type Db: Database;
+    /// A connection lent for one write, given back with [`written`](Self::written).
+    type Writer<'a>: DerefMut<Target = Conn<Self>> + Send
+    where
+        Self: 'a;
+    /// Whether several chatd processes may share this database (Postgres), so that a
+    /// running trace may belong to another live process.
+    const SHARED: bool;
+    /// How a transaction that will write starts. SQLite needs `BEGIN IMMEDIATE`: a deferred
+    /// transaction that reads first cannot wait for the write lock and fails at once.
+    const BEGIN_WRITE: &'static str;
+    /// Whether one query may hold several statements (sqlx runs SQLite's in turn; a
+    /// Postgres prepared statement is one statement).
+    const MANY_STATEMENTS_PER_QUERY: bool;
+
+    /// The pool reads use.
+    fn pool(&self) -> &Pool<Self::Db>;
+    /// A connection to write on, when the writes before have had theirs.
+    fn writer(&self) -> impl Future<Output = Result<Self::Writer<'_>, StoreError>> + Send;
+    /// Takes the writer back after a write: a fault (or a transaction left open) makes it
+    /// unfit, and the backend closes it.
+    fn written<T>(&self, writer: Self::Writer<'_>, result: &Result<T, StoreError>);
+    fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;
+    /// Runs a built query; how many rows it changed. (Generic code cannot: the builder's
+    /// arguments would have to outlive it.)
+    fn execute<'c, 'q>(
+        conn: &'c mut Conn<Self>,
+        query: QueryBuilder<'q, Self::Db>,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Whether the database answers and takes writes.
+    fn ping_database(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// The event log: see [`Store::append_events`], [`Store::trace_events`],
+    /// [`Store::seal_logs`].
+    fn append_log(&self, events: &[NewEvent]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn read_log(
+        &self,
+        trace_id: TraceId,
+        after: i64,
+    ) -> impl Future<Output = Result<Vec<LoggedEvent>, StoreError>> + Send;
+    fn seal_log(&self, traces: &[TraceId]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// See [`Store::notify`] and [`Store::notices`].
+    fn tell(&self, notice: Notice) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn listen(&self) -> impl Future<Output = Result<Option<BoxStream<'static, Notice>>, StoreError>> + Send;
+}
+
+/// Runs `query`, a whole transaction (`BEGIN …; …; COMMIT`) sent as one query, on `conn`;
+/// when a statement fails, the statements stop there and the transaction they began is
+/// rolled back.
+pub(super) async fn transaction_as_one_query<B: Backend>(
+    conn: &mut Conn<B>,
+    query: QueryBuilder<'_, B::Db>,
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+{
+    if let Err(e) = B::execute(&mut *conn, query).await {
+        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Runs `f` on the backend's writer and gives the writer back with how it went.
+pub(super) async fn write<B: Backend, T>(
+    backend: &B,
+    f: impl AsyncFnOnce(&mut Conn<B>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut writer = backend.writer().await?;
+    let result = f(&mut writer).await;
+    backend.written(writer, &result);
+    result
+}
+
+#[async_trait::async_trait]
+impl<B> Store for B
+where
+    B: Backend,
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+    for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> i64: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> bool: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> JsonText: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Option<&'q str>: Encode<'q, B::Db>,
+    for<'q> Option<JsonText>: Encode<'q, B::Db>,
+    for<'q> Option<MessageId>: Encode<'q, B::Db>,
+    for<'q> Option<TraceId>: Encode<'q, B::Db>,
+    for<'q> Option<ComparisonId>: Encode<'q, B::Db>,
+    for<'r> ConversationRow: FromRow<'r, Row<B>>,
+    for<'r> MessageRow: FromRow<'r, Row<B>>,
+    for<'r> TraceRow: FromRow<'r, Row<B>>,
+    for<'r> RunningRow: FromRow<'r, Row<B>>,
+    for<'r> ComparisonRow: FromRow<'r, Row<B>>,
+    for<'r> (i64,): FromRow<'r, Row<B>>,
+    for<'r> (UserId,): FromRow<'r, Row<B>>,
+    for<'r> (Json<Value>,): FromRow<'r, Row<B>>,
+{
+    fn is_shared(&self) -> bool {
+        B::SHARED
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.ping_database().await
+    }
+
+    async fn create_conversation(&self, c: &Conversation) -> Result<(), StoreError> {
+        write(self, async |conn| Rows::<B>::insert_conversation(conn, c).await).await
+    }
+
+    async fn list_conversations(
+        &self,
+        user: &UserId,
+        limit: u32,
+        cursor: Option<PageCursor>,
+    ) -> Result<Vec<Conversation>, StoreError> {
+        let rows: Vec<ConversationRow> = match cursor {
+            None => {
+                let sql = format!(
+                    "select {CONVERSATION_COLUMNS} from conversations where user_id = $1 \
+                     order by last_message_at desc, id desc limit $2"
+                );
+                sqlx::query_as(&sql).bind(user).bind(i64::from(limit)).fetch_all(self.pool()).await?
+            }
+            Some(cursor) => {
+                let sql = format!(
+                    "select {CONVERSATION_COLUMNS} from conversations where user_id = $1 \
+                     and (last_message_at < $2 or (last_message_at = $2 and id < $3)) \
+                     order by last_message_at desc, id desc limit $4"
+                );
+                sqlx::query_as(&sql)
+                    .bind(user)
+                    .bind(cursor.last_message_at)
+                    .bind(cursor.id)
+                    .bind(i64::from(limit))
+                    .fetch_all(self.pool())
+                    .await?
+            }
+        };
+        Ok(rows.into_iter().map(Conversation::from).collect())
+    }
+
+    async fn get_conversation(&self, user: &UserId, id: ConversationId) -> Result<Conversation, StoreError> {
+        let sql = format!("select {CONVERSATION_COLUMNS} from conversations where id = $1 and user_id = $2");
+        let row: Option<ConversationRow> = sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(self.pool()).await?;
+        row.map(Conversation::from).ok_or(StoreError::NotFound)
+    }
+
+    async fn update_conversation(
+        &self,
+        user: &UserId,
+        id: ConversationId,
+        patch: &ConversationPatch,
+    ) -> Result<Conversation, StoreError> {
+        let sql = format!(
+            "update conversations set title = coalesce($3, title), \
+             profile = coalesce($4, profile), system_prompt = coalesce($5, system_prompt), \
+             metadata = coalesce($6, metadata), updated_at = $7 \
+             where id = $1 and user_id = $2 returning {CONVERSATION_COLUMNS}"
+        );
+        let row: Option<ConversationRow> = write(self, async |conn| {
+            Ok(sqlx::query_as(&sql)
+                .bind(id)
+                .bind(user)
+                .bind(patch.title.as_deref())
+                .bind(patch.profile.as_deref())
+                .bind(patch.system_prompt.as_deref())
+                .bind(patch.metadata.as_ref().map(json))
+                .bind(now())
+                .fetch_optional(conn)
+                .await?)
+        })
+        .await?;
+        row.map(Conversation::from).ok_or(StoreError::NotFound)
+    }
+
+    async fn delete_conversation(&self, user: &UserId, id: ConversationId) -> Result<(), StoreError> {
+        let done = write(self, async |conn| {
+            Ok(sqlx::query("delete from conversations where id = $1 and user_id = $2")
+                .bind(id)
+                .bind(user)
+                .execute(conn)
+                .await?)
+        })
+        .await?;
+        if B::rows_affected(&done) == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
+    async fn messages(&self, user: &UserId, conversation_id: ConversationId) -> Result<Vec<Message>, StoreError> {
+        let sql = format!(
+            "select {MESSAGE_COLUMNS} from messages where conversation_id = $1 and user_id = $2 \
+             order by created_at, id"
+        );
+        let rows: Vec<MessageRow> =
+            sqlx::query_as(&sql).bind(conversation_id).bind(user).fetch_all(self.pool()).await?;
+        rows.into_iter().map(Message::try_from).collect()
+    }
+
+    async fn set_feedback(
+        &self,
+        user: &UserId,
+        message_id: MessageId,
+        feedback: Option<Feedback>,
+    ) -> Result<Message, StoreError> {
+        let sql = format!(
+            "update messages set feedback = $3 where id = $1 and user_id = $2 \
+             returning {MESSAGE_COLUMNS}"
+        );
+        let row: Option<MessageRow> = write(self, async |conn| {
+            Ok(sqlx::query_as(&sql)
+                .bind(message_id)
+                .bind(user)
+                .bind(feedback.as_ref().map(json))
+                .fetch_optional(conn)
+                .await?)
+        })
+        .await?;
+        row.ok_or(StoreError::NotFound)?.try_into()
+    }
+
+    async fn start_runs(&self, starts: &[&RunStart]) -> Result<(), StoreError> {
+        Rows::start_runs(self, starts).await
+    }
+
+    async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        self.append_log(events).await
+    }
+
+    async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
+        Rows::finish_run(self, finish).await
+    }
+
+    async fn get_trace(&self, user: &UserId, trace_id: TraceId) -> Result<Trace, StoreError> {
+        let sql = format!("select {TRACE_COLUMNS} from traces where id = $1 and user_id = $2");
+        let row: Option<TraceRow> = sqlx::query_as(&sql).bind(trace_id).bind(user).fetch_optional(self.pool()).await?;
+        row.ok_or(StoreError::NotFound)?.try_into()
+    }
+
+    async fn trace_by_message(&self, user: &UserId, message_id: MessageId) -> Result<Trace, StoreError> {
+        let sql = format!(
+            "select {TRACE_COLUMNS} from traces where message_id = $1 and user_id = $2 \
+             order by started_at desc limit 1"
+        );
+        let row: Option<TraceRow> =
+            sqlx::query_as(&sql).bind(message_id).bind(user).fetch_optional(self.pool()).await?;
+        row.ok_or(StoreError::NotFound)?.try_into()
+    }
+
+    async fn get_message(&self, user: &UserId, id: MessageId) -> Result<Message, StoreError> {
+        let sql = format!("select {MESSAGE_COLUMNS} from messages where id = $1 and user_id = $2");
+        let row: Option<MessageRow> = sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(self.pool()).await?;
+        row.ok_or(StoreError::NotFound)?.try_into()
+    }
+
+    async fn set_active_leaf(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        leaf: MessageId,
+    ) -> Result<(), StoreError> {
+        let done = write(self, async |conn| {
+            Ok(sqlx::query(
+                "update conversations set active_leaf_id = $3, updated_at = $4 where id = $1 and user_id = $2 \
+                     and exists (select 1 from messages where id = $3 and conversation_id = $1)",
+            )
+            .bind(conversation_id)
+            .bind(user)
+            .bind(leaf)
+            .bind(now())
+            .execute(conn)
+            .await?)
+        })
+        .await?;
+        if B::rows_affected(&done) == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
+    async fn get_comparison(&self, user: &UserId, id: ComparisonId) -> Result<Comparison, StoreError> {
+        let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
+        let row: Option<ComparisonRow> = sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(self.pool()).await?;
+        row.ok_or(StoreError::NotFound)?.try_into()
+    }
+
+    async fn vote(
+        &self,
+        user: &UserId,
+        id: ComparisonId,
+        preference: Preference,
+        change: bool,
+    ) -> Result<Comparison, StoreError> {
+        Rows::vote(self, user, id, preference, change).await
+    }
+
+    async fn voted_comparisons(&self) -> Result<Vec<Comparison>, StoreError> {
+        let sql =
+            format!("select {COMPARISON_COLUMNS} from comparisons where voted_at is not null order by voted_at, id");
+        let rows: Vec<ComparisonRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
+        rows.into_iter().map(Comparison::try_from).collect()
+    }
+
+    async fn context_state(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+    ) -> Result<Option<ContextState>, StoreError> {
+        let row: Option<(Json<Value>,)> =
+            sqlx::query_as("select state from context_states where conversation_id = $1 and user_id = $2")
+                .bind(conversation_id)
+                .bind(user)
+                .fetch_optional(self.pool())
+                .await?;
+        Ok(row.and_then(|(state,)| crate::store::rows::context_state(state.0)))
+    }
+
+    async fn set_context_state(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        state: Option<&ContextState>,
+    ) -> Result<(), StoreError> {
+        write(self, async |conn| {
+            match state {
+                Some(state) => {
+                    let strategy = state.strategy.as_str();
+                    sqlx::query(
+                        "insert into context_states (conversation_id, user_id, strategy, state, updated_at) \
+                     values ($1, $2, $3, $4, $5) on conflict (conversation_id) do update \
+                     set strategy = excluded.strategy, state = excluded.state, updated_at = excluded.updated_at",
+                    )
+                    .bind(conversation_id)
+                    .bind(user)
+                    .bind(strategy)
+                    .bind(json(state))
+                    .bind(now())
+                    .execute(&mut *conn)
+                    .await?;
+                }
+                None => {
+                    sqlx::query("delete from context_states where conversation_id = $1 and user_id = $2")
+                        .bind(conversation_id)
+                        .bind(user)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError> {
+        let sql = format!("select {TRACE_COLUMNS}, replica_id, heartbeat_at from traces where status = 'running'");
+        let rows: Vec<RunningRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
+        rows.into_iter().map(RunningTrace::try_from).collect()
+    }
+
+    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+        write(self, async |conn| {
+            sqlx::query("update traces set heartbeat_at = $2 where replica_id = $1 and status = 'running'")
+                .bind(replica_id)
+                .bind(at)
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn notify(&self, notice: Notice) -> Result<(), StoreError> {
+        self.tell(notice).await
+    }
+
+    async fn notices(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
+        self.listen().await
+    }
+
+    async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
+        self.read_log(trace_id, after).await
+    }
+
+    async fn seal_logs(&self, traces: &[TraceId]) -> Result<(), StoreError> {
+        self.seal_log(traces).await
+    }
+}

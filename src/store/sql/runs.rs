@@ -1,0 +1,402 @@
+//! Writing runs: the rows of runs starting (conversations, messages, comparisons, traces,
+//! a few multi-row statements for any number of starts), the answer of a run ending, and a
+//! vote that makes one answer of a comparison the active branch.
+
+use std::marker::PhantomData;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
+use uuid::Uuid;
+
+use super::{Backend, Conn, JsonText, ROWS_PER_INSERT, Row, json, transaction_as_one_query, write};
+use crate::domain::{Comparison, Conversation, Message, Preference, Trace, Vote, now};
+use crate::ids::{ComparisonId, MessageId, TraceId, UserId};
+use crate::store::rows::*;
+use crate::store::{RunFinish, RunStart, StoreError};
+
+/// The run-writing statements of backend `B`.
+pub(super) struct Rows<B>(PhantomData<B>);
+
+impl<B> Rows<B>
+where
+    B: Backend,
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+    for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> i64: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> bool: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> JsonText: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Option<&'q str>: Encode<'q, B::Db>,
+    for<'q> Option<JsonText>: Encode<'q, B::Db>,
+    for<'q> Option<MessageId>: Encode<'q, B::Db>,
+    for<'q> Option<TraceId>: Encode<'q, B::Db>,
+    for<'q> Option<ComparisonId>: Encode<'q, B::Db>,
+    for<'r> ConversationRow: FromRow<'r, Row<B>>,
+    for<'r> MessageRow: FromRow<'r, Row<B>>,
+    for<'r> TraceRow: FromRow<'r, Row<B>>,
+    for<'r> RunningRow: FromRow<'r, Row<B>>,
+    for<'r> ComparisonRow: FromRow<'r, Row<B>>,
+    for<'r> (i64,): FromRow<'r, Row<B>>,
+    for<'r> (UserId,): FromRow<'r, Row<B>>,
+    for<'r> (Json<Value>,): FromRow<'r, Row<B>>,
+{
+    pub(super) async fn start_runs(backend: &B, starts: &[&RunStart]) -> Result<(), StoreError> {
+        // A few statements for any number of starts: new conversations, messages and
+        // traces go in as one multi-row insert each (a statement is a round trip to
+        // the database, and these come in bursts). A new conversation is inserted as
+        // it stands after its first message; an existing one is updated per message.
+        let mut conversations = Vec::new();
+        let mut messages = Vec::new();
+        let mut traces = Vec::new();
+        for start in starts {
+            let first = start.traces.first().ok_or(StoreError::Conflict("a run needs a trace".into()))?;
+            if let Some(c) = &start.new_conversation {
+                let mut c = c.clone();
+                if start.user_message_is_new {
+                    let m = &start.user_message;
+                    c.active_leaf_id = Some(m.id);
+                    c.message_count += 1;
+                    (c.last_message_at, c.updated_at) = (m.created_at, m.created_at);
+                }
+                conversations.push(c);
+            }
+            if start.user_message_is_new {
+                messages.push((&first.user_id, &start.user_message));
+            }
+            traces.extend(start.traces.iter().map(|t| (t, start.replica_id.as_str())));
+        }
+        if B::MANY_STATEMENTS_PER_QUERY {
+            return Rows::<B>::start_runs_in_one_query(backend, &conversations, &messages, starts, &traces).await;
+        }
+        write(backend, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+            if B::SHARED {
+                Rows::<B>::check_running_limits(&mut *tx, starts).await?;
+            }
+            for rows in conversations.chunks(ROWS_PER_INSERT) {
+                Rows::<B>::insert_conversations(&mut *tx, rows).await?;
+            }
+            for rows in messages.chunks(ROWS_PER_INSERT) {
+                Rows::<B>::insert_messages(&mut *tx, rows).await?;
+            }
+            for start in starts {
+                if start.user_message_is_new && start.new_conversation.is_none() {
+                    let user = &start.traces[0].user_id;
+                    Rows::<B>::touch_conversation(&mut *tx, user, &start.user_message).await?;
+                }
+                if let Some(c) = &start.comparison {
+                    let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+                    Rows::<B>::push_comparison(&mut query, c);
+                    B::execute(&mut *tx, query).await?;
+                }
+            }
+            for rows in traces.chunks(ROWS_PER_INSERT) {
+                let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+                Rows::<B>::push_traces(&mut query, rows);
+                B::execute(&mut *tx, query).await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn finish_run(backend: &B, finish: &RunFinish) -> Result<(), StoreError> {
+        write(backend, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+            // Only a running trace ends: if another process already closed it (marked it
+            // interrupted), this result is refused whole instead of overwriting that.
+            let owner: Option<(UserId,)> = sqlx::query_as(
+                "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6 \
+                 where id = $1 and status = 'running' returning user_id",
+            )
+            .bind(finish.trace_id)
+            .bind(finish.status.as_str())
+            .bind(finish.ended_at)
+            .bind(json(&finish.usage))
+            .bind(finish.error.as_ref().map(json))
+            .bind(json(&finish.spans))
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some((user,)) = owner else {
+                return Err(StoreError::Conflict("the run has already ended".into()));
+            };
+            if let Some(message) = &finish.assistant_message {
+                Rows::<B>::append_message(&mut *tx, &user, message).await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn vote(
+        backend: &B,
+        user: &UserId,
+        id: ComparisonId,
+        preference: Preference,
+        change: bool,
+    ) -> Result<Comparison, StoreError> {
+        write(backend, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+            let sql = format!("select {COMPARISON_COLUMNS} from comparisons where id = $1 and user_id = $2");
+            let row: Option<ComparisonRow> =
+                sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(&mut *tx).await?;
+            let mut comparison: Comparison = row.ok_or(StoreError::NotFound)?.try_into()?;
+            match comparison.preference {
+                Some(current) if current == preference => return Ok(comparison),
+                Some(_) if !change => {
+                    return Err(StoreError::Conflict("This comparison has another vote; change it with PUT".into()));
+                }
+                _ => {}
+            }
+            let at = now();
+            comparison.preference = Some(preference);
+            comparison.voted_at = Some(at);
+            comparison.vote_history.push(Vote { preference, at });
+            sqlx::query("update comparisons set preference = $2, voted_at = $3, vote_history = $4 where id = $1")
+                .bind(id)
+                .bind(preference.as_str())
+                .bind(at)
+                .bind(json(&comparison.vote_history))
+                .execute(&mut *tx)
+                .await?;
+            // The preferred answer (A for a tie or both bad) becomes the active branch.
+            let trace = if preference == Preference::B { comparison.trace_b } else { comparison.trace_a };
+            sqlx::query(
+                "update conversations set active_leaf_id = (select message_id from traces where id = $2) \
+                 where id = $1 and exists (select 1 from messages where id = (select message_id from traces where id = $2))",
+            )
+            .bind(comparison.conversation_id)
+            .bind(trace)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(comparison)
+        })
+        .await
+    }
+
+    /// Counts each user's running runs, with the starts' new ones, against the starts'
+    /// `max_running`, holding a lock per user until the transaction ends: replicas
+    /// that start runs for one user at once take turns here, and each sees the runs
+    /// the others committed.
+    pub(super) async fn check_running_limits(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<(), StoreError> {
+        let mut users: Vec<(&UserId, usize, usize)> = Vec::new();
+        for start in starts {
+            let (Some(limit), Some(first)) = (start.max_running, start.traces.first()) else { continue };
+            match users.iter_mut().find(|(user, _, _)| *user == &first.user_id) {
+                Some((_, _, adding)) => *adding += start.traces.len(),
+                None => users.push((&first.user_id, limit, start.traces.len())),
+            }
+        }
+        users.sort_unstable();
+        for (user, limit, adding) in users {
+            sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 7))").bind(user).execute(&mut *conn).await?;
+            let (running,): (i64,) =
+                sqlx::query_as("select count(*) from traces where user_id = $1 and status = 'running'")
+                    .bind(user)
+                    .fetch_one(&mut *conn)
+                    .await?;
+            let running = usize::try_from(running).unwrap_or(usize::MAX);
+            if running + adding > limit {
+                return Err(StoreError::TooManyRuns(running));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn insert_conversation(conn: &mut Conn<B>, c: &Conversation) -> Result<(), StoreError> {
+        Rows::<B>::insert_conversations(conn, std::slice::from_ref(c)).await
+    }
+
+    pub(super) async fn insert_conversations(conn: &mut Conn<B>, rows: &[Conversation]) -> Result<(), StoreError> {
+        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+        Rows::<B>::push_conversations(&mut query, rows);
+        B::execute(&mut *conn, query).await?;
+        Ok(())
+    }
+
+    pub(super) fn push_conversations<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [Conversation]) {
+        query.push(
+            "insert into conversations (id, user_id, title, profile, system_prompt, metadata, \
+             active_leaf_id, message_count, created_at, updated_at, last_message_at) ",
+        );
+        query.push_values(rows, |mut row, c| {
+            row.push_bind(c.id)
+                .push_bind(&c.user_id)
+                .push_bind(&c.title)
+                .push_bind(c.profile.as_deref())
+                .push_bind(c.system_prompt.as_deref())
+                .push_bind(json(&c.metadata))
+                .push_bind(c.active_leaf_id)
+                .push_bind(c.message_count)
+                .push_bind(c.created_at)
+                .push_bind(c.updated_at)
+                .push_bind(c.last_message_at);
+        });
+    }
+
+    /// Inserts messages, each `(owner, message)`, without touching their conversations.
+    pub(super) async fn insert_messages(conn: &mut Conn<B>, rows: &[(&UserId, &Message)]) -> Result<(), StoreError> {
+        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+        Rows::<B>::push_messages(&mut query, rows);
+        B::execute(&mut *conn, query).await?;
+        Ok(())
+    }
+
+    pub(super) fn push_messages<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a UserId, &'a Message)]) {
+        query.push(
+            "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
+             thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
+             suggested_actions, cancelled, model, trace_id, usage, feedback, comparison_id, \
+             variant, created_at) ",
+        );
+        query.push_values(rows, |mut row, (user, m)| {
+            row.push_bind(m.id)
+                .push_bind(m.conversation_id)
+                .push_bind(*user)
+                .push_bind(m.parent_id)
+                .push_bind(m.role.as_str())
+                .push_bind(&m.content)
+                .push_bind(m.thinking.as_deref())
+                .push_bind(provider_state(m))
+                .push_bind(json(&m.tool_calls))
+                .push_bind(json(&m.tool_history))
+                .push_bind(json(&m.payloads))
+                .push_bind(json(&m.suggested_values))
+                .push_bind(json(&m.suggested_actions))
+                .push_bind(m.cancelled)
+                .push_bind(m.model.as_deref())
+                .push_bind(m.trace_id)
+                .push_bind(m.usage.as_ref().map(json))
+                .push_bind(m.feedback.as_ref().map(json))
+                .push_bind(m.comparison_id)
+                .push_bind(m.variant.as_deref())
+                .push_bind(m.created_at);
+        });
+    }
+
+    pub(super) fn push_comparison<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, c: &'a Comparison) {
+        query.push(
+            "insert into comparisons (id, conversation_id, user_id, user_message_id, trace_a, trace_b, \
+             profile_a, profile_b, model_a, model_b, created_at) ",
+        );
+        query.push_values([c], |mut row, c| {
+            row.push_bind(c.comparison_id)
+                .push_bind(c.conversation_id)
+                .push_bind(&c.user_id)
+                .push_bind(c.user_message_id)
+                .push_bind(c.trace_a)
+                .push_bind(c.trace_b)
+                .push_bind(&c.profile_a)
+                .push_bind(&c.profile_b)
+                .push_bind(&c.model_a)
+                .push_bind(&c.model_b)
+                .push_bind(c.created_at);
+        });
+    }
+
+    pub(super) fn push_traces<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a Trace, &'a str)]) {
+        query.push(
+            "insert into traces (id, conversation_id, user_id, user_message_id, message_id, status, \
+             model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at) ",
+        );
+        query.push_values(rows, |mut row, (t, replica_id)| {
+            row.push_bind(t.trace_id)
+                .push_bind(t.conversation_id)
+                .push_bind(&t.user_id)
+                .push_bind(t.user_message_id)
+                .push_bind(t.message_id)
+                .push_bind(t.status.as_str())
+                .push_bind(&t.model)
+                .push_bind(&t.profile)
+                .push_bind(t.started_at)
+                .push_bind(json(&t.spans))
+                .push_bind(t.comparison_id)
+                .push_bind(t.variant.as_deref())
+                .push_bind(*replica_id)
+                .push_bind(t.started_at);
+        });
+    }
+
+    /// The whole group of starts as one query of several statements, the transaction
+    /// included: one round trip to the database instead of one per statement (SQLite
+    /// runs each on its own thread; under load, every trip back waited its turn on a
+    /// busy runtime). A conversation deleted meanwhile fails its message's or trace's
+    /// foreign key, and reads as not found, as a conversation that no update touched
+    /// does on the other path.
+    pub(super) async fn start_runs_in_one_query(
+        backend: &B,
+        conversations: &[Conversation],
+        messages: &[(&UserId, &Message)],
+        starts: &[&RunStart],
+        traces: &[(&Trace, &str)],
+    ) -> Result<(), StoreError> {
+        let mut query = sqlx::QueryBuilder::<B::Db>::new(B::BEGIN_WRITE);
+        for rows in conversations.chunks(ROWS_PER_INSERT) {
+            query.push("; ");
+            Rows::<B>::push_conversations(&mut query, rows);
+        }
+        for rows in messages.chunks(ROWS_PER_INSERT) {
+            query.push("; ");
+            Rows::<B>::push_messages(&mut query, rows);
+        }
+        for start in starts {
+            if start.user_message_is_new && start.new_conversation.is_none() {
+                query.push("; ");
+                Rows::<B>::push_touch(&mut query, &start.traces[0].user_id, &start.user_message);
+            }
+            if let Some(c) = &start.comparison {
+                query.push("; ");
+                Rows::<B>::push_comparison(&mut query, c);
+            }
+        }
+        for rows in traces.chunks(ROWS_PER_INSERT) {
+            query.push("; ");
+            Rows::<B>::push_traces(&mut query, rows);
+        }
+        query.push("; COMMIT");
+        write(backend, async |conn| {
+            transaction_as_one_query::<B>(conn, query).await.map_err(|e| match e.as_database_error() {
+                Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
+                _ => e.into(),
+            })
+        })
+        .await
+    }
+
+    /// Inserts a message and makes it the conversation's active leaf.
+    pub(super) async fn append_message(conn: &mut Conn<B>, user: &UserId, m: &Message) -> Result<(), StoreError> {
+        Rows::<B>::insert_messages(conn, &[(user, m)]).await?;
+        Rows::<B>::touch_conversation(conn, user, m).await
+    }
+
+    /// Counts a new message in its conversation and makes it the active leaf.
+    pub(super) async fn touch_conversation(conn: &mut Conn<B>, user: &UserId, m: &Message) -> Result<(), StoreError> {
+        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+        Rows::<B>::push_touch(&mut query, user, m);
+        if B::execute(&mut *conn, query).await? == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// The update of [`touch_conversation`](Rows::<B>::touch_conversation). The second answer
+    /// of a comparison does not take over the branch: A stays active until a vote says
+    /// otherwise.
+    pub(super) fn push_touch<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, user: &'a UserId, m: &'a Message) {
+        query.push("update conversations set active_leaf_id = case when ");
+        query.push_bind(m.variant.as_deref() == Some("b"));
+        query.push(" then active_leaf_id else ").push_bind(m.id);
+        query.push(" end, message_count = message_count + 1, last_message_at = ").push_bind(m.created_at);
+        query.push(", updated_at = ").push_bind(m.created_at);
+        query.push(" where id = ").push_bind(m.conversation_id);
+        query.push(" and user_id = ").push_bind(user);
+    }
+}

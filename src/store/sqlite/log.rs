@@ -1,0 +1,169 @@
+//! SQLite's event log (migration 0005): chunks are appended to `trace_event_chunks`, which
+//! has no index. A running run's chunks are those after its `log_from` with its trace id;
+//! when it ends, the ids of its chunks (kept meanwhile) become its row of `trace_logs`
+//! ([`Store::seal_logs`](crate::store::Store::seal_logs)), and the row's deletion takes them
+//! along.
+
+use std::sync::atomic::Ordering;
+
+use sqlx::{Sqlite, SqliteConnection};
+
+use super::SqliteStore;
+use crate::events::LoggedEvent;
+use crate::ids::TraceId;
+use crate::store::sql::{transaction_as_one_query, write};
+use crate::store::{NewEvent, StoreError};
+
+/// Seals the logs of runs that ended, or were running, when the process that ran them
+/// stopped: from their chunks after `log_from`.
+pub(super) async fn seal_left_over_logs(writer: &mut SqliteConnection) -> Result<(), StoreError> {
+    let mut tx = sqlx::Connection::begin_with(writer, "BEGIN IMMEDIATE").await?;
+    sqlx::query(
+        "insert into trace_logs (trace_id, chunk_ids) \
+         select t.id, json_group_array(c.id) \
+         from traces t join trace_event_chunks c on c.id > t.log_from and c.trace_id = t.id \
+         where t.log_sealed = 0 group by t.id \
+         on conflict (trace_id) do update set chunk_ids = excluded.chunk_ids",
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("update traces set log_sealed = 1 where log_sealed = 0").execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Chunks of the event log written per transaction. SQLite has one writer: a flush of a
+/// thousand runs in one transaction held it for milliseconds, and a new chat's start waited
+/// behind it; in smaller transactions, starts get the writer in between.
+const LOG_ROWS_PER_TRANSACTION: usize = 100;
+
+/// Runs and their lists of chunk ids as a `values` table (`column1`, `column2`).
+fn lists_as_values<'a>(query: &mut sqlx::QueryBuilder<'a, Sqlite>, lists: &'a [(TraceId, String)]) {
+    query.push_values(lists, |mut row, (trace_id, ids)| {
+        row.push_bind(*trace_id).push_bind(ids.as_str());
+    });
+}
+
+/// Sealed logs written per transaction, at most.
+const LOGS_PER_TRANSACTION: usize = 500;
+
+impl SqliteStore {
+    /// One row per run per flush (see `chunks`), in transactions of a bounded size (a new
+    /// chat's start waits for one of them, not for a whole flush), each sent as one query
+    /// (`BEGIN IMMEDIATE; insert …; COMMIT`): one trip to the connection's thread instead of
+    /// three, each of which, at load, waits in the runtime's queue on its way back while the
+    /// transaction holds the writer. The rows' ids are given here, under the writer's lock,
+    /// and kept for sealing: read back with `returning`, they came through sqlx's channel one
+    /// row at a time, its thread blocking whenever the channel was full.
+    pub(super) async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        let chunks = crate::store::chunks::encode(events);
+        for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
+            let ids = write(self, async |conn| {
+                let first_id = self.next_chunk_id.fetch_add(rows.len() as i64, Ordering::Relaxed);
+                let ids = first_id..;
+                let mut query = sqlx::QueryBuilder::<Sqlite>::new(
+                    "BEGIN IMMEDIATE; insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) ",
+                );
+                query.push_values(rows.iter().zip(ids.clone()), |mut row, (c, id)| {
+                    row.push_bind(id)
+                        .push_bind(c.trace_id)
+                        .push_bind(c.first_seq)
+                        .push_bind(c.last_seq)
+                        .push_bind(&c.events);
+                });
+                query.push("; COMMIT");
+                transaction_as_one_query::<Self>(conn, query).await?;
+                Ok(ids)
+            })
+            .await?;
+            let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
+            for (c, id) in rows.iter().zip(ids) {
+                kept.entry(c.trace_id).or_default().push(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// A sealed run's chunks are those its row lists; a running one's, those after its
+    /// `log_from`. Both are read in one transaction. A chunk written twice (a batch retried
+    /// run by run after it failed halfway) is read once.
+    pub(super) async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let sealed: Option<(String,)> = sqlx::query_as("select chunk_ids from trace_logs where trace_id = $1")
+            .bind(trace_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let texts: Vec<(String,)> = match sealed {
+            Some((ids,)) => {
+                sqlx::query_as(
+                    "select events from trace_event_chunks \
+                     where id in (select value from json_each($1)) and last_seq > $2 order by id",
+                )
+                .bind(ids)
+                .bind(after)
+                .fetch_all(&mut *tx)
+                .await?
+            }
+            None => {
+                sqlx::query_as(
+                    "select events from trace_event_chunks \
+                     where id > (select log_from from traces where id = $1) and trace_id = $1 and last_seq > $2 \
+                     order by id",
+                )
+                .bind(trace_id)
+                .bind(after)
+                .fetch_all(&mut *tx)
+                .await?
+            }
+        };
+        tx.commit().await?;
+        let mut events = Vec::new();
+        for (text,) in texts {
+            crate::store::chunks::decode(&text, after, &mut events)?;
+        }
+        events.sort_by_key(|e| e.seq);
+        events.dedup_by_key(|e| e.seq);
+        Ok(events)
+    }
+
+    /// Writes each run's list of chunks as its row of `trace_logs`. The chunks of a run
+    /// deleted meanwhile have no row to go with: they are deleted here. Each group of runs is
+    /// one query, as for appends.
+    pub(super) async fn seal_logs(&self, traces: &[TraceId]) -> Result<(), StoreError> {
+        for traces in traces.chunks(LOGS_PER_TRANSACTION) {
+            let lists: Vec<(TraceId, String)> = {
+                let kept = self.chunk_ids.lock().expect("chunk ids lock");
+                traces
+                    .iter()
+                    .map(|t| {
+                        let ids = kept.get(t).map(Vec::as_slice).unwrap_or_default();
+                        (*t, serde_json::to_string(ids).expect("ids serialize"))
+                    })
+                    .collect()
+            };
+            // (The `where` tells SQLite that `on conflict` belongs to the insert.)
+            let mut query = sqlx::QueryBuilder::<Sqlite>::new(
+                "BEGIN IMMEDIATE; insert into trace_logs (trace_id, chunk_ids) select column1, column2 from (",
+            );
+            lists_as_values(&mut query, &lists);
+            query.push(
+                ") where column1 in (select id from traces) \
+                 on conflict (trace_id) do update set chunk_ids = excluded.chunk_ids; \
+                 update traces set log_sealed = 1 where id in (",
+            );
+            let mut ids = query.separated(", ");
+            for t in traces {
+                ids.push_bind(*t);
+            }
+            query.push("); delete from trace_event_chunks where id in (select chunk.value from (");
+            lists_as_values(&mut query, &lists);
+            query.push(") as list, json_each(list.column2) as chunk where list.column1 not in (select id from traces)); COMMIT");
+            write(self, async |conn| Ok(transaction_as_one_query::<Self>(conn, query).await?)).await?;
+            let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
+            for t in traces {
+                kept.remove(t);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,312 @@
+//! The SQLite backend: one file (created with its folder on first run), WAL journal, readers
+//! in a pool and one writer connection: SQLite takes one writer at a time anyway, and writes
+//! that queue here in order cost nothing, where writers racing for the file's lock sleep in
+//! its busy handler (milliseconds each). Single-process only.
+//!
+//! The writer is a connection behind a lock, not a pool of one: sqlx's pool tests every
+//! connection given back to it with a ping, a trip to the connection's thread during which
+//! the next write waits (at load, each trip waits for a worker too).
+//!
+//! Its event log is in `log.rs`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::stream::BoxStream;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult, SqliteSynchronous};
+use sqlx::{ConnectOptions, QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
+use tokio::sync::MutexGuard;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+mod log;
+
+use super::sql::{Backend, write};
+use super::{NewEvent, Notice, StoreError};
+use crate::events::LoggedEvent;
+use crate::ids::TraceId;
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+    /// The one connection that writes; `None` once a fault made it unfit (see [`Self::write`]),
+    /// until the next write opens a new one.
+    writer: tokio::sync::Mutex<Option<SqliteConnection>>,
+    /// How the writer is opened again after a fault.
+    options: SqliteConnectOptions,
+    /// What tells whether writes work now, for readiness (shared with the checkpoint task).
+    health: Arc<WriteHealth>,
+    /// The ids of the chunks written for each run not sealed yet.
+    chunk_ids: Mutex<HashMap<TraceId, Vec<i64>>>,
+    /// The id the next chunk gets: above every id in the table, so a run's chunks are all
+    /// after its `log_from` (taken only while holding the writer).
+    next_chunk_id: AtomicI64,
+    /// Stops the checkpoint task with the store.
+    _checkpoints: DropGuard,
+}
+
+/// How often the WAL is copied back into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `url` and runs the SQLite migrations.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // WAL makes NORMAL durable against application crashes; only a power cut can
+            // lose the last transactions.
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true)
+            // Checkpoints run beside the writer (see `checkpoints`), not inside its commits.
+            .pragma("wal_autocheckpoint", "0")
+            .pragma("journal_size_limit", "67108864");
+        if let Some(folder) = options.get_filename().parent() {
+            if !folder.as_os_str().is_empty() {
+                std::fs::create_dir_all(folder)
+                    .map_err(|e| StoreError::Url(format!("cannot create {}: {e}", folder.display())))?;
+            }
+        }
+        let path = options.get_filename().to_owned();
+        let mut writer = options.connect().await?;
+        sqlx::migrate!("migrations/sqlite").run(&mut writer).await?;
+        log::seal_left_over_logs(&mut writer).await?;
+        let (last_chunk_id,): (i64,) =
+            sqlx::query_as("select coalesce(max(id), 0) from trace_event_chunks").fetch_one(&mut writer).await?;
+        // A connection to a local file does not go stale: no ping before each use (sqlx's
+        // default), which cost every read a second trip to the connection's thread.
+        let pool = SqlitePoolOptions::new()
+            .test_before_acquire(false)
+            .max_connections(max_connections)
+            .connect_with(options.clone())
+            .await?;
+        let health = Arc::new(WriteHealth { failing: AtomicBool::new(false), file: FileIdentity::of(&path) });
+        let stop = CancellationToken::new();
+        tokio::spawn(checkpoints(pool.clone(), health.clone(), stop.clone()));
+        Ok(Self {
+            pool,
+            writer: tokio::sync::Mutex::new(Some(writer)),
+            options,
+            health,
+            chunk_ids: Mutex::default(),
+            next_chunk_id: AtomicI64::new(last_chunk_id + 1),
+            _checkpoints: stop.drop_guard(),
+        })
+    }
+
+    /// A write of 64 KiB, about what an answer and its log take: what readiness tries while
+    /// writes fail (a tiny write can pass on a disk too full for an answer).
+    async fn probe_write(&self) -> Result<(), StoreError> {
+        write(self, async |conn| {
+            sqlx::query(
+                "insert into write_probe (id, at, payload) values (1, $1, zeroblob(65536)) \
+                 on conflict (id) do update set at = excluded.at, payload = excluded.payload",
+            )
+            .bind(crate::domain::now())
+            .execute(conn)
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// The writer, lent for one write (see [`SqliteStore::written`](Backend::written)).
+pub struct Writer<'a> {
+    slot: MutexGuard<'a, Option<SqliteConnection>>,
+}
+
+impl std::ops::Deref for Writer<'_> {
+    type Target = SqliteConnection;
+
+    fn deref(&self) -> &SqliteConnection {
+        self.slot.as_ref().expect("a writer holds its connection")
+    }
+}
+
+impl std::ops::DerefMut for Writer<'_> {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        self.slot.as_mut().expect("a writer holds its connection")
+    }
+}
+
+impl Backend for SqliteStore {
+    type Db = Sqlite;
+    type Writer<'a> = Writer<'a>;
+    const SHARED: bool = false;
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+    const MANY_STATEMENTS_PER_QUERY: bool = true;
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The writer, once the writes before this one are done (in the order they asked); a
+    /// new connection if a fault closed the last one.
+    async fn writer(&self) -> Result<Writer<'_>, StoreError> {
+        let mut slot = self.writer.lock().await;
+        self.health.file.check()?;
+        if slot.is_none() {
+            match self.options.connect().await {
+                Ok(conn) => {
+                    tracing::info!("opened a new SQLite writer connection");
+                    *slot = Some(conn);
+                }
+                Err(e) => {
+                    self.health.failing.store(true, Ordering::Relaxed);
+                    return Err(StoreError::Unavailable(format!("cannot open the database for writing: {e}")));
+                }
+            }
+        }
+        Ok(Writer { slot })
+    }
+
+    /// A write that failed for a fault of the database (disk full, I/O error, the file
+    /// gone) or that left a transaction open (its `ROLLBACK` may have failed too) takes the
+    /// connection with it: closing it rolls back whatever it held, and the next write opens
+    /// a new one. Without that, one failed `COMMIT` left sqlx's transaction depth at one and
+    /// every later write failed until a restart. Until a write succeeds again, the store
+    /// reports itself unwritable ([`Store::ping`](super::Store::ping)).
+    fn written<T>(&self, mut writer: Writer<'_>, result: &Result<T, StoreError>) {
+        match result {
+            Ok(_) => {
+                if self.health.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("the database takes writes again");
+                }
+            }
+            Err(e) if e.is_unavailable() || sqlx::Connection::is_in_transaction(&*writer) => {
+                if e.is_unavailable() {
+                    self.health.failing.store(true, Ordering::Relaxed);
+                }
+                tracing::error!(error = %e, "a write failed; the writer connection is closed and opened anew for the next one");
+                *writer.slot = None;
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn rows_affected(result: &SqliteQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    async fn execute<'c, 'q>(
+        conn: &'c mut SqliteConnection,
+        mut query: QueryBuilder<'q, Sqlite>,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(query.build().execute(conn).await?.rows_affected())
+    }
+
+    /// Reads answer, and writes work (tried again while they were failing).
+    async fn ping_database(&self) -> Result<(), StoreError> {
+        sqlx::query("select 1").execute(&self.pool).await?;
+        self.health.file.check()?;
+        if self.health.failing.load(Ordering::Relaxed) {
+            self.probe_write().await?;
+        }
+        Ok(())
+    }
+
+    async fn append_log(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        self.append_events(events).await
+    }
+
+    async fn read_log(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
+        self.trace_events(trace_id, after).await
+    }
+
+    async fn seal_log(&self, traces: &[TraceId]) -> Result<(), StoreError> {
+        self.seal_logs(traces).await
+    }
+
+    /// One process per SQLite file: there is nobody else to tell.
+    async fn tell(&self, _notice: Notice) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn listen(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
+        Ok(None)
+    }
+}
+
+/// Whether writes work, as the last one found, and the file they go to.
+struct WriteHealth {
+    failing: AtomicBool,
+    file: FileIdentity,
+}
+
+/// The database file as it was opened. A file deleted (or replaced) under a running chatd
+/// still takes writes through the open descriptors, and all of them are lost at the next
+/// start: the checkpoint task looks at the path every second, and from then on writes and
+/// readiness fail, naming the file.
+struct FileIdentity {
+    path: PathBuf,
+    /// (device, inode) at start; `None` for a database with no file (`sqlite::memory:`).
+    opened: Option<(u64, u64)>,
+    lost: AtomicBool,
+}
+
+impl FileIdentity {
+    fn of(path: &std::path::Path) -> Self {
+        Self { path: path.to_owned(), opened: Self::identity(path).ok(), lost: AtomicBool::new(false) }
+    }
+
+    fn identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)?;
+        Ok((meta.dev(), meta.ino()))
+    }
+
+    /// Looks at the path again; true while it is still the file chatd opened.
+    fn look(&self) -> bool {
+        if self.lost.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Some(opened) = self.opened else { return true };
+        if Self::identity(&self.path).is_ok_and(|now| now == opened) {
+            return true;
+        }
+        tracing::error!(
+            path = %self.path.display(),
+            "the database file was deleted or replaced while chatd runs; writes are refused (they would be lost): restore it or restart chatd"
+        );
+        self.lost.store(true, Ordering::Relaxed);
+        false
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable(format!(
+                "the database file {} was deleted or replaced; restart chatd",
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Every [`CHECKPOINT_EVERY`], copies the WAL back into the database file, on a reading
+/// connection. SQLite's automatic checkpoint runs inside the commit that crosses 1,000 pages,
+/// with an fsync, while that commit holds the one writer, and a new chat's start queued
+/// behind it. A passive checkpoint waits for nobody; the WAL starts over at the first write
+/// after one that caught up (writes come in batches, with pauses between them), and
+/// `journal_size_limit` then gives back what a burst made it grow to. (A checkpoint on the
+/// writer, to force the catch-up, held it for up to a second: its fsync.)
+async fn checkpoints(pool: SqlitePool, health: Arc<WriteHealth>, stop: CancellationToken) {
+    let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if !health.file.look() {
+            continue;
+        }
+        if let Err(e) = sqlx::query("pragma wal_checkpoint(passive)").execute(&pool).await {
+            tracing::warn!(error = %e, "WAL checkpoint failed");
+        }
+    }
+}
