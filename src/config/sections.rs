@@ -1,45 +1,13 @@
-//! Typed settings: `config/default.toml` (embedded in the binary), then `config/local.toml`,
-//! then the file named by `--config` / `CHATD_CONFIG`, then `CHATD_*` environment variables
-//! with `__` between levels. Secrets live in [`Secret`], whose `Debug` prints `***`.
+//! The sections of the settings, one type each, with their defaults (the values in
+//! `config/default.toml` are the documented ones; these fill what a layer leaves out).
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use figment::Figment;
-use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
-/// The defaults shipped in the repository, compiled in so the binary runs from any folder.
-const DEFAULT_TOML: &str = include_str!("../config/default.toml");
-
-/// Name of the provider and profile chatd adds when none is configured.
-pub const MOCK_ID: &str = "mock";
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct Settings {
-    pub server: ServerSettings,
-    pub database: DatabaseSettings,
-    pub auth: AuthSettings,
-    pub limits: Limits,
-    pub stream: StreamSettings,
-    pub chat: ChatSettings,
-    #[serde(default)]
-    pub providers: BTreeMap<String, ProviderSettings>,
-    #[serde(default)]
-    pub profiles: BTreeMap<String, ProfileSettings>,
-    pub tools: ToolSettings,
-    #[serde(default)]
-    pub mcp_servers: BTreeMap<String, McpServerSettings>,
-    #[serde(default)]
-    pub http_tools: BTreeMap<String, HttpToolSettings>,
-    #[serde(default)]
-    pub pages: BTreeMap<String, PageSettings>,
-    #[serde(default)]
-    pub payload_types: BTreeMap<String, PayloadTypeSettings>,
-    #[serde(default)]
-    pub actions: BTreeMap<String, ActionSettings>,
-}
+use super::Secret;
 
 /// Limits and built-ins shared by every tool.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -379,284 +347,30 @@ pub struct ProfileSettings {
     pub tools: Vec<String>,
 }
 
-fn default_connect_timeout() -> f64 {
+pub(super) fn default_connect_timeout() -> f64 {
     10.0
 }
 
-fn default_stream_timeout() -> f64 {
+pub(super) fn default_stream_timeout() -> f64 {
     120.0
 }
 
-fn default_max_retries() -> u32 {
+pub(super) fn default_max_retries() -> u32 {
     2
 }
 
-fn default_retry_base() -> f64 {
+pub(super) fn default_retry_base() -> f64 {
     0.5
 }
 
-fn default_retry_max() -> f64 {
+pub(super) fn default_retry_max() -> f64 {
     20.0
 }
 
-fn default_max_iterations() -> u32 {
+pub(super) fn default_max_iterations() -> u32 {
     5
 }
 
-fn all_tools() -> Vec<String> {
+pub(super) fn all_tools() -> Vec<String> {
     vec!["*".to_owned()]
-}
-
-/// A secret string: deserialized as is, printed and serialized as `***`.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
-
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str("***")
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config: {0}")]
-    Parse(#[from] Box<figment::Error>),
-    #[error("config: {0}")]
-    Invalid(String),
-}
-
-impl Settings {
-    /// Loads the layered configuration; `file` is `--config` / `CHATD_CONFIG`.
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut figment = Figment::new().merge(Toml::string(DEFAULT_TOML)).merge(Toml::file("config/local.toml"));
-        if let Some(file) = file {
-            if !file.exists() {
-                return Err(ConfigError::Invalid(format!("config file {} does not exist", file.display())));
-            }
-            figment = figment.merge(Toml::file(file));
-        }
-        Self::from_figment(figment.merge(Env::prefixed("CHATD_").split("__")))
-    }
-
-    /// Builds settings from a figment (tests layer their own values this way).
-    pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
-        let mut settings: Settings = figment.extract().map_err(Box::new)?;
-        settings.resolve()?;
-        Ok(settings)
-    }
-
-    /// The defaults with each TOML text layered on top, in order.
-    pub fn from_layers(layers: &[&str]) -> Result<Self, ConfigError> {
-        let figment = layers
-            .iter()
-            .fold(Figment::new().merge(Toml::string(DEFAULT_TOML)), |f, layer| f.merge(Toml::string(layer)));
-        Self::from_figment(figment)
-    }
-
-    /// The defaults alone, with `overrides` (TOML text) on top.
-    pub fn with_overrides(overrides: &str) -> Result<Self, ConfigError> {
-        Self::from_figment(Figment::new().merge(Toml::string(DEFAULT_TOML)).merge(Toml::string(overrides)))
-    }
-
-    /// Fills secrets from the environment and files, adds the mock model when nothing is
-    /// configured, and checks that every reference points somewhere.
-    fn resolve(&mut self) -> Result<(), ConfigError> {
-        if self.profiles.is_empty() {
-            self.providers.entry(MOCK_ID.to_owned()).or_insert_with(|| ProviderSettings {
-                kind: ProviderKind::Mock,
-                base_url: None,
-                api_key_env: None,
-                api_key_file: None,
-                api_key: None,
-                connect_timeout_secs: default_connect_timeout(),
-                first_byte_timeout_secs: default_stream_timeout(),
-                idle_timeout_secs: default_stream_timeout(),
-                max_retries: default_max_retries(),
-                retry_base_secs: default_retry_base(),
-                retry_max_secs: default_retry_max(),
-                http2: false,
-                mock: MockSettings::default(),
-            });
-            self.profiles.insert(
-                self.chat.default_profile.clone(),
-                ProfileSettings {
-                    provider: MOCK_ID.to_owned(),
-                    model: "mock-1".to_owned(),
-                    system_prompt: Some("You are a helpful assistant.".to_owned()),
-                    temperature: None,
-                    max_tokens: None,
-                    enable_thinking: true,
-                    thinking_budget: None,
-                    reasoning_effort: None,
-                    context_limit: None,
-                    max_iterations: default_max_iterations(),
-                    tools: all_tools(),
-                },
-            );
-        }
-        for (id, provider) in &mut self.providers {
-            provider.api_key = read_api_key(id, provider)?;
-        }
-        for (id, profile) in &self.profiles {
-            if !self.providers.contains_key(&profile.provider) {
-                return Err(ConfigError::Invalid(format!(
-                    "profiles.{id}.provider names unknown provider '{}'",
-                    profile.provider
-                )));
-            }
-            if profile.model.trim().is_empty() {
-                return Err(ConfigError::Invalid(format!("profiles.{id}.model is empty")));
-            }
-        }
-        if !self.profiles.contains_key(&self.chat.default_profile) {
-            return Err(ConfigError::Invalid(format!(
-                "chat.default_profile '{}' is not a configured profile",
-                self.chat.default_profile
-            )));
-        }
-        if let Some(path) = &self.auth.tokens_file {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::Invalid(format!("auth.tokens_file {}: {e}", path.display())))?;
-            for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-                let mut parts = line.split_whitespace();
-                match (parts.next(), parts.next(), parts.next()) {
-                    (Some(token), Some(user), None) => {
-                        self.auth.tokens.insert(token.to_owned(), user.to_owned());
-                    }
-                    _ => {
-                        return Err(ConfigError::Invalid(format!(
-                            "auth.tokens_file {}: each line must be `token user`",
-                            path.display()
-                        )));
-                    }
-                }
-            }
-        }
-        if self.auth.mode == AuthMode::Jwt {
-            let jwt = &mut self.auth.jwt;
-            let read = |what: &str, path: &Path| {
-                std::fs::read_to_string(path)
-                    .map_err(|e| ConfigError::Invalid(format!("auth.jwt.{what} {}: {e}", path.display())))
-            };
-            if let Some(path) = &jwt.public_key_file {
-                jwt.public_key_pem = Some(read("public_key_file", path)?);
-            } else if let Some(path) = &jwt.secret_file {
-                jwt.secret = Some(Secret::new(read("secret_file", path)?.trim()));
-            } else if let Some(var) = &jwt.secret_env {
-                jwt.secret = std::env::var(var).ok().filter(|s| !s.is_empty()).map(Secret::new);
-            }
-            if jwt.secret.is_none() && jwt.public_key_pem.is_none() {
-                return Err(ConfigError::Invalid(
-                    "auth.mode = \"jwt\" needs auth.jwt.public_key_file, secret_file or secret_env (set)".to_owned(),
-                ));
-            }
-        }
-        if self.auth.mode == AuthMode::Token && self.auth.tokens.is_empty() {
-            return Err(ConfigError::Invalid(
-                "auth.mode = \"token\" needs [auth.tokens] or auth.tokens_file".to_owned(),
-            ));
-        }
-        if self.stream.flush_max_events == 0 || self.limits.max_page_size == 0 {
-            return Err(ConfigError::Invalid(
-                "stream.flush_max_events and limits.max_page_size must be at least 1".to_owned(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-fn read_api_key(id: &str, provider: &ProviderSettings) -> Result<Option<Secret>, ConfigError> {
-    if let Some(path) = &provider.api_key_file {
-        let key = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Invalid(format!("providers.{id}.api_key_file {}: {e}", path.display())))?;
-        return Ok(Some(Secret::new(key.trim())));
-    }
-    Ok(provider
-        .api_key_env
-        .as_deref()
-        .and_then(|var| std::env::var(var).ok())
-        .filter(|key| !key.is_empty())
-        .map(Secret::new))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secrets_never_print() {
-        let mut settings = Settings::with_overrides("[database]\nurl = \"postgres://u:hunter2@db/chat\"").unwrap();
-        settings.auth.tokens.insert("tok-hunter2".into(), "alice".into());
-        let debug = format!("{settings:?}");
-        let json = serde_json::to_string(&settings).unwrap();
-        assert!(!debug.contains("hunter2"), "{debug}");
-        assert!(!json.contains("hunter2"), "{json}");
-        assert_eq!(settings.database.url.expose(), "postgres://u:hunter2@db/chat");
-    }
-
-    #[test]
-    fn no_profiles_means_the_mock_default() {
-        let settings = Settings::with_overrides("").unwrap();
-        let profile = &settings.profiles["default"];
-        assert_eq!(settings.providers[&profile.provider].kind, ProviderKind::Mock);
-    }
-
-    #[test]
-    fn the_contract_example_loads() {
-        let settings = Settings::with_overrides(
-            r#"
-            [providers.local]
-            kind = "openai_compatible"
-            base_url = "http://127.0.0.1:11434/v1"
-            [providers.claude]
-            kind = "anthropic"
-            api_key_env = "CHATD_TEST_SURELY_UNSET_KEY"
-            [profiles.default]
-            provider = "local"
-            model = "qwen3:0.6b"
-            system_prompt = "You are a helpful assistant."
-            max_iterations = 5
-            context_limit = 32768
-            tools = ["*"]
-            [profiles.sonnet]
-            provider = "claude"
-            model = "claude-sonnet-4-5"
-            enable_thinking = true
-            thinking_budget = 4000
-            "#,
-        )
-        .unwrap();
-        assert_eq!(settings.profiles["sonnet"].thinking_budget, Some(4000));
-        assert!(!settings.providers.contains_key(MOCK_ID));
-        assert!(settings.providers["claude"].api_key.is_none());
-    }
-
-    #[test]
-    fn a_profile_with_an_unknown_provider_is_refused() {
-        let err = Settings::with_overrides("[profiles.default]\nprovider = \"nope\"\nmodel = \"m\"").unwrap_err();
-        assert!(err.to_string().contains("unknown provider 'nope'"), "{err}");
-    }
-
-    #[test]
-    fn token_mode_needs_tokens() {
-        let err = Settings::with_overrides("[auth]\nmode = \"token\"").unwrap_err();
-        assert!(err.to_string().contains("auth.tokens"), "{err}");
-    }
 }
