@@ -14,6 +14,14 @@ use crate::domain::{
     SuggestedAction, SuggestedValue, ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
 };
 
+/// A JSON column's value, serialized once: one type to bind for every JSON column.
+pub type JsonText = Json<Box<serde_json::value::RawValue>>;
+
+/// A value for a JSON column.
+pub fn json(value: &impl Serialize) -> JsonText {
+    Json(serde_json::value::to_raw_value(value).expect("domain values serialize"))
+}
+
 /// A JSON column's value as `T`, or `None` (with a warning) where it is not one: a row
 /// written by hand or by a newer version still reads, without the part this one cannot.
 fn lenient<T: DeserializeOwned>(what: &str, value: Value) -> Option<T> {
@@ -27,8 +35,8 @@ struct ProviderState<T> {
 }
 
 /// The `provider_state` to store for a message: its turns, if it has any.
-pub fn provider_state(message: &Message) -> Option<super::sql::JsonText> {
-    (!message.turns.is_empty()).then(|| super::sql::json(&ProviderState { turns: &message.turns }))
+pub fn provider_state(message: &Message) -> Option<JsonText> {
+    (!message.turns.is_empty()).then(|| json(&ProviderState { turns: &message.turns }))
 }
 
 /// A conversation's stored context state.

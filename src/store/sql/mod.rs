@@ -13,9 +13,7 @@ use std::ops::DerefMut;
 
 use chrono::{DateTime, Utc};
 use futures_util::stream::BoxStream;
-use serde::Serialize;
 use serde_json::Value;
-use serde_json::value::RawValue;
 use sqlx::types::Json;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 use uuid::Uuid;
@@ -35,14 +33,6 @@ pub const ROWS_PER_INSERT: usize = 500;
 pub(super) type Conn<B> = <<B as Backend>::Db as Database>::Connection;
 /// A row of a backend's database.
 pub(super) type Row<B> = <<B as Backend>::Db as Database>::Row;
-/// A JSON column's value, serialized once: one type to bind for every JSON column.
-pub(super) type JsonText = Json<Box<RawValue>>;
-
-/// A value for a JSON column.
-pub(super) fn json(value: &impl Serialize) -> JsonText {
-    Json(serde_json::value::to_raw_value(value).expect("domain values serialize"))
-}
-
 /// What a backend has of its own; [`Store`] is implemented over it.
 pub(super) trait Backend: Send + Sync + 'static {
     type Db: Database;

@@ -10,7 +10,7 @@ use sqlx::types::Json;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
-use super::{Backend, Conn, JsonText, ROWS_PER_INSERT, Row, json, transaction_as_one_query, write};
+use super::{Backend, Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
 use crate::domain::{Comparison, Conversation, Message, Preference, Trace, Vote, now};
 use crate::ids::{ComparisonId, MessageId, TraceId, UserId};
 use crate::store::rows::*;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rmcp::service::{QuitReason, RunningService};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
-use rmcp::{Peer, RoleClient, ServiceExt};
+use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{ChildStderr, Command};
@@ -20,7 +20,7 @@ use crate::config::McpServerSettings;
 use crate::tools::{Tool, ToolSpec};
 
 use super::McpState;
-use super::tool::{Handler, McpTool, ProgressRoutes, Tapped};
+use super::tool::{Handler, Link, McpTool, ProgressRoutes, Session, Tapped};
 
 /// The first wait before reconnecting; it doubles after each failure up to [`BACKOFF_MAX`].
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
@@ -169,34 +169,6 @@ impl Server {
             inner.pid = None;
         });
     }
-}
-
-/// What a server's tools call through: its current session, if it has one. Kept apart from
-/// [`Server`] so tools do not own their server (no reference cycle), and so a tool a request
-/// picked before a restart uses the new session after it.
-pub(super) struct Link {
-    pub(super) server_id: String,
-    pub(super) session: Mutex<Option<Session>>,
-}
-
-impl Link {
-    pub(super) fn get(&self) -> Option<Session> {
-        self.session.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    pub(super) fn set(&self, session: Option<Session>) {
-        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = session;
-    }
-}
-
-/// A live session with a server.
-#[derive(Clone)]
-pub(super) struct Session {
-    pub(super) peer: Peer<RoleClient>,
-    pub(super) progress: Arc<ProgressRoutes>,
-    /// Cancelled by a call that found the transport broken, so the supervisor reconnects
-    /// even if rmcp has not noticed yet.
-    pub(super) broken: CancellationToken,
 }
 
 /// Keeps one server connected until shutdown.

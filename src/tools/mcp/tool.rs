@@ -14,13 +14,40 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions};
 use rmcp::transport::Transport;
-use rmcp::{ClientHandler, RoleClient, ServiceError};
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceError};
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
 
 use crate::tools::{Tool, ToolCallContext, ToolError, ToolOutput, ToolProgress, ToolSpec};
 
-use super::server::{Link, Session};
+/// What a server's tools call through: its current session, if it has one. Kept apart from
+/// [`Server`] so tools do not own their server (no reference cycle), and so a tool a request
+/// picked before a restart uses the new session after it.
+pub(super) struct Link {
+    pub(super) server_id: String,
+    pub(super) session: Mutex<Option<Session>>,
+}
+
+impl Link {
+    pub(super) fn get(&self) -> Option<Session> {
+        self.session.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub(super) fn set(&self, session: Option<Session>) {
+        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = session;
+    }
+}
+
+/// A live session with a server.
+#[derive(Clone)]
+pub(super) struct Session {
+    pub(super) peer: Peer<RoleClient>,
+    pub(super) progress: Arc<ProgressRoutes>,
+    /// Cancelled by a call that found the transport broken, so the supervisor reconnects
+    /// even if rmcp has not noticed yet.
+    pub(super) broken: CancellationToken,
+}
 
 /// chatd's side of a session: answers the server's requests and notifications.
 pub(super) struct Handler {
