@@ -127,7 +127,7 @@ impl Core {
             return Err(ControlError::Ended("The run is being cancelled already"));
         }
         match run.ending().as_deref() {
-            Some(Event::Cancelled { .. }) => Ok(()),
+            Some(Event::Cancelled(_)) => Ok(()),
             _ => Err(ControlError::Ended(ENDED)),
         }
     }

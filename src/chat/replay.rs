@@ -14,7 +14,7 @@ use super::core::Core;
 use super::news::Watch;
 use super::runs::{Frame, LiveRun};
 use crate::domain::{Trace, TraceStatus};
-use crate::events::{Event, LoggedEvent};
+use crate::events::{ErrorEvent, Event, LoggedEvent};
 use crate::store::Store;
 
 /// How long a follower waits, after a run on another process ended, for its last events
@@ -167,13 +167,13 @@ impl LogFollower {
         [
             Frame::new(
                 self.after + 1,
-                Event::Error {
+                Event::Error(Box::new(ErrorEvent {
                     code: "SERVICE_UNAVAILABLE".into(),
                     message: "The server stopped during the run".into(),
                     retryable: true,
                     message_id,
                     trace_id,
-                },
+                })),
             ),
             Frame::new(self.after + 2, Event::Done { conversation_id, message_id, trace_id }),
         ]

@@ -56,21 +56,26 @@ pub struct ToLegacy {
 impl ToLegacy {
     pub fn translate<'a>(&mut self, event: &'a Event) -> Option<LegacyEvent<'a>> {
         Some(match event {
-            Event::Start { conversation_id, .. } => {
-                self.conversation_id = Some(*conversation_id);
+            Event::Start(start) => {
+                self.conversation_id = Some(start.conversation_id);
                 return None;
             }
             Event::TextDelta { text } => LegacyEvent::Chunk { content: text, conversation_id: self.conversation_id },
-            Event::ToolStart { tool_call_id, tool, input, timestamp, .. } => {
-                LegacyEvent::ToolStart { tool_call_id, tool_name: tool, tool_args: input, timestamp: *timestamp }
-            }
+            Event::ToolStart(start) => LegacyEvent::ToolStart {
+                tool_call_id: &start.tool_call_id,
+                tool_name: &start.tool,
+                tool_args: &start.input,
+                timestamp: start.timestamp,
+            },
             Event::ToolOutput { tool_call_id, output, truncated, full_length } => {
                 LegacyEvent::ToolOutput { tool_call_id, output, truncated: *truncated, full_length: *full_length }
             }
-            Event::ToolComplete { tool_call_id, status, duration_ms, .. } => {
-                LegacyEvent::ToolEnd { tool_call_id, status: *status, duration_ms: *duration_ms }
-            }
-            Event::Error { code, message, .. } => LegacyEvent::Error { status: code, message },
+            Event::ToolComplete(complete) => LegacyEvent::ToolEnd {
+                tool_call_id: &complete.tool_call_id,
+                status: complete.status,
+                duration_ms: complete.duration_ms,
+            },
+            Event::Error(error) => LegacyEvent::Error { status: &error.code, message: &error.message },
             Event::Done { conversation_id, message_id, trace_id } => {
                 LegacyEvent::Done { conversation_id: *conversation_id, message_id: *message_id, trace_id: *trace_id }
             }
@@ -84,6 +89,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::events::{ErrorEvent, StartEvent, ToolCompleteEvent};
 
     #[test]
     fn chunks_carry_the_conversation_of_the_runs_start() {
@@ -94,14 +100,14 @@ mod tests {
             serde_json::to_value(legacy.translate(&text)).unwrap(),
             json!({"type": "chunk", "content": "hi", "conversation_id": null})
         );
-        let start = Event::Start {
+        let start = Event::Start(Box::new(StartEvent {
             conversation_id,
             user_message_id: MessageId::new(),
             message_id: MessageId::new(),
             trace_id: TraceId::new(),
             model: "m".into(),
             profile: "p".into(),
-        };
+        }));
         assert!(legacy.translate(&start).is_none());
         assert_eq!(
             serde_json::to_value(legacy.translate(&text)).unwrap(),
@@ -113,25 +119,25 @@ mod tests {
     #[test]
     fn a_tool_complete_is_a_tool_end_and_an_error_names_its_code_status() {
         let mut legacy = ToLegacy::default();
-        let complete = Event::ToolComplete {
+        let complete = Event::ToolComplete(Box::new(ToolCompleteEvent {
             tool_call_id: "c1".into(),
             tool: "calculator".into(),
             index: 0,
             status: ToolStatus::Timeout,
             duration_ms: 12,
             summary: None,
-        };
+        }));
         assert_eq!(
             serde_json::to_value(legacy.translate(&complete)).unwrap(),
             json!({"type": "tool_end", "tool_call_id": "c1", "status": "timeout", "duration_ms": 12})
         );
-        let error = Event::Error {
+        let error = Event::Error(Box::new(ErrorEvent {
             code: "RATE_LIMITED".into(),
             message: "slow down".into(),
             retryable: true,
             message_id: MessageId::new(),
             trace_id: TraceId::new(),
-        };
+        }));
         assert_eq!(
             serde_json::to_value(legacy.translate(&error)).unwrap(),
             json!({"type": "error", "status": "RATE_LIMITED", "message": "slow down"})

@@ -17,113 +17,113 @@ use crate::domain::{SuggestedAction, SuggestedValue, ToolRecord, Usage};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
-    Start {
-        conversation_id: ConversationId,
-        user_message_id: MessageId,
-        message_id: MessageId,
-        trace_id: TraceId,
-        model: String,
-        profile: String,
-    },
-    Status {
-        message: String,
-    },
-    ThinkingDelta {
-        text: String,
-    },
-    TextDelta {
-        text: String,
-    },
-    ToolInputStart {
-        tool_call_id: String,
-        tool: String,
-        index: u32,
-    },
-    ToolInputDelta {
-        tool_call_id: String,
-        delta: String,
-    },
-    ToolStart {
-        tool_call_id: String,
-        tool: String,
-        input: Value,
-        index: u32,
-        timestamp: chrono::DateTime<chrono::Utc>,
-    },
-    ToolProgress {
-        tool_call_id: String,
-        tool: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        stage: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        message: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        progress: Option<f64>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        data: Option<Value>,
-    },
-    ToolOutput {
-        tool_call_id: String,
-        output: String,
-        truncated: bool,
-        full_length: usize,
-    },
-    ToolComplete {
-        tool_call_id: String,
-        tool: String,
-        index: u32,
-        status: ToolStatus,
-        duration_ms: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        summary: Option<String>,
-    },
+    Start(Box<StartEvent>),
+    Status { message: String },
+    ThinkingDelta { text: String },
+    TextDelta { text: String },
+    ToolInputStart { tool_call_id: String, tool: String, index: u32 },
+    ToolInputDelta { tool_call_id: String, delta: String },
+    ToolStart(Box<ToolStartEvent>),
+    ToolProgress(Box<ToolProgressEvent>),
+    ToolOutput { tool_call_id: String, output: String, truncated: bool, full_length: usize },
+    ToolComplete(Box<ToolCompleteEvent>),
     Usage(Usage),
-    Complete {
-        payload: Box<CompletePayload>,
-    },
-    Cancelled {
-        partial_text: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        partial_thinking: Option<String>,
-        message_id: MessageId,
-        trace_id: TraceId,
-        model: String,
-    },
-    Error {
-        code: String,
-        message: String,
-        retryable: bool,
-        message_id: MessageId,
-        trace_id: TraceId,
-    },
-    Done {
-        conversation_id: ConversationId,
-        message_id: MessageId,
-        trace_id: TraceId,
-    },
+    Complete { payload: Box<CompletePayload> },
+    Cancelled(Box<CancelledEvent>),
+    Error(Box<ErrorEvent>),
+    Done { conversation_id: ConversationId, message_id: MessageId, trace_id: TraceId },
 }
 
 impl Event {
     /// The `type` tag, as written on the wire and in the trace's event log.
     pub fn kind(&self) -> &'static str {
         match self {
-            Event::Start { .. } => "start",
+            Event::Start(_) => "start",
             Event::Status { .. } => "status",
             Event::ThinkingDelta { .. } => "thinking_delta",
             Event::TextDelta { .. } => "text_delta",
             Event::ToolInputStart { .. } => "tool_input_start",
             Event::ToolInputDelta { .. } => "tool_input_delta",
-            Event::ToolStart { .. } => "tool_start",
-            Event::ToolProgress { .. } => "tool_progress",
+            Event::ToolStart(_) => "tool_start",
+            Event::ToolProgress(_) => "tool_progress",
             Event::ToolOutput { .. } => "tool_output",
-            Event::ToolComplete { .. } => "tool_complete",
+            Event::ToolComplete(_) => "tool_complete",
             Event::Usage(_) => "usage",
             Event::Complete { .. } => "complete",
-            Event::Cancelled { .. } => "cancelled",
-            Event::Error { .. } => "error",
+            Event::Cancelled(_) => "cancelled",
+            Event::Error(_) => "error",
             Event::Done { .. } => "done",
         }
     }
+}
+
+/// The first event of a run: what it answers and with which model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StartEvent {
+    pub conversation_id: ConversationId,
+    pub user_message_id: MessageId,
+    pub message_id: MessageId,
+    pub trace_id: TraceId,
+    pub model: String,
+    pub profile: String,
+}
+
+/// A tool call begins, with its whole input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ToolStartEvent {
+    pub tool_call_id: String,
+    pub tool: String,
+    pub input: Value,
+    pub index: u32,
+    pub timestamp: chrono::DateTime<chrono::Utc>,
+}
+
+/// What a running tool reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ToolProgressEvent {
+    pub tool_call_id: String,
+    pub tool: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+/// A tool call ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ToolCompleteEvent {
+    pub tool_call_id: String,
+    pub tool: String,
+    pub index: u32,
+    pub status: ToolStatus,
+    pub duration_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}
+
+/// The run was cancelled: what it had said.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CancelledEvent {
+    pub partial_text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial_thinking: Option<String>,
+    pub message_id: MessageId,
+    pub trace_id: TraceId,
+    pub model: String,
+}
+
+/// The run failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorEvent {
+    pub code: String,
+    pub message: String,
+    pub retryable: bool,
+    pub message_id: MessageId,
+    pub trace_id: TraceId,
 }
 
 /// One event of a run's log: what was sent to clients, with its sequence number and time.
@@ -199,6 +199,18 @@ mod tests {
         }
         let usage = serde_json::to_value(Event::Usage(Usage { input_tokens: 3, ..Usage::default() })).unwrap();
         assert_eq!(usage, serde_json::json!({"type": "usage", "input_tokens": 3, "output_tokens": 0}));
+    }
+
+    #[test]
+    fn a_boxed_event_reads_and_writes_flat_and_events_stay_small() {
+        // Every live frame holds its event: the rare, large ones are boxed so that a text
+        // delta's frame is not the size of a tool's progress report.
+        assert!(std::mem::size_of::<Event>() <= 64, "{} bytes", std::mem::size_of::<Event>());
+        let text = r#"{"type":"error","code":"RATE_LIMITED","message":"slow down","retryable":true,"message_id":"0192f0c1-7d7e-7cc5-8a5b-6c6f2d3b7a10","trace_id":"0192f0c1-7d7e-7cc5-8a5b-6c6f2d3b7a11"}"#;
+        let event: Event = serde_json::from_str(text).unwrap();
+        let Event::Error(error) = &event else { panic!("an error event: {event:?}") };
+        assert_eq!((error.code.as_str(), error.retryable), ("RATE_LIMITED", true));
+        assert_eq!(serde_json::to_string(&event).unwrap(), text);
     }
 
     #[test]

@@ -423,6 +423,16 @@ export interface components {
             /** @description With `comparison_id`: the runs that were cancelled. */
             trace_ids?: string[] | null;
         };
+        /** @description The run was cancelled: what it had said. */
+        CancelledEvent: {
+            partial_text: string;
+            partial_thinking?: string | null;
+            /** Format: uuid */
+            message_id: string;
+            /** Format: uuid */
+            trace_id: string;
+            model: string;
+        };
         /** @description The body of `POST /api/chat/stream` (CONTRACT.md §4). */
         ChatRequest: {
             message: string;
@@ -582,20 +592,20 @@ export interface components {
             /** @description The one field at fault, when there is one. */
             field?: string | null;
         };
-        Event: {
-            /** Format: uuid */
-            conversation_id: string;
-            /** Format: uuid */
-            user_message_id: string;
+        /** @description The run failed. */
+        ErrorEvent: {
+            code: string;
+            message: string;
+            retryable: boolean;
             /** Format: uuid */
             message_id: string;
             /** Format: uuid */
             trace_id: string;
-            model: string;
-            profile: string;
+        };
+        Event: (components["schemas"]["StartEvent"] & {
             /** @enum {string} */
             type: "start";
-        } | {
+        }) | {
             message: string;
             /** @enum {string} */
             type: "status";
@@ -619,72 +629,36 @@ export interface components {
             delta: string;
             /** @enum {string} */
             type: "tool_input_delta";
-        } | {
-            tool_call_id: string;
-            tool: string;
-            input: unknown;
-            /** Format: int32 */
-            index: number;
-            /** Format: date-time */
-            timestamp: string;
+        } | (components["schemas"]["ToolStartEvent"] & {
             /** @enum {string} */
             type: "tool_start";
-        } | {
-            tool_call_id: string;
-            tool: string;
-            stage?: string | null;
-            message?: string | null;
-            /** Format: double */
-            progress?: number | null;
-            data?: unknown;
+        }) | (components["schemas"]["ToolProgressEvent"] & {
             /** @enum {string} */
             type: "tool_progress";
-        } | {
+        }) | {
             tool_call_id: string;
             output: string;
             truncated: boolean;
             full_length: number;
             /** @enum {string} */
             type: "tool_output";
-        } | {
-            tool_call_id: string;
-            tool: string;
-            /** Format: int32 */
-            index: number;
-            status: components["schemas"]["ToolStatus"];
-            /** Format: int64 */
-            duration_ms: number;
-            summary?: string | null;
+        } | (components["schemas"]["ToolCompleteEvent"] & {
             /** @enum {string} */
             type: "tool_complete";
-        } | (components["schemas"]["Usage"] & {
+        }) | (components["schemas"]["Usage"] & {
             /** @enum {string} */
             type: "usage";
         }) | {
             payload: components["schemas"]["CompletePayload"];
             /** @enum {string} */
             type: "complete";
-        } | {
-            partial_text: string;
-            partial_thinking?: string | null;
-            /** Format: uuid */
-            message_id: string;
-            /** Format: uuid */
-            trace_id: string;
-            model: string;
+        } | (components["schemas"]["CancelledEvent"] & {
             /** @enum {string} */
             type: "cancelled";
-        } | {
-            code: string;
-            message: string;
-            retryable: boolean;
-            /** Format: uuid */
-            message_id: string;
-            /** Format: uuid */
-            trace_id: string;
+        }) | (components["schemas"]["ErrorEvent"] & {
             /** @enum {string} */
             type: "error";
-        } | {
+        }) | {
             /** Format: uuid */
             conversation_id: string;
             /** Format: uuid */
@@ -975,6 +949,19 @@ export interface components {
             /** Format: int32 */
             votes: number;
         };
+        /** @description The first event of a run: what it answers and with which model. */
+        StartEvent: {
+            /** Format: uuid */
+            conversation_id: string;
+            /** Format: uuid */
+            user_message_id: string;
+            /** Format: uuid */
+            message_id: string;
+            /** Format: uuid */
+            trace_id: string;
+            model: string;
+            profile: string;
+        };
         StatusBody: {
             /** @description `ok` (liveness) or `ready` (readiness). */
             status: string;
@@ -1008,6 +995,27 @@ export interface components {
             name: string;
             input: unknown;
         };
+        /** @description A tool call ended. */
+        ToolCompleteEvent: {
+            tool_call_id: string;
+            tool: string;
+            /** Format: int32 */
+            index: number;
+            status: components["schemas"]["ToolStatus"];
+            /** Format: int64 */
+            duration_ms: number;
+            summary?: string | null;
+        };
+        /** @description What a running tool reports. */
+        ToolProgressEvent: {
+            tool_call_id: string;
+            tool: string;
+            stage?: string | null;
+            message?: string | null;
+            /** Format: double */
+            progress?: number | null;
+            data?: unknown;
+        };
         /** @description One executed tool call as the client and the trace see it (`tool_history[N]`). */
         ToolRecord: {
             tool_call_id: string;
@@ -1029,6 +1037,16 @@ export interface components {
             server: string;
             /** @enum {string} */
             kind: "mcp";
+        };
+        /** @description A tool call begins, with its whole input. */
+        ToolStartEvent: {
+            tool_call_id: string;
+            tool: string;
+            input: unknown;
+            /** Format: int32 */
+            index: number;
+            /** Format: date-time */
+            timestamp: string;
         };
         /**
          * @description How a tool call ended (the `tool_complete` event's `status` too).

@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::chat::payloads;
 use crate::chat::runs::Emitter;
 use crate::domain::{Message, Role, RunError, Span, TraceStatus, now};
-use crate::events::{CompletePayload, Event};
+use crate::events::{CancelledEvent, CompletePayload, ErrorEvent, Event};
 use crate::store::{RunFinish, Store};
 
 use super::{Ending, Output, RunPlan};
@@ -90,13 +90,13 @@ pub(super) async fn finish(
             } else {
                 format!("{}\n\n[cancelled]", output.text)
             };
-            let cancelled = Event::Cancelled {
+            let cancelled = Event::Cancelled(Box::new(CancelledEvent {
                 partial_text: output.text,
                 partial_thinking: thinking,
                 message_id: plan.message_id,
                 trace_id: plan.trace_id,
                 model: plan.request.model.clone(),
-            };
+            }));
             (TraceStatus::Cancelled, Some(message), None, cancelled)
         }
         Ending::Failed(error) => {
@@ -187,11 +187,11 @@ pub(super) fn save_later(store: &Arc<dyn Store>, record: RunFinish) {
 }
 
 pub(super) fn error_event(plan: &RunPlan, code: &str, message: &str, retryable: bool) -> Event {
-    Event::Error {
+    Event::Error(Box::new(ErrorEvent {
         code: code.to_owned(),
         message: message.to_owned(),
         retryable,
         message_id: plan.message_id,
         trace_id: plan.trace_id,
-    }
+    }))
 }

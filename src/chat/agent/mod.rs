@@ -21,7 +21,7 @@ use crate::domain::{
     AssistantTurn, CallStatus, ContextStrategy, LlmAttributes, RunError, Span, SpanTiming, ToolRecord, TraceStatus,
     Usage, now,
 };
-use crate::events::Event;
+use crate::events::{ErrorEvent, Event, StartEvent};
 use crate::providers::{InputMessage, LlmProvider, ModelRequest, ProviderError, transport};
 use crate::store::{RunFinish, Store};
 use crate::tools::Tool;
@@ -95,14 +95,14 @@ enum Ending {
 /// the event is there when the response goes out: it leaves with the headers instead of a
 /// trip through the runtime's queues later (at load, each trip is a wait).
 pub fn announce(plan: &RunPlan, emitter: &mut Emitter) {
-    emitter.emit(Event::Start {
+    emitter.emit(Event::Start(Box::new(StartEvent {
         conversation_id: plan.conversation_id,
         user_message_id: plan.user_message_id,
         message_id: plan.message_id,
         trace_id: plan.trace_id,
         model: plan.request.model.clone(),
         profile: plan.profile.clone(),
-    });
+    })));
 }
 
 /// Runs an [announced](announce) plan in its own task and cleans up after it, even if the
@@ -126,13 +126,13 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
             tracing::error!(error = %e, %trace_id, "could not close the failed run's trace");
         }
         if !emitter.run().is_finished() {
-            emitter.emit(Event::Error {
+            emitter.emit(Event::Error(Box::new(ErrorEvent {
                 code: "INTERNAL".into(),
                 message: "Internal error".into(),
                 retryable: true,
                 message_id,
                 trace_id,
-            });
+            })));
             emitter.emit(Event::Done { conversation_id, message_id, trace_id });
         }
     }

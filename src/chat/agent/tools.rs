@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::chat::payloads;
 use crate::chat::runs::Emitter;
 use crate::domain::{Span, SpanTiming, ToolAttributes, ToolCall, ToolRecord, ToolResult, now};
-use crate::events::{Event, ToolStatus};
+use crate::events::{Event, ToolCompleteEvent, ToolProgressEvent, ToolStartEvent, ToolStatus};
 use crate::tools::{Tool, ToolCallContext, ToolError, ToolProgress};
 
 use super::{Output, RunPlan, ToolLimits};
@@ -42,13 +42,13 @@ pub(super) async fn run_tools(
     let first = output.tool_history.len();
     let by_name: HashMap<String, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.spec().name, t)).collect();
     for (slot, call) in calls.iter().enumerate() {
-        emitter.emit(Event::ToolStart {
+        emitter.emit(Event::ToolStart(Box::new(ToolStartEvent {
             tool_call_id: call.id.clone(),
             tool: call.name.clone(),
             input: call.input.clone(),
             index: (first + slot) as u32,
             timestamp: now(),
-        });
+        })));
     }
     let names: Vec<&str> = calls.iter().map(|c| c.name.as_str()).collect();
     emitter.emit(Event::Status { message: format!("Running {}…", names.join(", ")) });
@@ -127,14 +127,14 @@ pub(super) async fn run_tools(
 }
 
 fn emit_progress(emitter: &mut Emitter, call: &ToolCall, report: ToolProgress) {
-    emitter.emit(Event::ToolProgress {
+    emitter.emit(Event::ToolProgress(Box::new(ToolProgressEvent {
         tool_call_id: call.id.clone(),
         tool: call.name.clone(),
         stage: report.stage,
         message: report.message,
         progress: report.progress,
         data: report.data,
-    });
+    })));
 }
 
 /// Calls a tool with its timeout and bounded retries; never fails the run.
@@ -203,14 +203,14 @@ fn tool_done(
     let status = serde_json::to_value(done.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
     metrics::counter!("chatd_tool_calls_total", "tool" => call.name.clone(), "status" => status).increment(1);
     let summary = done.text.lines().next().map(|l| l.chars().take(120).collect::<String>()).filter(|s| !s.is_empty());
-    emitter.emit(Event::ToolComplete {
+    emitter.emit(Event::ToolComplete(Box::new(ToolCompleteEvent {
         tool_call_id: call.id.clone(),
         tool: call.name.clone(),
         index: index as u32,
         status: done.status,
         duration_ms,
         summary,
-    });
+    })));
     let separator = if output.text.is_empty() { "" } else { "\n\n" };
     let marker = format!("{separator}[[tool:{index}]]");
     output.text.push_str(&marker);
