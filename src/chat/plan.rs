@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use crate::events::{DiagnosticMessage, Diagnostics};
 
 use super::agent::{RunPlan, ToolLimits};
 use super::context::ContextKeeper;
@@ -64,15 +64,21 @@ impl Core {
         let messages: Vec<InputMessage> =
             turn.earlier.iter().chain([&turn.user_message]).filter_map(InputMessage::of).collect();
         let diagnostics = (request.diagnostics && self.settings.chat.allow_diagnostics).then(|| {
-            json!({
-                "model": profile.model,
-                "max_tokens": profile.max_tokens,
-                "max_iterations": profile.max_iterations,
-                "temperature": profile.temperature,
-                "tools": specs.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
-                "system_prompt": system_prompt,
-                "messages": turn.earlier.iter().chain([&turn.user_message]).map(|m| json!({"role": m.role, "content": m.content})).collect::<Vec<_>>(),
-                "context": request.context,
+            Box::new(Diagnostics {
+                model: profile.model.clone(),
+                max_tokens: profile.max_tokens,
+                max_iterations: profile.max_iterations,
+                temperature: profile.temperature,
+                tools: specs.iter().map(|t| t.name.clone()).collect(),
+                system_prompt: system_prompt.clone(),
+                messages: turn
+                    .earlier
+                    .iter()
+                    .chain([&turn.user_message])
+                    .map(|m| DiagnosticMessage { role: m.role, content: m.content.clone() })
+                    .collect(),
+                context: request.context.clone(),
+                raw_llm_response: String::new(),
             })
         });
         let limits = &self.settings.tools;

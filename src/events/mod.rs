@@ -179,7 +179,34 @@ pub struct CompletePayload {
     pub finish_reason: String,
     pub usage: Usage,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub diagnostics: Option<Value>,
+    pub diagnostics: Option<Box<Diagnostics>>,
+}
+
+/// What the model was asked and answered, for a developer (CONTRACT.md §5: only when the
+/// request asked and config allows; never a secret).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct Diagnostics {
+    pub model: String,
+    pub max_tokens: Option<u32>,
+    pub max_iterations: u32,
+    pub temperature: Option<f32>,
+    /// The tools offered, by name.
+    pub tools: Vec<String>,
+    pub system_prompt: String,
+    /// The history sent, oldest first.
+    pub messages: Vec<DiagnosticMessage>,
+    /// The request's page context, as the client sent it.
+    pub context: Option<Value>,
+    /// The answer as the provider sent it, before cleaning.
+    pub raw_llm_response: String,
+}
+
+/// One message of the history, as [`Diagnostics`] shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DiagnosticMessage {
+    pub role: crate::domain::Role,
+    pub content: String,
 }
 
 #[cfg(test)]

@@ -491,7 +491,7 @@ export interface components {
             model: string;
             finish_reason: string;
             usage: components["schemas"]["Usage"];
-            diagnostics?: unknown;
+            diagnostics?: null | components["schemas"]["Diagnostics"];
         };
         /**
          * @description What context trimming kept of a conversation for its latest model call (stored per
@@ -580,6 +580,53 @@ export interface components {
         ConversationView: components["schemas"]["Conversation"] & {
             messages: components["schemas"]["Message"][];
             context_state?: null | components["schemas"]["ContextState"];
+        };
+        /** @description One message of the history, as [`Diagnostics`] shows it. */
+        DiagnosticMessage: {
+            role: components["schemas"]["Role"];
+            content: string;
+        };
+        /**
+         * @description What the model was asked and answered, for a developer (CONTRACT.md §5: only when the
+         *     request asked and config allows; never a secret).
+         */
+        Diagnostics: {
+            /** @default  */
+            model: string;
+            /**
+             * Format: int32
+             * @default null
+             */
+            max_tokens: number | null;
+            /**
+             * Format: int32
+             * @default 0
+             */
+            max_iterations: number;
+            /**
+             * Format: float
+             * @default null
+             */
+            temperature: number | null;
+            /**
+             * @description The tools offered, by name.
+             * @default []
+             */
+            tools: string[];
+            /** @default  */
+            system_prompt: string;
+            /**
+             * @description The history sent, oldest first.
+             * @default []
+             */
+            messages: components["schemas"]["DiagnosticMessage"][];
+            /** @description The request's page context, as the client sent it. */
+            context?: unknown;
+            /**
+             * @description The answer as the provider sent it, before cleaning.
+             * @default
+             */
+            raw_llm_response: string;
         };
         /** @description Every error outside a stream (CONTRACT.md §1). */
         ErrorBody: {

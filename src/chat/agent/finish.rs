@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::chat::payloads;
 use crate::chat::runs::Emitter;
 use crate::domain::{Message, Role, RunError, Span, TraceStatus, now};
@@ -63,7 +61,7 @@ pub(super) async fn finish(
         Ending::Completed => {
             message.content = output.text.clone();
             let diagnostics = plan.diagnostics.clone().map(|mut d| {
-                d["raw_llm_response"] = json!(output.raw_text);
+                d.raw_llm_response = output.raw_text;
                 d
             });
             let payload = CompletePayload {

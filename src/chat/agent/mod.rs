@@ -21,7 +21,7 @@ use crate::domain::{
     AssistantTurn, CallStatus, ContextStrategy, LlmAttributes, RunError, Span, SpanTiming, ToolRecord, TraceStatus,
     Usage, now,
 };
-use crate::events::{ErrorEvent, Event, StartEvent};
+use crate::events::{Diagnostics, ErrorEvent, Event, StartEvent};
 use crate::providers::{InputMessage, LlmProvider, ModelRequest, ProviderError, transport};
 use crate::store::{RunFinish, Store};
 use crate::tools::Tool;
@@ -48,7 +48,7 @@ pub struct RunPlan {
     pub limits: ToolLimits,
     /// The diagnostics of the request, when it asked and config allows; the agent adds the
     /// raw model output.
-    pub diagnostics: Option<Value>,
+    pub diagnostics: Option<Box<Diagnostics>>,
     /// The comparison and side (`a` or `b`) this run answers for, if any.
     pub comparison: Option<(ComparisonId, String)>,
     pub context_limit: Option<u32>,
