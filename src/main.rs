@@ -34,7 +34,14 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     report_sigbus();
     let cli = Cli::parse();
-    let settings = Settings::load(cli.config.as_deref())?;
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(e) => {
+            // A person's mistake, not a crash: the message alone, no backtrace.
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     if settings.server.json_logs {
         tracing_subscriber::fmt().json().with_env_filter(filter).init();

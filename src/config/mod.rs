@@ -1,6 +1,11 @@
 //! Typed settings: `config/default.toml` (embedded in the binary), then `config/local.toml`,
 //! then the file named by `--config` / `CHATD_CONFIG`, then `CHATD_*` environment variables
 //! with `__` between levels. Secrets live in [`Secret`], whose `Debug` prints `***`.
+//!
+//! Strict: a key no section has (a typo) stops the start, naming the key, where it came
+//! from and the nearest valid key. A `CHATD_*` variable without `__` is not configuration
+//! (no key is one level deep); one that looks like a key written with a single `_` gets a
+//! warning.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -25,6 +30,7 @@ const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 pub const MOCK_ID: &str = "mock";
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct Settings {
     pub server: ServerSettings,
     pub database: DatabaseSettings,
@@ -94,12 +100,12 @@ impl Settings {
             }
             figment = figment.merge(Toml::file(file));
         }
-        Self::from_figment(figment.merge(Env::prefixed("CHATD_").split("__")))
+        Self::from_figment(figment.merge(environment()))
     }
 
     /// Builds settings from a figment (tests layer their own values this way).
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
-        let mut settings: Settings = figment.extract().map_err(Box::new)?;
+        let mut settings: Settings = figment.extract().map_err(|e| unknown_key(&figment, e))?;
         settings.resolve()?;
         Ok(settings)
     }
@@ -134,7 +140,10 @@ impl Settings {
                 retry_base_secs: default_retry_base(),
                 retry_max_secs: default_retry_max(),
                 http2: false,
-                mock: MockSettings::default(),
+                chunk_chars: None,
+                delay_ms: None,
+                thinking: None,
+                rules: Vec::new(),
             });
             self.profiles.insert(
                 self.chat.default_profile.clone(),
@@ -155,6 +164,13 @@ impl Settings {
         }
         for (id, provider) in &mut self.providers {
             provider.api_key = read_api_key(id, provider)?;
+            if provider.kind != ProviderKind::Mock {
+                if let Some(key) = provider.mock_keys_set().first() {
+                    return Err(ConfigError::Invalid(format!(
+                        "providers.{id}.{key} is an option of the mock model (kind = \"mock\"); remove it from this provider"
+                    )));
+                }
+            }
         }
         for (id, profile) in &self.profiles {
             if !self.providers.contains_key(&profile.provider) {
@@ -224,6 +240,80 @@ impl Settings {
     }
 }
 
+/// The `CHATD_*` variables that are configuration: those with `__` between a section and
+/// its key. The others are not (`CHATD_CONFIG` names the file; tests and scripts set their
+/// own); one that reads like a key written with `_` (`CHATD_SERVER_PORT`) gets a warning.
+fn environment() -> Env {
+    for name in std::env::vars_os().filter_map(|(name, _)| name.into_string().ok()) {
+        let Some(rest) = name.strip_prefix("CHATD_").filter(|rest| !rest.contains("__")) else { continue };
+        let lower = rest.to_ascii_lowercase();
+        if let Some(section) = SECTIONS.iter().find(|s| lower.starts_with(&format!("{s}_"))) {
+            let key = &rest[section.len() + 1..];
+            eprintln!(
+                "warning: {name} is not configuration: a section and its key are separated by `__` \
+                 (CHATD_{}__{key})",
+                section.to_ascii_uppercase()
+            );
+        }
+    }
+    Env::prefixed("CHATD_").filter(|key| key.as_str().contains("__")).split("__")
+}
+
+/// The top-level sections, as a `CHATD_` variable starts them.
+const SECTIONS: [&str; 14] = [
+    "server",
+    "database",
+    "auth",
+    "limits",
+    "stream",
+    "chat",
+    "providers",
+    "profiles",
+    "tools",
+    "mcp_servers",
+    "http_tools",
+    "pages",
+    "payload_types",
+    "actions",
+];
+
+/// A figment error made into a message for a person: for a key no section has, the key, the
+/// file or variable it came from and the nearest valid key.
+fn unknown_key(figment: &Figment, error: figment::Error) -> ConfigError {
+    let figment::error::Kind::UnknownField(field, expected) = &error.kind else {
+        return ConfigError::Parse(Box::new(error));
+    };
+    // figment's path ends with the unknown key itself.
+    let mut path = error.path.clone();
+    if path.last() != Some(field) {
+        path.push(field.clone());
+    }
+    let key = path.join(".");
+    let from = match figment.find_metadata(&key) {
+        Some(metadata) => match &metadata.source {
+            Some(figment::Source::File(path)) => format!(" in {}", path.display()),
+            _ if metadata.name.contains("environment") => {
+                format!(" from the environment variable CHATD_{}", key.replace('.', "__").to_ascii_uppercase())
+            }
+            _ => format!(" in {}", metadata.name),
+        },
+        None => String::new(),
+    };
+    let nearest = expected
+        .iter()
+        .map(|candidate| (strsim::damerau_levenshtein(field, candidate), *candidate))
+        .filter(|(distance, candidate)| *distance <= candidate.len().max(field.len()) / 2)
+        .min();
+    let parent = &key[..key.len() - field.len()];
+    let hint = match nearest {
+        Some((_, candidate)) => format!("did you mean `{parent}{candidate}`?"),
+        None => format!("the keys here are: {}", expected.join(", ")),
+    };
+    ConfigError::Invalid(format!(
+        "unknown key `{key}`{from}: {hint} (fix or remove it; docs/configuration.md lists every key)"
+    ))
+}
+
 fn read_api_key(id: &str, provider: &ProviderSettings) -> Result<Option<Secret>, ConfigError> {
     if let Some(path) = &provider.api_key_file {
         let key = std::fs::read_to_string(path)
@@ -251,6 +341,27 @@ mod tests {
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(!json.contains("hunter2"), "{json}");
         assert_eq!(settings.database.url.expose(), "postgres://u:hunter2@db/chat");
+    }
+
+    #[test]
+    fn a_key_no_section_has_stops_the_load_with_the_nearest_valid_key() {
+        let refused = |toml: &str| Settings::with_overrides(toml).expect_err(toml).to_string();
+        let typo = refused("[server]\nprot = 9000");
+        assert!(typo.contains("unknown key `server.prot`") && typo.contains("did you mean `server.port`?"), "{typo}");
+        let section = refused("[sever]\nport = 9000");
+        assert!(section.contains("unknown key `sever`") && section.contains("did you mean `server`?"), "{section}");
+        let profile = refused("[profiles.fast]\nprovider = \"mock\"\nmodel = \"m\"\ntemprature = 0.2");
+        assert!(profile.contains("`profiles.fast.temperature`"), "{profile}");
+        let far = refused("[server]\nzzzzzzzz = 1");
+        assert!(far.contains("the keys here are: ") && far.contains("port"), "{far}");
+        let mock_only = refused("[providers.oa]\nkind = \"openai\"\nchunk_chars = 3");
+        assert!(mock_only.contains("providers.oa.chunk_chars is an option of the mock model"), "{mock_only}");
+        assert_eq!(
+            Settings::with_overrides("[providers.mock]\nkind = \"mock\"\nchunk_chars = 3").unwrap().providers["mock"]
+                .mock()
+                .chunk_chars,
+            3
+        );
     }
 
     #[test]

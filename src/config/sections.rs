@@ -11,6 +11,7 @@ use super::Secret;
 
 /// Limits and built-ins shared by every tool.
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct ToolSettings {
     /// Built-in tools to offer: `current_time`, `calculator`.
     pub builtins: Vec<String>,
@@ -28,6 +29,7 @@ pub struct ToolSettings {
 /// An MCP server: a child process over stdio (`command` + `args`), or streamable HTTP (`url`).
 /// Started once at start-up and shared by all conversations; restarted with backoff.
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct McpServerSettings {
     #[serde(default)]
     pub command: Option<String>,
@@ -46,6 +48,7 @@ pub struct McpServerSettings {
 /// A tool chatd calls by POSTing the model's arguments as JSON to `url`. The answer is the
 /// result: any JSON or text, or `{"text": …, "payload": …}` to hand the client a payload.
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct HttpToolSettings {
     pub url: String,
     #[serde(default)]
@@ -62,6 +65,7 @@ pub struct HttpToolSettings {
 /// there, its tools and the payload types it may produce.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct PageSettings {
     pub identity: Option<String>,
     pub instructions: Option<String>,
@@ -80,6 +84,7 @@ pub enum PayloadSource {
 
 /// A structured payload: produced by a tool, or written by the model after `parse_marker`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct PayloadTypeSettings {
     pub source: PayloadSource,
     #[serde(default)]
@@ -95,6 +100,7 @@ pub struct PayloadTypeSettings {
 
 /// The server side of a `handler: "server"` action: an HTTP URL or a tool.
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct ActionSettings {
     #[serde(default)]
     pub description: String,
@@ -113,6 +119,7 @@ fn object_schema() -> serde_json::Value {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     pub host: String,
     pub port: u16,
@@ -135,6 +142,7 @@ pub struct ServerSettings {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
     pub url: Secret,
     pub max_connections: u32,
@@ -149,6 +157,7 @@ pub enum AuthMode {
 }
 
 #[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct AuthSettings {
     pub mode: AuthMode,
     /// Bearer token → user id. Tokens are secrets: prefer `tokens_file`.
@@ -165,6 +174,7 @@ pub struct AuthSettings {
 /// the user is `sub`; `exp` is required; `aud` and `iss` are checked when configured.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct JwtSettings {
     /// Environment variable holding the HS256 secret.
     pub secret_env: Option<String>,
@@ -195,6 +205,7 @@ impl fmt::Debug for AuthSettings {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct Limits {
     pub max_body_bytes: usize,
     pub max_message_chars: usize,
@@ -218,6 +229,7 @@ pub enum OnDisconnect {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamSettings {
     pub keepalive_secs: u64,
     pub flush_interval_ms: u64,
@@ -226,6 +238,7 @@ pub struct StreamSettings {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChatSettings {
     pub default_profile: String,
     pub title_max_chars: usize,
@@ -251,6 +264,7 @@ pub enum ProviderKind {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProviderSettings {
     pub kind: ProviderKind,
     #[serde(default)]
@@ -288,14 +302,46 @@ pub struct ProviderSettings {
     /// allows (often 100 to 250), and further requests wait for a free one.
     #[serde(default)]
     pub http2: bool,
-    /// Options of the built-in mock model (`kind = "mock"` only).
-    #[serde(flatten)]
-    pub mock: MockSettings,
+    /// The mock model's options (`kind = "mock"` only; see [`MockSettings`]).
+    #[serde(default)]
+    pub chunk_chars: Option<usize>,
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    #[serde(default)]
+    pub thinking: Option<bool>,
+    #[serde(default)]
+    pub rules: Vec<MockRule>,
 }
 
-/// The scripted mock model: deterministic, so tests and demos can rely on what it says.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default)]
+impl ProviderSettings {
+    /// The mock model's options, with the defaults for those not set.
+    pub fn mock(&self) -> MockSettings {
+        let defaults = MockSettings::default();
+        MockSettings {
+            chunk_chars: self.chunk_chars.unwrap_or(defaults.chunk_chars),
+            delay_ms: self.delay_ms.unwrap_or(defaults.delay_ms),
+            thinking: self.thinking.unwrap_or(defaults.thinking),
+            rules: self.rules.clone(),
+        }
+    }
+
+    /// The mock's options that are set, by name (a provider of another kind refuses them).
+    pub(super) fn mock_keys_set(&self) -> Vec<&'static str> {
+        [
+            ("chunk_chars", self.chunk_chars.is_some()),
+            ("delay_ms", self.delay_ms.is_some()),
+            ("thinking", self.thinking.is_some()),
+            ("rules", !self.rules.is_empty()),
+        ]
+        .into_iter()
+        .filter_map(|(key, set)| set.then_some(key))
+        .collect()
+    }
+}
+
+/// The scripted mock model: deterministic, so tests and demos can rely on what it says. Set
+/// in its provider's section (`chunk_chars`, `delay_ms`, `thinking`, `[[providers.<id>.rules]]`).
+#[derive(Debug, Clone)]
 pub struct MockSettings {
     /// Characters per streamed text or thinking chunk.
     pub chunk_chars: usize,
@@ -315,6 +361,7 @@ impl Default for MockSettings {
 
 /// One scripted answer: used when the user's message contains `when`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct MockRule {
     pub when: String,
     #[serde(default)]
@@ -324,6 +371,7 @@ pub struct MockRule {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProfileSettings {
     pub provider: String,
     pub model: String,

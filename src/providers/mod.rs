@@ -130,7 +130,7 @@ impl Providers {
             .iter()
             .map(|(id, provider)| {
                 let adapter: Arc<dyn LlmProvider> = match provider.kind {
-                    ProviderKind::Mock => Arc::new(MockProvider::new(provider.mock.clone())),
+                    ProviderKind::Mock => Arc::new(MockProvider::new(provider.mock())),
                     ProviderKind::Anthropic => Arc::new(AnthropicProvider::new(provider)),
                     ProviderKind::Openai | ProviderKind::OpenaiCompatible => Arc::new(OpenAiProvider::new(provider)),
                     ProviderKind::Google => Arc::new(GoogleProvider::new(provider)),

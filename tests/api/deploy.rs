@@ -128,3 +128,34 @@ async fn a_sigbus_is_reported_before_it_ends_the_process() {
     assert_eq!(status.signal(), Some(7), "it still ends by SIGBUS: {status:?}");
     assert!(stderr.contains("fatal SIGBUS") && stderr.contains("-shm"), "{stderr}");
 }
+
+#[test]
+fn check_config_refuses_a_typo_naming_the_key_where_it_came_from_and_the_nearest_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("chatd.toml");
+    std::fs::write(&file, "[server]\nprot = 9000\n").unwrap();
+    let check = |config: Option<&Path>, env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_chatd"));
+        command.current_dir(dir.path()).envs(env.iter().copied());
+        if let Some(config) = config {
+            command.args(["--config", config.to_str().unwrap()]);
+        }
+        let output = command.arg("check-config").output().unwrap();
+        (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let (ok, said) = check(Some(&file), &[]);
+    assert!(!ok, "a typo in a file stops check-config");
+    assert!(said.contains("unknown key `server.prot`") && said.contains(&file.display().to_string()), "{said}");
+    assert!(said.contains("did you mean `server.port`?"), "{said}");
+
+    let (ok, said) = check(None, &[("CHATD_SERVER__PROT", "9000")]);
+    assert!(!ok, "a typo in the environment stops check-config");
+    assert!(said.contains("CHATD_SERVER__PROT") && said.contains("`server.port`"), "{said}");
+
+    // A variable without `__` is not configuration: it is left alone (one that reads like a
+    // key written with `_` gets a warning).
+    let (ok, said) = check(None, &[("CHATD_SERVER_PORT", "9000"), ("CHATD_SOMETHING", "x")]);
+    assert!(ok, "{said}");
+    assert!(said.contains("CHATD_SERVER_PORT is not configuration") && said.contains("CHATD_SERVER__PORT"), "{said}");
+    assert!(!said.contains("CHATD_SOMETHING"), "{said}");
+}
