@@ -123,28 +123,29 @@ impl Settings {
         Self::from_figment(Figment::new().merge(Toml::string(DEFAULT_TOML)).merge(Toml::string(overrides)))
     }
 
-    /// Fills secrets from the environment and files, adds the mock model when nothing is
-    /// configured, and checks that every reference points somewhere.
+    /// Fills secrets from the environment and files, adds the mock model (its provider
+    /// always, unless one is named `mock`; a `default` profile on it when no profile is
+    /// configured), and checks that every reference points somewhere.
     fn resolve(&mut self) -> Result<(), ConfigError> {
+        self.providers.entry(MOCK_ID.to_owned()).or_insert_with(|| ProviderSettings {
+            kind: ProviderKind::Mock,
+            base_url: None,
+            api_key_env: None,
+            api_key_file: None,
+            api_key: None,
+            connect_timeout_secs: default_connect_timeout(),
+            first_byte_timeout_secs: default_stream_timeout(),
+            idle_timeout_secs: default_stream_timeout(),
+            max_retries: default_max_retries(),
+            retry_base_secs: default_retry_base(),
+            retry_max_secs: default_retry_max(),
+            http2: false,
+            chunk_chars: None,
+            delay_ms: None,
+            thinking: None,
+            rules: Vec::new(),
+        });
         if self.profiles.is_empty() {
-            self.providers.entry(MOCK_ID.to_owned()).or_insert_with(|| ProviderSettings {
-                kind: ProviderKind::Mock,
-                base_url: None,
-                api_key_env: None,
-                api_key_file: None,
-                api_key: None,
-                connect_timeout_secs: default_connect_timeout(),
-                first_byte_timeout_secs: default_stream_timeout(),
-                idle_timeout_secs: default_stream_timeout(),
-                max_retries: default_max_retries(),
-                retry_base_secs: default_retry_base(),
-                retry_max_secs: default_retry_max(),
-                http2: false,
-                chunk_chars: None,
-                delay_ms: None,
-                thinking: None,
-                rules: Vec::new(),
-            });
             self.profiles.insert(
                 self.chat.default_profile.clone(),
                 ProfileSettings {
@@ -372,6 +373,17 @@ mod tests {
     }
 
     #[test]
+    fn the_mock_provider_stays_when_profiles_are_configured() {
+        let settings = Settings::with_overrides(
+            "[chat]\ndefault_profile = \"real\"\n[providers.oa]\nkind = \"openai\"\n\
+             [profiles.real]\nprovider = \"oa\"\nmodel = \"gpt\"\n[profiles.try]\nprovider = \"mock\"\nmodel = \"m\"",
+        )
+        .unwrap();
+        assert_eq!(settings.providers[MOCK_ID].kind, ProviderKind::Mock);
+        assert_eq!(settings.profiles.keys().collect::<Vec<_>>(), ["real", "try"], "no default profile is added");
+    }
+
+    #[test]
     fn the_contract_example_loads() {
         let settings = Settings::with_overrides(
             r#"
@@ -397,7 +409,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(settings.profiles["sonnet"].thinking_budget, Some(4000));
-        assert!(!settings.providers.contains_key(MOCK_ID));
+        // The built-in mock stays beside configured providers (issue 21); no profile is added.
+        assert_eq!(settings.providers[MOCK_ID].kind, ProviderKind::Mock);
+        assert!(settings.profiles.values().all(|p| p.provider != MOCK_ID));
         assert!(settings.providers["claude"].api_key.is_none());
     }
 

@@ -129,6 +129,14 @@ impl Providers {
             .providers
             .iter()
             .map(|(id, provider)| {
+                if let (Some(var), None) = (&provider.api_key_env, &provider.api_key) {
+                    tracing::warn!(
+                        provider = %id,
+                        "providers.{id}.api_key_env names {var}, which is not set: its profiles fail until it is set and chatd restarted"
+                    );
+                    let missing: Arc<dyn LlmProvider> = Arc::new(MissingKey { id: id.clone(), var: var.clone() });
+                    return (id.clone(), missing);
+                }
                 let adapter: Arc<dyn LlmProvider> = match provider.kind {
                     ProviderKind::Mock => Arc::new(MockProvider::new(provider.mock())),
                     ProviderKind::Anthropic => Arc::new(AnthropicProvider::new(provider)),
@@ -148,6 +156,27 @@ impl Providers {
     /// Replaces or adds one provider (tests and embedders plug their own in this way).
     pub fn insert(&mut self, id: impl Into<String>, provider: Arc<dyn LlmProvider>) {
         self.by_id.insert(id.into(), provider);
+    }
+}
+
+/// A provider whose `api_key_env` names a variable that was not set at start: every call
+/// fails at once, saying which variable to set, instead of reaching the provider without a
+/// key.
+struct MissingKey {
+    id: String,
+    var: String,
+}
+
+#[async_trait]
+impl LlmProvider for MissingKey {
+    async fn stream(&self, _request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
+        Err(ProviderError::new(
+            ProviderErrorKind::Unauthorized,
+            format!(
+                "provider '{}' has no API key: set the environment variable {} (its api_key_env) and restart chatd",
+                self.id, self.var
+            ),
+        ))
     }
 }
 

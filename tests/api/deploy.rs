@@ -159,3 +159,34 @@ fn check_config_refuses_a_typo_naming_the_key_where_it_came_from_and_the_nearest
     assert!(said.contains("CHATD_SERVER_PORT is not configuration") && said.contains("CHATD_SERVER__PORT"), "{said}");
     assert!(!said.contains("CHATD_SOMETHING"), "{said}");
 }
+
+#[test]
+fn every_example_config_passes_check_config() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples");
+    let mut examples: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    examples.sort();
+    assert!(examples.len() >= 7, "ollama, openai, anthropic, gemini, openrouter, vllm/llama.cpp, a/b");
+    for example in examples {
+        let output = Command::new(env!("CARGO_BIN_EXE_chatd"))
+            .args(["--config", example.to_str().unwrap(), "check-config"])
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let name = example.display();
+        assert!(output.status.success(), "{name}: {}", String::from_utf8_lossy(&output.stderr));
+        let effective: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let default = effective["chat"]["default_profile"].as_str().unwrap();
+        let profiles = effective["profiles"].as_object().unwrap();
+        assert!(profiles.contains_key(default), "{name}: its default profile is one of its profiles");
+        assert!(profiles.values().all(|p| p["provider"] != "mock" || example.ends_with("ab.toml")), "{name}");
+        assert_eq!(effective["providers"]["mock"]["kind"], "mock", "{name}: the mock stays");
+        let text = std::fs::read_to_string(&example).unwrap();
+        assert!(
+            text.contains(&format!(
+                "chatd --config config/examples/{}",
+                example.file_name().unwrap().to_str().unwrap()
+            )),
+            "{name} says how to run it"
+        );
+    }
+}

@@ -764,3 +764,31 @@ async fn gemini_errors_map_to_the_contract() {
     assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
     assert_eq!(r.trace().await["error"]["partial_text"], "par");
 }
+
+#[tokio::test]
+async fn a_provider_whose_key_variable_is_unset_fails_at_once_naming_the_variable() {
+    let fixture = Fixture::start(vec![Scripted::sse(&[openai_chunk(json!({"content": "hi"}), Some("stop"))])]).await;
+    let config = format!(
+        r#"
+        [chat]
+        default_profile = "fx"
+        [providers.fx]
+        kind = "openai"
+        base_url = "{}/v1"
+        api_key_env = "CHATD_TEST_SURELY_UNSET_KEY"
+        [profiles.fx]
+        provider = "fx"
+        model = "fx-model"
+        "#,
+        fixture.base
+    );
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let frames = app.chat("ann", json!({"message": "hello"})).await;
+    let error = frames.iter().find(|f| f.kind() == "error").expect("an error event");
+    assert_eq!(error.data["code"], "UNAUTHORIZED");
+    assert_eq!(error.data["retryable"], false);
+    let message = error.data["message"].as_str().unwrap();
+    assert!(message.contains("CHATD_TEST_SURELY_UNSET_KEY") && message.contains("restart"), "{message}");
+    assert!(fixture.received().is_empty(), "no request went out without its key");
+    assert_eq!(frames.last().unwrap().kind(), "done");
+}
