@@ -15,6 +15,7 @@ mod features;
 mod mcp;
 mod openapi;
 mod providers;
+mod readme;
 mod runs;
 mod security;
 mod store;
