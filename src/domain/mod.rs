@@ -78,6 +78,10 @@ pub struct Usage {
     pub cache_read_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_tokens: Option<u64>,
+    /// Some of these counts are chatd's own estimate (about four characters a token): the
+    /// provider sent none, or not all (CONTRACT.md §18). Absent when they are the provider's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 impl Usage {
@@ -92,6 +96,7 @@ impl Usage {
         self.output_tokens += other.output_tokens;
         self.cache_read_tokens = sum(self.cache_read_tokens, other.cache_read_tokens);
         self.reasoning_tokens = sum(self.reasoning_tokens, other.reasoning_tokens);
+        self.estimated |= other.estimated;
     }
 }
 

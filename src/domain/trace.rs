@@ -137,6 +137,9 @@ pub struct LlmAttributes {
     pub input_tokens: u64,
     #[serde(rename = "gen_ai.usage.output_tokens")]
     pub output_tokens: u64,
+    /// The token counts are chatd's estimate: the provider sent none, or not all.
+    #[serde(rename = "chatd.usage.estimated", skip_serializing_if = "std::ops::Not::not")]
+    pub usage_estimated: bool,
     #[serde(rename = "gen_ai.response.finish_reasons")]
     pub finish_reasons: Vec<String>,
     /// What trimming did to this call's request; `null` when it sent the whole history.

@@ -152,6 +152,7 @@ impl Decoder for ResponseDecoder {
                         + usage["thoughtsTokenCount"].as_u64().unwrap_or(0),
                     cache_read_tokens: usage["cachedContentTokenCount"].as_u64(),
                     reasoning_tokens: usage["thoughtsTokenCount"].as_u64(),
+                    estimated: false,
                 }));
             }
             out.push(ProviderEvent::Finish(match reason {

@@ -167,6 +167,7 @@ impl Decoder for ChunkDecoder {
                 output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
                 cache_read_tokens: usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
                 reasoning_tokens: usage["completion_tokens_details"]["reasoning_tokens"].as_u64(),
+                estimated: false,
             }));
         }
         Ok(())

@@ -792,3 +792,50 @@ async fn a_provider_whose_key_variable_is_unset_fails_at_once_naming_the_variabl
     assert!(fixture.received().is_empty(), "no request went out without its key");
     assert_eq!(frames.last().unwrap().kind(), "done");
 }
+
+#[tokio::test]
+async fn a_stream_without_token_counts_gets_chatds_estimate_marked_as_such() {
+    // llama.cpp's server, among others, sends no usage chunk even when asked for one.
+    let mut frames = vec![openai_chunk(json!({"role": "assistant", "content": ""}), None)];
+    frames.extend(["A real ", "answer, ", "with no counts."].map(|p| openai_chunk(json!({"content": p}), None)));
+    frames.push(openai_chunk(json!({}), Some("stop")));
+    frames.push(DONE.to_owned());
+    let r = run("openai_compatible", vec![Scripted::sse(&frames)], "", "Count this please").await;
+    let mut usage = r.last("usage").clone();
+    usage.as_object_mut().unwrap().remove("type");
+    assert_eq!(usage["estimated"], true, "{usage}");
+    assert!(usage["input_tokens"].as_u64().unwrap() > 0 && usage["output_tokens"].as_u64().unwrap() > 0, "{usage}");
+    let complete = &r.last("complete")["payload"];
+    assert_eq!(complete["usage"], usage, "the run's sum is the one call's estimate");
+    assert_eq!(r.trace().await["usage"], usage, "the trace keeps it, marked");
+    let conversation = r.conversation().await;
+    assert_eq!(conversation["messages"][1]["usage"], usage, "so does the stored message");
+}
+
+#[tokio::test]
+async fn a_count_the_provider_leaves_out_is_estimated_and_the_one_it_sends_is_kept() {
+    let mut frames = openai_text(&["Some ", "text."]);
+    let usage_at = frames.len() - 2;
+    frames[usage_at] = openai_usage(7, 0);
+    let r = run("openai", vec![Scripted::sse(&frames)], "", "hi").await;
+    let usage = r.last("usage");
+    assert_eq!(usage["input_tokens"], 7, "the provider's count is kept");
+    assert!(usage["output_tokens"].as_u64().unwrap() > 0, "{usage}");
+    assert_eq!(usage["estimated"], true);
+    // Counts the provider sent whole are not marked.
+    let r = run("openai", vec![Scripted::sse(&openai_text(&["Hi."]))], "", "hi").await;
+    assert!(r.last("usage").get("estimated").is_none());
+}
+
+#[tokio::test]
+async fn a_call_that_fails_after_some_output_counts_its_work_in_the_trace() {
+    let frames = vec![
+        openai_chunk(json!({"role": "assistant", "content": "Partial work"}), None),
+        data(json!({"error": {"code": 502, "message": "Upstream provider crashed"}})),
+    ];
+    let r = run("openai_compatible", vec![Scripted::sse(&frames)], "", "go").await;
+    assert_eq!(r.kinds(), ["start", "status", "text_delta", "error", "done"], "no usage event before the error");
+    let usage = &r.trace().await["usage"];
+    assert_eq!(usage["estimated"], true, "{usage}");
+    assert!(usage["output_tokens"].as_u64().unwrap() > 0, "not zero for work done: {usage}");
+}

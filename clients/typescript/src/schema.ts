@@ -807,6 +807,11 @@ export interface components {
              * @default 0
              */
             "gen_ai.usage.output_tokens": number;
+            /**
+             * @description The token counts are chatd's estimate: the provider sent none, or not all.
+             * @default false
+             */
+            "chatd.usage.estimated": boolean;
             /** @default [] */
             "gen_ai.response.finish_reasons": string[];
             /** @default null */
@@ -1162,6 +1167,11 @@ export interface components {
             cache_read_tokens?: number | null;
             /** Format: int64 */
             reasoning_tokens?: number | null;
+            /**
+             * @description Some of these counts are chatd's own estimate (about four characters a token): the
+             *     provider sent none, or not all (CONTRACT.md §18). Absent when they are the provider's.
+             */
+            estimated?: boolean;
         };
         /** @description One vote, as kept in a comparison's history. */
         Vote: {

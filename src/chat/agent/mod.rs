@@ -16,7 +16,7 @@ use super::context::{self, ContextKeeper};
 use super::markers::Captured;
 use super::payloads::{self, LlmPayloadType};
 use super::runs::{Emitter, Runs};
-use super::turn::Turn;
+use super::turn::{Turn, TurnOutput};
 use crate::domain::{
     AssistantTurn, CallStatus, ContextStrategy, LlmAttributes, RunError, Span, SpanTiming, ToolRecord, TraceStatus,
     Usage, now,
@@ -215,7 +215,8 @@ async fn call_model(
         }
     }
     let ended_at = now();
-    let turn = turn.output;
+    let mut turn = turn.output;
+    estimate_missing_usage(&mut turn, &fitted.request);
     output.usage.add(&turn.usage);
     output.raw_text.push_str(&turn.raw_text);
     output.captured.extend(turn.captured);
@@ -233,6 +234,7 @@ async fn call_model(
             request_model: plan.request.model.clone(),
             input_tokens: turn.usage.input_tokens,
             output_tokens: turn.usage.output_tokens,
+            usage_estimated: turn.usage.estimated,
             finish_reasons: turn.finish_reason.iter().cloned().collect(),
             context: fitted.state,
             warnings: Vec::new(),
@@ -244,7 +246,11 @@ async fn call_model(
             .increment(turn.usage.input_tokens);
         metrics::counter!("chatd_tokens_total", "model" => model, "direction" => "output")
             .increment(turn.usage.output_tokens);
-        emitter.emit(Event::Usage(turn.usage));
+        // A call cut short by a failure or a cancel keeps its estimate in the trace (and a
+        // cancelled answer's message); its stream goes on to its terminal event without one.
+        if !turn.usage.estimated || matches!(ending, Ending::Completed) {
+            emitter.emit(Event::Usage(turn.usage));
+        }
     }
     output.turns.push(AssistantTurn {
         text: turn.text,
@@ -280,6 +286,27 @@ async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed) {
     prompt.push_str(&format!("\n\n## Earlier in this conversation\n{summary}"));
     state.strategy = ContextStrategy::TrimOldestWithSummary;
     state.summary = Some(summary);
+}
+
+/// Counts what the provider did not (CONTRACT.md §18: usage is never invented, and never
+/// zero for work done): a call that produced something, or finished, and came back without
+/// input or output tokens gets chatd's estimate of them, marked `estimated`. A call that
+/// failed before producing anything did no work to count.
+fn estimate_missing_usage(turn: &mut TurnOutput, request: &ModelRequest) {
+    let produced = !turn.raw_text.is_empty() || !turn.thinking.is_empty() || !turn.tool_calls.is_empty();
+    if !produced && turn.finish_reason.is_none() {
+        return;
+    }
+    if turn.usage.input_tokens == 0 {
+        turn.usage.input_tokens = context::request_tokens(request);
+        turn.usage.estimated = true;
+    }
+    if turn.usage.output_tokens == 0 && produced {
+        let calls: u64 =
+            turn.tool_calls.iter().map(|c| context::estimate(&c.name) + context::estimate(&c.input.to_string())).sum();
+        turn.usage.output_tokens = context::estimate(&turn.raw_text) + context::estimate(&turn.thinking) + calls;
+        turn.usage.estimated = true;
+    }
 }
 
 fn status_of(ending: &Ending) -> CallStatus {
