@@ -72,7 +72,17 @@ impl App {
             chat.replica_id().to_owned(),
             shutdown.clone(),
         );
-        let listener = listen(&settings.server.host, settings.server.port).await?;
+        let (host, port) = (&settings.server.host, settings.server.port);
+        let listener = listen(host, port).await.map_err(|e| {
+            let next = if e.kind() == std::io::ErrorKind::AddrInUse {
+                "another process (another chatd?) listens there: stop it, or choose another port"
+            } else {
+                "check the address"
+            };
+            anyhow::anyhow!(
+                "cannot listen on {host}:{port} (server.host, server.port; CHATD_SERVER__PORT): {e}; {next}"
+            )
+        })?;
         let auth = Arc::new(Authenticator::new(&settings).map_err(anyhow::Error::msg)?);
         let state = AppState { settings, store, chat, tools, auth, shutdown };
         Ok(Self { listener, state })

@@ -49,28 +49,50 @@ async fn main() -> anyhow::Result<()> {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Openapi => {
-            println!("{}", chatd::http::openapi::document());
-        }
-        Command::CheckConfig => {
-            println!("{}", serde_json::to_string_pretty(&settings)?);
-        }
+        Command::Openapi => print(&chatd::http::openapi::document())?,
+        Command::CheckConfig => print(&serde_json::to_string_pretty(&settings)?)?,
         Command::Migrate => {
             chatd::store::connect(settings.database.url.expose(), 1).await?;
             tracing::info!("migrations applied");
         }
         Command::Serve => {
-            let app = App::build(settings).await?;
+            let grace = settings.server.shutdown_grace_secs;
+            let app = match App::build(settings).await {
+                Ok(app) => app,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    std::process::exit(1);
+                }
+            };
             let shutdown = app.shutdown_handle();
             tokio::spawn(async move {
                 stop_signal().await;
-                tracing::info!("draining: no new runs; running ones may finish");
+                tracing::info!(
+                    "draining: no new runs; running answers have up to {grace} s to finish \
+                     (server.shutdown_grace_secs); press Ctrl-C again to stop at once"
+                );
+                tokio::spawn(async {
+                    stop_signal().await;
+                    tracing::warn!("stopping at once: running answers end here, as interrupted");
+                    std::process::exit(130);
+                });
                 shutdown.graceful().await;
             });
             app.run().await?;
         }
     }
     Ok(())
+}
+
+/// Writes `text` and a newline to stdout; a reader that went away (`chatd openapi | head`)
+/// ends the output quietly instead of a panic.
+fn print(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
 }
 
 async fn stop_signal() {

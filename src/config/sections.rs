@@ -9,6 +9,18 @@ use serde::{Deserialize, Serialize};
 
 use super::Secret;
 
+/// A URL with its password, if it has one, as `***`.
+fn password_masked<S: serde::Serializer>(url: &Secret, serializer: S) -> Result<S::Ok, S::Error> {
+    match url::Url::parse(url.expose()) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            serializer.serialize_str(parsed.as_str())
+        }
+        Ok(_) => serializer.serialize_str(url.expose()),
+        Err(_) => serializer.serialize_str("***"),
+    }
+}
+
 /// Limits and built-ins shared by every tool.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -144,6 +156,9 @@ pub struct ServerSettings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
+    /// Printed (`check-config`) with its password masked, the rest shown: a SQLite path is
+    /// not a secret.
+    #[serde(serialize_with = "password_masked")]
     pub url: Secret,
     pub max_connections: u32,
 }

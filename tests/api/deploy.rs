@@ -38,7 +38,8 @@ fn the_compose_environment_sets_real_config_keys() {
     assert_eq!(effective["server"]["host"], "0.0.0.0");
     assert_eq!(effective["server"]["port"], 8080);
     assert_eq!(effective["server"]["json_logs"], true);
-    assert_eq!(effective["database"]["url"], "***", "the database URL holds a password: masked");
+    let url = effective["database"]["url"].as_str().unwrap();
+    assert!(url.starts_with("postgres://") && url.contains(":***@"), "the database URL's password is masked: {url}");
     // Every CHATD_ variable names a key that exists (figment ignores unknown ones silently).
     for (key, _) in env.iter().filter(|(k, _)| k.starts_with("CHATD_")) {
         let path: Vec<String> = key["CHATD_".len()..].split("__").map(str::to_lowercase).collect();
@@ -189,4 +190,46 @@ fn every_example_config_passes_check_config() {
             "{name} says how to run it"
         );
     }
+}
+
+#[test]
+fn printing_to_a_closed_pipe_ends_quietly_and_a_sqlite_path_is_shown() {
+    for command in ["openapi", "check-config"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_chatd"))
+            .arg(command)
+            .env("CHATD_DATABASE__URL", "sqlite://data/where.db")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // `| head` that has read enough
+        let output = child.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(!said.contains("panicked"), "{command}: {said}");
+        assert!(output.status.success(), "{command}: {said}");
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_chatd"))
+        .arg("check-config")
+        .env("CHATD_DATABASE__URL", "sqlite://data/where.db")
+        .output()
+        .unwrap();
+    let effective: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(effective["database"]["url"], "sqlite://data/where.db", "no password, nothing to mask");
+}
+
+#[test]
+fn a_port_in_use_is_named_with_its_setting() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_chatd"))
+        .current_dir(dir.path())
+        .env("CHATD_SERVER__PORT", &port)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(said.contains(&format!("cannot listen on 127.0.0.1:{port}")) && said.contains("server.port"), "{said}");
+    assert!(said.contains("another process"), "{said}");
 }
