@@ -65,6 +65,8 @@ impl Core {
 
 /// A conversation's first title: the message's first line, cut to `max` characters.
 pub fn title_from(message: &str, max: usize) -> String {
+    // The mock's `[mock:…]` directives script an answer; they are not what it is about.
+    let message = crate::providers::without_directives(message);
     let line = message.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("New conversation");
     let collapsed = line.split_whitespace().collect::<Vec<_>>().join(" ");
     if collapsed.chars().count() <= max {
@@ -83,5 +85,6 @@ mod tests {
         assert_eq!(title_from("  Hello   world \nsecond", 60), "Hello world");
         assert_eq!(title_from("abcdefghij", 5), "abcd…");
         assert_eq!(title_from("\n\n", 7), "New co…");
+        assert_eq!(title_from("[mock:words=300] A long story [mock:delay=50]", 60), "A long story");
     }
 }

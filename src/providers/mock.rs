@@ -91,7 +91,14 @@ impl MockProvider {
     }
 }
 
-/// Splits `[mock:key=value]` directives out of a message; returns the rest, trimmed.
+/// A message without its `[mock:…]` directives (as a title shows it).
+pub fn without_directives(message: &str) -> String {
+    split_directives(message).0
+}
+
+/// Splits `[mock:key=value]` directives out of a message; returns the rest, trimmed, its
+/// lines as they were (Markdown can be tried on the echo): a directive takes one space
+/// beside it along.
 fn split_directives(message: &str) -> (String, Vec<(String, String)>) {
     let mut rest = String::with_capacity(message.len());
     let mut directives = Vec::new();
@@ -105,9 +112,15 @@ fn split_directives(message: &str) -> (String, Vec<(String, String)>) {
         let (key, value) = body.split_once('=').unwrap_or((body, ""));
         directives.push((key.trim().to_owned(), value.trim().to_owned()));
         text = &text[start + len + 1..];
+        let line_start = rest.is_empty() || rest.ends_with(' ') || rest.ends_with('\n');
+        if line_start && text.starts_with(' ') {
+            text = &text[1..];
+        } else if rest.ends_with(' ') && (text.is_empty() || text.starts_with('\n')) {
+            rest.pop();
+        }
     }
     rest.push_str(text);
-    (rest.split_whitespace().collect::<Vec<_>>().join(" "), directives)
+    (rest.trim().to_owned(), directives)
 }
 
 /// Cuts text into pieces of `size` characters (never inside a character).
@@ -226,6 +239,8 @@ mod tests {
         let (rest, directives) = split_directives("hello [mock:words=3] there [mock:think=off]");
         assert_eq!(rest, "hello there");
         assert_eq!(directives, vec![("words".into(), "3".into()), ("think".into(), "off".into())]);
+        let markdown = "# Plan\n\n- one\n- two [mock:think=off]\n\n    code";
+        assert_eq!(split_directives(markdown).0, "# Plan\n\n- one\n- two\n\n    code", "lines kept");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::domain::Usage;
 pub use anthropic::AnthropicProvider;
 pub use google::GoogleProvider;
 pub use input::{InputMessage, ModelRequest, ToolSpec};
-pub use mock::MockProvider;
+pub use mock::{MockProvider, without_directives};
 pub use openai::OpenAiProvider;
 
 /// One thing a provider said, already decoded from its wire format.

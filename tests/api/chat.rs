@@ -81,7 +81,7 @@ both_backends! {
         assert_eq!(messages[1]["id"], start["message_id"]);
         assert_eq!(messages[1]["role"], "assistant");
         assert_eq!(messages[1]["parent_id"], start["user_message_id"]);
-        assert_eq!(messages[1]["content"], "Mock reply: What is up? Second line");
+        assert_eq!(messages[1]["content"], "Mock reply: What is up?\nSecond line", "the echo keeps its lines");
         assert_eq!(messages[1]["thinking"], frames[frames.len() - 2].data["payload"]["thinking"]);
         assert_eq!(messages[1]["model"], "mock-1");
         assert_eq!(messages[1]["trace_id"], start["trace_id"]);
@@ -271,4 +271,27 @@ async fn health_and_readiness_answer() {
     let (_, profiles) = app.get("/api/profiles", "x").await;
     assert_eq!(profiles["default_profile"], "default");
     assert_eq!(profiles["profiles"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn thinking_of_several_model_calls_is_one_paragraph_each() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let frames = app.chat("ann", json!({"message": "Add [mock:tool=calculator {\"expression\": \"2 + 40\"}]"})).await;
+    let thinking = joined(&frames, "thinking_delta");
+    let paragraphs: Vec<&str> = thinking.split("\n\n").collect();
+    assert_eq!(paragraphs.len(), 2, "two model calls, two paragraphs: {thinking:?}");
+    assert!(paragraphs.iter().all(|p| !p.trim().is_empty()), "{thinking:?}");
+    let complete = frames.iter().find(|f| f.kind() == "complete").unwrap();
+    assert_eq!(complete.data["payload"]["thinking"], thinking, "stored as streamed");
+}
+
+#[tokio::test]
+async fn the_mock_echo_keeps_its_lines_and_a_title_leaves_out_its_directives() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let frames = app.chat("ann", json!({"message": "# Plan\n\n- one\n- two [mock:think=off]"})).await;
+    assert_eq!(joined(&frames, "text_delta"), "Mock reply: # Plan\n\n- one\n- two");
+    let frames = app.chat("ann", json!({"message": "[mock:words=3] Three words please"})).await;
+    let conversation = frames[0].data["conversation_id"].as_str().unwrap();
+    let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
+    assert_eq!(loaded["title"], "Three words please");
 }

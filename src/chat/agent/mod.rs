@@ -81,6 +81,8 @@ struct Output {
     raw_text: String,
     /// A `[[tool:N]]` marker was the last text: the next text starts a new paragraph.
     after_marker: bool,
+    /// The model calls made so far, and the one whose thinking was last shown.
+    thinking_calls: (u32, u32),
     /// When the run started, until its first token is timed (then `None`).
     awaiting_first_token: Option<(Instant, String)>,
 }
@@ -199,6 +201,7 @@ async fn call_model(
     if output.spans.is_empty() || fitted.state.is_some() {
         plan.context.record(fitted.state.as_ref()).await;
     }
+    output.thinking_calls.0 += 1;
     let mut turn = Turn::new(output.tool_history.len() as u32, markers);
     emitter.hold(true);
     let ending = tokio::select! {
@@ -379,7 +382,14 @@ fn emit_content(emitter: &mut Emitter, output: &mut Output, event: Event) {
             output.text.push_str(&text);
             emitter.emit(Event::TextDelta { text });
         }
-        Event::ThinkingDelta { text } => {
+        Event::ThinkingDelta { mut text } => {
+            // A later model call's thinking starts a paragraph of its own.
+            if output.thinking_calls.1 != output.thinking_calls.0 {
+                output.thinking_calls.1 = output.thinking_calls.0;
+                if !output.thinking.is_empty() {
+                    text.insert_str(0, "\n\n");
+                }
+            }
             output.thinking.push_str(&text);
             emitter.emit(Event::ThinkingDelta { text });
         }
