@@ -38,7 +38,11 @@ impl Core {
             Some(_) => "profile_b",
             None => "profile",
         };
-        let profile = self.settings.profiles.get(profile_name).ok_or_else(|| not_found(field, "Profile not found"))?;
+        let profile = self
+            .settings
+            .profiles
+            .get(profile_name)
+            .ok_or_else(|| not_found(field, "Profile not found: GET /api/profiles lists the configured ones"))?;
         let provider = self.providers.get(&profile.provider).ok_or_else(|| not_found(field, "Profile not found"))?;
         let trace = Trace {
             comparison_id: comparison.map(|(id, _)| id),
@@ -88,6 +92,7 @@ impl Core {
             message_id: trace.message_id,
             trace_id: trace.trace_id,
             profile: profile_name.to_owned(),
+            provider_id: profile.provider.clone(),
             provider,
             request: ModelRequest {
                 model: profile.model.clone(),

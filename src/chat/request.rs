@@ -101,7 +101,7 @@ impl Core {
         };
         for profile in request.profile.iter() {
             if !self.settings.profiles.contains_key(profile) {
-                return Err(not_found("profile", "Profile not found"));
+                return Err(not_found("profile", "Profile not found: GET /api/profiles lists the configured ones"));
             }
         }
         let history = match &existing {

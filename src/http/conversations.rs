@@ -74,7 +74,10 @@ impl ConversationBody {
         }
         if let Some(profile) = &self.profile {
             if !state.settings.profiles.contains_key(profile) {
-                return Err(AppError::NotFound { field: Some("profile".into()), message: "Profile not found".into() });
+                return Err(AppError::NotFound {
+                    field: Some("profile".into()),
+                    message: "Profile not found: GET /api/profiles lists the configured ones".into(),
+                });
             }
         }
         if self.metadata.as_ref().is_some_and(|m| !m.is_object()) {

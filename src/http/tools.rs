@@ -49,11 +49,10 @@ async fn list(
     let mut body = ToolsView { tools, mcp_servers: state.tools.mcp().status(), for_request: None };
     if scope.page.is_some() || scope.profile.is_some() {
         let profile_name = scope.profile.as_deref().unwrap_or(&state.settings.chat.default_profile);
-        let profile = state
-            .settings
-            .profiles
-            .get(profile_name)
-            .ok_or_else(|| AppError::NotFound { field: Some("profile".into()), message: "Profile not found".into() })?;
+        let profile = state.settings.profiles.get(profile_name).ok_or_else(|| AppError::NotFound {
+            field: Some("profile".into()),
+            message: "Profile not found: GET /api/profiles lists the configured ones".into(),
+        })?;
         let location =
             Location { page: scope.page.as_deref(), tab: scope.tab.as_deref(), subtab: scope.subtab.as_deref() };
         let page_scope = PageScope::resolve(&state.settings, location);

@@ -286,7 +286,10 @@ fn later(at: tokio::time::Instant, wait: Duration) -> tokio::time::Instant {
 }
 
 pub fn network_error() -> ProviderError {
-    ProviderError::new(ProviderErrorKind::Network, "Connection failed")
+    ProviderError::new(
+        ProviderErrorKind::Network,
+        "Connection failed: the model's server did not answer; try again (the server's log names the provider)",
+    )
 }
 
 pub fn parse_error() -> ProviderError {

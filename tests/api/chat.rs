@@ -295,3 +295,12 @@ async fn the_mock_echo_keeps_its_lines_and_a_title_leaves_out_its_directives() {
     let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
     assert_eq!(loaded["title"], "Three words please");
 }
+
+#[tokio::test]
+async fn an_unknown_profile_says_where_the_known_ones_are() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let (status, error) = app.post("/api/chat/stream", "ann", json!({"message": "hi", "profile": "nope"})).await;
+    assert_eq!(status, 404);
+    assert_eq!(error["field"], "profile");
+    assert!(error["message"].as_str().unwrap().contains("GET /api/profiles"), "{error}");
+}

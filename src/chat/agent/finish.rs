@@ -8,6 +8,7 @@ use crate::chat::payloads;
 use crate::chat::runs::Emitter;
 use crate::domain::{Message, Role, RunError, Span, TraceStatus, now};
 use crate::events::{CancelledEvent, CompletePayload, ErrorEvent, Event};
+use crate::providers::ProviderErrorKind;
 use crate::store::{RunFinish, Store};
 
 use super::{Ending, Output, RunPlan};
@@ -98,7 +99,22 @@ pub(super) async fn finish(
             (TraceStatus::Cancelled, Some(message), None, cancelled)
         }
         Ending::Failed(error) => {
-            tracing::warn!(code = error.code(), error = %error.message, "model call failed");
+            let next = match error.kind {
+                ProviderErrorKind::Network => "check that its server runs and answers at its base_url",
+                ProviderErrorKind::Unauthorized => "check its API key (api_key_env or api_key_file)",
+                ProviderErrorKind::RateLimited => "the provider limits this key's rate; wait, or raise the limit",
+                ProviderErrorKind::Unavailable | ProviderErrorKind::Parse => {
+                    "the provider failed; its message says why"
+                }
+            };
+            tracing::warn!(
+                code = error.code(),
+                error = %error.message,
+                profile = %plan.profile,
+                provider = %plan.provider_id,
+                "model call failed: {next} (providers.{})",
+                plan.provider_id
+            );
             metrics::counter!("chatd_provider_errors_total", "code" => error.code()).increment(1);
             let event = error_event(plan, error.code(), &error.message, error.retryable);
             let detail = RunError::new(error.code(), &error.message, Some(output.text));

@@ -40,6 +40,8 @@ pub struct RunPlan {
     pub message_id: MessageId,
     pub trace_id: TraceId,
     pub profile: String,
+    /// The id of the profile's provider (`providers.<id>`), for the operator's log.
+    pub provider_id: String,
     pub provider: Arc<dyn LlmProvider>,
     pub request: ModelRequest,
     pub tools: Vec<Arc<dyn Tool>>,
