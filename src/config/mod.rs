@@ -186,8 +186,10 @@ impl Settings {
         }
         if !self.profiles.contains_key(&self.chat.default_profile) {
             return Err(ConfigError::Invalid(format!(
-                "chat.default_profile '{}' is not a configured profile",
-                self.chat.default_profile
+                "chat.default_profile '{}' is not a configured profile: set it to one of {} \
+                 (CHATD_CHAT__DEFAULT_PROFILE)",
+                self.chat.default_profile,
+                self.profiles.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
             )));
         }
         if let Some(path) = &self.auth.tokens_file {

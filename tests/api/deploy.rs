@@ -1,5 +1,6 @@
 //! What can be checked of the deployment without Docker: the image's command runs as the
-//! Dockerfile starts it, and docker-compose.yml's environment sets real config keys.
+//! Dockerfile starts it, docker-compose.yml is a real deployment whose settings check, and
+//! the binary's own checks (config, pipes, ports) say what is wrong.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -25,12 +26,31 @@ fn compose_env() -> Vec<(String, String)> {
 }
 
 #[test]
-fn the_compose_environment_sets_real_config_keys() {
+fn the_compose_file_is_a_real_deployment_whose_settings_check() {
+    // Docker's engine is not on every machine that runs the tests: what can be checked
+    // without it is checked here (the compose file's own `docker compose config` needs it).
+    let compose = repo("docker-compose.yml");
+    let chatd = compose.split("\n  chatd:\n").nth(1).expect("a chatd service");
+    assert!(chatd.contains("\"127.0.0.1:8080:8080\""), "published on the loopback address only");
+    assert!(compose.contains("secrets:\n  chatd_tokens:\n    environment: CHATD_TOKENS"), "tokens from a secret");
+    assert!(chatd.contains("healthcheck:") && chatd.contains("/readyz"), "a healthcheck");
+    // The mounted config, read where the container reads it from.
+    let mount = chatd
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("- ./").filter(|m| m.contains(":/etc/chatd/")))
+        .expect("a mounted config");
+    let (file, inside) = mount.split_once(':').unwrap();
+    let inside = inside.trim_end_matches(":ro");
     let env = compose_env();
-    assert!(env.iter().any(|(k, _)| k == "CHATD_DATABASE__URL"));
+    assert!(env.iter().any(|(k, v)| k == "CHATD_CONFIG" && v == inside), "CHATD_CONFIG names the mounted file");
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("chatd_tokens");
+    std::fs::write(&tokens, "s3cret-token alice\n").unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_chatd"))
         .arg("check-config")
-        .envs(env.iter().filter(|(k, _)| k.starts_with("CHATD_")).map(|(k, v)| (k, v)))
+        .envs(env.iter().filter(|(k, _)| k.starts_with("CHATD_") && k != "CHATD_CONFIG").map(|(k, v)| (k, v)))
+        .env("CHATD_CONFIG", Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .env("CHATD_AUTH__TOKENS_FILE", &tokens) // the secret, as the container sees it
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
@@ -38,16 +58,14 @@ fn the_compose_environment_sets_real_config_keys() {
     assert_eq!(effective["server"]["host"], "0.0.0.0");
     assert_eq!(effective["server"]["port"], 8080);
     assert_eq!(effective["server"]["json_logs"], true);
+    assert_eq!(effective["auth"]["mode"], "token", "auth is on");
     let url = effective["database"]["url"].as_str().unwrap();
     assert!(url.starts_with("postgres://") && url.contains(":***@"), "the database URL's password is masked: {url}");
-    // Every CHATD_ variable names a key that exists (figment ignores unknown ones silently).
-    for (key, _) in env.iter().filter(|(k, _)| k.starts_with("CHATD_")) {
-        let path: Vec<String> = key["CHATD_".len()..].split("__").map(str::to_lowercase).collect();
-        let mut node = &effective;
-        for part in &path {
-            node = node.get(part).unwrap_or_else(|| panic!("{key} is not a config key"));
-        }
-    }
+    let default = effective["chat"]["default_profile"].as_str().unwrap();
+    let provider = effective["profiles"][default]["provider"].as_str().unwrap();
+    assert_ne!(effective["providers"][provider]["kind"], "mock", "the default profile is a real model");
+    let key = effective["providers"][provider]["api_key_env"].as_str().unwrap();
+    assert!(env.iter().any(|(k, _)| k == key), "{key} is passed from the environment of docker compose");
 }
 
 #[test]
@@ -232,4 +250,34 @@ fn a_port_in_use_is_named_with_its_setting() {
     assert!(!output.status.success());
     assert!(said.contains(&format!("cannot listen on 127.0.0.1:{port}")) && said.contains("server.port"), "{said}");
     assert!(said.contains("another process"), "{said}");
+}
+
+#[test]
+fn a_provider_and_profile_can_be_defined_by_variables_alone() {
+    // As docs/operations.md shows it for docker compose.
+    let vars = [
+        ("CHATD_PROVIDERS__LOCAL__KIND", "openai_compatible"),
+        ("CHATD_PROVIDERS__LOCAL__BASE_URL", "http://ollama:11434/v1"),
+        ("CHATD_PROFILES__LOCAL__PROVIDER", "local"),
+        ("CHATD_PROFILES__LOCAL__MODEL", "qwen3:0.6b"),
+    ];
+    let check = |extra: &[(&str, &str)]| {
+        Command::new(env!("CARGO_BIN_EXE_chatd"))
+            .arg("check-config")
+            .envs(vars.iter().chain(extra).copied())
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap()
+    };
+    let refused = check(&[]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("CHATD_CHAT__DEFAULT_PROFILE") && said.contains("local"),
+        "{said}"
+    );
+    let output = check(&[("CHATD_CHAT__DEFAULT_PROFILE", "local")]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let effective: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(effective["providers"]["local"]["kind"], "openai_compatible");
+    assert_eq!(effective["profiles"]["local"]["model"], "qwen3:0.6b");
 }
