@@ -96,7 +96,6 @@ pub fn router(state: AppState) -> Router {
                 ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi::document())
             }),
         )
-        .route("/docs", axum::routing::get(|| async { axum::response::Html(openapi::DOCS_PAGE) }))
         .fallback(|| async { error::AppError::not_found("No such endpoint") })
         .method_not_allowed_fallback(|| async { error::AppError::MethodNotAllowed })
         .route_layer(axum::middleware::from_fn(crate::metrics::track))

@@ -1,5 +1,5 @@
 //! The OpenAPI 3.1 document of the whole API (`GET /openapi.json`, also printed by
-//! `chatd openapi`), and a reference page at `/docs`. The handlers carry their own
+//! `chatd openapi`); `/docs` renders it (see `web.rs`). The handlers carry their own
 //! `#[utoipa::path]`; the bodies they answer with are in [`views`](super::views).
 
 use utoipa::OpenApi;
@@ -37,9 +37,3 @@ pub struct ApiDoc;
 pub fn document() -> String {
     ApiDoc::openapi().to_pretty_json().expect("the document serializes")
 }
-
-/// A reference page for the document (its script comes from a CDN, in the browser).
-pub const DOCS_PAGE: &str = r#"<!doctype html>
-<html><head><meta charset="utf-8"><title>chatd API</title></head>
-<body><script id="api-reference" data-url="/openapi.json"></script>
-<script src="https://cdn.jsdelivr.net/npm/@scalar/api-reference"></script></body></html>"#;

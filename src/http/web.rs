@@ -1,5 +1,6 @@
-//! The reference web page at `/`: hand-written HTML, CSS and JavaScript modules from `web/`,
-//! compiled into the binary, so `cargo run` serves it with no Node and no build step.
+//! The reference web page at `/` and the API reference at `/docs` (which renders
+//! `/openapi.json`): hand-written HTML, CSS and JavaScript modules from `web/`, compiled into
+//! the binary, so `cargo run` serves them with no Node, no build step and no network.
 //!
 //! The files are small and their names carry no hash, so browsers revalidate them
 //! (`no-cache`) against an `ETag` computed at compile time: a new binary is never shadowed by
@@ -45,6 +46,7 @@ const fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 const INDEX: Asset = asset!("index.html", "text/html; charset=utf-8");
+const DOCS: Asset = asset!("docs.html", "text/html; charset=utf-8");
 
 /// What `/assets/{file}` serves; any other name is a 404 in the contract's envelope.
 const ASSETS: &[Asset] = &[
@@ -53,6 +55,8 @@ const ASSETS: &[Asset] = &[
     asset!("api.js", "text/javascript; charset=utf-8"),
     asset!("markdown.js", "text/javascript; charset=utf-8"),
     asset!("render.js", "text/javascript; charset=utf-8"),
+    asset!("docs.css", "text/css; charset=utf-8"),
+    asset!("docs.js", "text/javascript; charset=utf-8"),
 ];
 
 /// The page talks only to this server; nothing inline runs.
@@ -60,11 +64,15 @@ const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/", get(index)).route("/assets/{file}", get(asset))
+    Router::new().route("/", get(index)).route("/docs", get(docs)).route("/assets/{file}", get(asset))
 }
 
 async fn index(headers: HeaderMap) -> Response {
     serve(&INDEX, &headers)
+}
+
+async fn docs(headers: HeaderMap) -> Response {
+    serve(&DOCS, &headers)
 }
 
 async fn asset(Path(file): Path<String>, headers: HeaderMap) -> Response {

@@ -17,8 +17,14 @@ async fn the_served_document_is_the_committed_one() {
     let served: serde_json::Value = response.json().await.unwrap();
     assert_eq!(served["openapi"], "3.1.0");
     assert_eq!(served, serde_json::from_str::<serde_json::Value>(&generated).unwrap());
-    let docs = app.client.get(app.url("/docs")).send().await.unwrap().text().await.unwrap();
-    assert!(docs.contains("/openapi.json"));
+    let docs = app.client.get(app.url("/docs")).send().await.unwrap();
+    let csp = docs.headers()["content-security-policy"].to_str().unwrap().to_owned();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    let docs = docs.text().await.unwrap();
+    assert!(docs.contains("/openapi.json") && docs.contains(r#"src="/assets/docs.js""#));
+    assert!(!docs.contains("https://"), "nothing from another host: {docs}");
+    let script = app.client.get(app.url("/assets/docs.js")).send().await.unwrap().text().await.unwrap();
+    assert!(script.contains(r#"fetch("/openapi.json")"#));
 }
 
 #[test]

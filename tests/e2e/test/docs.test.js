@@ -1,0 +1,52 @@
+// The API reference at /docs in headless Chromium, with every request that does not go to
+// chatd refused: it must render the whole document from this server alone, under its CSP.
+
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { launchBrowser, screenshot, startChatd } from "../support/harness.js";
+
+let chatd;
+let browser;
+
+before(async () => {
+  chatd = await startChatd();
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  await chatd?.stop();
+});
+
+test("the API reference renders offline, from the binary, under its CSP", async () => {
+  const context = await browser.newContext({ viewport: { width: 1200, height: 800 } });
+  const elsewhere = [];
+  await context.route("**/*", (route) => {
+    if (route.request().url().startsWith(chatd.base)) return route.continue();
+    elsewhere.push(route.request().url());
+    return route.abort();
+  });
+  const page = await context.newPage();
+  const problems = [];
+  page.on("pageerror", (error) => problems.push(String(error)));
+  page.on("console", (message) => {
+    if (message.type() === "error") problems.push(message.text());
+  });
+  try {
+    await page.goto(`${chatd.base}/docs`);
+    const chat = page.locator("#op-chat_stream");
+    await chat.waitFor();
+    assert.match(await chat.locator("h3").innerText(), /post\s*\/api\/chat\/stream/i);
+    // The body's schema is a link to its section, which lists its fields.
+    await chat.locator('a[href="#schema-ChatRequest"]').first().click();
+    const request = page.locator("#schema-ChatRequest");
+    assert.ok(await request.isVisible());
+    assert.ok((await request.locator("td code").allInnerTexts()).includes("message"));
+    assert.ok((await page.locator("section.operation").count()) >= 20, "every operation is listed");
+    assert.deepEqual(elsewhere, [], "nothing was asked of another host");
+    assert.deepEqual(problems, [], "no errors, no CSP violations");
+    await screenshot(page, "docs");
+  } finally {
+    await context.close();
+  }
+});
