@@ -113,6 +113,13 @@ function setConversation(id, title) {
   }
 }
 
+/** Opens or closes the sidebar where it is a drawer (a narrow window); elsewhere a no-op. */
+function drawer(open) {
+  document.body.classList.toggle("drawer-open", open);
+  $("scrim").hidden = !open;
+  $("menu").setAttribute("aria-expanded", String(open));
+}
+
 function newChat() {
   detach();
   setConversation(null, "New chat");
@@ -439,7 +446,15 @@ function wire() {
     }
   });
   $("stop").addEventListener("click", stop);
-  $("new-chat").addEventListener("click", newChat);
+  $("new-chat").addEventListener("click", () => {
+    drawer(false);
+    newChat();
+  });
+  $("menu").addEventListener("click", () => drawer(!document.body.classList.contains("drawer-open")));
+  $("scrim").addEventListener("click", () => drawer(false));
+  $("conversations").addEventListener("click", (event) => {
+    if (event.target.closest(".conv-open")) drawer(false);
+  });
   $("banner-close").addEventListener("click", clearError);
   $("trace-close").addEventListener("click", () => $("trace-dialog").close());
   $("ab-mode").addEventListener("change", () => {

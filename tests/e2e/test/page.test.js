@@ -367,3 +367,50 @@ test("with auth mode token, the page asks for a token and uses the pasted one", 
     await context.close();
   }
 });
+
+test("on a phone-sized window everything is within reach, the conversations in a drawer", async () => {
+  // Reduced motion: the drawer opens without its slide, so what is measured is where it stops.
+  const context = await browser.newContext({
+    viewport: { width: 390, height: 844 },
+    isMobile: true,
+    hasTouch: true,
+    reducedMotion: "reduce",
+  });
+  context.setDefaultTimeout(15_000);
+  await context.addInitScript((id) => localStorage.setItem("chatd.clientId", id), `e2e-phone-${process.pid}`);
+  const page = await context.newPage();
+  const errors = [];
+  page.on("pageerror", (error) => errors.push(String(error)));
+  const inView = async (selector) => {
+    const box = await page.locator(selector).boundingBox();
+    assert.ok(box, `${selector} is shown`);
+    assert.ok(box.x >= 0 && box.y >= 0 && box.x + box.width <= 390 && box.y + box.height <= 844, `${selector} at ${JSON.stringify(box)}`);
+  };
+  try {
+    await page.goto(`${chatd.base}/`);
+    for (const selector of ["#menu", "#profile", "#send", "#input"]) await inView(selector);
+    assert.equal(await page.evaluate(() => document.documentElement.scrollWidth), 390, "nothing wider than the window");
+    assert.ok(!(await page.locator("#new-chat").isVisible()), "the drawer starts closed");
+
+    await send(page, "Hello from a phone");
+    await finished(page).waitFor();
+    assert.equal(await answers(page).locator(".body").innerText(), "Mock reply: Hello from a phone");
+
+    await page.click("#menu");
+    await inView("#new-chat");
+    assert.equal(await page.getAttribute("#menu", "aria-expanded"), "true");
+    await page.locator(".conv-open", { hasText: "Hello from a phone" }).waitFor();
+    await page.click("#new-chat");
+    assert.ok(!(await page.locator("#new-chat").isVisible()), "choosing closes the drawer");
+    assert.equal(await page.locator("#title").innerText(), "New chat");
+
+    await page.click("#menu");
+    await page.locator(".conv-open", { hasText: "Hello from a phone" }).click();
+    await page.locator(".msg.user", { hasText: "Hello from a phone" }).waitFor();
+    assert.ok(!(await page.locator("#new-chat").isVisible()));
+    await screenshot(page, "phone");
+    assert.deepEqual(errors, [], "no uncaught errors in the page");
+  } finally {
+    await context.close();
+  }
+});
