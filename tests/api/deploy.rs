@@ -281,3 +281,55 @@ fn a_provider_and_profile_can_be_defined_by_variables_alone() {
     assert_eq!(effective["providers"]["local"]["kind"], "openai_compatible");
     assert_eq!(effective["profiles"]["local"]["model"], "qwen3:0.6b");
 }
+
+#[tokio::test]
+async fn a_second_ctrl_c_stops_at_once_and_the_first_says_how_long_the_drain_may_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let log = dir.path().join("chatd.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_chatd"))
+        .current_dir(dir.path())
+        .env("CHATD_SERVER__PORT", port.to_string())
+        .env("CHATD_SERVER__SHUTDOWN_GRACE_SECS", "60")
+        .env("NO_COLOR", "1")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reqwest::get(format!("{base}/readyz")).await.is_err() {
+        assert!(Instant::now() < deadline, "chatd did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A long answer keeps the drain waiting.
+    let mut stream = reqwest::Client::new()
+        .post(format!("{base}/api/chat/stream"))
+        .header("x-client-id", "ann")
+        .json(&serde_json::json!({"message": "[mock:words=400] [mock:delay=50]"}))
+        .send()
+        .await
+        .unwrap();
+    stream.chunk().await.unwrap().expect("the run has started");
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: a signal to the child this test started.
+    let interrupt = || unsafe { libc::kill(pid, libc::SIGINT) };
+    interrupt();
+    let waited = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap().contains("press Ctrl-C again") {
+        assert!(waited.elapsed() < Duration::from_secs(10), "the first Ctrl-C says how long the drain may take");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(child.try_wait().unwrap().is_none(), "the first Ctrl-C drains (the answer has up to 60 s)");
+    interrupt();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(waited.elapsed() < Duration::from_secs(10), "the second Ctrl-C stops at once");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(130));
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("up to 60 s to finish") && said.contains("stopping at once"), "{said}");
+}

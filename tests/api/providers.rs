@@ -839,3 +839,22 @@ async fn a_call_that_fails_after_some_output_counts_its_work_in_the_trace() {
     assert_eq!(usage["estimated"], true, "{usage}");
     assert!(usage["output_tokens"].as_u64().unwrap() > 0, "not zero for work done: {usage}");
 }
+
+#[tokio::test]
+async fn the_ollama_example_config_answers_through_its_provider() {
+    // config/examples/ollama.toml as a user copies it, with only its address pointed at a
+    // server speaking Ollama's OpenAI-compatible API (with a <think> section, as qwen3's).
+    let fixture = Fixture::start(vec![Scripted::sse(&openai_text(&["<think>Short.</think>", "Hi ", "there."]))]).await;
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/ollama.toml")).unwrap();
+    assert!(example.contains("http://127.0.0.1:11434/v1"));
+    let config = example.replace("http://127.0.0.1:11434/v1", &format!("{}/v1", fixture.base));
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let frames = app.chat("ann", json!({"message": "Say hi"})).await;
+    assert_eq!(frames[0].data["profile"], "local");
+    assert_eq!(frames[0].data["model"], "qwen3:0.6b");
+    assert_eq!(joined(&frames, "thinking_delta"), "Short.");
+    assert_eq!(joined(&frames, "text_delta"), "Hi there.");
+    let got = fixture.received();
+    assert_eq!(got[0].path, "/v1/chat/completions");
+    assert_eq!(got[0].body["model"], "qwen3:0.6b");
+}
