@@ -1,5 +1,5 @@
-//! Stopping runs: cancel one run (by trace or by message), both sides of a comparison, or a
-//! conversation's runs before it is deleted. A run here is cancelled through its token and
+//! Stopping runs: cancel one run (by trace or by message), both sides of a comparison, a
+//! conversation's running runs, or its runs before it is deleted. A run here is cancelled through its token and
 //! says how it ended by its last event; a run on another replica is asked by a notice, and
 //! the cancel waits, woken by that run's news, to learn how it ended.
 
@@ -25,6 +25,8 @@ pub enum CancelTarget {
     Message(MessageId),
     /// Both sides of an A/B comparison.
     Comparison(ComparisonId),
+    /// Every run of the conversation that is running (CONTRACT.md §17).
+    Conversation(ConversationId),
 }
 
 /// What a cancel stopped.
@@ -38,6 +40,11 @@ pub enum Cancelled {
     Comparison {
         comparison_id: ComparisonId,
         trace_ids: Vec<TraceId>,
+    },
+    /// The conversation's runs that were running, each `(trace_id, message_id)`.
+    Conversation {
+        conversation_id: ConversationId,
+        runs: Vec<(TraceId, MessageId)>,
     },
 }
 
@@ -88,6 +95,9 @@ impl Core {
                 self.store.trace_by_message(user, message_id).await.map_err(ControlError::missing("Trace"))?
             }
             CancelTarget::Comparison(comparison_id) => return self.cancel_comparison(user, comparison_id).await,
+            CancelTarget::Conversation(conversation_id) => {
+                return self.cancel_conversation(user, conversation_id).await;
+            }
         };
         self.cancel_run(user, &trace).await?;
         Ok(Cancelled::Run { trace_id: trace.trace_id, message_id: trace.message_id })
@@ -110,6 +120,27 @@ impl Core {
             return Err(ControlError::Ended("Both runs have already ended"));
         }
         Ok(Cancelled::Comparison { comparison_id, trace_ids })
+    }
+
+    /// Cancels a conversation's running runs; none running is a conflict.
+    async fn cancel_conversation(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+    ) -> Result<Cancelled, ControlError> {
+        self.store.get_conversation(user, conversation_id).await.map_err(ControlError::missing("Conversation"))?;
+        let mut runs = Vec::new();
+        for trace in self.store.running_in_conversation(user, conversation_id).await? {
+            match self.cancel_run(user, &trace).await {
+                Ok(()) => runs.push((trace.trace_id, trace.message_id)),
+                Err(ControlError::Store(e)) => return Err(ControlError::Store(e)),
+                Err(_) => {}
+            }
+        }
+        if runs.is_empty() {
+            return Err(ControlError::Ended("No run of this conversation is running"));
+        }
+        Ok(Cancelled::Conversation { conversation_id, runs })
     }
 
     async fn cancel_run(&self, user: &UserId, trace: &Trace) -> Result<(), ControlError> {

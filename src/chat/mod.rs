@@ -1,4 +1,4 @@
-//! A chat run: validating and starting it (`service`), the model loop (`agent`), live runs
+//! A chat run: validating and starting it (`service`; a client library's turn: `clients`), the model loop (`agent`), live runs
 //! and their fan-out (`runs`), following a run from a seq (`replay`), cancelling runs
 //! (`control`), other processes' news of their runs (`news`), the batched event log (`log`)
 //! and run starts written in groups (`starts`).
@@ -7,6 +7,7 @@ mod actions;
 pub mod agent;
 pub mod arena;
 pub mod clean;
+pub mod clients;
 pub mod context;
 pub mod control;
 mod core;
@@ -26,6 +27,7 @@ mod starts;
 mod titles;
 pub mod turn;
 
+pub use clients::{ClientTurn, Intent};
 pub use control::{CancelTarget, Cancelled, ControlError};
 pub use log::EventLog;
 pub use replay::Resumed;

@@ -34,6 +34,18 @@ pub struct ChatRequest {
     pub action: Option<Value>,
     #[serde(default)]
     pub diagnostics: bool,
+    /// The ids a client library made (CONTRACT.md §13); never read from a body.
+    #[serde(skip)]
+    pub client: ClientIds,
+}
+
+/// The ids a client library gave a new conversation and the user's message.
+#[derive(Debug, Clone, Default)]
+pub struct ClientIds {
+    /// The conversation's `external_id`, if the request creates it.
+    pub chat_id: Option<String>,
+    /// The user message's `client_id`.
+    pub message_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
@@ -128,6 +140,7 @@ impl Core {
             Some(_) => None,
             None => Some(Conversation {
                 profile: request.profile.clone(),
+                external_id: request.client.chat_id.clone(),
                 ..Conversation::new(user, title_from(text, self.settings.chat.title_max_chars))
             }),
         };
@@ -143,8 +156,10 @@ impl Core {
             system_prompt: conversation.system_prompt.clone(),
             existing_profile: existing.as_ref().and_then(|c| c.profile.clone()),
             user_message_is_new: regenerate.is_none(),
-            user_message: regenerate
-                .unwrap_or_else(|| Message::new(conversation.id, parent, Role::User, text.to_owned())),
+            user_message: regenerate.unwrap_or_else(|| Message {
+                client_id: request.client.message_id.clone(),
+                ..Message::new(conversation.id, parent, Role::User, text.to_owned())
+            }),
             earlier: branch(&history, parent),
             new_conversation,
             action_result,

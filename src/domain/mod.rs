@@ -195,6 +195,10 @@ pub struct Conversation {
     pub profile: Option<String>,
     pub system_prompt: Option<String>,
     pub metadata: Value,
+    /// The id a client library gave this conversation (the AI SDK's chat id, AG-UI's thread
+    /// id; CONTRACT.md §13), unique among its user's conversations. Absent when none did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_id: Option<String>,
     /// The newest message of the branch that loading shows.
     #[serde(skip)]
     pub active_leaf_id: Option<MessageId>,
@@ -215,6 +219,7 @@ impl Conversation {
             profile: None,
             system_prompt: None,
             metadata: Value::Object(Default::default()),
+            external_id: None,
             active_leaf_id: None,
             message_count: 0,
             created_at: at,
@@ -249,6 +254,10 @@ pub struct Message {
     pub feedback: Option<Feedback>,
     pub comparison_id: Option<ComparisonId>,
     pub variant: Option<String>,
+    /// The id the client library gave a user message (CONTRACT.md §13), so that a later
+    /// edit of it finds it. Absent when none did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -275,6 +284,7 @@ impl Message {
             feedback: None,
             comparison_id: None,
             variant: None,
+            client_id: None,
             created_at: now(),
         }
     }

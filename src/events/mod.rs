@@ -1,9 +1,12 @@
 //! The wire events of CONTRACT.md §5: one enum, serde-tagged by `"type"`. Everything a run
 //! tells a client goes through [`Event`]; the other vocabularies a stream can speak are
-//! functions of it: the legacy one (`legacy`, §11) and the A/B stream's (`comparison`, §10).
+//! functions of it: the legacy one (`legacy`, §11), the A/B stream's (`comparison`, §10),
+//! the AI SDK's UI message stream (`ui`, §13.1) and AG-UI's (`agui`, §13.2).
 
+pub mod agui;
 pub mod comparison;
 pub mod legacy;
+pub mod ui;
 
 use crate::ids::{ConversationId, MessageId, TraceId};
 use chrono::{DateTime, Utc};
@@ -13,6 +16,9 @@ use serde_json::value::RawValue;
 
 pub use crate::domain::ToolStatus;
 use crate::domain::{SuggestedAction, SuggestedValue, ToolRecord, Usage};
+
+/// The `status` each model call opens with: the other vocabularies start a step on it.
+pub const THINKING_STATUS: &str = "Thinking…";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]

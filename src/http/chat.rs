@@ -3,7 +3,7 @@
 //! it (`POST /api/cancel_stream`). Each SSE frame is `id: <seq>` + `data: <json>`, with
 //! `: ping` keep-alives when idle.
 
-use crate::ids::{ComparisonId, MessageId, TraceId};
+use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -88,6 +88,8 @@ struct CancelBody {
     message_id: Option<MessageId>,
     /// Cancels both sides of an A/B comparison.
     comparison_id: Option<ComparisonId>,
+    /// Cancels the conversation's running runs (409 when none runs).
+    conversation_id: Option<ConversationId>,
 }
 
 #[utoipa::path(post, operation_id = "cancel_stream", path = "/api/cancel_stream", tag = "chat", request_body = CancelBody, responses((status = 200, description = "Cancelled", body = CancelResult), Refused, Missing, (status = 409, description = "The run already ended", body = ErrorBody), (status = 503, description = "The run did not answer", body = ErrorBody)))]
@@ -96,14 +98,21 @@ async fn cancel(
     CurrentUser(user): CurrentUser,
     AppJson(body): AppJson<CancelBody>,
 ) -> Result<Json<CancelResult>, AppError> {
-    let target = match (body.comparison_id, body.trace_id, body.message_id) {
+    let target = match (body.comparison_id, body.trace_id, body.message_id, body.conversation_id) {
         (Some(comparison_id), ..) => CancelTarget::Comparison(comparison_id),
-        (None, Some(trace_id), _) => CancelTarget::Trace(trace_id),
-        (None, None, Some(message_id)) => CancelTarget::Message(message_id),
-        (None, None, None) => return Err(AppError::validation("trace_id", "trace_id or message_id is required")),
+        (None, Some(trace_id), ..) => CancelTarget::Trace(trace_id),
+        (None, None, Some(message_id), _) => CancelTarget::Message(message_id),
+        (None, None, None, Some(conversation_id)) => CancelTarget::Conversation(conversation_id),
+        (None, None, None, None) => {
+            return Err(AppError::validation(
+                "trace_id",
+                "trace_id, message_id, comparison_id or conversation_id is required",
+            ));
+        }
     };
     Ok(Json(match state.chat.cancel(&user, target).await? {
         Cancelled::Run { trace_id, message_id } => CancelResult::run(trace_id, message_id),
         Cancelled::Comparison { comparison_id, trace_ids } => CancelResult::comparison(comparison_id, trace_ids),
+        Cancelled::Conversation { conversation_id, runs } => CancelResult::conversation(conversation_id, runs),
     }))
 }

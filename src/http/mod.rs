@@ -2,6 +2,7 @@
 //! store. One cloneable [`AppState`]; one [`AppError`](error::AppError) envelope.
 
 mod ab;
+mod agui;
 pub mod auth;
 mod chat;
 mod conversations;
@@ -14,6 +15,7 @@ pub mod server;
 mod sse;
 mod tools;
 mod traces;
+mod ui;
 pub mod views;
 mod web;
 
@@ -87,6 +89,8 @@ pub fn router(state: AppState) -> Router {
         .merge(chat::routes())
         .merge(ab::routes())
         .merge(legacy::routes())
+        .merge(ui::routes())
+        .merge(agui::routes())
         .merge(traces::routes())
         .merge(tools::routes())
         .merge(web::routes())

@@ -20,6 +20,7 @@ use super::views::{ErrorBody, Event, LegacyEvent};
         super::legacy::stream, super::legacy::load, super::legacy::list,
         super::health::healthz, super::health::ready, super::health::metrics, super::health::profiles,
         super::tools::list,
+        super::ui::chat, super::ui::resume, super::agui::run,
     ),
     components(schemas(Event, ErrorBody, LegacyEvent)),
     tags(
@@ -28,6 +29,7 @@ use super::views::{ErrorBody, Event, LegacyEvent};
         (name = "traces", description = "What a run did"),
         (name = "ab", description = "A/B comparisons and votes"),
         (name = "legacy", description = "The older vocabulary of the same API"),
+        (name = "clients", description = "The same runs for the AI SDK's useChat and AG-UI clients"),
         (name = "health", description = "Liveness, readiness, profiles, tools"),
     )
 )]

@@ -1,6 +1,6 @@
 //! Streams as Server-Sent Events. A run's frames, live or replayed from its log, reach the
 //! wire through an [`Encoder`]: one small type per vocabulary a client may speak (`Native`,
-//! `Legacy`, `Comparisons`), each a function of the typed events.
+//! `Legacy`, `Comparisons`, `UiMessages`, `Agui`), each a function of the typed events.
 
 use crate::ids::MessageId;
 use std::convert::Infallible;
@@ -15,8 +15,11 @@ use serde::Serialize;
 use super::AppState;
 use crate::chat::Frame;
 use crate::domain::Comparison;
+use crate::events::Event;
+use crate::events::agui::ToAgui;
 use crate::events::comparison::{ComparisonEvent, Tagged, Variant};
 use crate::events::legacy::ToLegacy;
+use crate::events::ui::ToUi;
 use crate::wake::when_woken;
 
 /// Turns the items of a stream into SSE text.
@@ -73,6 +76,51 @@ impl Encoder for Legacy {
     fn encode(&mut self, frame: &Frame, out: &mut String) {
         if let Some(event) = frame.event.as_deref().and_then(|event| self.0.translate(event)) {
             push_event(out, frame.seq, &event);
+        }
+    }
+}
+
+/// Appends one SSE frame with no `id:` line.
+fn push_data(out: &mut String, data: &str) {
+    out.push_str("data: ");
+    out.push_str(data);
+    out.push_str("\n\n");
+}
+
+/// The AI SDK's UI message stream (CONTRACT.md §13.1): a `data:` frame per chunk, and
+/// `data: [DONE]` after the run's `done`. A client resumes it from its first chunk, so the
+/// frames carry no ids.
+#[derive(Default)]
+pub struct UiMessages(ToUi);
+
+impl Encoder for UiMessages {
+    type Item = Frame;
+
+    fn encode(&mut self, frame: &Frame, out: &mut String) {
+        let Some(event) = frame.event.as_deref() else { return };
+        let mut chunks = Vec::new();
+        self.0.translate(event, &mut chunks);
+        for chunk in &chunks {
+            push_data(out, &serde_json::to_string(chunk).expect("chunks serialize"));
+        }
+        if matches!(event, Event::Done { .. }) {
+            push_data(out, "[DONE]");
+        }
+    }
+}
+
+/// AG-UI's events (CONTRACT.md §13.2): a `data:` frame per event, no `[DONE]`.
+pub struct Agui(pub ToAgui);
+
+impl Encoder for Agui {
+    type Item = Frame;
+
+    fn encode(&mut self, frame: &Frame, out: &mut String) {
+        let Some(event) = frame.event.as_deref() else { return };
+        let mut events = Vec::new();
+        self.0.translate(event, &mut events);
+        for event in &events {
+            push_data(out, &serde_json::to_string(event).expect("events serialize"));
         }
     }
 }

@@ -94,8 +94,9 @@ pub struct TraceView {
     pub events: Vec<LoggedEvent>,
 }
 
-/// A cancel's answer: of one run (`trace_id`, `message_id`), or of a comparison's runs
-/// (`comparison_id`, `trace_ids`).
+/// A cancel's answer: of one run (`trace_id`, `message_id`), of a comparison's runs
+/// (`comparison_id`, `trace_ids`), or of a conversation's (`conversation_id`, `trace_ids`,
+/// and the first run's `trace_id` and `message_id`).
 #[derive(Serialize, ToSchema)]
 pub struct CancelResult {
     /// `cancelled`.
@@ -106,7 +107,9 @@ pub struct CancelResult {
     pub message_id: Option<MessageId>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub comparison_id: Option<ComparisonId>,
-    /// With `comparison_id`: the runs that were cancelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<ConversationId>,
+    /// With `comparison_id` or `conversation_id`: the runs that were cancelled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_ids: Option<Vec<TraceId>>,
 }
@@ -118,6 +121,7 @@ impl CancelResult {
             trace_id: Some(trace_id),
             message_id: Some(message_id),
             comparison_id: None,
+            conversation_id: None,
             trace_ids: None,
         }
     }
@@ -128,7 +132,20 @@ impl CancelResult {
             trace_id: None,
             message_id: None,
             comparison_id: Some(comparison_id),
+            conversation_id: None,
             trace_ids: Some(trace_ids),
+        }
+    }
+
+    /// `runs` (`trace_id`, `message_id`) holds one at least.
+    pub fn conversation(conversation_id: ConversationId, runs: Vec<(TraceId, MessageId)>) -> Self {
+        Self {
+            status: "cancelled",
+            trace_id: runs.first().map(|run| run.0),
+            message_id: runs.first().map(|run| run.1),
+            comparison_id: None,
+            conversation_id: Some(conversation_id),
+            trace_ids: Some(runs.into_iter().map(|run| run.0).collect()),
         }
     }
 }

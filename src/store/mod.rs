@@ -181,6 +181,8 @@ pub trait Store: Send + Sync + 'static {
         cursor: Option<PageCursor>,
     ) -> Result<Vec<Conversation>, StoreError>;
     async fn get_conversation(&self, user: &UserId, id: ConversationId) -> Result<Conversation, StoreError>;
+    /// The user's conversation that a client library named `external_id` (CONTRACT.md §13).
+    async fn conversation_by_external_id(&self, user: &UserId, external_id: &str) -> Result<Conversation, StoreError>;
     async fn update_conversation(
         &self,
         user: &UserId,
@@ -214,6 +216,12 @@ pub trait Store: Send + Sync + 'static {
     async fn get_trace(&self, user: &UserId, trace_id: TraceId) -> Result<Trace, StoreError>;
     /// The trace whose run produced (or is producing) `message_id`.
     async fn trace_by_message(&self, user: &UserId, message_id: MessageId) -> Result<Trace, StoreError>;
+    /// The user's runs still marked running in a conversation, oldest first.
+    async fn running_in_conversation(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+    ) -> Result<Vec<Trace>, StoreError>;
     /// The run's logged events with `seq > after`, in order.
     async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
 

@@ -46,7 +46,7 @@ pub fn context_state(value: Value) -> Option<ContextState> {
 use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 
 pub const CONVERSATION_COLUMNS: &str = "id, user_id, title, profile, system_prompt, metadata, \
-     active_leaf_id, message_count, created_at, updated_at, last_message_at";
+     external_id, active_leaf_id, message_count, created_at, updated_at, last_message_at";
 
 #[derive(sqlx::FromRow)]
 pub struct ConversationRow {
@@ -56,6 +56,7 @@ pub struct ConversationRow {
     profile: Option<String>,
     system_prompt: Option<String>,
     metadata: Json<Value>,
+    external_id: Option<String>,
     active_leaf_id: Option<MessageId>,
     message_count: i64,
     created_at: DateTime<Utc>,
@@ -72,6 +73,7 @@ impl From<ConversationRow> for Conversation {
             profile: row.profile,
             system_prompt: row.system_prompt,
             metadata: row.metadata.0,
+            external_id: row.external_id,
             active_leaf_id: row.active_leaf_id,
             message_count: row.message_count,
             created_at: row.created_at,
@@ -83,7 +85,7 @@ impl From<ConversationRow> for Conversation {
 
 pub const MESSAGE_COLUMNS: &str = "id, conversation_id, parent_id, role, content, thinking, \
      provider_state, tool_calls, tool_history, payloads, suggested_values, suggested_actions, \
-     cancelled, model, trace_id, usage, feedback, comparison_id, variant, created_at";
+     cancelled, model, trace_id, usage, feedback, comparison_id, variant, client_id, created_at";
 
 #[derive(sqlx::FromRow)]
 pub struct MessageRow {
@@ -106,6 +108,7 @@ pub struct MessageRow {
     feedback: Option<Json<Feedback>>,
     comparison_id: Option<ComparisonId>,
     variant: Option<String>,
+    client_id: Option<String>,
     created_at: DateTime<Utc>,
 }
 
@@ -137,6 +140,7 @@ impl TryFrom<MessageRow> for Message {
             feedback: row.feedback.map(|j| j.0),
             comparison_id: row.comparison_id,
             variant: row.variant,
+            client_id: row.client_id,
             created_at: row.created_at,
         })
     }

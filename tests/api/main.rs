@@ -6,6 +6,7 @@ mod helpers;
 mod auth;
 mod chat;
 mod chunking;
+mod clients;
 mod compat;
 mod connections;
 mod conversations;

@@ -71,6 +71,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/agui": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["agui_run"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/cancel_stream": {
         parameters: {
             query?: never;
@@ -325,6 +341,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/ui/chat": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["ui_chat"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/ui/chat/{id}/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["ui_chat_resume"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -391,6 +439,17 @@ export interface components {
             profile_a: string;
             profile_b: string;
         };
+        AguiContext: {
+            description: string;
+            value: string;
+        };
+        /** @description One message of the thread: its text content is read. */
+        AguiMessage: {
+            id: string;
+            role: string;
+            /** @description A string, or (for a user message) an array of parts. */
+            content?: Record<string, never> | null;
+        };
         /**
          * @description How a model call ended.
          * @enum {string}
@@ -406,10 +465,16 @@ export interface components {
              * @description Cancels both sides of an A/B comparison.
              */
             comparison_id?: string | null;
+            /**
+             * Format: uuid
+             * @description Cancels the conversation's running runs (409 when none runs).
+             */
+            conversation_id?: string | null;
         };
         /**
-         * @description A cancel's answer: of one run (`trace_id`, `message_id`), or of a comparison's runs
-         *     (`comparison_id`, `trace_ids`).
+         * @description A cancel's answer: of one run (`trace_id`, `message_id`), of a comparison's runs
+         *     (`comparison_id`, `trace_ids`), or of a conversation's (`conversation_id`, `trace_ids`,
+         *     and the first run's `trace_id` and `message_id`).
          */
         CancelResult: {
             /** @description `cancelled`. */
@@ -420,7 +485,9 @@ export interface components {
             message_id?: string | null;
             /** Format: uuid */
             comparison_id?: string | null;
-            /** @description With `comparison_id`: the runs that were cancelled. */
+            /** Format: uuid */
+            conversation_id?: string | null;
+            /** @description With `comparison_id` or `conversation_id`: the runs that were cancelled. */
             trace_ids?: string[] | null;
         };
         /** @description The run was cancelled: what it had said. */
@@ -556,6 +623,11 @@ export interface components {
             profile?: string | null;
             system_prompt?: string | null;
             metadata: unknown;
+            /**
+             * @description The id a client library gave this conversation (the AI SDK's chat id, AG-UI's thread
+             *     id; CONTRACT.md §13), unique among its user's conversations. Absent when none did.
+             */
+            external_id?: string | null;
             /** Format: int64 */
             message_count: number;
             /** Format: date-time */
@@ -876,6 +948,11 @@ export interface components {
             /** Format: uuid */
             comparison_id?: string | null;
             variant?: string | null;
+            /**
+             * @description The id the client library gave a user message (CONTRACT.md §13), so that a later
+             *     edit of it finds it. Absent when none did.
+             */
+            client_id?: string | null;
             /** Format: date-time */
             created_at: string;
         };
@@ -908,6 +985,29 @@ export interface components {
         Rating: "up" | "down";
         /** @enum {string} */
         Role: "user" | "assistant" | "system" | "tool";
+        /** @description AG-UI's `RunAgentInput`; its other fields (`state`, `protocolVersion`, …) are ignored. */
+        RunAgentInput: {
+            /**
+             * @description The thread: a conversation's id or `external_id`, else a new conversation's
+             *     `external_id`.
+             */
+            threadId: string;
+            /** @description Echoed in `RUN_STARTED` and `RUN_FINISHED`. */
+            runId: string;
+            /** @description The client's messages; the last user message is the one sent. */
+            messages?: components["schemas"]["AguiMessage"][];
+            /**
+             * @description The client's tools: not offered to the model in this version (CONTRACT.md §15 is not
+             *     built yet).
+             */
+            tools?: Record<string, never>[];
+            /** @description Entries for the system prompt's context section. */
+            context?: components["schemas"]["AguiContext"][];
+            /** @description Answers to interrupts (CONTRACT.md §15): refused in this version. */
+            resume?: Record<string, never>[] | null;
+            /** @description `profile` picks the profile to answer with. */
+            forwardedProps?: Record<string, never> | null;
+        };
         /** @description Why a run did not complete, as its trace keeps it. */
         RunError: {
             /** @description The contract's error code (`RATE_LIMITED`, `INTERRUPTED`, …). */
@@ -1156,6 +1256,45 @@ export interface components {
             /** Format: int64 */
             duration_ms?: number | null;
             events: components["schemas"]["LoggedEvent"][];
+        };
+        /** @enum {string} */
+        Trigger: "submit-message" | "regenerate-message";
+        /** @description The body `DefaultChatTransport` sends (and fields `useChat`'s `body` adds). */
+        UiChatBody: {
+            /**
+             * @description The chat: a conversation's id or `external_id`, else a new conversation's
+             *     `external_id`.
+             */
+            id: string;
+            /** @description The client's messages; the last user message is the one sent. */
+            messages: components["schemas"]["UiMessage"][];
+            trigger?: components["schemas"]["Trigger"];
+            /**
+             * @description With `submit-message`: the user message edited; with `regenerate-message`: the answer
+             *     regenerated (else the last one).
+             */
+            messageId?: string | null;
+            /** @description The profile to answer with (`useChat`'s `body`). */
+            profile?: string | null;
+            /** @description Page context for the system prompt, as in `POST /api/chat/stream`. */
+            context?: unknown;
+        };
+        /** @description A `UIMessage` of the AI SDK: only its id, role and parts are read. */
+        UiMessage: {
+            id: string;
+            role: string;
+            parts?: components["schemas"]["UiPart"][];
+        };
+        UiPart: {
+            text: string;
+            /** @enum {string} */
+            type: "text";
+        } | {
+            /** @enum {string} */
+            type: "file";
+        } | {
+            /** @enum {string} */
+            type: "other";
         };
         /** @description Token counts of one model call, or summed over a run. */
         Usage: {
@@ -1492,6 +1631,84 @@ export interface operations {
             };
             /** @description Rate limited */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    agui_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RunAgentInput"];
+            };
+        };
+        responses: {
+            /** @description The run as AG-UI events (`data: <event>` frames): RUN_STARTED … RUN_FINISHED or RUN_ERROR */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Shutting down */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2591,6 +2808,141 @@ export interface operations {
             };
             /** @description Unknown, or another user's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    ui_chat: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UiChatBody"];
+            };
+        };
+        responses: {
+            /** @description The run as the AI SDK's UI message stream (`data: <chunk>` frames, then `data: [DONE]`; header `x-vercel-ai-ui-message-stream: v1`) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Shutting down */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    ui_chat_resume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The chat's id (a conversation's id or external_id) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The chat's running run from its first chunk, then live, until `[DONE]` */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            /** @description No run of this chat is running */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
                 headers: {
                     [name: string]: unknown;
                 };

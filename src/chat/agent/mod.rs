@@ -193,7 +193,7 @@ async fn call_model(
     markers: Vec<String>,
 ) -> Ending {
     let started_at = now();
-    emitter.emit(Event::Status { message: "Thinking…".to_owned() });
+    emitter.emit(Event::Status { message: crate::events::THINKING_STATUS.to_owned() });
     let messages = &plan.request.messages;
     let protected = messages.iter().rposition(InputMessage::is_user).map_or(messages.len(), |i| messages.len() - i);
     let mut fitted = context::fit(&plan.request, plan.context_limit, protected);

@@ -187,6 +187,13 @@ where
         row.map(Conversation::from).ok_or(StoreError::NotFound)
     }
 
+    async fn conversation_by_external_id(&self, user: &UserId, external_id: &str) -> Result<Conversation, StoreError> {
+        let sql = format!("select {CONVERSATION_COLUMNS} from conversations where user_id = $1 and external_id = $2");
+        let row: Option<ConversationRow> =
+            sqlx::query_as(&sql).bind(user).bind(external_id).fetch_optional(self.pool()).await?;
+        row.map(Conversation::from).ok_or(StoreError::NotFound)
+    }
+
     async fn update_conversation(
         &self,
         user: &UserId,
@@ -278,6 +285,19 @@ where
         let sql = format!("select {TRACE_COLUMNS} from traces where id = $1 and user_id = $2");
         let row: Option<TraceRow> = sqlx::query_as(&sql).bind(trace_id).bind(user).fetch_optional(self.pool()).await?;
         row.ok_or(StoreError::NotFound)?.try_into()
+    }
+
+    async fn running_in_conversation(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+    ) -> Result<Vec<Trace>, StoreError> {
+        let sql = format!(
+            "select {TRACE_COLUMNS} from traces where conversation_id = $1 and user_id = $2 \
+             and status = 'running' order by started_at, id"
+        );
+        let rows: Vec<TraceRow> = sqlx::query_as(&sql).bind(conversation_id).bind(user).fetch_all(self.pool()).await?;
+        rows.into_iter().map(Trace::try_from).collect()
     }
 
     async fn trace_by_message(&self, user: &UserId, message_id: MessageId) -> Result<Trace, StoreError> {

@@ -225,7 +225,7 @@ where
     pub(super) fn push_conversations<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [Conversation]) {
         query.push(
             "insert into conversations (id, user_id, title, profile, system_prompt, metadata, \
-             active_leaf_id, message_count, created_at, updated_at, last_message_at) ",
+             external_id, active_leaf_id, message_count, created_at, updated_at, last_message_at) ",
         );
         query.push_values(rows, |mut row, c| {
             row.push_bind(c.id)
@@ -234,6 +234,7 @@ where
                 .push_bind(c.profile.as_deref())
                 .push_bind(c.system_prompt.as_deref())
                 .push_bind(json(&c.metadata))
+                .push_bind(c.external_id.as_deref())
                 .push_bind(c.active_leaf_id)
                 .push_bind(c.message_count)
                 .push_bind(c.created_at)
@@ -255,7 +256,7 @@ where
             "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
              thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
              suggested_actions, cancelled, model, trace_id, usage, feedback, comparison_id, \
-             variant, created_at) ",
+             variant, client_id, created_at) ",
         );
         query.push_values(rows, |mut row, (user, m)| {
             row.push_bind(m.id)
@@ -278,6 +279,7 @@ where
                 .push_bind(m.feedback.as_ref().map(json))
                 .push_bind(m.comparison_id)
                 .push_bind(m.variant.as_deref())
+                .push_bind(m.client_id.as_deref())
                 .push_bind(m.created_at);
         });
     }

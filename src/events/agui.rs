@@ -1,0 +1,251 @@
+//! AG-UI's events (CONTRACT.md §13.2), as a function of one run's [`Event`]s in order: what
+//! `@ag-ui/client`'s `HttpAgent` (and CopilotKit through it) reads. Every START gets its END
+//! before the run's last event, as AG-UI's event verifier demands.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::ui::Open;
+use super::{Event, THINKING_STATUS};
+
+/// One AG-UI event.
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "SCREAMING_SNAKE_CASE", rename_all_fields = "camelCase")]
+pub enum AguiEvent<'a> {
+    RunStarted { thread_id: String, run_id: String },
+    StepStarted { step_name: String },
+    StepFinished { step_name: String },
+    TextMessageStart { message_id: String, role: &'static str },
+    TextMessageContent { message_id: String, delta: &'a str },
+    TextMessageEnd { message_id: String },
+    ReasoningStart { message_id: String },
+    ReasoningMessageStart { message_id: String, role: &'static str },
+    ReasoningMessageContent { message_id: String, delta: &'a str },
+    ReasoningMessageEnd { message_id: String },
+    ReasoningEnd { message_id: String },
+    ToolCallStart { tool_call_id: String, tool_call_name: &'a str, parent_message_id: String },
+    ToolCallArgs { tool_call_id: &'a str, delta: String },
+    ToolCallEnd { tool_call_id: String },
+    ToolCallResult { message_id: String, tool_call_id: &'a str, content: &'a str, role: &'static str },
+    Custom { name: &'static str, value: Value },
+    RunFinished { thread_id: String, run_id: String, result: Value },
+    RunError { message: String, code: String },
+}
+
+/// Translates one run's events, in order, for the client's thread and run ids.
+#[derive(Debug)]
+pub struct ToAgui {
+    thread_id: String,
+    run_id: String,
+    /// The answer's id (chatd's assistant message id), from `start`.
+    message_id: String,
+    open: Open,
+    /// The step open now, counted from 0 (as CONTRACT.md §19's `step`).
+    step: Option<u32>,
+    steps: u32,
+    /// Assistant messages started: the first text takes the answer's own id.
+    messages: u32,
+    /// Reasoning messages started.
+    reasonings: u32,
+    /// The assistant message tool calls attach to: the latest one started.
+    current: Option<String>,
+    /// Tool calls started and not yet ended.
+    calls: HashSet<String>,
+}
+
+impl ToAgui {
+    pub fn new(thread_id: String, run_id: String) -> Self {
+        Self {
+            thread_id,
+            run_id,
+            message_id: String::new(),
+            open: Open::Nothing,
+            step: None,
+            steps: 0,
+            messages: 0,
+            reasonings: 0,
+            current: None,
+            calls: HashSet::new(),
+        }
+    }
+
+    /// Appends the AG-UI events of `event` to `out`.
+    pub fn translate<'a>(&mut self, event: &'a Event, out: &mut Vec<AguiEvent<'a>>) {
+        match event {
+            Event::Start(start) => {
+                self.message_id = start.message_id.to_string();
+                out.push(AguiEvent::RunStarted { thread_id: self.thread_id.clone(), run_id: self.run_id.clone() });
+            }
+            Event::Status { message } => {
+                if message == THINKING_STATUS {
+                    self.end_step(out);
+                    self.start_step(out);
+                }
+                out.push(AguiEvent::Custom { name: "status", value: json!({ "message": message }) });
+            }
+            Event::ThinkingDelta { text } => {
+                let message_id = self.open_reasoning(out);
+                out.push(AguiEvent::ReasoningMessageContent { message_id, delta: text });
+            }
+            Event::TextDelta { text } => {
+                if super::ui::is_tool_marker(text) {
+                    return;
+                }
+                let message_id = self.open_text(out);
+                out.push(AguiEvent::TextMessageContent { message_id, delta: text });
+            }
+            Event::ToolInputStart { tool_call_id, tool, .. } => {
+                self.start_call(tool_call_id, tool, out);
+            }
+            Event::ToolInputDelta { tool_call_id, delta } => {
+                out.push(AguiEvent::ToolCallArgs { tool_call_id, delta: delta.clone() });
+            }
+            Event::ToolStart(start) => {
+                if !self.calls.contains(&start.tool_call_id) {
+                    // Its arguments did not stream: they come whole.
+                    self.start_call(&start.tool_call_id, &start.tool, out);
+                    out.push(AguiEvent::ToolCallArgs {
+                        tool_call_id: &start.tool_call_id,
+                        delta: start.input.to_string(),
+                    });
+                }
+                self.calls.remove(&start.tool_call_id);
+                out.push(AguiEvent::ToolCallEnd { tool_call_id: start.tool_call_id.clone() });
+            }
+            Event::ToolProgress(progress) => {
+                let value = serde_json::to_value(progress).expect("events serialize");
+                out.push(AguiEvent::Custom { name: "tool_progress", value });
+            }
+            Event::ToolOutput { tool_call_id, output, .. } => {
+                out.push(AguiEvent::ToolCallResult {
+                    message_id: format!("{}-tool-{tool_call_id}", self.message_id),
+                    tool_call_id,
+                    content: output,
+                    role: "tool",
+                });
+            }
+            Event::ToolComplete(complete) => {
+                let value = serde_json::to_value(complete).expect("events serialize");
+                out.push(AguiEvent::Custom { name: "tool_complete", value });
+            }
+            Event::Usage(usage) => {
+                out.push(AguiEvent::Custom { name: "usage", value: json!(usage) });
+            }
+            Event::Complete { payload } => {
+                self.end_all(out);
+                let result = serde_json::to_value(payload).expect("events serialize");
+                out.push(AguiEvent::RunFinished {
+                    thread_id: self.thread_id.clone(),
+                    run_id: self.run_id.clone(),
+                    result,
+                });
+            }
+            Event::Cancelled(_) => {
+                self.end_all(out);
+                out.push(AguiEvent::RunError { message: "The run was cancelled".into(), code: "CANCELLED".into() });
+            }
+            Event::Error(error) => {
+                self.end_all(out);
+                out.push(AguiEvent::RunError { message: error.message.clone(), code: error.code.clone() });
+            }
+            Event::Done { .. } => {}
+        }
+    }
+
+    fn start_step(&mut self, out: &mut Vec<AguiEvent<'_>>) {
+        if self.step.is_none() {
+            let step = self.steps;
+            self.steps += 1;
+            self.step = Some(step);
+            out.push(AguiEvent::StepStarted { step_name: step_name(step) });
+        }
+    }
+
+    fn end_step(&mut self, out: &mut Vec<AguiEvent<'_>>) {
+        self.close(out);
+        if let Some(step) = self.step.take() {
+            out.push(AguiEvent::StepFinished { step_name: step_name(step) });
+        }
+    }
+
+    /// Ends whatever is open before the run's last event.
+    fn end_all(&mut self, out: &mut Vec<AguiEvent<'_>>) {
+        self.close(out);
+        // Calls the end cut short.
+        let mut calls: Vec<String> = self.calls.drain().collect();
+        calls.sort();
+        for tool_call_id in calls {
+            out.push(AguiEvent::ToolCallEnd { tool_call_id });
+        }
+        self.end_step(out);
+    }
+
+    fn close(&mut self, out: &mut Vec<AguiEvent<'_>>) {
+        match std::mem::replace(&mut self.open, Open::Nothing) {
+            Open::Nothing => {}
+            Open::Text(message_id) => out.push(AguiEvent::TextMessageEnd { message_id }),
+            Open::Reasoning(message_id) => {
+                out.push(AguiEvent::ReasoningMessageEnd { message_id: message_id.clone() });
+                out.push(AguiEvent::ReasoningEnd { message_id });
+            }
+        }
+    }
+
+    /// A new assistant message's id: the answer's own for the first, then numbered.
+    fn new_message(&mut self) -> String {
+        self.messages += 1;
+        let id = match self.messages {
+            1 => self.message_id.clone(),
+            n => format!("{}-{n}", self.message_id),
+        };
+        self.current = Some(id.clone());
+        id
+    }
+
+    fn open_text(&mut self, out: &mut Vec<AguiEvent<'_>>) -> String {
+        if let Open::Text(id) = &self.open {
+            return id.clone();
+        }
+        self.start_step(out);
+        self.close(out);
+        let message_id = self.new_message();
+        out.push(AguiEvent::TextMessageStart { message_id: message_id.clone(), role: "assistant" });
+        self.open = Open::Text(message_id.clone());
+        message_id
+    }
+
+    fn open_reasoning(&mut self, out: &mut Vec<AguiEvent<'_>>) -> String {
+        if let Open::Reasoning(id) = &self.open {
+            return id.clone();
+        }
+        self.start_step(out);
+        self.close(out);
+        self.reasonings += 1;
+        let message_id = format!("{}-reasoning-{}", self.message_id, self.reasonings);
+        out.push(AguiEvent::ReasoningStart { message_id: message_id.clone() });
+        out.push(AguiEvent::ReasoningMessageStart { message_id: message_id.clone(), role: "reasoning" });
+        self.open = Open::Reasoning(message_id.clone());
+        message_id
+    }
+
+    fn start_call<'a>(&mut self, tool_call_id: &'a str, tool: &'a str, out: &mut Vec<AguiEvent<'a>>) {
+        self.start_step(out);
+        self.close(out);
+        let parent_message_id = match &self.current {
+            Some(id) => id.clone(),
+            None => self.new_message(),
+        };
+        self.calls.insert(tool_call_id.to_owned());
+        out.push(AguiEvent::ToolCallStart {
+            tool_call_id: tool_call_id.to_owned(),
+            tool_call_name: tool,
+            parent_message_id,
+        });
+    }
+}
+
+fn step_name(step: u32) -> String {
+    format!("model_call_{step}")
+}

@@ -1,0 +1,374 @@
+//! The Vercel AI SDK's UI message stream (CONTRACT.md §13.1), as a function of one run's
+//! [`Event`]s in order: what `useChat` / `DefaultChatTransport` read, from `ai` 5.0.0 on.
+//! Clients before `ai` 5.0.217 / 6.0.231 refuse any field or chunk type they do not know,
+//! so only the fields the contract names are ever written.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{Event, THINKING_STATUS, ToolStatus};
+
+/// One chunk of the stream.
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "kebab-case", rename_all_fields = "camelCase")]
+pub enum UiChunk<'a> {
+    Start {
+        message_id: String,
+    },
+    StartStep,
+    FinishStep,
+    TextStart {
+        id: String,
+    },
+    TextDelta {
+        id: String,
+        delta: &'a str,
+    },
+    TextEnd {
+        id: String,
+    },
+    ReasoningStart {
+        id: String,
+    },
+    ReasoningDelta {
+        id: String,
+        delta: &'a str,
+    },
+    ReasoningEnd {
+        id: String,
+    },
+    ToolInputStart {
+        tool_call_id: &'a str,
+        tool_name: &'a str,
+    },
+    ToolInputDelta {
+        tool_call_id: &'a str,
+        input_text_delta: &'a str,
+    },
+    ToolInputAvailable {
+        tool_call_id: &'a str,
+        tool_name: &'a str,
+        input: &'a Value,
+    },
+    ToolOutputAvailable {
+        tool_call_id: &'a str,
+        output: String,
+    },
+    ToolOutputError {
+        tool_call_id: &'a str,
+        error_text: String,
+    },
+    /// A status line: shown while it is current, never part of the message.
+    #[serde(rename = "data-status")]
+    DataStatus {
+        data: Value,
+        transient: bool,
+    },
+    /// A running tool's report.
+    #[serde(rename = "data-tool-progress")]
+    DataToolProgress {
+        data: Value,
+        transient: bool,
+    },
+    MessageMetadata {
+        message_metadata: Value,
+    },
+    /// No fields: `ai` 5.0.0 refuses `finishReason` (it travels in the metadata).
+    Finish,
+    Abort,
+    Error {
+        error_text: &'a str,
+    },
+}
+
+/// The part of the message being streamed now (a text or reasoning part, by its id).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Open {
+    Nothing,
+    Text(String),
+    Reasoning(String),
+}
+
+/// Translates one run's events, in order, into chunks.
+#[derive(Debug)]
+pub struct ToUi {
+    open: Open,
+    step_open: bool,
+    /// Parts started so far, to name the next one.
+    parts: usize,
+    /// Tools' outputs until their `tool_complete` tells whether they failed.
+    outputs: HashMap<String, String>,
+}
+
+impl Default for ToUi {
+    fn default() -> Self {
+        Self { open: Open::Nothing, step_open: false, parts: 0, outputs: HashMap::new() }
+    }
+}
+
+impl ToUi {
+    /// Appends the chunks of `event` to `out`; `done` has none (the stream's `[DONE]` is the
+    /// encoder's).
+    pub fn translate<'a>(&mut self, event: &'a Event, out: &mut Vec<UiChunk<'a>>) {
+        match event {
+            Event::Start(start) => {
+                out.push(UiChunk::Start { message_id: start.message_id.to_string() });
+                out.push(UiChunk::MessageMetadata {
+                    message_metadata: json!({
+                        "conversation_id": start.conversation_id,
+                        "trace_id": start.trace_id,
+                        "model": start.model,
+                        "profile": start.profile,
+                    }),
+                });
+            }
+            Event::Status { message } => {
+                if message == THINKING_STATUS {
+                    // Each model call opens with it: a step.
+                    self.end_step(out);
+                    out.push(UiChunk::StartStep);
+                    self.step_open = true;
+                }
+                out.push(UiChunk::DataStatus { data: json!({ "message": message }), transient: true });
+            }
+            Event::ThinkingDelta { text } => {
+                let id = self.open_reasoning(out);
+                out.push(UiChunk::ReasoningDelta { id, delta: text });
+            }
+            Event::TextDelta { text } => {
+                // A tool's part already sits where its call happened.
+                if is_tool_marker(text) {
+                    return;
+                }
+                let id = self.open_text(out);
+                out.push(UiChunk::TextDelta { id, delta: text });
+            }
+            Event::ToolInputStart { tool_call_id, tool, .. } => {
+                self.start_step(out);
+                self.close(out);
+                out.push(UiChunk::ToolInputStart { tool_call_id, tool_name: tool });
+            }
+            Event::ToolInputDelta { tool_call_id, delta } => {
+                out.push(UiChunk::ToolInputDelta { tool_call_id, input_text_delta: delta });
+            }
+            Event::ToolStart(start) => {
+                self.start_step(out);
+                self.close(out);
+                out.push(UiChunk::ToolInputAvailable {
+                    tool_call_id: &start.tool_call_id,
+                    tool_name: &start.tool,
+                    input: &start.input,
+                });
+            }
+            Event::ToolProgress(progress) => {
+                let data = serde_json::to_value(progress).expect("events serialize");
+                out.push(UiChunk::DataToolProgress { data, transient: true });
+            }
+            Event::ToolOutput { tool_call_id, output, .. } => {
+                self.outputs.insert(tool_call_id.clone(), output.clone());
+            }
+            Event::ToolComplete(complete) => {
+                let output = self.outputs.remove(&complete.tool_call_id);
+                let tool_call_id = complete.tool_call_id.as_str();
+                out.push(match complete.status {
+                    ToolStatus::Success => {
+                        UiChunk::ToolOutputAvailable { tool_call_id, output: output.unwrap_or_default() }
+                    }
+                    status => UiChunk::ToolOutputError {
+                        tool_call_id,
+                        error_text: output
+                            .filter(|o| !o.is_empty())
+                            .unwrap_or_else(|| format!("The tool call ended: {status:?}").to_lowercase()),
+                    },
+                });
+            }
+            Event::Usage(usage) => {
+                out.push(UiChunk::MessageMetadata { message_metadata: json!({ "usage": usage }) });
+            }
+            Event::Complete { payload } => {
+                self.end_step(out);
+                out.push(UiChunk::MessageMetadata {
+                    message_metadata: json!({
+                        "conversation_id": payload.conversation_id,
+                        "trace_id": payload.trace_id,
+                        "model": payload.model,
+                        "suggested_values": payload.suggested_values,
+                        "suggested_actions": payload.suggested_actions,
+                        "custom_payload": payload.custom_payload,
+                        "finish_reason": payload.finish_reason,
+                        "usage": payload.usage,
+                    }),
+                });
+                out.push(UiChunk::Finish);
+            }
+            Event::Cancelled(_) => {
+                self.end_step(out);
+                out.push(UiChunk::Abort);
+            }
+            Event::Error(error) => {
+                self.end_step(out);
+                out.push(UiChunk::Error { error_text: &error.message });
+            }
+            Event::Done { .. } => {}
+        }
+    }
+
+    fn start_step(&mut self, out: &mut Vec<UiChunk<'_>>) {
+        if !self.step_open {
+            out.push(UiChunk::StartStep);
+            self.step_open = true;
+        }
+    }
+
+    /// Ends the open part and the open step.
+    fn end_step(&mut self, out: &mut Vec<UiChunk<'_>>) {
+        self.close(out);
+        if std::mem::take(&mut self.step_open) {
+            out.push(UiChunk::FinishStep);
+        }
+    }
+
+    /// Ends the part being streamed.
+    fn close(&mut self, out: &mut Vec<UiChunk<'_>>) {
+        match std::mem::replace(&mut self.open, Open::Nothing) {
+            Open::Nothing => {}
+            Open::Text(id) => out.push(UiChunk::TextEnd { id }),
+            Open::Reasoning(id) => out.push(UiChunk::ReasoningEnd { id }),
+        }
+    }
+
+    fn open_text(&mut self, out: &mut Vec<UiChunk<'_>>) -> String {
+        if let Open::Text(id) = &self.open {
+            return id.clone();
+        }
+        self.start_step(out);
+        self.close(out);
+        let id = self.next_id("text");
+        out.push(UiChunk::TextStart { id: id.clone() });
+        self.open = Open::Text(id.clone());
+        id
+    }
+
+    fn open_reasoning(&mut self, out: &mut Vec<UiChunk<'_>>) -> String {
+        if let Open::Reasoning(id) = &self.open {
+            return id.clone();
+        }
+        self.start_step(out);
+        self.close(out);
+        let id = self.next_id("reasoning");
+        out.push(UiChunk::ReasoningStart { id: id.clone() });
+        self.open = Open::Reasoning(id.clone());
+        id
+    }
+
+    fn next_id(&mut self, kind: &str) -> String {
+        self.parts += 1;
+        format!("{kind}-{}", self.parts)
+    }
+}
+
+/// Whether a text delta is only the `[[tool:N]]` marker the agent writes after a tool call
+/// (with the blank line before it).
+pub fn is_tool_marker(text: &str) -> bool {
+    let marker = text.trim_start_matches('\n');
+    marker
+        .strip_prefix("[[tool:")
+        .and_then(|rest| rest.strip_suffix("]]"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{StartEvent, ToolCompleteEvent, ToolStartEvent};
+    use crate::ids::{ConversationId, MessageId, TraceId};
+
+    fn chunks(events: &[Event]) -> Vec<Value> {
+        let mut ui = ToUi::default();
+        let mut out = Vec::new();
+        for event in events {
+            ui.translate(event, &mut out);
+        }
+        out.iter().map(|chunk| serde_json::to_value(chunk).unwrap()).collect()
+    }
+
+    #[test]
+    fn parts_open_and_close_around_a_tool_call_and_markers_are_left_out() {
+        let start = StartEvent {
+            conversation_id: ConversationId::new(),
+            user_message_id: MessageId::new(),
+            message_id: MessageId::new(),
+            trace_id: TraceId::new(),
+            model: "m".into(),
+            profile: "p".into(),
+        };
+        let events = [
+            Event::Start(Box::new(start.clone())),
+            Event::Status { message: THINKING_STATUS.into() },
+            Event::ThinkingDelta { text: "hmm".into() },
+            Event::TextDelta { text: "Let me".into() },
+            Event::ToolStart(Box::new(ToolStartEvent {
+                tool_call_id: "c1".into(),
+                tool: "calculator".into(),
+                input: json!({"expression": "1+1"}),
+                index: 0,
+                timestamp: chrono::Utc::now(),
+            })),
+            Event::ToolOutput { tool_call_id: "c1".into(), output: "2".into(), truncated: false, full_length: 1 },
+            Event::ToolComplete(Box::new(ToolCompleteEvent {
+                tool_call_id: "c1".into(),
+                tool: "calculator".into(),
+                index: 0,
+                status: ToolStatus::Success,
+                duration_ms: 1,
+                summary: None,
+            })),
+            Event::TextDelta { text: "\n\n[[tool:0]]".into() },
+            Event::Status { message: THINKING_STATUS.into() },
+            Event::TextDelta { text: "It is 2.".into() },
+        ];
+        let types: Vec<String> = chunks(&events).iter().map(|c| c["type"].as_str().unwrap().to_owned()).collect();
+        assert_eq!(
+            types,
+            [
+                "start",
+                "message-metadata",
+                "start-step",
+                "data-status",
+                "reasoning-start",
+                "reasoning-delta",
+                "reasoning-end",
+                "text-start",
+                "text-delta",
+                "text-end",
+                "tool-input-available",
+                "tool-output-available",
+                "finish-step",
+                "start-step",
+                "data-status",
+                "text-start",
+                "text-delta",
+            ]
+        );
+        let all = chunks(&events);
+        assert_eq!(all[0], json!({"type": "start", "messageId": start.message_id.to_string()}));
+        assert_eq!(
+            all[10],
+            json!({"type": "tool-input-available", "toolCallId": "c1", "toolName": "calculator", "input": {"expression": "1+1"}})
+        );
+        assert_eq!(all[11], json!({"type": "tool-output-available", "toolCallId": "c1", "output": "2"}));
+        assert_ne!(all[7]["id"], all[15]["id"], "each text part has its own id");
+    }
+
+    #[test]
+    fn only_a_whole_marker_is_a_marker() {
+        for marker in ["[[tool:0]]", "\n\n[[tool:12]]"] {
+            assert!(is_tool_marker(marker), "{marker:?}");
+        }
+        for text in ["[[tool:]]", "see [[tool:0]]", "[[tool:0]] and", "[[tool:x]]", "\n\n"] {
+            assert!(!is_tool_marker(text), "{text:?}");
+        }
+    }
+}

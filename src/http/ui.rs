@@ -1,0 +1,144 @@
+//! The Vercel AI SDK's endpoints (CONTRACT.md §13.1): what `useChat` with a
+//! `DefaultChatTransport({ api: "/api/ui/chat" })` sends, and its resume
+//! (`GET /api/ui/chat/{id}/stream`). The body's other fields (`metadata`, part `state`, …)
+//! are the client library's and are ignored; the stored history is the truth.
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::AppState;
+use super::chat::from_the_start;
+use super::error::AppError;
+use super::extract::{AppJson, CurrentUser};
+use super::sse::{UiMessages, sse};
+use super::views::*;
+use crate::chat::{ClientTurn, Intent, Resumed};
+
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/api/ui/chat", post(chat)).route("/api/ui/chat/{id}/stream", get(resume))
+}
+
+/// The body `DefaultChatTransport` sends (and fields `useChat`'s `body` adds).
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct UiChatBody {
+    /// The chat: a conversation's id or `external_id`, else a new conversation's
+    /// `external_id`.
+    id: String,
+    /// The client's messages; the last user message is the one sent.
+    messages: Vec<UiMessage>,
+    #[serde(default)]
+    trigger: Trigger,
+    /// With `submit-message`: the user message edited; with `regenerate-message`: the answer
+    /// regenerated (else the last one).
+    #[serde(default, rename = "messageId")]
+    message_id: Option<String>,
+    /// The profile to answer with (`useChat`'s `body`).
+    #[serde(default)]
+    profile: Option<String>,
+    /// Page context for the system prompt, as in `POST /api/chat/stream`.
+    #[serde(default)]
+    context: Option<Value>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Trigger {
+    #[default]
+    SubmitMessage,
+    RegenerateMessage,
+}
+
+/// A `UIMessage` of the AI SDK: only its id, role and parts are read.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct UiMessage {
+    id: String,
+    role: String,
+    #[serde(default)]
+    parts: Vec<UiPart>,
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum UiPart {
+    Text {
+        text: String,
+    },
+    File {},
+    /// Any other part (`step-start`, tool parts, …): not read.
+    #[serde(other)]
+    Other,
+}
+
+impl UiChatBody {
+    fn into_turn(self) -> Result<ClientTurn, AppError> {
+        if self.id.trim().is_empty() {
+            return Err(AppError::validation("id", "id (the chat's id) cannot be empty"));
+        }
+        let last = self
+            .messages
+            .into_iter()
+            .rev()
+            .find(|m| m.role == "user")
+            .ok_or_else(|| AppError::validation("messages", "messages holds no user message"))?;
+        let mut text = String::new();
+        for part in &last.parts {
+            match part {
+                UiPart::Text { text: part } => text.push_str(part),
+                UiPart::File {} => {
+                    return Err(AppError::validation("messages", "File parts are not supported yet: send text"));
+                }
+                UiPart::Other => {}
+            }
+        }
+        let intent = match (self.trigger, self.message_id) {
+            (Trigger::SubmitMessage, None) => Intent::Send,
+            (Trigger::SubmitMessage, Some(id)) => Intent::Edit(id),
+            (Trigger::RegenerateMessage, id) => Intent::Regenerate(id),
+        };
+        Ok(ClientTurn {
+            chat_id: self.id,
+            text,
+            message_id: Some(last.id),
+            intent,
+            profile: self.profile,
+            context: self.context,
+        })
+    }
+}
+
+#[utoipa::path(post, operation_id = "ui_chat", path = "/api/ui/chat", tag = "clients", request_body = UiChatBody, responses((status = 200, description = "The run as the AI SDK's UI message stream (`data: <chunk>` frames, then `data: [DONE]`; header `x-vercel-ai-ui-message-stream: v1`)", content_type = "text/event-stream", body = String), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
+async fn chat(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    AppJson(body): AppJson<UiChatBody>,
+) -> Result<Response, AppError> {
+    let request = state.chat.client_request(&user, body.into_turn()?).await?;
+    let run = state.chat.start(&user, request).await?;
+    Ok(ui_stream(sse(&state, from_the_start(&state, run), UiMessages::default())))
+}
+
+#[utoipa::path(get, operation_id = "ui_chat_resume", path = "/api/ui/chat/{id}/stream", tag = "clients", params(("id" = String, Path, description = "The chat's id (a conversation's id or external_id)")), responses((status = 200, description = "The chat's running run from its first chunk, then live, until `[DONE]`", content_type = "text/event-stream", body = String), (status = 204, description = "No run of this chat is running"), Refused))]
+async fn resume(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(id): Path<String>,
+) -> Result<Response, AppError> {
+    let Some(trace_id) = state.chat.running_in_chat(&user, &id).await? else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    match state.chat.resume(&user, trace_id, 0).await? {
+        Resumed::HeardAll => Ok(StatusCode::NO_CONTENT.into_response()),
+        Resumed::Frames(frames) => Ok(ui_stream(sse(&state, frames, UiMessages::default()))),
+    }
+}
+
+/// Marks a response as the UI message stream's first version, as the AI SDK's own servers do.
+fn ui_stream(mut response: Response) -> Response {
+    response.headers_mut().insert("x-vercel-ai-ui-message-stream", HeaderValue::from_static("v1"));
+    response
+}

@@ -1,0 +1,174 @@
+//! The client libraries' endpoints (CONTRACT.md §13): how a client's chat or thread id and
+//! message ids map onto conversations and branches, what is refused before a stream opens,
+//! and cancel by conversation (§17). The client libraries themselves drive chatd in
+//! tests/e2e (ai-sdk.test.js, agui.test.js).
+
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+fn user_message(id: &str, text: &str) -> Value {
+    json!({"id": id, "role": "user", "parts": [{"type": "text", "text": text}]})
+}
+
+/// Posts to /api/ui/chat and reads the chunks to `[DONE]`.
+async fn ui_chat(app: &TestApp, user: &str, body: Value) -> Vec<Value> {
+    let response =
+        app.client.post(app.url("/api/ui/chat")).header("x-client-id", user).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["x-vercel-ai-ui-message-stream"], "v1");
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut chunks = Vec::new();
+    let mut events = response.bytes_stream().eventsource();
+    while let Some(event) = events.next().await {
+        let event = event.expect("well-formed SSE");
+        if event.data == "[DONE]" {
+            assert!(events.next().await.is_none(), "nothing after [DONE]");
+            return chunks;
+        }
+        chunks.push(serde_json::from_str(&event.data).expect("JSON chunk"));
+    }
+    panic!("the stream ended without [DONE]: {chunks:?}");
+}
+
+/// The conversation a stream's metadata names, as loaded.
+async fn conversation_of(app: &TestApp, user: &str, chunks: &[Value]) -> Value {
+    let id = chunks
+        .iter()
+        .find_map(|c| c["messageMetadata"]["conversation_id"].as_str())
+        .expect("the metadata names the conversation");
+    let (status, conversation) = app.get(&format!("/api/conversations/{id}"), user).await;
+    assert_eq!(status, StatusCode::OK);
+    conversation
+}
+
+both_backends! {
+    async fn a_chat_id_names_the_users_own_conversation_and_never_anothers(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        // Unknown: created, with the chat id as its external id.
+        let first = ui_chat(&app, "ann", json!({"id": "chat-1", "messages": [user_message("m1", "Hello")], "trigger": "submit-message"})).await;
+        let ann = conversation_of(&app, "ann", &first).await;
+        assert_eq!(ann["external_id"], "chat-1");
+        assert_eq!(ann["messages"][0]["client_id"], "m1");
+        // Known: the same conversation, by its external id or by its own id.
+        let again = ui_chat(&app, "ann", json!({"id": "chat-1", "messages": [user_message("m2", "Again")]})).await;
+        assert_eq!(conversation_of(&app, "ann", &again).await["id"], ann["id"]);
+        let by_id = ui_chat(&app, "ann", json!({"id": ann["id"], "messages": [user_message("m3", "Third")]})).await;
+        let loaded = conversation_of(&app, "ann", &by_id).await;
+        assert_eq!(loaded["id"], ann["id"]);
+        assert_eq!(loaded["messages"].as_array().unwrap().len(), 6);
+
+        // Another user's chat id, or another user's conversation id: a new conversation of
+        // this user's, and ann's is untouched.
+        for id in [json!("chat-1"), ann["id"].clone()] {
+            let bob = ui_chat(&app, "bob", json!({"id": id, "messages": [user_message("b1", "Mine")]})).await;
+            let bobs = conversation_of(&app, "bob", &bob).await;
+            assert_ne!(bobs["id"], ann["id"]);
+            assert_eq!(bobs["external_id"], id);
+            assert_eq!(bobs["messages"].as_array().unwrap().len(), 2);
+        }
+        let (_, ann_after) = app.get(&format!("/api/conversations/{}", ann["id"].as_str().unwrap()), "ann").await;
+        assert_eq!(ann_after["messages"].as_array().unwrap().len(), 6);
+        // AG-UI's thread id is the same kind of name.
+        let agui = app
+            .client
+            .post(app.url("/api/agui"))
+            .header("x-client-id", "ann")
+            .json(&json!({"threadId": "chat-1", "runId": "r1", "messages": [{"id": "a1", "role": "user", "content": "Via AG-UI"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(agui.status(), StatusCode::OK);
+        let events = agui.text().await.unwrap();
+        assert!(events.starts_with(r#"data: {"type":"RUN_STARTED","threadId":"chat-1","runId":"r1"}"#), "{events}");
+        let (_, ann_agui) = app.get(&format!("/api/conversations/{}", ann["id"].as_str().unwrap()), "ann").await;
+        assert_eq!(ann_agui["messages"][6]["content"], "Via AG-UI");
+    }
+
+    async fn what_is_refused_before_the_stream_opens(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let refusals = [
+            (json!({"id": "c", "messages": []}), StatusCode::BAD_REQUEST, "messages"),
+            (json!({"id": "c", "messages": [{"id": "a", "role": "assistant", "parts": [{"type": "text", "text": "hi"}]}]}), StatusCode::BAD_REQUEST, "messages"),
+            (json!({"id": " ", "messages": [user_message("m", "hi")]}), StatusCode::BAD_REQUEST, "id"),
+            (json!({"id": "c", "messages": [user_message("m", "   ")]}), StatusCode::BAD_REQUEST, "message"),
+            (json!({"id": "c", "messages": [{"id": "m", "role": "user", "parts": [{"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AA=="}]}]}), StatusCode::BAD_REQUEST, "messages"),
+            (json!({"id": "c", "messages": [user_message("m", "hi")], "trigger": "resubmit"}), StatusCode::BAD_REQUEST, ""),
+            (json!({"id": "c", "messages": [user_message("m", "hi")], "profile": "nope"}), StatusCode::NOT_FOUND, "profile"),
+            (json!({"id": "c", "messages": [user_message("m", "hi")], "trigger": "submit-message", "messageId": "nowhere"}), StatusCode::NOT_FOUND, "messageId"),
+            (json!({"id": "c", "messages": [user_message("m", "hi")], "trigger": "regenerate-message", "messageId": "nowhere"}), StatusCode::NOT_FOUND, "messageId"),
+        ];
+        for (body, status, field) in refusals {
+            let (got, error) = app.post("/api/ui/chat", "ann", body.clone()).await;
+            assert_eq!(got, status, "{body}: {error}");
+            assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{error}");
+            if !field.is_empty() {
+                assert_eq!(error["field"], field, "{body}: {error}");
+            }
+        }
+        // Nothing was half-written: no conversation for the refused chats.
+        let (_, list) = app.get("/api/conversations", "ann").await;
+        assert_eq!(list["conversations"], json!([]));
+        // A messageId from another chat of the same user is not in this one.
+        ui_chat(&app, "ann", json!({"id": "other", "messages": [user_message("o1", "Elsewhere")]})).await;
+        ui_chat(&app, "ann", json!({"id": "this", "messages": [user_message("t1", "Here")]})).await;
+        let (status, error) = app.post("/api/ui/chat", "ann", json!({"id": "this", "messages": [user_message("o1", "Edit")], "messageId": "o1"})).await;
+        assert_eq!((status, error["field"].as_str()), (StatusCode::NOT_FOUND, Some("messageId")));
+        // Fields the client library sends and chatd does not use are ignored here.
+        let chunks = ui_chat(&app, "ann", json!({"id": "this", "messages": [{"id": "t2", "role": "user", "metadata": {"x": 1}, "parts": [{"type": "step-start"}, {"type": "text", "text": "More", "state": "done"}]}], "trigger": "submit-message", "extra": true})).await;
+        assert_eq!(chunks.last().unwrap()["type"], "finish");
+    }
+
+    async fn resume_by_chat_id_and_cancel_by_conversation(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let (status, _) = app.get("/api/ui/chat/unknown/stream", "ann").await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "an unknown chat has no run");
+        let response = app
+            .client
+            .post(app.url("/api/ui/chat"))
+            .header("x-client-id", "ann")
+            .json(&json!({"id": "slow", "messages": [user_message("m1", "Slow [mock:words=300] [mock:delay=20]")]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut events = response.bytes_stream().eventsource();
+        let mut conversation_id = None;
+        while conversation_id.is_none() {
+            let event = events.next().await.unwrap().unwrap();
+            let chunk: Value = serde_json::from_str(&event.data).unwrap();
+            conversation_id = chunk["messageMetadata"]["conversation_id"].as_str().map(str::to_owned);
+        }
+        let conversation_id = conversation_id.unwrap();
+        // Another user neither resumes nor cancels it.
+        let (status, _) = app.get("/api/ui/chat/slow/stream", "bob").await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        let (status, _) = app.post("/api/cancel_stream", "bob", json!({"conversation_id": conversation_id})).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        // Its owner resumes it from its first chunk.
+        let resumed = app.client.get(app.url("/api/ui/chat/slow/stream")).header("x-client-id", "ann").send().await.unwrap();
+        assert_eq!(resumed.status(), StatusCode::OK);
+        let mut resumed = resumed.bytes_stream().eventsource();
+        let first: Value = serde_json::from_str(&resumed.next().await.unwrap().unwrap().data).unwrap();
+        assert_eq!(first["type"], "start");
+        let (status, cancelled) = app.post("/api/cancel_stream", "ann", json!({"conversation_id": conversation_id})).await;
+        assert_eq!(status, StatusCode::OK, "{cancelled}");
+        assert_eq!(cancelled["status"], "cancelled");
+        assert_eq!(cancelled["conversation_id"], conversation_id.as_str());
+        assert_eq!(cancelled["trace_ids"].as_array().unwrap().len(), 1);
+        assert_eq!(cancelled["trace_ids"][0], cancelled["trace_id"]);
+        let mut last = Vec::new();
+        while let Some(event) = resumed.next().await {
+            last.push(event.unwrap().data);
+        }
+        assert_eq!(last[last.len() - 2], r#"{"type":"abort"}"#);
+        assert_eq!(last[last.len() - 1], "[DONE]");
+        let (status, error) = app.post("/api/cancel_stream", "ann", json!({"conversation_id": conversation_id})).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{error}");
+        let (status, _) = app.get("/api/ui/chat/slow/stream", "ann").await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "nothing runs any more");
+    }
+}

@@ -1,0 +1,164 @@
+// AG-UI's own client, `@ag-ui/client`'s `HttpAgent` (pinned in package.json), against chatd's
+// /api/agui (CONTRACT.md §13.2). Its event verifier is always on in `runAgent`: an event out
+// of order, a START without its END, anything after the run's end fails the run, and so
+// these tests. What the agent rebuilds is compared with what chatd stored.
+
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { HttpAgent } from "@ag-ui/client";
+import { startChatd } from "../support/harness.js";
+
+let chatd;
+before(async () => {
+  chatd = await startChatd();
+});
+after(async () => {
+  await chatd?.stop();
+});
+
+let threads = 0;
+const newThread = () => `thread-${process.pid}-${(threads += 1)}`;
+
+function agent(user, threadId, text) {
+  const agent = new HttpAgent({ url: `${chatd.base}/api/agui`, headers: { "x-client-id": user }, threadId });
+  agent.messages = [{ id: `u-${threads}`, role: "user", content: text }];
+  return agent;
+}
+
+/** Runs the agent; every event it verified, and how the run ended. */
+async function run(agent, input = {}, onEvent = () => {}) {
+  const events = [];
+  try {
+    const outcome = await agent.runAgent(
+      { runId: `run-${threads}`, ...input },
+      {
+        onEvent: ({ event }) => {
+          events.push(event);
+          onEvent(event);
+        },
+      },
+    );
+    return { events, ...outcome };
+  } catch (error) {
+    return { events, error };
+  }
+}
+
+async function conversationOf(user, threadId) {
+  const { body } = await chatd.api("/api/conversations?limit=100", user);
+  const found = body.conversations.find((c) => c.external_id === threadId);
+  assert.ok(found, `a conversation for ${threadId}`);
+  return (await chatd.api(`/api/conversations/${found.id}`, user)).body;
+}
+
+const withoutMarkers = (content) => content.replace(/(\n\n)?\[\[tool:\d+\]\]/g, "");
+
+test("a tool call with thinking: the agent's messages and result are chatd's stored answer", async () => {
+  const user = "agui-tool";
+  const threadId = newThread();
+  const a = agent(user, threadId, 'Add [mock:tool=calculator {"expression": "2+3"}]');
+  const { events, result, error } = await run(a, { forwardedProps: { profile: "other" } });
+  assert.equal(error, undefined, error?.stack);
+  const types = events.map((e) => e.type);
+  assert.equal(types[0], "RUN_STARTED");
+  assert.equal(types.at(-1), "RUN_FINISHED");
+  assert.equal(events[0].threadId, threadId);
+  assert.equal(events[0].runId, `run-${threads}`, "the client's run id is echoed");
+  assert.equal(types.filter((t) => t === "STEP_STARTED").length, 2, "a step per model call");
+
+  const conversation = await conversationOf(user, threadId);
+  const answer = conversation.messages[1];
+  assert.equal(answer.model, "mock-2", "forwardedProps.profile picked the profile");
+  assert.equal(result.message_id, answer.id);
+  assert.equal(result.trace_id, answer.trace_id);
+  assert.equal(result.message, answer.content);
+
+  const assistant = a.messages.filter((m) => m.role === "assistant");
+  assert.equal(assistant[0].id, answer.id, "the first text is the answer's own id");
+  assert.equal(assistant.map((m) => m.content ?? "").join(""), withoutMarkers(answer.content));
+  const calls = assistant.flatMap((m) => m.toolCalls ?? []);
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].function.name, "calculator");
+  assert.deepEqual(JSON.parse(calls[0].function.arguments), answer.tool_history[0].input);
+  const [toolMessage] = a.messages.filter((m) => m.role === "tool");
+  assert.equal(toolMessage.toolCallId, calls[0].id);
+  assert.equal(toolMessage.content, answer.tool_history[0].output);
+  const reasoning = events
+    .filter((e) => e.type === "REASONING_MESSAGE_CONTENT")
+    .map((e) => e.delta)
+    .join("");
+  assert.equal(reasoning, answer.thinking);
+  const usage = events.filter((e) => e.type === "CUSTOM" && e.name === "usage");
+  assert.ok(usage.length >= 1, "usage as a CUSTOM event");
+});
+
+test("the same thread is the same conversation", async () => {
+  const user = "agui-thread";
+  const threadId = newThread();
+  const first = agent(user, threadId, "One");
+  assert.equal((await run(first)).error, undefined);
+  const second = agent(user, threadId, "Two");
+  second.messages = [...first.messages, { id: "u-two", role: "user", content: "Two" }];
+  assert.equal((await run(second)).error, undefined);
+  const conversation = await conversationOf(user, threadId);
+  assert.deepEqual(
+    conversation.messages.map((m) => m.content.replace(/\n/g, " ")),
+    ["One", "Mock reply: One", "Two", "Mock reply: Two"],
+  );
+  assert.equal(conversation.messages[2].client_id, "u-two");
+});
+
+test("an error run ends with RUN_ERROR and its code, and no result", async () => {
+  const user = "agui-error";
+  const { events, error, result } = await run(agent(user, newThread(), "fail [mock:error=rate_limited]"));
+  assert.equal(error, undefined, error?.stack);
+  assert.equal(result, undefined);
+  assert.ok(!events.some((e) => e.type === "RUN_FINISHED"));
+  const last = events.at(-1);
+  assert.equal(last.type, "RUN_ERROR");
+  assert.equal(last.code, "RATE_LIMITED");
+});
+
+test("cancel by conversation: RUN_ERROR with code CANCELLED, every START ended, the partial stored", async () => {
+  const user = "agui-cancel";
+  const threadId = newThread();
+  let contents = 0;
+  let cancelled;
+  const { events, error, result } = await run(
+    agent(user, threadId, "Long [mock:words=400] [mock:delay=20]"),
+    {},
+    (event) => {
+      if (event.type === "TEXT_MESSAGE_CONTENT" && (contents += 1) === 3) {
+        cancelled = conversationOf(user, threadId).then((c) =>
+          chatd.api("/api/cancel_stream", user, { method: "POST", body: JSON.stringify({ conversation_id: c.id }) }),
+        );
+      }
+    },
+  );
+  assert.equal(error, undefined, error?.stack);
+  assert.equal(result, undefined);
+  assert.equal((await cancelled).status, 200);
+  const last = events.at(-1);
+  assert.deepEqual([last.type, last.code], ["RUN_ERROR", "CANCELLED"]);
+  const answer = (await conversationOf(user, threadId)).messages[1];
+  assert.equal(answer.cancelled, true);
+  const text = events
+    .filter((e) => e.type === "TEXT_MESSAGE_CONTENT")
+    .map((e) => e.delta)
+    .join("");
+  assert.equal(answer.content, `${text}\n\n[cancelled]`);
+});
+
+test("a body with no user message is a 400 before any stream", async () => {
+  const response = await fetch(`${chatd.base}/api/agui`, {
+    method: "POST",
+    headers: { "content-type": "application/json", "x-client-id": "agui-bad" },
+    body: JSON.stringify({ threadId: "t", runId: "r", messages: [], tools: [], context: [], state: {}, forwardedProps: {} }),
+  });
+  assert.equal(response.status, 400);
+  assert.deepEqual(await response.json(), {
+    code: "VALIDATION_ERROR",
+    message: "messages holds no user message",
+    field: "messages",
+  });
+});

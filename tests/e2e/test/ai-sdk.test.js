@@ -1,0 +1,280 @@
+// The Vercel AI SDK's own client code against chatd's /api/ui/chat (CONTRACT.md §13.1): for
+// ai 5.0.0, 6.0.0 and the newest 7.x (pinned in package.json, installed side by side as
+// ai5, ai6, ai7), `DefaultChatTransport` sends and reconnects, and `readUIMessageStream`
+// rebuilds the message exactly as `useChat` does. Each rebuilt message is compared with the
+// one chatd stored. The older versions validate every chunk strictly: a field or chunk type
+// they do not know fails these tests.
+
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import * as ai5 from "ai5";
+import * as ai6 from "ai6";
+import * as ai7 from "ai7";
+import { startChatd } from "../support/harness.js";
+
+const versions = { "ai@5.0.0": ai5, "ai@6.0.0": ai6, "ai@7 (newest)": ai7 };
+
+let chatd;
+before(async () => {
+  chatd = await startChatd();
+});
+after(async () => {
+  await chatd?.stop();
+});
+
+let chats = 0;
+const newChat = (version) => `chat-${version.replace(/\W/g, "")}-${process.pid}-${(chats += 1)}`;
+const userMessage = (id, text) => ({ id, role: "user", parts: [{ type: "text", text }] });
+
+function transport(ai, user) {
+  return new ai.DefaultChatTransport({ api: `${chatd.base}/api/ui/chat`, headers: { "x-client-id": user } });
+}
+
+/** Reads a chunk stream to its end as `useChat` would: the last message, and the errors. */
+async function rebuild(ai, stream) {
+  const errors = [];
+  let message;
+  for await (const snapshot of ai.readUIMessageStream({ stream, onError: (e) => errors.push(e.message) })) {
+    message = snapshot;
+  }
+  return { message, errors };
+}
+
+async function send(ai, user, { chatId, messages, trigger = "submit-message", messageId, body }) {
+  const stream = await transport(ai, user).sendMessages({
+    chatId,
+    messages,
+    trigger,
+    messageId,
+    abortSignal: undefined,
+    body,
+  });
+  return rebuild(ai, stream);
+}
+
+/** The conversation as chatd stored it (its active branch). */
+async function stored(user, conversationId) {
+  const { status, body } = await chatd.api(`/api/conversations/${conversationId}`, user);
+  assert.equal(status, 200);
+  return body;
+}
+
+const textOf = (message) =>
+  message.parts
+    .filter((p) => p.type === "text")
+    .map((p) => p.text)
+    .join("");
+const reasoningOf = (message) =>
+  message.parts
+    .filter((p) => p.type === "reasoning")
+    .map((p) => p.text)
+    .join("");
+/** The stored answer's text as the UI stream carries it: no `[[tool:N]]` markers. */
+const withoutMarkers = (content) => content.replace(/(\n\n)?\[\[tool:\d+\]\]/g, "");
+
+for (const [name, ai] of Object.entries(versions)) {
+  describe(name, () => {
+    test("a tool call with thinking rebuilds the stored answer: text, reasoning, tool part, metadata", async () => {
+      const user = `ui-tool-${name}`;
+      const chatId = newChat(name);
+      const { message, errors } = await send(ai, user, {
+        chatId,
+        messages: [userMessage("u1", 'Add these [mock:tool=calculator {"expression": "2+3"}]')],
+      });
+      assert.deepEqual(errors, []);
+      const conversation = await stored(user, message.metadata.conversation_id);
+      assert.equal(conversation.external_id, chatId, "the chat id became the conversation's external id");
+      const [question, answer] = conversation.messages;
+      assert.equal(question.client_id, "u1");
+      assert.equal(message.id, answer.id, "the client's message is chatd's answer");
+      assert.equal(textOf(message), withoutMarkers(answer.content));
+      assert.ok(textOf(message).includes("5"), textOf(message));
+      assert.equal(reasoningOf(message), answer.thinking);
+      const tools = message.parts.filter((p) => p.type === "tool-calculator");
+      assert.equal(tools.length, 1);
+      assert.equal(tools[0].state, "output-available");
+      assert.equal(tools[0].toolCallId, answer.tool_history[0].tool_call_id);
+      assert.deepEqual(tools[0].input, answer.tool_history[0].input);
+      assert.equal(tools[0].output, answer.tool_history[0].output);
+      assert.equal(message.parts.filter((p) => p.type === "step-start").length, 2, "one step per model call");
+      assert.equal(message.metadata.trace_id, answer.trace_id);
+      assert.equal(message.metadata.model, answer.model);
+      assert.equal(message.metadata.finish_reason, "stop");
+      assert.deepEqual(message.metadata.usage, answer.usage);
+    });
+
+    test("a failing tool is an output-error part", async () => {
+      const user = `ui-toolerr-${name}`;
+      const { message, errors } = await send(ai, user, {
+        chatId: newChat(name),
+        messages: [userMessage("u1", 'Divide [mock:tool=calculator {"expression": "1/"}]')],
+      });
+      assert.deepEqual(errors, []);
+      const answer = (await stored(user, message.metadata.conversation_id)).messages[1];
+      const [tool] = message.parts.filter((p) => p.type === "tool-calculator");
+      assert.equal(tool.state, "output-error");
+      assert.equal(answer.tool_history[0].is_error, true);
+      assert.equal(tool.errorText, answer.tool_history[0].output);
+    });
+
+    test("an error run reaches the client as its error, and no answer is stored", async () => {
+      const user = `ui-error-${name}`;
+      const chatId = newChat(name);
+      const { message, errors } = await send(ai, user, {
+        chatId,
+        messages: [userMessage("u1", "fail [mock:error=unavailable]")],
+      });
+      assert.equal(errors.length, 1);
+      assert.match(errors[0], /\S/);
+      const conversation = await stored(user, message.metadata.conversation_id);
+      assert.deepEqual(
+        conversation.messages.map((m) => m.role),
+        ["user"],
+        "the user's message stays, no answer",
+      );
+      const trace = await chatd.api(`/api/trace/${message.metadata.trace_id}`, user);
+      assert.equal(trace.body.status, "error");
+      assert.equal(errors[0], trace.body.error.message);
+    });
+
+    test("a request refused before the stream is the client's error, with chatd's message", async () => {
+      const user = `ui-refused-${name}`;
+      await assert.rejects(
+        send(ai, user, { chatId: newChat(name), messages: [userMessage("u1", "   ")] }),
+        (e) => e.message.includes("Message cannot be empty"),
+      );
+      await assert.rejects(
+        send(ai, user, { chatId: newChat(name), messages: [userMessage("u1", "hi")], body: { profile: "nope" } }),
+        (e) => e.message.includes("NOT_FOUND"),
+      );
+    });
+
+    test("cancel by conversation stops the run: the client hears abort, the partial answer is stored", async () => {
+      const user = `ui-cancel-${name}`;
+      const chatId = newChat(name);
+      const stream = await transport(ai, user).sendMessages({
+        chatId,
+        messages: [userMessage("u1", "Long one [mock:words=400] [mock:delay=20] [mock:think=off]")],
+        trigger: "submit-message",
+        abortSignal: undefined,
+      });
+      const [mine, watcher] = stream.tee();
+      const seen = [];
+      const watching = (async () => {
+        const reader = watcher.getReader();
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) return;
+          seen.push(value.type);
+          if (value.type === "text-delta" && seen.filter((t) => t === "text-delta").length === 3) {
+            const cancel = await chatd.api("/api/cancel_stream", user, {
+              method: "POST",
+              body: JSON.stringify({ conversation_id: (await conversationOf(user, chatId)).id }),
+            });
+            assert.equal(cancel.status, 200);
+            assert.equal(cancel.body.status, "cancelled");
+          }
+        }
+      })();
+      const { message } = await rebuild(ai, mine);
+      await watching;
+      assert.ok(seen.includes("abort"), seen.join(","));
+      assert.ok(!seen.includes("finish"), "a cancelled run does not finish");
+      const answer = (await stored(user, message.metadata.conversation_id)).messages[1];
+      assert.equal(answer.cancelled, true);
+      assert.equal(answer.content, `${textOf(message)}\n\n[cancelled]`);
+      const again = await chatd.api("/api/cancel_stream", user, {
+        method: "POST",
+        body: JSON.stringify({ conversation_id: message.metadata.conversation_id }),
+      });
+      assert.equal(again.status, 409, "nothing runs any more");
+    });
+
+    test("after a dropped connection, reconnecting gives the whole message once; then 204", async () => {
+      const user = `ui-resume-${name}`;
+      const chatId = newChat(name);
+      const dropped = new AbortController();
+      const stream = await transport(ai, user).sendMessages({
+        chatId,
+        messages: [userMessage("u1", "Tell me [mock:words=60] [mock:delay=15]")],
+        trigger: "submit-message",
+        abortSignal: dropped.signal,
+      });
+      const reader = stream.getReader();
+      let deltas = 0;
+      while (deltas < 3) {
+        const { value } = await reader.read();
+        if (value.type === "text-delta") deltas += 1;
+      }
+      dropped.abort();
+      await reader.cancel().catch(() => {});
+      const resumed = await transport(ai, user).reconnectToStream({ chatId });
+      assert.ok(resumed, "the run is still going: a stream");
+      const { message, errors } = await rebuild(ai, resumed);
+      assert.deepEqual(errors, []);
+      const answer = (await stored(user, message.metadata.conversation_id)).messages[1];
+      assert.equal(message.id, answer.id);
+      assert.equal(textOf(message), answer.content, "the whole answer, once");
+      assert.equal(message.parts.filter((p) => p.type === "text").length, 1);
+      assert.equal(await transport(ai, user).reconnectToStream({ chatId }), null, "nothing runs: 204");
+    });
+
+    test("regenerate and edit become the branches chatd stores", async () => {
+      const user = `ui-branch-${name}`;
+      const chatId = newChat(name);
+      const first = await send(ai, user, { chatId, messages: [userMessage("u1", "First question")] });
+      const conversationId = first.message.metadata.conversation_id;
+      const [question, firstAnswer] = (await stored(user, conversationId)).messages;
+
+      // Regenerate the answer: a sibling of it under the same question.
+      const again = await send(ai, user, {
+        chatId,
+        messages: [userMessage("u1", "First question")],
+        trigger: "regenerate-message",
+        messageId: first.message.id,
+      });
+      const regenerated = (await stored(user, conversationId)).messages;
+      assert.deepEqual(
+        regenerated.map((m) => m.id),
+        [question.id, again.message.id],
+      );
+      assert.equal(regenerated[1].parent_id, question.id);
+      const siblings = await chatd.api(`/api/messages/${again.message.id}/siblings`, user);
+      assert.deepEqual(
+        siblings.body.siblings.map((s) => s.id),
+        [firstAnswer.id, again.message.id],
+      );
+
+      // Edit the question (the client keeps its id): a sibling question with its own answer.
+      const edited = await send(ai, user, {
+        chatId,
+        messages: [userMessage("u1", "First question, edited")],
+        trigger: "submit-message",
+        messageId: "u1",
+      });
+      const branch = (await stored(user, conversationId)).messages;
+      assert.deepEqual(
+        branch.map((m) => [m.role, m.role === "user" ? m.content : m.id]),
+        [
+          ["user", "First question, edited"],
+          ["assistant", edited.message.id],
+        ],
+      );
+      assert.equal(branch[0].client_id, "u1");
+      assert.notEqual(branch[0].id, question.id);
+      const questions = await chatd.api(`/api/messages/${branch[0].id}/siblings`, user);
+      assert.deepEqual(
+        questions.body.siblings.map((s) => s.id),
+        [question.id, branch[0].id],
+      );
+    });
+  });
+}
+
+/** The user's conversation whose external id is `chatId`. */
+async function conversationOf(user, chatId) {
+  const { body } = await chatd.api("/api/conversations?limit=100", user);
+  const found = body.conversations.find((c) => c.external_id === chatId);
+  assert.ok(found, `a conversation for ${chatId}`);
+  return found;
+}
