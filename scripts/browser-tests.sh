@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the web page's end-to-end tests (tests/e2e, Node's test runner + playwright-core) in
-# headless Chromium against a real chatd (the debug binary, built here). Installs Debian's
+# headless Chromium against a real chatd (the debug binary, built here), and the client
+# libraries' tests (the AI SDK's transports and useChat, AG-UI's HttpAgent) against it. Installs Debian's
 # chromium package when /usr/bin/chromium is missing (as root, non-interactively) and the
 # tests' pinned npm packages. Screenshots go to target/e2e-screenshots/.
 set -euo pipefail

@@ -172,3 +172,34 @@ both_backends! {
         assert_eq!(status, StatusCode::NO_CONTENT, "nothing runs any more");
     }
 }
+
+#[tokio::test]
+async fn the_client_endpoints_ask_for_the_same_credentials_and_keep_the_same_limits() {
+    let app = TestApp::spawn(
+        Backend::Sqlite,
+        "[auth]\nmode = \"token\"\n[auth.tokens]\n\"tok-ann\" = \"ann\"\n[limits]\nmax_message_chars = 10\n",
+    )
+    .await;
+    let ui = json!({"id": "c", "messages": [user_message("m", "hi")]});
+    let agui = json!({"threadId": "t", "runId": "r", "messages": [{"id": "m", "role": "user", "content": "hi"}]});
+    for (path, body) in [("/api/ui/chat", &ui), ("/api/agui", &agui)] {
+        for token in [None, Some("tok-wrong")] {
+            let mut request = app.client.post(app.url(path)).json(body);
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{path}");
+            let error: Value = response.json().await.unwrap();
+            assert_eq!(error["code"], "UNAUTHORIZED");
+        }
+        let response = app.client.post(app.url(path)).bearer_auth("tok-ann").json(body).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        response.text().await.unwrap();
+    }
+    let response = app.client.get(app.url("/api/ui/chat/c/stream")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let long = json!({"id": "c", "messages": [user_message("m", "far more than ten characters")]});
+    let response = app.client.post(app.url("/api/ui/chat")).bearer_auth("tok-ann").json(&long).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}

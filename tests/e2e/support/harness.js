@@ -22,11 +22,12 @@ export const mockWords = (n) => Array.from({ length: n }, (_, i) => WORDS[i % WO
 /** Messages over this many characters are refused with 413 (a banner test sends one). */
 export const MAX_MESSAGE_CHARS = 2000;
 
-function config(dir, port, auth) {
+function config(dir, port, auth, cors) {
   const rule = (when, text) => `[[providers.mock.rules]]\nwhen = ${JSON.stringify(when)}\ntext = ${JSON.stringify(text)}\n`;
   return `
 [server]
 port = ${port}
+cors_origins = ${JSON.stringify(cors)}
 [database]
 url = "sqlite://${dir}/chatd.db"
 [limits]
@@ -56,7 +57,7 @@ args = [${JSON.stringify(join(import.meta.dirname, "progress-server.js"))}]
 ${auth ? `[auth]\nmode = "token"\n[auth.tokens]\n${JSON.stringify(auth.token)} = ${JSON.stringify(auth.user)}\n` : ""}`;
 }
 
-async function freePort() {
+export async function freePort() {
   const server = createServer();
   await new Promise((done) => server.listen(0, "127.0.0.1", done));
   const { port } = server.address();
@@ -66,12 +67,13 @@ async function freePort() {
 
 /**
  * Starts chatd and waits until it serves and its MCP test server is ready. Auth mode `none`,
- * or with `auth = {token, user}` mode `token` with that one token.
+ * or with `auth = {token, user}` mode `token` with that one token; `cors`: the browser origins
+ * allowed to call it from another page.
  */
-export async function startChatd(auth = null) {
+export async function startChatd(auth = null, { cors = [] } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "chatd-e2e-"));
   const port = await freePort();
-  writeFileSync(join(dir, "chatd.toml"), config(dir, port, auth));
+  writeFileSync(join(dir, "chatd.toml"), config(dir, port, auth, cors));
   const ready = auth ? { authorization: `Bearer ${auth.token}` } : {};
   const child = spawn(binary, ["--config", join(dir, "chatd.toml")], {
     stdio: ["ignore", "ignore", "inherit"],
