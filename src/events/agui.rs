@@ -249,3 +249,74 @@ impl ToAgui {
 fn step_name(step: u32) -> String {
     format!("model_call_{step}")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use serde_json::Value;
+
+    use super::*;
+    use crate::events::arbitrary::{run_events, text_and_thinking};
+
+    fn translated(events: &[Event]) -> Vec<Value> {
+        let mut agui = ToAgui::new("thread".into(), "run".into());
+        let mut out = Vec::new();
+        for event in events {
+            let mut some = Vec::new();
+            agui.translate(event, &mut some);
+            out.extend(some.iter().map(|e| serde_json::to_value(e).unwrap()));
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// What AG-UI's verifier checks: one RUN_STARTED first, one RUN_FINISHED or RUN_ERROR
+        /// last; content only inside its message, arguments only inside their call; every
+        /// START ended before the run ends.
+        #[test]
+        fn every_run_passes_the_rules_of_ag_ui(events in run_events()) {
+            let out = translated(&events);
+            assert_eq!(out[0], json!({"type": "RUN_STARTED", "threadId": "thread", "runId": "run"}));
+            let last = out.last().unwrap()["type"].as_str().unwrap();
+            assert!(matches!(last, "RUN_FINISHED" | "RUN_ERROR"), "{last}");
+            let (mut texts, mut reasonings, mut calls) = (HashSet::new(), HashSet::new(), HashSet::new());
+            let (mut step, mut reasoning_open) = (None::<String>, false);
+            let (mut text, mut thinking) = (String::new(), String::new());
+            let mut ended_calls = HashSet::new();
+            for (i, event) in out.iter().enumerate() {
+                let kind = event["type"].as_str().unwrap();
+                let id = |key: &str| event[key].as_str().unwrap().to_owned();
+                if i > 0 {
+                    assert_ne!(kind, "RUN_STARTED");
+                }
+                if i + 1 < out.len() {
+                    assert!(!matches!(kind, "RUN_FINISHED" | "RUN_ERROR"), "the end comes last");
+                }
+                match kind {
+                    "STEP_STARTED" => { assert!(step.is_none()); step = Some(id("stepName")); }
+                    "STEP_FINISHED" => { assert_eq!(step.take(), Some(id("stepName"))); }
+                    "TEXT_MESSAGE_START" => { assert!(texts.insert(id("messageId")), "a message starts once"); assert_eq!(event["role"], "assistant"); }
+                    "TEXT_MESSAGE_CONTENT" => { assert!(texts.contains(&id("messageId"))); text.push_str(event["delta"].as_str().unwrap()); }
+                    "TEXT_MESSAGE_END" => { assert!(texts.remove(&id("messageId"))); }
+                    "REASONING_START" => { assert!(!reasoning_open); reasoning_open = true; }
+                    "REASONING_MESSAGE_START" => { assert!(reasoning_open && reasonings.insert(id("messageId"))); }
+                    "REASONING_MESSAGE_CONTENT" => { assert!(reasonings.contains(&id("messageId"))); thinking.push_str(event["delta"].as_str().unwrap()); }
+                    "REASONING_MESSAGE_END" => { assert!(reasonings.remove(&id("messageId"))); }
+                    "REASONING_END" => { assert!(reasoning_open && reasonings.is_empty()); reasoning_open = false; }
+                    "TOOL_CALL_START" => { assert!(calls.insert(id("toolCallId"))); }
+                    "TOOL_CALL_ARGS" => { assert!(calls.contains(&id("toolCallId"))); }
+                    "TOOL_CALL_END" => { assert!(calls.remove(&id("toolCallId"))); ended_calls.insert(id("toolCallId")); }
+                    "TOOL_CALL_RESULT" => { assert!(ended_calls.contains(&id("toolCallId")), "a result after its call"); }
+                    "RUN_FINISHED" | "RUN_ERROR" => {
+                        assert!(texts.is_empty() && reasonings.is_empty() && calls.is_empty() && !reasoning_open && step.is_none(), "every START ended: {event}");
+                    }
+                    _ => {}
+                }
+            }
+            let (sent_text, sent_thinking) = text_and_thinking(&events);
+            assert_eq!(text, sent_text);
+            assert_eq!(thinking, sent_thinking);
+        }
+    }
+}

@@ -4,6 +4,8 @@
 //! the AI SDK's UI message stream (`ui`, §13.1) and AG-UI's (`agui`, §13.2).
 
 pub mod agui;
+#[cfg(test)]
+mod arbitrary;
 pub mod comparison;
 pub mod legacy;
 pub mod ui;

@@ -371,4 +371,65 @@ mod tests {
             assert!(!is_tool_marker(text), "{text:?}");
         }
     }
+
+    /// The fields `ai` 5.0.0 accepts of each chunk type (its strict schemas), of those chatd
+    /// sends.
+    fn allowed(kind: &str) -> &'static [&'static str] {
+        match kind {
+            "start" => &["type", "messageId"],
+            "start-step" | "finish-step" | "finish" | "abort" => &["type"],
+            "text-start" | "text-end" | "reasoning-start" | "reasoning-end" => &["type", "id"],
+            "text-delta" | "reasoning-delta" => &["type", "id", "delta"],
+            "tool-input-start" => &["type", "toolCallId", "toolName"],
+            "tool-input-delta" => &["type", "toolCallId", "inputTextDelta"],
+            "tool-input-available" => &["type", "toolCallId", "toolName", "input"],
+            "tool-output-available" => &["type", "toolCallId", "output"],
+            "tool-output-error" => &["type", "toolCallId", "errorText"],
+            "message-metadata" => &["type", "messageMetadata"],
+            "error" => &["type", "errorText"],
+            kind if kind.starts_with("data-") => &["type", "data", "transient"],
+            _ => &[],
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_run_is_a_well_formed_ui_message_stream(events in crate::events::arbitrary::run_events()) {
+            let chunks = chunks(&events);
+            assert_eq!(chunks[0]["type"], "start");
+            let (mut open, mut step, mut ended) = (None::<String>, false, false);
+            let (mut text, mut reasoning) = (String::new(), String::new());
+            let mut tools = std::collections::HashSet::new();
+            for chunk in &chunks {
+                let kind = chunk["type"].as_str().unwrap();
+                assert!(!ended, "nothing after the end: {kind}");
+                let keys: Vec<&str> = chunk.as_object().unwrap().keys().map(String::as_str).collect();
+                for key in &keys {
+                    assert!(allowed(kind).contains(key), "{kind} may not carry {key}");
+                }
+                let id = chunk["id"].as_str().map(str::to_owned);
+                match kind {
+                    "start-step" => { assert!(!step); step = true; }
+                    "finish-step" => { assert!(step && open.is_none()); step = false; }
+                    "text-start" | "reasoning-start" => { assert!(step && open.is_none()); open = id; }
+                    "text-end" | "reasoning-end" => { assert_eq!(open.take(), id); }
+                    "text-delta" => { assert_eq!(open, id); text.push_str(chunk["delta"].as_str().unwrap()); }
+                    "reasoning-delta" => { assert_eq!(open, id); reasoning.push_str(chunk["delta"].as_str().unwrap()); }
+                    "tool-input-start" | "tool-input-available" => {
+                        assert!(step && open.is_none());
+                        tools.insert(chunk["toolCallId"].as_str().unwrap().to_owned());
+                    }
+                    "tool-output-available" | "tool-output-error" => {
+                        assert!(tools.contains(chunk["toolCallId"].as_str().unwrap()), "an output after its input");
+                    }
+                    "finish" | "abort" | "error" => { assert!(!step && open.is_none()); ended = true; }
+                    _ => {}
+                }
+            }
+            assert!(ended, "a terminal chunk");
+            let (sent_text, sent_thinking) = crate::events::arbitrary::text_and_thinking(&events);
+            assert_eq!(text, sent_text);
+            assert_eq!(reasoning, sent_thinking);
+        }
+    }
 }

@@ -203,3 +203,62 @@ async fn the_client_endpoints_ask_for_the_same_credentials_and_keep_the_same_lim
     let response = app.client.post(app.url("/api/ui/chat")).bearer_auth("tok-ann").json(&long).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
 }
+
+/// The chunks of a UI stream as they come, to `[DONE]`.
+async fn ui_chunks(response: reqwest::Response) -> Vec<String> {
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut events = response.bytes_stream().eventsource();
+    let mut chunks = Vec::new();
+    while let Some(event) = events.next().await {
+        chunks.push(event.expect("well-formed SSE").data);
+    }
+    chunks
+}
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn another_replica_resumes_a_chat_from_the_log_and_cancels_it_by_conversation() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let a = TestApp::on(&db.url, "[stream]\nflush_interval_ms = 20").await;
+    let b = TestApp::on(&db.url, "[stream]\nflush_interval_ms = 20").await;
+    let send = |chat: &str, text: &str| {
+        a.client
+            .post(a.url("/api/ui/chat"))
+            .header("x-client-id", "ann")
+            .json(&json!({"id": chat, "messages": [user_message("m1", text)]}))
+            .send()
+    };
+
+    // B follows A's run through its event log: the same chunks, from the first.
+    let on_a = send("shared", "Tell me [mock:words=40] [mock:delay=10]").await.unwrap();
+    let own = tokio::spawn(ui_chunks(on_a));
+    let resumed = loop {
+        let response = b.client.get(b.url("/api/ui/chat/shared/stream")).header("x-client-id", "ann").send().await;
+        let response = response.unwrap();
+        if response.status() == StatusCode::OK {
+            break response;
+        }
+        // (204 until A's start is committed.)
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    let via_b = ui_chunks(resumed).await;
+    let own = own.await.unwrap();
+    assert_eq!(via_b, own, "the replica that does not run it replays it chunk for chunk");
+    assert_eq!(own.last().map(String::as_str), Some("[DONE]"));
+
+    // Cancel by conversation through B stops A's run.
+    let on_a = send("stopped", "Long [mock:words=400] [mock:delay=20]").await.unwrap();
+    let mut events = on_a.bytes_stream().eventsource();
+    let mut conversation_id = None;
+    while conversation_id.is_none() {
+        let chunk: Value = serde_json::from_str(&events.next().await.unwrap().unwrap().data).unwrap();
+        conversation_id = chunk["messageMetadata"]["conversation_id"].as_str().map(str::to_owned);
+    }
+    let (status, body) = b.post("/api/cancel_stream", "ann", json!({"conversation_id": conversation_id})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut rest = Vec::new();
+    while let Some(event) = events.next().await {
+        rest.push(event.unwrap().data);
+    }
+    assert_eq!(rest[rest.len() - 2..], [r#"{"type":"abort"}"#.to_owned(), "[DONE]".to_owned()]);
+}

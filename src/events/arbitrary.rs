@@ -1,0 +1,188 @@
+//! Runs' event sequences for property tests of the vocabularies: any number of model calls,
+//! each with thinking and text in any order and any chunking, tool calls with and without
+//! streamed arguments and with every status, cut short anywhere by a cancel or an error, and
+//! always ending with one terminal event and `done` (as the agent sends them).
+
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+use crate::domain::Usage;
+
+/// One piece of a model call's output.
+#[derive(Debug, Clone)]
+enum Piece {
+    Thinking(String),
+    Text(String),
+}
+
+/// One tool call of a model call: whether its arguments streamed, and how it ended.
+#[derive(Debug, Clone)]
+struct Call {
+    streamed: bool,
+    status: ToolStatus,
+    progress: bool,
+}
+
+#[derive(Debug, Clone)]
+struct ModelCall {
+    pieces: Vec<Piece>,
+    calls: Vec<Call>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Complete,
+    Cancelled,
+    Error,
+}
+
+fn piece() -> impl Strategy<Value = Piece> {
+    prop_oneof!["[a-z \n]{1,12}".prop_map(Piece::Thinking), "[a-zA-Z \n.]{1,12}".prop_map(Piece::Text),]
+}
+
+fn call() -> impl Strategy<Value = Call> {
+    let status = prop_oneof![
+        Just(ToolStatus::Success),
+        Just(ToolStatus::Error),
+        Just(ToolStatus::Timeout),
+        Just(ToolStatus::Cancelled),
+    ];
+    (any::<bool>(), status, any::<bool>()).prop_map(|(streamed, status, progress)| Call { streamed, status, progress })
+}
+
+fn model_call() -> impl Strategy<Value = ModelCall> {
+    (prop::collection::vec(piece(), 0..6), prop::collection::vec(call(), 0..3))
+        .prop_map(|(pieces, calls)| ModelCall { pieces, calls })
+}
+
+/// A whole run's events: `start` … one terminal event, `done`.
+pub fn run_events() -> impl Strategy<Value = Vec<Event>> {
+    let ending = prop_oneof![Just(Ending::Complete), Just(Ending::Cancelled), Just(Ending::Error)];
+    (prop::collection::vec(model_call(), 1..4), ending, any::<prop::sample::Index>())
+        .prop_map(|(calls, ending, cut)| build(&calls, ending, cut))
+}
+
+fn build(model_calls: &[ModelCall], ending: Ending, cut: prop::sample::Index) -> Vec<Event> {
+    let (conversation_id, message_id, trace_id) = (ConversationId::new(), MessageId::new(), TraceId::new());
+    let mut body = Vec::new();
+    let mut index = 0u32;
+    for model_call in model_calls {
+        body.push(Event::Status { message: THINKING_STATUS.into() });
+        for piece in &model_call.pieces {
+            body.push(match piece {
+                Piece::Thinking(text) => Event::ThinkingDelta { text: text.clone() },
+                Piece::Text(text) => Event::TextDelta { text: text.clone() },
+            });
+        }
+        let ids: Vec<String> = (0..model_call.calls.len()).map(|i| format!("call_{index}_{i}")).collect();
+        for (call, id) in model_call.calls.iter().zip(&ids) {
+            if call.streamed {
+                body.push(Event::ToolInputStart { tool_call_id: id.clone(), tool: "calculator".into(), index });
+                body.push(Event::ToolInputDelta { tool_call_id: id.clone(), delta: r#"{"expression":"#.into() });
+                body.push(Event::ToolInputDelta { tool_call_id: id.clone(), delta: r#""1+1"}"#.into() });
+            }
+        }
+        body.push(Event::Usage(Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() }));
+        for (call, id) in model_call.calls.iter().zip(&ids) {
+            body.push(Event::ToolStart(Box::new(ToolStartEvent {
+                tool_call_id: id.clone(),
+                tool: "calculator".into(),
+                input: json!({"expression": "1+1"}),
+                index,
+                timestamp: chrono::Utc::now(),
+            })));
+            body.push(Event::Status { message: "Running calculator…".into() });
+            if call.progress {
+                body.push(Event::ToolProgress(Box::new(ToolProgressEvent {
+                    tool_call_id: id.clone(),
+                    tool: "calculator".into(),
+                    stage: None,
+                    message: Some("half way".into()),
+                    progress: Some(0.5),
+                    data: None,
+                })));
+            }
+            if call.status != ToolStatus::Cancelled {
+                let output = if call.status == ToolStatus::Success { "2" } else { "Error: no" };
+                body.push(Event::ToolOutput {
+                    tool_call_id: id.clone(),
+                    output: output.into(),
+                    truncated: false,
+                    full_length: output.len(),
+                });
+            }
+            body.push(Event::ToolComplete(Box::new(ToolCompleteEvent {
+                tool_call_id: id.clone(),
+                tool: "calculator".into(),
+                index,
+                status: call.status,
+                duration_ms: 1,
+                summary: None,
+            })));
+            body.push(Event::TextDelta { text: format!("\n\n[[tool:{index}]]") });
+            index += 1;
+        }
+    }
+    // A cancel or an error may come at any point; a completion comes at the end.
+    if !matches!(ending, Ending::Complete) {
+        body.truncate(cut.index(body.len() + 1));
+    }
+    let mut events = vec![Event::Start(Box::new(StartEvent {
+        conversation_id,
+        user_message_id: MessageId::new(),
+        message_id,
+        trace_id,
+        model: "m".into(),
+        profile: "p".into(),
+    }))];
+    events.extend(body);
+    events.push(match ending {
+        Ending::Complete => Event::Complete {
+            payload: Box::new(CompletePayload {
+                message: String::new(),
+                thinking: None,
+                suggested_values: Vec::new(),
+                suggested_actions: Vec::new(),
+                custom_payload: None,
+                tool_history: Vec::new(),
+                conversation_id,
+                message_id,
+                trace_id,
+                model: "m".into(),
+                finish_reason: "stop".into(),
+                usage: Usage::default(),
+                diagnostics: None,
+            }),
+        },
+        Ending::Cancelled => Event::Cancelled(Box::new(CancelledEvent {
+            partial_text: String::new(),
+            partial_thinking: None,
+            message_id,
+            trace_id,
+            model: "m".into(),
+        })),
+        Ending::Error => Event::Error(Box::new(ErrorEvent {
+            code: "SERVICE_UNAVAILABLE".into(),
+            message: "down".into(),
+            retryable: true,
+            message_id,
+            trace_id,
+        })),
+    });
+    events.push(Event::Done { conversation_id, message_id, trace_id });
+    events
+}
+
+/// The text and the thinking a run's events carry, without the tool markers.
+pub fn text_and_thinking(events: &[Event]) -> (String, String) {
+    let (mut text, mut thinking) = (String::new(), String::new());
+    for event in events {
+        match event {
+            Event::TextDelta { text: delta } if !super::ui::is_tool_marker(delta) => text.push_str(delta),
+            Event::ThinkingDelta { text: delta } => thinking.push_str(delta),
+            _ => {}
+        }
+    }
+    (text, thinking)
+}
