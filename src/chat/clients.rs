@@ -5,8 +5,12 @@
 
 use serde_json::Value;
 
+use std::sync::Arc;
+
 use super::core::Core;
 use super::request::{ChatError, ChatRequest, ClientIds, InteractionType, not_found};
+use super::runs::LiveRun;
+use super::service::ChatService;
 use crate::domain::{Conversation, Message, Role, branch};
 use crate::ids::{ConversationId, TraceId, UserId};
 use crate::store::StoreError;
@@ -35,6 +39,21 @@ pub enum Intent {
     /// A new answer to the same question: beside the answer with this id (or, with a user
     /// message's id, to that message), or to the branch's last question.
     Regenerate(Option<String>),
+}
+
+impl ChatService {
+    /// Starts the run a client's turn asks for. Two first messages of one new chat sent at
+    /// once (two tabs, a retry) both land in the one conversation the first of them made.
+    pub async fn start_for_client(&self, user: &UserId, turn: ClientTurn) -> Result<Arc<LiveRun>, ChatError> {
+        let request = self.client_request(user, turn.clone()).await?;
+        match self.start(user, request).await {
+            Err(ChatError::Store(StoreError::ChatTaken)) => {
+                let request = self.client_request(user, turn).await?;
+                self.start(user, request).await
+            }
+            started => started,
+        }
+    }
 }
 
 impl Core {

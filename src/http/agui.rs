@@ -133,7 +133,6 @@ async fn run(
 ) -> Result<Response, AppError> {
     let (turn, run_id) = input.into_turn()?;
     let thread_id = turn.chat_id.clone();
-    let request = state.chat.client_request(&user, turn).await?;
-    let run = state.chat.start(&user, request).await?;
+    let run = state.chat.start_for_client(&user, turn).await?;
     Ok(sse(&state, from_the_start(&state, run), Agui(ToAgui::new(thread_id, run_id))))
 }

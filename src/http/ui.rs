@@ -117,8 +117,7 @@ async fn chat(
     CurrentUser(user): CurrentUser,
     AppJson(body): AppJson<UiChatBody>,
 ) -> Result<Response, AppError> {
-    let request = state.chat.client_request(&user, body.into_turn()?).await?;
-    let run = state.chat.start(&user, request).await?;
+    let run = state.chat.start_for_client(&user, body.into_turn()?).await?;
     Ok(ui_stream(sse(&state, from_the_start(&state, run), UiMessages::default())))
 }
 

@@ -43,6 +43,10 @@ pub enum StoreError {
     /// its file is gone).
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// A new conversation's `external_id` is the user's already: another request made the
+    /// same client chat meanwhile.
+    #[error("the chat was created by another request")]
+    ChatTaken,
     /// The start would take its user past `max_running`: this many run already.
     #[error("{0} runs are running")]
     TooManyRuns(usize),

@@ -262,3 +262,22 @@ async fn another_replica_resumes_a_chat_from_the_log_and_cancels_it_by_conversat
     }
     assert_eq!(rest[rest.len() - 2..], [r#"{"type":"abort"}"#.to_owned(), "[DONE]".to_owned()]);
 }
+
+both_backends! {
+    async fn two_first_messages_of_one_new_chat_at_once_land_in_one_conversation(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        for round in 0..5 {
+            let chat = format!("twice-{round}");
+            let post = |text: &'static str| {
+                let body = json!({"id": chat, "messages": [user_message(text, text)]});
+                ui_chat(&app, "ann", body)
+            };
+            let (one, two) = tokio::join!(post("one"), post("two"));
+            let (a, b) = (conversation_of(&app, "ann", &one).await, conversation_of(&app, "ann", &two).await);
+            assert_eq!(a["id"], b["id"], "one conversation for the chat");
+            assert_eq!(a["external_id"], chat.as_str());
+        }
+        let (_, list) = app.get("/api/conversations", "ann").await;
+        assert_eq!(list["conversations"].as_array().unwrap().len(), 5);
+    }
+}

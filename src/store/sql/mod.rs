@@ -270,7 +270,12 @@ where
     }
 
     async fn start_runs(&self, starts: &[&RunStart]) -> Result<(), StoreError> {
-        Rows::start_runs(self, starts).await
+        Rows::start_runs(self, starts).await.map_err(|e| match e {
+            // Every id a start writes is new; only a new conversation's external id can be
+            // taken, by another start that made the same client chat a moment before.
+            StoreError::Database(sqlx::Error::Database(db)) if db.is_unique_violation() => StoreError::ChatTaken,
+            e => e,
+        })
     }
 
     async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
