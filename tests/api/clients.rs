@@ -281,3 +281,36 @@ both_backends! {
         assert_eq!(list["conversations"].as_array().unwrap().len(), 5);
     }
 }
+
+#[tokio::test]
+async fn with_on_disconnect_cancel_leaving_a_client_stream_cancels_its_run_as_the_native_one_does() {
+    let app = TestApp::spawn(Backend::Sqlite, "[stream]\non_disconnect = \"cancel\"").await;
+    let slow = "Slow [mock:words=400] [mock:delay=15] [mock:think=off]";
+    let bodies = [
+        ("/api/ui/chat", json!({"id": "leaving-ui", "messages": [user_message("m", slow)]})),
+        (
+            "/api/agui",
+            json!({"threadId": "leaving-agui", "runId": "r", "messages": [{"id": "m", "role": "user", "content": slow}]}),
+        ),
+    ];
+    for (path, body) in bodies {
+        let response = app.client.post(app.url(path)).header("x-client-id", "ann").json(&body).send().await.unwrap();
+        let mut events = response.bytes_stream().eventsource();
+        // Read until some text has come, then leave.
+        loop {
+            let data = events.next().await.unwrap().unwrap().data;
+            if data.contains("text-delta") || data.contains("TEXT_MESSAGE_CONTENT") {
+                break;
+            }
+        }
+        drop(events);
+        let (_, list) = app.get("/api/conversations", "ann").await;
+        let conversation = list["conversations"][0]["id"].as_str().unwrap().to_owned();
+        let path = format!("/api/conversations/{conversation}");
+        let loaded = crate::runs::poll_until(&app, "ann", &path, |loaded| loaded["messages"][1].is_object()).await;
+        let answer = &loaded["messages"][1];
+        assert_eq!(answer["cancelled"], true, "{path}: {answer}");
+        let trace = crate::runs::ended_trace(&app, "ann", answer["trace_id"].as_str().unwrap()).await;
+        assert_eq!(trace["status"], "cancelled");
+    }
+}

@@ -237,7 +237,7 @@ async fn several_followers_see_the_same_run() {
 }
 
 /// GETs `path` until `ready` holds for the body (or 10 s have passed); returns the last body.
-async fn poll_until(app: &TestApp, user: &str, path: &str, ready: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn poll_until(app: &TestApp, user: &str, path: &str, ready: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (_, body) = app.get(path, user).await;
@@ -249,7 +249,7 @@ async fn poll_until(app: &TestApp, user: &str, path: &str, ready: impl Fn(&Value
 }
 
 /// A run's trace once it is no longer running.
-async fn ended_trace(app: &TestApp, user: &str, trace_id: &str) -> Value {
+pub(crate) async fn ended_trace(app: &TestApp, user: &str, trace_id: &str) -> Value {
     poll_until(app, user, &format!("/api/trace/{trace_id}"), |trace| trace["status"] != "running").await
 }
 
