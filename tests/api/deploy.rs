@@ -34,6 +34,8 @@ fn the_compose_file_is_a_real_deployment_whose_settings_check() {
     assert!(chatd.contains("\"127.0.0.1:8080:8080\""), "published on the loopback address only");
     assert!(compose.contains("secrets:\n  chatd_tokens:\n    environment: CHATD_TOKENS"), "tokens from a secret");
     assert!(chatd.contains("healthcheck:") && chatd.contains("/readyz"), "a healthcheck");
+    assert!(chatd.contains("- chatd-data:/data"), "chatd's data folder (the image's VOLUME) on a named volume");
+    assert!(compose.contains("\nvolumes:\n  pgdata:\n  chatd-data:\n"), "both volumes are named");
     // The mounted config, read where the container reads it from.
     let mount = chatd
         .lines()
