@@ -314,3 +314,28 @@ async fn with_on_disconnect_cancel_leaving_a_client_stream_cancels_its_run_as_th
         assert_eq!(trace["status"], "cancelled");
     }
 }
+
+#[tokio::test]
+async fn ag_ui_context_entries_reach_the_system_prompt() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    // The mock counts the tokens of what it was sent, system prompt included.
+    let input_tokens = |context: Value| {
+        let body = json!({"threadId": format!("ctx-{}", context.as_array().unwrap().len()), "runId": "r",
+            "messages": [{"id": "m", "role": "user", "content": "Hello [mock:think=off]"}], "context": context});
+        let request = app.client.post(app.url("/api/agui")).header("x-client-id", "ann").json(&body).send();
+        async move {
+            let text = request.await.unwrap().text().await.unwrap();
+            let finished = text
+                .lines()
+                .filter_map(|line| line.strip_prefix("data: "))
+                .map(|data| serde_json::from_str::<Value>(data).unwrap())
+                .find(|event| event["type"] == "RUN_FINISHED")
+                .expect("the run finished");
+            finished["result"]["usage"]["input_tokens"].as_u64().unwrap()
+        }
+    };
+    let without = input_tokens(json!([])).await;
+    let page = "the reports page, ".repeat(100);
+    let with = input_tokens(json!([{"description": "current_page", "value": page}])).await;
+    assert!(with > without + 300, "the context entry was in the prompt: {with} vs {without} tokens");
+}
