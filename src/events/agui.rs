@@ -5,10 +5,10 @@
 use std::collections::HashSet;
 
 use serde::Serialize;
-use serde_json::{Value, json};
 
-use super::ui::Open;
-use super::{Event, THINKING_STATUS};
+use super::ui::{Open, StatusData};
+use super::{CompletePayload, Event, THINKING_STATUS, ToolCompleteEvent, ToolProgressEvent};
+use crate::domain::Usage;
 
 /// One AG-UI event.
 #[derive(Debug, PartialEq, Serialize)]
@@ -29,9 +29,19 @@ pub enum AguiEvent<'a> {
     ToolCallArgs { tool_call_id: &'a str, delta: String },
     ToolCallEnd { tool_call_id: String },
     ToolCallResult { message_id: String, tool_call_id: &'a str, content: &'a str, role: &'static str },
-    Custom { name: &'static str, value: Value },
-    RunFinished { thread_id: String, run_id: String, result: Value },
+    Custom { name: &'static str, value: CustomValue<'a> },
+    RunFinished { thread_id: String, run_id: String, result: &'a CompletePayload },
     RunError { message: String, code: String },
+}
+
+/// A `CUSTOM` event's value: a status line, a tool's progress or end, a model call's usage.
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum CustomValue<'a> {
+    Status(StatusData<'a>),
+    ToolProgress(&'a ToolProgressEvent),
+    ToolComplete(&'a ToolCompleteEvent),
+    Usage(&'a Usage),
 }
 
 /// Translates one run's events, in order, for the client's thread and run ids.
@@ -83,7 +93,7 @@ impl ToAgui {
                     self.end_step(out);
                     self.start_step(out);
                 }
-                out.push(AguiEvent::Custom { name: "status", value: json!({ "message": message }) });
+                out.push(AguiEvent::Custom { name: "status", value: CustomValue::Status(StatusData { message }) });
             }
             Event::ThinkingDelta { text } => {
                 let message_id = self.open_reasoning(out);
@@ -115,8 +125,7 @@ impl ToAgui {
                 out.push(AguiEvent::ToolCallEnd { tool_call_id: start.tool_call_id.clone() });
             }
             Event::ToolProgress(progress) => {
-                let value = serde_json::to_value(progress).expect("events serialize");
-                out.push(AguiEvent::Custom { name: "tool_progress", value });
+                out.push(AguiEvent::Custom { name: "tool_progress", value: CustomValue::ToolProgress(progress) });
             }
             Event::ToolOutput { tool_call_id, output, .. } => {
                 out.push(AguiEvent::ToolCallResult {
@@ -127,19 +136,17 @@ impl ToAgui {
                 });
             }
             Event::ToolComplete(complete) => {
-                let value = serde_json::to_value(complete).expect("events serialize");
-                out.push(AguiEvent::Custom { name: "tool_complete", value });
+                out.push(AguiEvent::Custom { name: "tool_complete", value: CustomValue::ToolComplete(complete) });
             }
             Event::Usage(usage) => {
-                out.push(AguiEvent::Custom { name: "usage", value: json!(usage) });
+                out.push(AguiEvent::Custom { name: "usage", value: CustomValue::Usage(usage) });
             }
             Event::Complete { payload } => {
                 self.end_all(out);
-                let result = serde_json::to_value(payload).expect("events serialize");
                 out.push(AguiEvent::RunFinished {
                     thread_id: self.thread_id.clone(),
                     run_id: self.run_id.clone(),
-                    result,
+                    result: payload,
                 });
             }
             Event::Cancelled(_) => {
@@ -254,7 +261,7 @@ fn step_name(step: u32) -> String {
 mod tests {
     use std::collections::HashSet;
 
-    use serde_json::Value;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::events::arbitrary::{run_events, text_and_thinking};

@@ -6,9 +6,11 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{Event, THINKING_STATUS, ToolStatus};
+use super::{Event, THINKING_STATUS, ToolProgressEvent, ToolStatus};
+use crate::domain::{SuggestedAction, SuggestedValue, Usage};
+use crate::ids::{ConversationId, TraceId};
 
 /// One chunk of the stream.
 #[derive(Debug, PartialEq, Serialize)]
@@ -63,17 +65,17 @@ pub enum UiChunk<'a> {
     /// A status line: shown while it is current, never part of the message.
     #[serde(rename = "data-status")]
     DataStatus {
-        data: Value,
+        data: StatusData<'a>,
         transient: bool,
     },
     /// A running tool's report.
     #[serde(rename = "data-tool-progress")]
     DataToolProgress {
-        data: Value,
+        data: &'a ToolProgressEvent,
         transient: bool,
     },
     MessageMetadata {
-        message_metadata: Value,
+        message_metadata: Metadata<'a>,
     },
     /// No fields: `ai` 5.0.0 refuses `finishReason` (it travels in the metadata).
     Finish,
@@ -81,6 +83,37 @@ pub enum UiChunk<'a> {
     Error {
         error_text: &'a str,
     },
+}
+
+/// A `data-status` chunk's data.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct StatusData<'a> {
+    pub message: &'a str,
+}
+
+/// What `message-metadata` chunks tell of the answer: at `start` where it comes from, after
+/// each model call its usage so far, at the end the complete payload's fields. The client
+/// merges them into the message's `metadata`.
+#[derive(Debug, Default, PartialEq, Serialize)]
+pub struct Metadata<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<ConversationId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<TraceId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suggested_values: Option<&'a [SuggestedValue]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suggested_actions: Option<&'a [SuggestedAction]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub custom_payload: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<&'a Usage>,
 }
 
 /// The part of the message being streamed now (a text or reasoning part, by its id).
@@ -116,12 +149,13 @@ impl ToUi {
             Event::Start(start) => {
                 out.push(UiChunk::Start { message_id: start.message_id.to_string() });
                 out.push(UiChunk::MessageMetadata {
-                    message_metadata: json!({
-                        "conversation_id": start.conversation_id,
-                        "trace_id": start.trace_id,
-                        "model": start.model,
-                        "profile": start.profile,
-                    }),
+                    message_metadata: Metadata {
+                        conversation_id: Some(start.conversation_id),
+                        trace_id: Some(start.trace_id),
+                        model: Some(&start.model),
+                        profile: Some(&start.profile),
+                        ..Metadata::default()
+                    },
                 });
             }
             Event::Status { message } => {
@@ -131,7 +165,7 @@ impl ToUi {
                     out.push(UiChunk::StartStep);
                     self.step_open = true;
                 }
-                out.push(UiChunk::DataStatus { data: json!({ "message": message }), transient: true });
+                out.push(UiChunk::DataStatus { data: StatusData { message }, transient: true });
             }
             Event::ThinkingDelta { text } => {
                 let id = self.open_reasoning(out);
@@ -163,8 +197,7 @@ impl ToUi {
                 });
             }
             Event::ToolProgress(progress) => {
-                let data = serde_json::to_value(progress).expect("events serialize");
-                out.push(UiChunk::DataToolProgress { data, transient: true });
+                out.push(UiChunk::DataToolProgress { data: progress, transient: true });
             }
             Event::ToolOutput { tool_call_id, output, .. } => {
                 self.outputs.insert(tool_call_id.clone(), output.clone());
@@ -185,21 +218,23 @@ impl ToUi {
                 });
             }
             Event::Usage(usage) => {
-                out.push(UiChunk::MessageMetadata { message_metadata: json!({ "usage": usage }) });
+                let message_metadata = Metadata { usage: Some(usage), ..Metadata::default() };
+                out.push(UiChunk::MessageMetadata { message_metadata });
             }
             Event::Complete { payload } => {
                 self.end_step(out);
                 out.push(UiChunk::MessageMetadata {
-                    message_metadata: json!({
-                        "conversation_id": payload.conversation_id,
-                        "trace_id": payload.trace_id,
-                        "model": payload.model,
-                        "suggested_values": payload.suggested_values,
-                        "suggested_actions": payload.suggested_actions,
-                        "custom_payload": payload.custom_payload,
-                        "finish_reason": payload.finish_reason,
-                        "usage": payload.usage,
-                    }),
+                    message_metadata: Metadata {
+                        conversation_id: Some(payload.conversation_id),
+                        trace_id: Some(payload.trace_id),
+                        model: Some(&payload.model),
+                        suggested_values: Some(&payload.suggested_values),
+                        suggested_actions: Some(&payload.suggested_actions),
+                        custom_payload: payload.custom_payload.as_ref(),
+                        finish_reason: Some(&payload.finish_reason),
+                        usage: Some(&payload.usage),
+                        ..Metadata::default()
+                    },
                 });
                 out.push(UiChunk::Finish);
             }
@@ -284,6 +319,7 @@ mod tests {
     use super::*;
     use crate::events::{StartEvent, ToolCompleteEvent, ToolStartEvent};
     use crate::ids::{ConversationId, MessageId, TraceId};
+    use serde_json::json;
 
     fn chunks(events: &[Event]) -> Vec<Value> {
         let mut ui = ToUi::default();
