@@ -10,6 +10,11 @@ Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open s
 ratios against the direct path of the same run. Usage:
 
   loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1] [--repeat N] [--chatd BIN]
+                  [--encodings native,ui,agui]
+
+--encodings also measures the same streams through chatd's other vocabularies of a run: the AI
+SDK's UI message stream (`ui`, POST /api/ui/chat) and AG-UI (`agui`, POST /api/agui), each
+reported as its CPU against the native stream's in the same run.
 
 Single runs on a shared 2-core machine vary by 20 % and more; --repeat N measures the
 direct and chatd paths N times in turn, on the same processes, and also prints the medians.
@@ -105,6 +110,8 @@ def main():
                     help="chatd reaches the mock over HTTP/1.1, one connection per stream, instead of HTTP/2")
     ap.add_argument("--repeat", type=int, default=1, help="measure the direct and chatd paths this many times each")
     ap.add_argument("--chatd", default=os.path.join(REL, "chatd"), help="the chatd binary to measure (to compare two builds)")
+    ap.add_argument("--encodings", default="native",
+                    help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's)")
     args = ap.parse_args()
     # The bench needs many sockets (chatd holds two per stream: the client's and the model's);
     # it raises its own limit, inherited by what it starts. chatd's defaults do not change.
@@ -170,6 +177,8 @@ tools = ["{'*' if sc.get('tool') else 'none'}"]
             for rep in range(max(args.repeat, 1)):
                 row = {"scenario": key, **sc, "run": rep + 1}
                 measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes)
+                for encoding in [e for e in args.encodings.split(",") if e in ENCODINGS]:
+                    measure_encoding(row, encoding, sc, chatd_port, chatd, probes)
                 reps.append(row)
                 if rep + 1 < args.repeat:
                     report(row)
@@ -228,6 +237,27 @@ def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
         row["chatd_probe_ttfe_added_p99_ms"] = row["chatd"]["probe_ttfe_ms"]["p99"] - row["direct"]["probe_ttfe_ms"]["p99"]
 
 
+# The other vocabularies of a run: endpoint, and a body whose chat id differs per stream.
+ENCODINGS = {
+    "ui": ("/api/ui/chat", lambda tag: {"id": f"bench-{tag}-{{n}}",
+                                         "messages": [{"id": "m", "role": "user", "parts": [{"type": "text", "text": "go"}]}]}),
+    "agui": ("/api/agui", lambda tag: {"threadId": f"bench-{tag}-{{n}}", "runId": "r",
+                                        "messages": [{"id": "m", "role": "user", "content": "go"}]}),
+}
+
+
+def measure_encoding(row, encoding, sc, chatd_port, chatd, probes):
+    """The same streams through another vocabulary, and chatd's CPU for them, into `row`."""
+    path, body = ENCODINGS[encoding]
+    cpu0, _, _ = proc_stats(chatd.pid)
+    result = loadgen(encoding, f"http://127.0.0.1:{chatd_port}{path}", body(f"{encoding}-{row['scenario']}-{row['run']}"),
+                     sc["streams"], probes=probes)
+    cpu1, _, _ = proc_stats(chatd.pid)
+    result["cpu_s"] = cpu1 - cpu0
+    result["cpu_vs_native"] = (cpu1 - cpu0) / max(row["chatd_cpu_s"], 1e-9)
+    row.setdefault("encodings", {})[encoding] = result
+
+
 def report_medians(reps):
     cpu = [r["chatd_cpu_us_per_event"] for r in reps]
     ratio = [r["chatd"]["events_per_sec"] / max(r["direct"]["events_per_sec"], 1e-9) for r in reps]
@@ -260,6 +290,12 @@ def report(row):
     if l:
         print(f", chatd/litellm {c['events_per_sec'] / max(l['events_per_sec'], 1e-9):.1f}x", end="")
     print()
+    for name, e in row.get("encodings", {}).items():
+        print(f"  {name:>8}: ended {e['ended']}/{e['streams']}, errors {e['errors']}, {e['events_per_sec']:.0f} frames/s, "
+              f"ttfe p99 {e['ttfe_ms']['p99']:.1f} ms; chatd CPU {e['cpu_s']:.3f} s = {e['cpu_vs_native']:.2f}x the native stream's")
+        if e.get("probes"):
+            print(f"            {e['probes']} probes while the others stream: ttfe p50 {e['probe_ttfe_ms']['p50']:.2f} ms "
+                  f"p99 {e['probe_ttfe_ms']['p99']:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 //! A load generator for SSE chat endpoints: opens N concurrent streams, parses every event,
 //! and prints one JSON line of figures: time to first event, gaps between events, total
 //! time, bytes, events, errors, and whether every stream ended properly (`done` for chatd,
-//! `[DONE]` for OpenAI-style servers). With `--verify`, also checks that chatd persisted each
+//! `[DONE]` for OpenAI-style servers and the AI SDK's stream, `RUN_FINISHED` for AG-UI). With `--verify`, also checks that chatd persisted each
 //! answer.
 //!
 //! With `--probes`, once every stream has its first event (the burst of starts is over), it
@@ -9,6 +9,9 @@
 //! event on its own: the latency a new request sees while the others stream.
 //!
 //! `loadgen --url http://127.0.0.1:8080/api/chat/stream --body '{"message":"go"}' --streams 64`
+//!
+//! `{n}` in the body is replaced by the stream's number, for bodies that must differ (the
+//! AI SDK's chat id: `--body '{"id":"bench-{n}","messages":[…]}'`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +27,7 @@ use tokio::sync::{Notify, Semaphore};
 struct Args {
     #[arg(long)]
     url: String,
-    /// The JSON body POSTed for each stream.
+    /// The JSON body POSTed for each stream; `{n}` becomes the stream's number.
     #[arg(long)]
     body: String,
     #[arg(long, default_value_t = 1)]
@@ -83,13 +86,15 @@ impl Started {
 async fn one(
     client: reqwest::Client,
     args: Arc<Args>,
+    number: usize,
     start_gate: Arc<Semaphore>,
     started_all: Arc<Started>,
 ) -> Stream {
     let mut stream = Stream::default();
     let permit = start_gate.acquire_owned().await.expect("open semaphore");
     let started = Instant::now();
-    let mut request = client.post(&args.url).header("content-type", "application/json").body(args.body.clone());
+    let body = args.body.replace("{n}", &number.to_string());
+    let mut request = client.post(&args.url).header("content-type", "application/json").body(body);
     for header in &args.header {
         if let Some((name, value)) = header.split_once(':') {
             request = request.header(name.trim(), value.trim());
@@ -132,7 +137,8 @@ async fn one(
                     if data["type"] == "start" {
                         stream.conversation_id = data["conversation_id"].as_str().map(str::to_owned);
                     }
-                    if data["type"] == "done" {
+                    // chatd's `done`; AG-UI's run ends with its RUN_FINISHED or RUN_ERROR.
+                    if matches!(data["type"].as_str(), Some("done" | "RUN_FINISHED" | "RUN_ERROR")) {
                         stream.ended = true;
                     }
                 }
@@ -166,7 +172,7 @@ async fn main() {
     let started = Instant::now();
     let started_all = Arc::new(Started::default());
     let tasks: Vec<_> = (0..args.streams)
-        .map(|_| tokio::spawn(one(client.clone(), args.clone(), gate.clone(), started_all.clone())))
+        .map(|n| tokio::spawn(one(client.clone(), args.clone(), n, gate.clone(), started_all.clone())))
         .collect();
     let mut probes = Vec::with_capacity(args.probes);
     if args.probes > 0 {
@@ -183,9 +189,9 @@ async fn main() {
         let (gate, ignored) = (Arc::new(Semaphore::new(args.probes)), Arc::new(Started::default()));
         let mut pace = tokio::time::interval(Duration::from_millis(args.probe_every_ms.max(1)));
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        for _ in 0..args.probes {
+        for n in args.streams..args.streams + args.probes {
             pace.tick().await;
-            probes.push(tokio::spawn(one(client.clone(), args.clone(), gate.clone(), ignored.clone())));
+            probes.push(tokio::spawn(one(client.clone(), args.clone(), n, gate.clone(), ignored.clone())));
         }
     }
     let mut streams = Vec::with_capacity(tasks.len() + probes.len());
