@@ -99,14 +99,12 @@ impl Core {
                 message_id: turn.message_id,
             },
         };
-        let history = match &conversation {
-            Some(conversation) => self.store.messages(user, conversation.id).await?,
-            None => Vec::new(),
-        };
-        let active = branch(&history, conversation.as_ref().and_then(|c| c.active_leaf_id));
+        // A new message needs nothing from the history here (`prepare` reads it): only an edit
+        // or a regenerate looks a message up.
         match turn.intent {
             Intent::Send => {}
             Intent::Edit(id) => {
+                let (history, active) = self.history(user, conversation.as_ref()).await?;
                 let edited = find(&history, &active, &id)?;
                 if edited.role != Role::User {
                     return Err(ChatError::Invalid {
@@ -119,6 +117,7 @@ impl Core {
                 request.parent_message_id = Some(edited.id);
             }
             Intent::Regenerate(id) => {
+                let (history, active) = self.history(user, conversation.as_ref()).await?;
                 let named = match &id {
                     Some(id) => find(&history, &active, id)?,
                     None => {
@@ -144,6 +143,18 @@ impl Core {
             }
         }
         Ok(request)
+    }
+
+    /// All of a chat's messages, and its active branch.
+    async fn history(
+        &self,
+        user: &UserId,
+        conversation: Option<&Conversation>,
+    ) -> Result<(Vec<Message>, Vec<Message>), StoreError> {
+        let Some(conversation) = conversation else { return Ok((Vec::new(), Vec::new())) };
+        let history = self.store.messages(user, conversation.id).await?;
+        let active = branch(&history, conversation.active_leaf_id);
+        Ok((history, active))
     }
 }
 

@@ -117,15 +117,16 @@ pub struct Metadata<'a> {
 }
 
 /// The part of the message being streamed now (a text or reasoning part, by its id).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(super) enum Open {
+    #[default]
     Nothing,
     Text(String),
     Reasoning(String),
 }
 
 /// Translates one run's events, in order, into chunks.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ToUi {
     open: Open,
     step_open: bool,
@@ -133,12 +134,6 @@ pub struct ToUi {
     parts: usize,
     /// Tools' outputs until their `tool_complete` tells whether they failed.
     outputs: HashMap<String, String>,
-}
-
-impl Default for ToUi {
-    fn default() -> Self {
-        Self { open: Open::Nothing, step_open: false, parts: 0, outputs: HashMap::new() }
-    }
 }
 
 impl ToUi {

@@ -14,6 +14,7 @@ use super::chat::from_the_start;
 use super::error::AppError;
 use super::extract::{AppJson, CurrentUser};
 use super::sse::{Agui, sse};
+use super::ui::last_user_message;
 use super::views::*;
 use crate::chat::{ClientTurn, Intent};
 use crate::events::agui::ToAgui;
@@ -37,6 +38,7 @@ pub struct RunAgentInput {
     /// The client's tools: not offered to the model in this version (CONTRACT.md §15 is not
     /// built yet).
     #[serde(default)]
+    #[allow(dead_code)]
     #[schema(value_type = Vec<Object>)]
     tools: Vec<Value>,
     /// Entries for the system prompt's context section.
@@ -77,13 +79,7 @@ impl RunAgentInput {
         if self.resume.as_ref().is_some_and(|resume| !resume.is_empty()) {
             return Err(AppError::validation("resume", "This server has no interrupts to resume yet"));
         }
-        let _ = &self.tools;
-        let last = self
-            .messages
-            .into_iter()
-            .rev()
-            .find(|m| m.role == "user")
-            .ok_or_else(|| AppError::validation("messages", "messages holds no user message"))?;
+        let last = last_user_message(self.messages, |m| &m.role)?;
         let text = match last.content {
             Some(Value::String(text)) => text,
             Some(Value::Array(parts)) => {

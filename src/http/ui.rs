@@ -79,12 +79,7 @@ impl UiChatBody {
         if self.id.trim().is_empty() {
             return Err(AppError::validation("id", "id (the chat's id) cannot be empty"));
         }
-        let last = self
-            .messages
-            .into_iter()
-            .rev()
-            .find(|m| m.role == "user")
-            .ok_or_else(|| AppError::validation("messages", "messages holds no user message"))?;
+        let last = last_user_message(self.messages, |m| &m.role)?;
         let mut text = String::new();
         for part in &last.parts {
             match part {
@@ -109,6 +104,16 @@ impl UiChatBody {
             context: self.context,
         })
     }
+}
+
+/// The last of a client's messages whose role is `user`: the one it sends (both client
+/// libraries send the whole thread).
+pub(super) fn last_user_message<M>(messages: Vec<M>, role: impl Fn(&M) -> &str) -> Result<M, AppError> {
+    messages
+        .into_iter()
+        .rev()
+        .find(|m| role(m) == "user")
+        .ok_or_else(|| AppError::validation("messages", "messages holds no user message"))
 }
 
 #[utoipa::path(post, operation_id = "ui_chat", path = "/api/ui/chat", tag = "clients", request_body = UiChatBody, responses((status = 200, description = "The run as the AI SDK's UI message stream (`data: <chunk>` frames, then `data: [DONE]`; header `x-vercel-ai-ui-message-stream: v1`)", content_type = "text/event-stream", body = String), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
