@@ -65,6 +65,8 @@ impl App {
         // its process (on a shared store, only those whose heartbeat went stale).
         lifecycle::recover_orphans(&*store, &runs).await;
         let chat = ChatService::new(settings.clone(), store.clone(), providers, tools.clone(), runs.clone(), log);
+        // Approvals expire on time whoever was running when they were asked (CONTRACT.md §15).
+        chat::waits::spawn_expiry((*chat).clone(), shutdown.clone());
         lifecycle::spawn_background(
             store.clone(),
             runs,

@@ -94,6 +94,7 @@ impl Core {
             interaction_type: InteractionType::TextInput,
             action: None,
             diagnostics: false,
+            client_tools: Vec::new(),
             client: ClientIds {
                 chat_id: conversation.is_none().then(|| turn.chat_id.clone()),
                 message_id: turn.message_id,

@@ -57,6 +57,9 @@ pub enum ControlError {
     /// The run ended first, or another cancel is stopping it.
     #[error("{0}")]
     Ended(&'static str),
+    /// Decided already, expired, or its run ended (a waiting call, CONTRACT.md §15).
+    #[error("{0}")]
+    Conflict(String),
     /// The process running it did not answer in time.
     #[error("The run did not answer the cancel; try again")]
     NoAnswer,
@@ -144,12 +147,27 @@ impl Core {
     }
 
     async fn cancel_run(&self, user: &UserId, trace: &Trace) -> Result<(), ControlError> {
-        if trace.status != TraceStatus::Running {
+        let mut status = trace.status;
+        if status == TraceStatus::Waiting {
+            // Nobody runs it: this replica claims it and ends it (CONTRACT.md §15).
+            if let Some(claim) = self.store.claim_waiting(trace.trace_id, &self.replica_id).await? {
+                let run = self.go_on(claim, true).await;
+                return self.cancelled_here(run).await;
+            }
+            // A decision claimed it first: it runs now, somewhere.
+            status = self.store.get_trace(user, trace.trace_id).await?.status;
+        }
+        if status != TraceStatus::Running {
             return Err(ControlError::Ended(ENDED));
         }
         let Some(run) = self.runs.get(trace.trace_id) else {
             return self.cancel_elsewhere(user, trace.trace_id).await;
         };
+        self.cancelled_here(run).await
+    }
+
+    /// Cancels a run of this process and learns how it ended.
+    async fn cancelled_here(&self, run: std::sync::Arc<super::runs::LiveRun>) -> Result<(), ControlError> {
         // Exactly one of simultaneous cancels is the one that cancelled.
         let first = run.claim_cancel();
         run.cancel.cancel();

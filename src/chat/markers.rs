@@ -7,7 +7,7 @@
 use super::scan::{find, partial_len};
 
 /// A captured block: its marker and the JSON text after it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Captured {
     pub marker: String,
     pub json: String,

@@ -26,6 +26,7 @@ pub mod service;
 mod starts;
 mod titles;
 pub mod turn;
+pub mod waits;
 
 pub use clients::{ClientTurn, Intent};
 pub use control::{CancelTarget, Cancelled, ControlError};

@@ -1,21 +1,33 @@
 //! One side of a request, planned: its trace, and the run with its profile's model, the
 //! page's tools and payload types, the system prompt, and the diagnostics a client may ask for.
 
+use std::collections::HashMap;
 use std::time::Duration;
+
+use serde_json::Value;
 
 use crate::events::{DiagnosticMessage, Diagnostics};
 
-use super::agent::{RunPlan, ToolLimits};
+use super::agent::{Gate, RunPlan, ToolLimits};
 use super::context::ContextKeeper;
 use super::core::Core;
 use super::payloads::LlmPayloadType;
 use super::prompt::{self, PromptParts};
-use super::request::{ChatError, ChatRequest, Prepared, not_found};
-use crate::config::PayloadSource;
+use super::request::{ChatError, ChatRequest, ClientTool, Prepared, not_found};
+use crate::config::{PayloadSource, ProfileSettings};
 use crate::domain::Trace;
 use crate::ids::{ComparisonId, UserId};
 use crate::pages::{Location, PageScope};
 use crate::providers::{InputMessage, ModelRequest, ToolSpec};
+
+/// What a run may use (see [`Core::equip`]).
+pub(super) struct Equipment {
+    pub(super) scope: PageScope,
+    pub(super) tools: Vec<std::sync::Arc<dyn crate::tools::Tool>>,
+    pub(super) specs: Vec<ToolSpec>,
+    pub(super) gates: HashMap<String, Gate>,
+    pub(super) payload_types: Vec<LlmPayloadType>,
+}
 
 /// One run of a request (a comparison has two).
 pub(super) struct Side {
@@ -49,10 +61,8 @@ impl Core {
             variant: comparison.map(|(_, v)| v.to_owned()),
             ..Trace::start(user, &turn.user_message, &profile.model, profile_name)
         };
-        let scope = PageScope::resolve(&self.settings, Location::of_context(request.context.as_ref()));
-        let tools = self.tools.for_request(&scope, &profile.tools);
-        let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec()).collect();
-        let payload_types = self.payload_types(&scope);
+        let Equipment { scope, tools, specs, gates, payload_types } =
+            self.equip(profile, request.context.as_ref(), &request.client_tools)?;
         let mut system_prompt = prompt::system_prompt(&PromptParts {
             base: turn.system_prompt.as_deref().or(profile.system_prompt.as_deref()),
             scope: &scope,
@@ -85,7 +95,6 @@ impl Core {
                 raw_llm_response: String::new(),
             })
         });
-        let limits = &self.settings.tools;
         let plan = RunPlan {
             conversation_id: turn.conversation_id,
             user_message_id: turn.user_message.id,
@@ -108,11 +117,7 @@ impl Core {
             tools,
             max_iterations: profile.max_iterations,
             payload_types,
-            limits: ToolLimits {
-                timeout: Duration::from_secs_f64(limits.timeout_secs.max(0.001)),
-                max_output_chars: limits.max_output_chars,
-                max_retries: limits.max_retries,
-            },
+            limits: self.tool_limits(),
             diagnostics,
             comparison: comparison.map(|(id, variant)| (id, variant.to_owned())),
             context_limit: profile.context_limit,
@@ -123,8 +128,85 @@ impl Core {
                 turn.new_conversation.is_some(),
             ),
             summarize_dropped: self.settings.chat.summarize_dropped,
+            user_id: user.clone(),
+            gates,
+            approval_timeout: Duration::from_secs_f64(self.settings.tools.approval_timeout_secs.max(0.0)),
+            context_value: request.context.clone(),
+            client_tools: request.client_tools.clone(),
         };
         Ok(Side { trace, plan })
+    }
+
+    /// What a run of `profile` may use, for a request with this context and client tools:
+    /// the page's scope, the tools (and their specs for the model, client tools last), which
+    /// calls wait (CONTRACT.md §15), and the payload types.
+    pub(super) fn equip(
+        &self,
+        profile: &ProfileSettings,
+        context: Option<&Value>,
+        client_tools: &[ClientTool],
+    ) -> Result<Equipment, ChatError> {
+        let scope = PageScope::resolve(&self.settings, Location::of_context(context));
+        let tools = self.tools.for_request(&scope, &profile.tools);
+        let mut specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec()).collect();
+        let patterns: Vec<String> =
+            self.settings.tools.require_approval.iter().chain(&profile.require_approval).cloned().collect();
+        let mut gates: HashMap<String, Gate> =
+            self.tools.matching(&tools, &patterns).into_iter().map(|name| (name, Gate::Approval)).collect();
+        for client in self.client_tools(client_tools, &specs)? {
+            gates.insert(client.name.clone(), Gate::Client);
+            specs.push(ToolSpec {
+                name: client.name.clone(),
+                description: client.description.clone(),
+                input_schema: client.parameters.clone(),
+            });
+        }
+        let payload_types = self.payload_types(&scope);
+        Ok(Equipment { scope, tools, specs, gates, payload_types })
+    }
+
+    pub(super) fn tool_limits(&self) -> ToolLimits {
+        let limits = &self.settings.tools;
+        ToolLimits {
+            timeout: Duration::from_secs_f64(limits.timeout_secs.max(0.001)),
+            max_output_chars: limits.max_output_chars,
+            max_retries: limits.max_retries,
+        }
+    }
+
+    /// The client tools of a request: those it declares, then config's (`client_tools.<name>`)
+    /// it does not. A name that is not a tool name, or that a server tool has, is refused.
+    fn client_tools(&self, declared: &[ClientTool], server: &[ToolSpec]) -> Result<Vec<ClientTool>, ChatError> {
+        let configured = self.settings.client_tools.iter().map(|(name, t)| ClientTool {
+            name: name.clone(),
+            description: t.description.clone(),
+            parameters: t.parameters.clone(),
+        });
+        let mut tools: Vec<ClientTool> = Vec::new();
+        for tool in declared.iter().cloned().chain(configured) {
+            let valid = !tool.name.is_empty()
+                && tool.name.len() <= 64
+                && tool.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !valid {
+                return Err(ChatError::Invalid {
+                    field: "client_tools",
+                    message: format!(
+                        "Client tool name {:?} is not a tool name: 1 to 64 letters, digits, '_' or '-'",
+                        tool.name
+                    ),
+                });
+            }
+            if server.iter().any(|s| s.name == tool.name) {
+                return Err(ChatError::Invalid {
+                    field: "client_tools",
+                    message: format!("Client tool {:?} has the name of a server tool", tool.name),
+                });
+            }
+            if !tools.iter().any(|t| t.name == tool.name) {
+                tools.push(tool);
+            }
+        }
+        Ok(tools)
     }
 
     /// The payload types the model may write here: global ones and the page's, with a marker.

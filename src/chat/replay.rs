@@ -11,10 +11,9 @@ use futures_util::{Stream, StreamExt};
 
 use super::control::ControlError;
 use super::core::Core;
-use super::news::Watch;
 use super::runs::{Frame, LiveRun};
 use crate::domain::{Trace, TraceStatus};
-use crate::events::{ErrorEvent, Event, LoggedEvent};
+use crate::events::{ErrorEvent, Event};
 use crate::store::Store;
 
 /// How long a follower waits, after a run on another process ended, for its last events
@@ -40,24 +39,155 @@ impl Core {
             if run.heard_all(after) {
                 return Ok(Resumed::HeardAll);
             }
-            return Ok(Resumed::Frames(run.follow(after).boxed()));
-        }
-        // Watching before reading: nothing the run's process tells can fall in between.
-        let news = self.news.watch(trace_id);
-        // The log from the client's last event on, read once: whether that event was `done`,
-        // and what the client missed.
-        let mut missed = self.store.trace_events(trace_id, after.saturating_sub(1) as i64).await?;
-        let saw_done = missed.first().is_some_and(|e| e.seq as u64 == after && e.kind == "done");
-        missed.retain(|e| e.seq as u64 > after);
-        if missed.is_empty()
-            && trace.status != TraceStatus::Running
+        } else if !going_on(trace.status) {
+            // The log from the client's last event on, read once: whether that event was
+            // `done`, and whether the client missed anything.
+            let mut missed = self.store.trace_events(trace_id, after.saturating_sub(1) as i64).await?;
+            let saw_done = missed.first().is_some_and(|e| e.seq as u64 == after && e.kind == "done");
+            missed.retain(|e| e.seq as u64 > after);
             // (A seq beyond the log's end needs the whole log to tell.)
-            && (saw_done || logged_done(&*self.store, trace_id).await?.is_some_and(|done| after >= done))
-        {
-            return Ok(Resumed::HeardAll);
+            if missed.is_empty()
+                && (saw_done || logged_done(&*self.store, trace_id).await?.is_some_and(|done| after >= done))
+            {
+                return Ok(Resumed::HeardAll);
+            }
         }
-        let follower = LogFollower { store: self.store.clone(), trace, after, news };
-        Ok(Resumed::Frames(follower.frames(missed).boxed()))
+        Ok(Resumed::Frames(self.follow(trace, after).boxed()))
+    }
+
+    /// A run's frames from its first, for the client that started it, then, if it waits
+    /// (CONTRACT.md §15), on from the log and its continuation, until `done`. With
+    /// `cancel_on_drop`, the run is cancelled if that client goes away while it runs here
+    /// (a resuming client never cancels by leaving).
+    pub fn follow_from_the_start(
+        &self,
+        run: Arc<LiveRun>,
+        cancel_on_drop: bool,
+    ) -> impl Stream<Item = Frame> + Send + 'static {
+        let core = self.clone();
+        async_stream::stream! {
+            // Lives, and drops, with the stream.
+            let mut guard = DisconnectGuard { run: run.clone(), cancel_on_drop, done: false };
+            let mut after = 0;
+            let mut live = std::pin::pin!(run.clone().follow(0));
+            while let Some(frame) = live.next().await {
+                after = frame.seq;
+                guard.done |= frame.is_last();
+                yield frame;
+            }
+            if !run.is_parked() {
+                return;
+            }
+            // It waits: leaving no longer stops it.
+            guard.done = true;
+            let trace = match core.store.get_trace(&run.user_id, run.trace_id).await {
+                Ok(trace) => trace,
+                Err(e) => {
+                    tracing::warn!(error = %e, trace_id = %run.trace_id, "could not follow a waiting run");
+                    return;
+                }
+            };
+            let mut rest = std::pin::pin!(core.follow(trace, after));
+            while let Some(frame) = rest.next().await {
+                yield frame;
+            }
+        }
+    }
+
+    /// Follows a run from `after` wherever it is, until `done`: live while it runs in this
+    /// process, else from its log, read again whenever its process (or whoever continues it
+    /// after a wait) tells that the log grew. A run whose process died ends with one error
+    /// and `done`.
+    pub fn follow(&self, trace: Trace, after: u64) -> impl Stream<Item = Frame> + Send + 'static {
+        let core = self.clone();
+        let trace_id = trace.trace_id;
+        async_stream::stream! {
+            let mut after = after;
+            let mut trace = trace;
+            loop {
+                if let Some(run) = core.runs.get(trace_id).filter(|run| !run.is_parked() && after >= run.base()) {
+                    let mut live = std::pin::pin!(run.clone().follow(after));
+                    while let Some(frame) = live.next().await {
+                        after = frame.seq;
+                        let last = frame.is_last();
+                        yield frame;
+                        if last {
+                            return;
+                        }
+                    }
+                    if !run.is_parked() {
+                        // Ended with `done` at or before `after`.
+                        return;
+                    }
+                    continue;
+                }
+                // Watching before reading: nothing told meanwhile is missed.
+                let mut news = core.news.watch(trace_id);
+                let events = match core.store.trace_events(trace_id, after as i64).await {
+                    Ok(events) => events,
+                    Err(e) => {
+                        tracing::warn!(error = %e, %trace_id, "could not read a run's log to follow it");
+                        return;
+                    }
+                };
+                let read_any = !events.is_empty();
+                for event in events {
+                    let frame = Frame::logged(event);
+                    after = frame.seq;
+                    let last = frame.is_last();
+                    yield frame;
+                    if last {
+                        return;
+                    }
+                }
+                if let Some(run) = core.runs.get(trace_id).filter(|run| !run.is_parked()) {
+                    // It went on here: live from where its log ends.
+                    if !read_any && after < run.base() {
+                        after = run.base();
+                    }
+                    continue;
+                }
+                if read_any {
+                    continue;
+                }
+                match core.store.get_trace(&trace.user_id, trace_id).await {
+                    Ok(now) => trace = now,
+                    Err(e) => {
+                        tracing::warn!(error = %e, %trace_id, "could not read a followed run's trace");
+                        return;
+                    }
+                }
+                let told = match trace.status {
+                    // Its process (or whoever continues it) tells when the log grows; a
+                    // process that dies is found, and its run marked interrupted and told.
+                    TraceStatus::Running if core.store.is_shared() => {
+                        news.changed().await;
+                        true
+                    }
+                    TraceStatus::Waiting => {
+                        news.changed().await;
+                        true
+                    }
+                    // Ended (its last events follow within a flush interval, or never), or
+                    // running in no process here: a waiting run that is being taken over
+                    // here, or one whose process died.
+                    _ => tokio::time::timeout(LAST_EVENTS_WAIT, news.changed()).await.is_ok(),
+                };
+                if told {
+                    continue;
+                }
+                // A `done` at or before `after`: the client has seen the end.
+                if matches!(logged_done(&*core.store, trace_id).await, Ok(Some(done)) if after >= done) {
+                    return;
+                }
+                // Its process died before it could say so (an interrupted run): end the
+                // stream the way the contract promises, with one terminal event.
+                for frame in ending(&trace, after) {
+                    yield frame;
+                }
+                return;
+            }
+        }
     }
 
     /// Waits (bounded) until a run of this process that has sent `done` has its log
@@ -69,18 +199,9 @@ impl Core {
     }
 }
 
-/// A run's frames from its first, for the client that started it: with `cancel_on_drop`,
-/// the run is cancelled if that client goes away before `done` (a resuming client never
-/// cancels by leaving).
-pub fn from_the_start(run: Arc<LiveRun>, cancel_on_drop: bool) -> impl Stream<Item = Frame> + Send + 'static {
-    let mut guard = DisconnectGuard { run: run.clone(), cancel_on_drop, done: false };
-    run.follow(0).map(move |frame| {
-        // Borrowing the whole guard makes the closure own all of it (not just `done`),
-        // so the guard lives, and drops, with the stream.
-        let guard = &mut guard;
-        guard.done |= frame.is_last();
-        frame
-    })
+/// Whether a run in this state will send more.
+fn going_on(status: TraceStatus) -> bool {
+    matches!(status, TraceStatus::Running | TraceStatus::Waiting)
 }
 
 /// The seq of the run's logged `done`, if it has one.
@@ -89,95 +210,22 @@ async fn logged_done(store: &dyn Store, trace_id: TraceId) -> Result<Option<u64>
     Ok(events.iter().rev().find(|e| e.kind == "done").map(|e| e.seq as u64))
 }
 
-/// A run that is not in this process, followed through its log.
-struct LogFollower {
-    store: Arc<dyn Store>,
-    trace: Trace,
-    /// The last seq given out.
-    after: u64,
-    news: Watch,
-}
-
-impl LogFollower {
-    /// `missed` (the log after `after`, already read), then what is logged later, until
-    /// `done`; a run whose process died ends with one error and `done`.
-    fn frames(mut self, missed: Vec<LoggedEvent>) -> impl Stream<Item = Frame> + Send + 'static {
-        let trace_id = self.trace.trace_id;
-        async_stream::stream! {
-            let mut events = missed;
-            loop {
-                for event in events.drain(..) {
-                    let frame = Frame::logged(event);
-                    self.after = frame.seq;
-                    let last = frame.is_last();
-                    yield frame;
-                    if last {
-                        return;
-                    }
-                }
-                if !self.more_to_come().await {
-                    // A `done` at or before `after`: the client has seen the end.
-                    if matches!(logged_done(&*self.store, trace_id).await, Ok(Some(done)) if self.after >= done) {
-                        return;
-                    }
-                    // Its process died before it could say so (an interrupted run): end the
-                    // stream the way the contract promises, with one terminal event.
-                    for frame in self.ending() {
-                        yield frame;
-                    }
-                    return;
-                }
-                events = match self.store.trace_events(trace_id, self.after as i64).await {
-                    Ok(events) => events,
-                    Err(e) => {
-                        tracing::warn!(error = %e, %trace_id, "resume could not read the log");
-                        return;
-                    }
-                };
-            }
-        }
-    }
-
-    /// Waits for the run's process to log more; false when nothing more will come.
-    async fn more_to_come(&mut self) -> bool {
-        if !self.store.is_shared() {
-            // One process per database, and the run is not in it: it has logged all it ever
-            // will.
-            return false;
-        }
-        let running = matches!(
-            self.store.get_trace(&self.trace.user_id, self.trace.trace_id).await,
-            Ok(now) if now.status == TraceStatus::Running
-        );
-        if running {
-            // Its process tells when the log grows; if the process dies, the replica that
-            // finds it marks the run interrupted and tells that too.
-            self.news.changed().await;
-            true
-        } else {
-            // Marked over before its last events are logged: they follow within a flush
-            // interval, or never.
-            tokio::time::timeout(LAST_EVENTS_WAIT, self.news.changed()).await.is_ok()
-        }
-    }
-
-    /// An `error` and `done` for a run that will never send its own.
-    fn ending(&self) -> [Frame; 2] {
-        let Trace { trace_id, message_id, conversation_id, .. } = self.trace;
-        [
-            Frame::new(
-                self.after + 1,
-                Event::Error(Box::new(ErrorEvent {
-                    code: "SERVICE_UNAVAILABLE".into(),
-                    message: "The server stopped during the run".into(),
-                    retryable: true,
-                    message_id,
-                    trace_id,
-                })),
-            ),
-            Frame::new(self.after + 2, Event::Done { conversation_id, message_id, trace_id }),
-        ]
-    }
+/// An `error` and `done` for a run that will never send its own.
+fn ending(trace: &Trace, after: u64) -> [Frame; 2] {
+    let Trace { trace_id, message_id, conversation_id, .. } = *trace;
+    [
+        Frame::new(
+            after + 1,
+            Event::Error(Box::new(ErrorEvent {
+                code: "SERVICE_UNAVAILABLE".into(),
+                message: "The server stopped during the run".into(),
+                retryable: true,
+                message_id,
+                trace_id,
+            })),
+        ),
+        Frame::new(after + 2, Event::Done { conversation_id, message_id, trace_id }),
+    ]
 }
 
 /// Cancels the run if the client goes away before `done` (with `on_disconnect = "cancel"`).

@@ -34,9 +34,30 @@ pub struct ChatRequest {
     pub action: Option<Value>,
     #[serde(default)]
     pub diagnostics: bool,
+    /// Tools the frontend runs (CONTRACT.md §15): offered to the model, their calls wait for
+    /// `POST /api/runs/{trace_id}/tool_results`.
+    #[serde(default)]
+    pub client_tools: Vec<ClientTool>,
     /// The ids a client library made (CONTRACT.md §13); never read from a body.
     #[serde(skip)]
     pub client: ClientIds,
+}
+
+/// A tool the frontend runs, as a request declares it.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTool {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// The JSON Schema of its input.
+    #[serde(default = "object_schema")]
+    #[schema(value_type = Object)]
+    pub parameters: Value,
+}
+
+fn object_schema() -> Value {
+    serde_json::json!({"type": "object", "properties": {}})
 }
 
 /// The ids a client library gave a new conversation and the user's message.

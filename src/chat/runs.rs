@@ -64,9 +64,14 @@ pub struct LiveRun {
     pub conversation_id: ConversationId,
     pub user_id: UserId,
     pub cancel: CancellationToken,
+    /// The seq before this process's first frame of the run: 0, or where a run that waited
+    /// goes on (CONTRACT.md §15); the frames before are in the log.
+    base: u64,
     frames: Mutex<Frames>,
     /// Set once `done` is among the frames: read without the frames' lock.
     finished: AtomicBool,
+    /// Set once the run waits (in the store, not here): its frames end without `done`.
+    parked: AtomicBool,
     /// Set by the first cancel asked of this run.
     cancel_claimed: AtomicBool,
     /// Set once the run's log is written and sealed (it then leaves the registry).
@@ -90,16 +95,19 @@ impl Frames {
 }
 
 impl LiveRun {
-    /// The run's events with `seq > after`, then the live ones, until `done`.
+    /// The run's events with `seq > after` (at least [`base`](Self::base)), then the live
+    /// ones, until `done`, or until the run parks to wait.
     pub fn follow(self: Arc<Self>, after: u64) -> impl Stream<Item = Frame> + Send + 'static {
         async_stream::stream! {
-            // seq n is at index n - 1, so the first frame after `after` is at index `after`.
-            let mut next = usize::try_from(after).unwrap_or(usize::MAX);
+            // seq n is at index n - base - 1, so the first frame after `after` is at index
+            // `after - base`.
+            let mut next = usize::try_from(after.saturating_sub(self.base)).unwrap_or(usize::MAX);
             loop {
                 let (batch, finished) = std::future::poll_fn(|cx| {
                     let mut frames = self.frames.lock().expect("frames lock");
-                    // Set under this lock with `done`: read here, it agrees with the frames.
-                    let finished = self.is_finished();
+                    // Set under this lock with `done` (or the park): read here, it agrees with
+                    // the frames.
+                    let finished = self.is_finished() || self.parked.load(Ordering::Acquire);
                     match frames.sent.get(next..) {
                         Some(batch) if !batch.is_empty() => Poll::Ready((batch.to_vec(), finished)),
                         // A listener that asked for more than a finished run sent has
@@ -140,6 +148,16 @@ impl LiveRun {
         self.finished.load(Ordering::Acquire)
     }
 
+    /// Whether the run stopped here to wait (CONTRACT.md §15).
+    pub fn is_parked(&self) -> bool {
+        self.parked.load(Ordering::Acquire)
+    }
+
+    /// The seq before this process's first frame of the run.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
     /// Waits until the run's log is written and sealed: from then on the store has all of it.
     pub async fn logged(&self) {
         std::future::poll_fn(|cx| {
@@ -168,7 +186,7 @@ impl LiveRun {
     /// Whether the run has ended and a listener that saw `after` has heard all of it.
     pub fn heard_all(&self, after: u64) -> bool {
         let frames = self.frames.lock().expect("frames lock");
-        self.is_finished() && frames.sent.len() as u64 <= after
+        self.is_finished() && self.base + frames.sent.len() as u64 <= after
     }
 }
 
@@ -207,7 +225,8 @@ impl Drop for Reservation {
 }
 
 impl Runs {
-    /// Registers a run and returns it with the emitter that feeds it.
+    /// Registers a run whose events start after seq `base` (0 for a new run) and returns it
+    /// with the emitter that feeds it.
     pub fn register(
         &self,
         trace_id: TraceId,
@@ -215,6 +234,7 @@ impl Runs {
         conversation_id: ConversationId,
         user_id: &UserId,
         log: EventLog,
+        base: u64,
     ) -> (Arc<LiveRun>, Emitter) {
         let run = Arc::new(LiveRun {
             trace_id,
@@ -222,14 +242,16 @@ impl Runs {
             conversation_id,
             user_id: user_id.clone(),
             cancel: CancellationToken::new(),
+            base,
             frames: Mutex::default(),
             finished: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
             cancel_claimed: AtomicBool::new(false),
             logged: AtomicBool::new(false),
         });
         self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone());
         metrics::gauge!("chatd_active_runs").increment(1.0);
-        (run.clone(), Emitter { run, log, seq: 0, holding: false, held: Vec::new() })
+        (run.clone(), Emitter { run, log, seq: base, holding: false, held: Vec::new() })
     }
 
     pub fn get(&self, trace_id: TraceId) -> Option<Arc<LiveRun>> {
@@ -326,6 +348,41 @@ impl Emitter {
         }
     }
 
+    /// Hands a frame of an event that is already in the log (with this seq) to listeners.
+    pub fn emit_logged(&mut self, event: Event) {
+        self.seq += 1;
+        let frame = Frame::new(self.seq, event);
+        self.run.frames.lock().expect("frames lock").sent.push(frame);
+        self.wake();
+    }
+
+    /// The run waits in the store from now on: its listeners here stop, and follow it on
+    /// from the log.
+    pub fn park(&mut self) {
+        self.publish();
+        {
+            let _frames = self.run.frames.lock().expect("frames lock");
+            self.run.parked.store(true, Ordering::Release);
+        }
+        self.wake();
+    }
+
+    fn wake(&self) {
+        let waiting = std::mem::take(&mut self.run.frames.lock().expect("frames lock").waiting);
+        waiting.into_iter().for_each(Waker::wake);
+    }
+
+    /// The seq of the last event emitted.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Hands what was emitted to the log and returns once it is in the database.
+    pub async fn flush(&mut self) -> Result<(), String> {
+        self.publish();
+        self.log.flush().await
+    }
+
     /// Holds events from now on until [`publish`](Self::publish) (or `hold(false)`).
     pub fn hold(&mut self, on: bool) {
         self.holding = on;
@@ -338,8 +395,7 @@ impl Emitter {
     pub fn publish(&mut self) {
         if !self.held.is_empty() {
             let held = std::mem::take(&mut self.held);
-            let waiting = std::mem::take(&mut self.run.frames.lock().expect("frames lock").waiting);
-            waiting.into_iter().for_each(Waker::wake);
+            self.wake();
             self.log.append(held);
         }
     }

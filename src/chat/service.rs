@@ -165,9 +165,9 @@ impl ChatService {
         let mut runs = Vec::new();
         for plan in plans {
             let (run, mut emitter) =
-                self.runs.register(plan.trace_id, plan.message_id, plan.conversation_id, user, self.log.clone());
+                self.runs.register(plan.trace_id, plan.message_id, plan.conversation_id, user, self.log.clone(), 0);
             agent::announce(&plan, &mut emitter);
-            tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone()));
+            tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone(), agent::Start::Fresh));
             runs.push(run);
         }
         if start.new_conversation.is_some() && self.settings.chat.refine_titles {

@@ -53,6 +53,8 @@ pub struct Settings {
     pub payload_types: BTreeMap<String, PayloadTypeSettings>,
     #[serde(default)]
     pub actions: BTreeMap<String, ActionSettings>,
+    #[serde(default)]
+    pub client_tools: BTreeMap<String, ClientToolSettings>,
 }
 
 /// A secret string: deserialized as is, printed and serialized as `***`.
@@ -160,6 +162,7 @@ impl Settings {
                     context_limit: None,
                     max_iterations: default_max_iterations(),
                     tools: all_tools(),
+                    require_approval: Vec::new(),
                 },
             );
         }

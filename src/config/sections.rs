@@ -36,6 +36,29 @@ pub struct ToolSettings {
     /// Seconds, from start-up, that MCP servers still making their first connection hold
     /// back readiness and new runs (which then get their tools).
     pub mcp_start_wait_secs: f64,
+    /// Tools whose calls wait for a person's approval (CONTRACT.md §15): names, or
+    /// `server_id:*` for every tool of an MCP server.
+    #[serde(default)]
+    pub require_approval: Vec<String>,
+    /// Seconds an approval may wait; then the call is denied as expired.
+    #[serde(default = "default_approval_timeout")]
+    pub approval_timeout_secs: f64,
+}
+
+pub(super) fn default_approval_timeout() -> f64 {
+    86_400.0
+}
+
+/// A tool that runs in the frontend (CONTRACT.md §15): offered to the model like any other,
+/// its call waits for `POST /api/runs/{trace_id}/tool_results`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientToolSettings {
+    #[serde(default)]
+    pub description: String,
+    /// The JSON Schema of its input.
+    #[serde(default = "object_schema")]
+    pub parameters: serde_json::Value,
 }
 
 /// An MCP server: a child process over stdio (`command` + `args`), or streamable HTTP (`url`).
@@ -408,6 +431,9 @@ pub struct ProfileSettings {
     pub max_iterations: u32,
     #[serde(default = "all_tools")]
     pub tools: Vec<String>,
+    /// Tools that need approval in this profile, beside `tools.require_approval`.
+    #[serde(default)]
+    pub require_approval: Vec<String>,
 }
 
 pub(super) fn default_connect_timeout() -> f64 {

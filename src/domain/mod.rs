@@ -59,9 +59,11 @@ string_enum!(
     Preference { A = "a", B = "b", Tie = "tie", BothBad = "both_bad" }
 );
 string_enum!(
-    /// A run's state in its trace (CONTRACT.md §9).
+    /// A run's state in its trace (CONTRACT.md §9); `waiting`: for an approval or a client
+    /// tool's result (§15).
     TraceStatus {
         Running = "running",
+        Waiting = "waiting",
         Completed = "completed",
         Cancelled = "cancelled",
         Error = "error",

@@ -122,6 +122,8 @@ pub enum ToolStatus {
     Error,
     Cancelled,
     Timeout,
+    /// A person denied the call, or its approval expired: it did not run.
+    Denied,
 }
 
 /// A model call's attributes.

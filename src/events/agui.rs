@@ -138,6 +138,9 @@ impl ToAgui {
             Event::ToolComplete(complete) => {
                 out.push(AguiEvent::Custom { name: "tool_complete", value: CustomValue::ToolComplete(complete) });
             }
+            // A waiting run's requests are not in this vocabulary yet (§13's interrupt mapping
+            // is to come): its stream stays open until the run goes on.
+            Event::ToolApprovalRequest(_) | Event::ToolResultRequest(_) => {}
             Event::Usage(usage) => {
                 out.push(AguiEvent::Custom { name: "usage", value: CustomValue::Usage(usage) });
             }

@@ -35,6 +35,8 @@ pub enum Event {
     ToolProgress(Box<ToolProgressEvent>),
     ToolOutput { tool_call_id: String, output: String, truncated: bool, full_length: usize },
     ToolComplete(Box<ToolCompleteEvent>),
+    ToolApprovalRequest(Box<ToolApprovalRequestEvent>),
+    ToolResultRequest(Box<ToolResultRequestEvent>),
     Usage(Usage),
     Complete { payload: Box<CompletePayload> },
     Cancelled(Box<CancelledEvent>),
@@ -56,6 +58,8 @@ impl Event {
             Event::ToolProgress(_) => "tool_progress",
             Event::ToolOutput { .. } => "tool_output",
             Event::ToolComplete(_) => "tool_complete",
+            Event::ToolApprovalRequest(_) => "tool_approval_request",
+            Event::ToolResultRequest(_) => "tool_result_request",
             Event::Usage(_) => "usage",
             Event::Complete { .. } => "complete",
             Event::Cancelled(_) => "cancelled",
@@ -84,6 +88,27 @@ pub struct ToolStartEvent {
     pub input: Value,
     pub index: u32,
     pub timestamp: chrono::DateTime<chrono::Utc>,
+}
+
+/// A call waits for a person's decision (CONTRACT.md §15): `POST /api/approvals/{approval_id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ToolApprovalRequestEvent {
+    pub approval_id: String,
+    pub tool_call_id: String,
+    pub tool: String,
+    pub input: Value,
+    pub index: u32,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A client tool's call waits for the frontend's result (CONTRACT.md §15):
+/// `POST /api/runs/{trace_id}/tool_results`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ToolResultRequestEvent {
+    pub tool_call_id: String,
+    pub tool: String,
+    pub input: Value,
+    pub index: u32,
 }
 
 /// What a running tool reports.

@@ -212,6 +212,9 @@ impl ToUi {
                     },
                 });
             }
+            // A waiting run's requests are not in this vocabulary yet (§13's interrupt mapping
+            // is to come): its stream stays open until the run goes on.
+            Event::ToolApprovalRequest(_) | Event::ToolResultRequest(_) => {}
             Event::Usage(usage) => {
                 let message_metadata = Metadata { usage: Some(usage), ..Metadata::default() };
                 out.push(UiChunk::MessageMetadata { message_metadata });

@@ -19,7 +19,6 @@ use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
 use super::sse::{Native, sse};
 use super::views::*;
-use crate::chat::replay::from_the_start as follow_from_the_start;
 use crate::chat::{CancelTarget, Cancelled, ChatRequest, Frame, LiveRun, Resumed};
 use crate::config::OnDisconnect;
 
@@ -43,7 +42,7 @@ async fn stream(
 /// A run's frames from its first, for the client that started it (cancelled if it leaves
 /// early, with `on_disconnect = "cancel"`).
 pub(super) fn from_the_start(state: &AppState, run: Arc<LiveRun>) -> impl Stream<Item = Frame> + Send + 'static {
-    follow_from_the_start(run, state.settings.stream.on_disconnect == OnDisconnect::Cancel)
+    state.chat.follow_from_the_start(run, state.settings.stream.on_disconnect == OnDisconnect::Cancel)
 }
 
 #[derive(Deserialize)]

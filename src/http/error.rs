@@ -125,6 +125,7 @@ impl From<ControlError> for AppError {
         match error {
             ControlError::Missing(_) => AppError::not_found(error.to_string()),
             ControlError::Ended(message) => AppError::Conflict(message.into()),
+            ControlError::Conflict(message) => AppError::Conflict(message),
             ControlError::NoAnswer => AppError::Unavailable(error.to_string()),
             ControlError::Store(e) => e.into(),
         }

@@ -17,6 +17,7 @@ mod tools;
 mod traces;
 mod ui;
 pub mod views;
+mod waits;
 mod web;
 
 use std::sync::Arc;
@@ -92,6 +93,7 @@ pub fn router(state: AppState) -> Router {
         .merge(ui::routes())
         .merge(agui::routes())
         .merge(traces::routes())
+        .merge(waits::routes())
         .merge(tools::routes())
         .merge(web::routes())
         .route(

@@ -21,6 +21,7 @@ use super::views::{ErrorBody, Event, LegacyEvent};
         super::health::healthz, super::health::ready, super::health::metrics, super::health::profiles,
         super::tools::list,
         super::ui::chat, super::ui::resume, super::agui::run,
+        super::waits::decide, super::waits::tool_result,
     ),
     components(schemas(Event, ErrorBody, LegacyEvent)),
     tags(

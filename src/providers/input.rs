@@ -2,12 +2,14 @@
 //! the conversation as typed messages. Each adapter turns these into its own wire body;
 //! none of them reads the store's rows or the API's views.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::domain::{AssistantTurn, Message, Role};
 use crate::ids::MessageId;
 
-#[derive(Debug, Clone, PartialEq)]
+/// Serializable: a waiting run keeps the request it goes on with (CONTRACT.md §15).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelRequest {
     pub model: String,
     pub system_prompt: Option<String>,
@@ -23,7 +25,7 @@ pub struct ModelRequest {
 }
 
 /// A tool as offered to the model.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {
     pub name: String,
     pub description: String,
@@ -32,7 +34,7 @@ pub struct ToolSpec {
 
 /// One message of the model's input. `id` names the stored message it comes from (context
 /// trimming records which were kept).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum InputMessage {
     User {
         id: MessageId,

@@ -9,6 +9,7 @@ mod postgres;
 mod rows;
 mod sql;
 mod sqlite;
+mod waits;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -24,6 +25,7 @@ use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+pub use waits::{Claim, RunPark, Settled, Settlement, Wait, WaitKey, WaitKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -220,7 +222,7 @@ pub trait Store: Send + Sync + 'static {
     async fn get_trace(&self, user: &UserId, trace_id: TraceId) -> Result<Trace, StoreError>;
     /// The trace whose run produced (or is producing) `message_id`.
     async fn trace_by_message(&self, user: &UserId, message_id: MessageId) -> Result<Trace, StoreError>;
-    /// The user's runs still marked running in a conversation, oldest first.
+    /// The user's runs still going in a conversation (running or waiting), oldest first.
     async fn running_in_conversation(
         &self,
         user: &UserId,
@@ -265,6 +267,25 @@ pub trait Store: Send + Sync + 'static {
         conversation_id: ConversationId,
         state: Option<&ContextState>,
     ) -> Result<(), StoreError>;
+
+    /// Parks a running run to wait (CONTRACT.md §15); [`StoreError::Conflict`] if it is not
+    /// running.
+    async fn park_run(&self, park: &RunPark) -> Result<(), StoreError>;
+    /// Settles a waiting call, for `user` (or, with `None`, the expiry sweep). Not found:
+    /// no such call of this user's, or of another kind. Conflict: settled already, expired,
+    /// or its run ended. The last open call of a run claims the run for `replica_id`.
+    async fn settle_wait(
+        &self,
+        key: WaitKey<'_>,
+        user: Option<&UserId>,
+        settlement: &Settlement,
+        replica_id: &str,
+    ) -> Result<Settled, StoreError>;
+    /// Claims a waiting run whatever its calls wait for (to cancel it); `None` if it is not
+    /// waiting.
+    async fn claim_waiting(&self, trace_id: TraceId, replica_id: &str) -> Result<Option<Claim>, StoreError>;
+    /// Undecided approvals whose time is up, at most `limit`.
+    async fn expired_waits(&self, at: DateTime<Utc>, limit: i64) -> Result<Vec<uuid::Uuid>, StoreError>;
 
     /// Every run still marked running, of any user and any process.
     async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;

@@ -61,6 +61,8 @@ impl Backend for PostgresStore {
     const SHARED: bool = true;
     const BEGIN_WRITE: &'static str = "BEGIN";
     const MANY_STATEMENTS_PER_QUERY: bool = false;
+    const CLAIM_LOG: &'static str = "";
+    const LOCK_ROW: &'static str = " for update";
 
     fn pool(&self) -> &PgPool {
         &self.pool
@@ -97,6 +99,18 @@ impl Backend for PostgresStore {
         Ok(())
     }
 
+    async fn log_within(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<(TraceId, i64)>, StoreError> {
+        insert_chunks(conn, &super::chunks::encode(events)).await?;
+        Ok(Vec::new())
+    }
+
+    /// The chunks, indexed by run, are the log: nothing to note.
+    fn logged_within(&self, _chunks: Vec<(TraceId, i64)>) {}
+
     async fn read_log(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
         let rows: Vec<(String,)> = sqlx::query_as(
             "select events from trace_event_chunks where trace_id = $1 and last_seq > $2 order by first_seq",
@@ -119,21 +133,7 @@ impl Backend for PostgresStore {
         let chunks = super::chunks::encode(events);
         for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
             let mut tx = self.pool.begin().await?;
-            let mut query = sqlx::QueryBuilder::<Postgres>::new(
-                "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ",
-            );
-            query.push_values(rows, |mut row, c| {
-                row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
-            });
-            query.push(" on conflict (trace_id, first_seq) do nothing");
-            query.build().execute(&mut *tx).await?;
-            // Whoever follows these runs from another process reads again (sent at commit).
-            let traces: Vec<TraceId> = rows.iter().map(|c| c.trace_id).collect();
-            sqlx::query("select pg_notify($1, t::text) from unnest($2::uuid[]) as t")
-                .bind(LOG_CHANNEL)
-                .bind(&traces)
-                .execute(&mut *tx)
-                .await?;
+            insert_chunks(&mut tx, rows).await?;
             tx.commit().await?;
         }
         Ok(())
@@ -178,4 +178,23 @@ impl Backend for PostgresStore {
         });
         Ok(Some(notices.boxed()))
     }
+}
+
+/// Inserts chunks of the log in the transaction on `conn`; writing a chunk again is a no-op.
+/// Whoever follows these runs from another process reads again (told at commit).
+async fn insert_chunks(conn: &mut PgConnection, rows: &[super::chunks::Chunk]) -> Result<(), StoreError> {
+    let mut query =
+        sqlx::QueryBuilder::<Postgres>::new("insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ");
+    query.push_values(rows, |mut row, c| {
+        row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
+    });
+    query.push(" on conflict (trace_id, first_seq) do nothing");
+    query.build().execute(&mut *conn).await?;
+    let traces: Vec<TraceId> = rows.iter().map(|c| c.trace_id).collect();
+    sqlx::query("select pg_notify($1, t::text) from unnest($2::uuid[]) as t")
+        .bind(LOG_CHANNEL)
+        .bind(&traces)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::types::Json;
 
-use super::{RunningTrace, StoreError};
+use super::{RunningTrace, Settlement, StoreError, Wait, WaitKind};
 use crate::domain::{
     AssistantTurn, Comparison, ContextState, Conversation, Feedback, Message, Preference, Role, RunError, Span,
     SuggestedAction, SuggestedValue, ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
@@ -253,6 +253,57 @@ impl TryFrom<ComparisonRow> for Comparison {
             voted_at: row.voted_at,
             vote_history: row.vote_history.0,
             created_at: row.created_at,
+        })
+    }
+}
+
+pub const WAIT_COLUMNS: &str = "id, trace_id, user_id, kind, tool_call_id, tool, input, created_at, expires_at, \
+     outcome, decided_at, reason, output, is_error";
+
+#[derive(sqlx::FromRow)]
+pub struct WaitRow {
+    id: uuid::Uuid,
+    trace_id: TraceId,
+    user_id: UserId,
+    kind: String,
+    tool_call_id: String,
+    tool: String,
+    input: Json<Value>,
+    created_at: DateTime<Utc>,
+    expires_at: Option<DateTime<Utc>>,
+    outcome: Option<String>,
+    decided_at: Option<DateTime<Utc>>,
+    reason: Option<String>,
+    output: Option<String>,
+    is_error: bool,
+}
+
+impl TryFrom<WaitRow> for Wait {
+    type Error = StoreError;
+
+    fn try_from(row: WaitRow) -> Result<Self, StoreError> {
+        let corrupt = |what: &str| StoreError::Corrupt(format!("unknown wait {what}"));
+        let settled = match (row.decided_at, row.outcome.as_deref()) {
+            (None, _) => None,
+            (Some(_), Some("approved")) => Some(Settlement::Approved),
+            (Some(_), Some("denied")) => Some(Settlement::Denied { reason: row.reason }),
+            (Some(_), Some("expired")) => Some(Settlement::Expired),
+            (Some(_), Some("result")) => {
+                Some(Settlement::Result { output: row.output.unwrap_or_default(), is_error: row.is_error })
+            }
+            (Some(_), _) => return Err(corrupt("outcome")),
+        };
+        Ok(Wait {
+            id: row.id,
+            trace_id: row.trace_id,
+            user_id: row.user_id,
+            kind: WaitKind::parse(&row.kind).ok_or_else(|| corrupt("kind"))?,
+            tool_call_id: row.tool_call_id,
+            tool: row.tool,
+            input: row.input.0,
+            created_at: row.created_at,
+            expires_at: row.expires_at,
+            settled,
         })
     }
 }

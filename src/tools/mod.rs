@@ -198,6 +198,29 @@ impl Registry {
         tools
     }
 
+    /// Which of `tools` match one of `patterns` (CONTRACT.md §15): a tool's name, `*`, or
+    /// `server_id:*` for every tool of an MCP server.
+    pub fn matching(&self, tools: &[Arc<dyn Tool>], patterns: &[String]) -> Vec<String> {
+        if patterns.is_empty() {
+            return Vec::new();
+        }
+        let names: HashSet<String> = tools.iter().map(|t| t.spec().name).collect();
+        self.all()
+            .into_iter()
+            .filter_map(|t| {
+                let name = t.tool.spec().name;
+                let server = match &t.source {
+                    ToolSource::Mcp { server } => Some(server.as_str()),
+                    _ => None,
+                };
+                let matches = patterns
+                    .iter()
+                    .any(|p| p == "*" || *p == name || p.strip_suffix(":*").is_some_and(|s| server == Some(s)));
+                (matches && names.contains(&name)).then_some(name)
+            })
+            .collect()
+    }
+
     /// The tools one request gets: the global ones plus those its page, tab and subtab name,
     /// kept only if the profile allows them (`*` allows all).
     pub fn for_request(&self, scope: &PageScope, allowed: &[String]) -> Vec<Arc<dyn Tool>> {

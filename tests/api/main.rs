@@ -21,4 +21,5 @@ mod runs;
 mod security;
 mod store;
 mod tools;
+mod waits;
 mod web;

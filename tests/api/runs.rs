@@ -41,6 +41,11 @@ impl Live {
         panic!("the stream ended without {kind}: {:?}", self.seen.iter().map(Frame::kind).collect::<Vec<_>>());
     }
 
+    /// The frames read so far.
+    pub(crate) fn seen(&self) -> &[Frame] {
+        &self.seen
+    }
+
     pub(crate) async fn rest(mut self) -> Vec<Frame> {
         while let Some(frame) = self.frames.next().await {
             self.seen.push(frame);

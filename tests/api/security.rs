@@ -344,6 +344,16 @@ async fn the_api_key_never_leaves_chatd() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Its logs are read as they come: a pipe nobody reads fills (64 KiB) and blocks chatd.
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -375,11 +385,7 @@ async fn the_api_key_never_leaves_chatd() {
     let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let output = tokio::task::spawn_blocking(move || {
         let _ = child.wait();
-        let mut logs = String::new();
-        use std::io::Read;
-        child.stdout.take().unwrap().read_to_string(&mut logs).unwrap();
-        child.stderr.take().unwrap().read_to_string(&mut logs).unwrap();
-        logs
+        stdout.join().unwrap() + &stderr.join().unwrap()
     })
     .await
     .unwrap();

@@ -87,6 +87,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/approvals/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["decide_approval"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/cancel_stream": {
         parameters: {
             query?: never;
@@ -293,6 +309,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/runs/{id}/tool_results": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["submit_tool_result"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/tools": {
         parameters: {
             query?: never;
@@ -439,6 +471,13 @@ export interface components {
             profile_a: string;
             profile_b: string;
         };
+        Accepted: {
+            /** Format: uuid */
+            trace_id: string;
+            tool_call_id: string;
+            /** @description Always `accepted`. */
+            status: string;
+        };
         AguiContext: {
             description: string;
             value: string;
@@ -512,6 +551,18 @@ export interface components {
             interaction_type?: components["schemas"]["InteractionType"];
             action?: unknown;
             diagnostics?: boolean;
+            /**
+             * @description Tools the frontend runs (CONTRACT.md §15): offered to the model, their calls wait for
+             *     `POST /api/runs/{trace_id}/tool_results`.
+             */
+            client_tools?: components["schemas"]["ClientTool"][];
+        };
+        /** @description A tool the frontend runs, as a request declares it. */
+        ClientTool: {
+            name: string;
+            description?: string;
+            /** @description The JSON Schema of its input. */
+            parameters?: Record<string, never>;
         };
         /** @description Two answers to one user message, by two profiles, and the user's vote. */
         Comparison: {
@@ -653,6 +704,20 @@ export interface components {
             messages: components["schemas"]["Message"][];
             context_state?: null | components["schemas"]["ContextState"];
         };
+        Decided: {
+            /** Format: uuid */
+            approval_id: string;
+            /** Format: uuid */
+            trace_id: string;
+            /** @description `approved` or `denied`. */
+            status: string;
+        };
+        /** @description A decision on an approval. */
+        Decision: {
+            approved: boolean;
+            /** @description Why it was denied; the model is told. */
+            reason?: string | null;
+        };
         /** @description One message of the history, as [`Diagnostics`] shows it. */
         DiagnosticMessage: {
             role: components["schemas"]["Role"];
@@ -764,6 +829,12 @@ export interface components {
         } | (components["schemas"]["ToolCompleteEvent"] & {
             /** @enum {string} */
             type: "tool_complete";
+        }) | (components["schemas"]["ToolApprovalRequestEvent"] & {
+            /** @enum {string} */
+            type: "tool_approval_request";
+        }) | (components["schemas"]["ToolResultRequestEvent"] & {
+            /** @enum {string} */
+            type: "tool_result_request";
         }) | (components["schemas"]["Usage"] & {
             /** @enum {string} */
             type: "usage";
@@ -1129,6 +1200,17 @@ export interface components {
             label: string;
             value: string;
         };
+        /** @description A call waits for a person's decision (CONTRACT.md §15): `POST /api/approvals/{approval_id}`. */
+        ToolApprovalRequestEvent: {
+            approval_id: string;
+            tool_call_id: string;
+            tool: string;
+            input: unknown;
+            /** Format: int32 */
+            index: number;
+            /** Format: date-time */
+            expires_at: string;
+        };
         /** @description A tool call's attributes. */
         ToolAttributes: {
             /**
@@ -1178,6 +1260,24 @@ export interface components {
             /** Format: int64 */
             duration_ms: number;
         };
+        /** @description A client tool's result. */
+        ToolResultBody: {
+            tool_call_id: string;
+            /** @description Text, or any JSON (the model gets it as JSON text). */
+            output: Record<string, never>;
+            is_error?: boolean;
+        };
+        /**
+         * @description A client tool's call waits for the frontend's result (CONTRACT.md §15):
+         *     `POST /api/runs/{trace_id}/tool_results`.
+         */
+        ToolResultRequestEvent: {
+            tool_call_id: string;
+            tool: string;
+            input: unknown;
+            /** Format: int32 */
+            index: number;
+        };
         /** @description Where a tool comes from, for `GET /api/tools`. */
         ToolSource: {
             /** @enum {string} */
@@ -1204,7 +1304,7 @@ export interface components {
          * @description How a tool call ended (the `tool_complete` event's `status` too).
          * @enum {string}
          */
-        ToolStatus: "success" | "error" | "cancelled" | "timeout";
+        ToolStatus: "success" | "error" | "cancelled" | "timeout" | "denied";
         /** @description A tool under the name a model sees it by. */
         ToolView: {
             name: string;
@@ -1247,10 +1347,11 @@ export interface components {
             variant?: string | null;
         };
         /**
-         * @description A run's state in its trace (CONTRACT.md §9).
+         * @description A run's state in its trace (CONTRACT.md §9); `waiting`: for an approval or a client
+         *     tool's result (§15).
          * @enum {string}
          */
-        TraceStatus: "running" | "completed" | "cancelled" | "error" | "interrupted";
+        TraceStatus: "running" | "waiting" | "completed" | "cancelled" | "error" | "interrupted";
         /** @description A trace with its timings and logged events (CONTRACT.md §9). */
         TraceView: components["schemas"]["Trace"] & {
             /** Format: int64 */
@@ -1709,6 +1810,78 @@ export interface operations {
             };
             /** @description Shutting down */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    decide_approval: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The approval id of a tool_approval_request event */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["Decision"];
+            };
+        };
+        responses: {
+            /** @description Decided; an approved call runs and the run goes on */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Decided"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Decided already, expired, or its run ended */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2625,6 +2798,78 @@ export interface operations {
             };
             /** @description Missing or invalid credentials */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    submit_tool_result: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The trace id of the waiting run */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ToolResultBody"];
+            };
+        };
+        responses: {
+            /** @description Taken; the run goes on once all its calls have results */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Accepted"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The call has its result already, or its run ended */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

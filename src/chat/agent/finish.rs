@@ -98,6 +98,12 @@ pub(super) async fn finish(
             }));
             (TraceStatus::Cancelled, Some(message), None, cancelled)
         }
+        Ending::NotParked => {
+            let message = "The run could not wait for its tool calls: the database did not take its state";
+            let event = error_event(plan, "SERVICE_UNAVAILABLE", message, true);
+            let detail = RunError::new("SERVICE_UNAVAILABLE", message, Some(output.text));
+            (TraceStatus::Error, None, Some(detail), event)
+        }
         Ending::Failed(error) => {
             let next = match error.kind {
                 ProviderErrorKind::Network => "check that its server runs and answers at its base_url",

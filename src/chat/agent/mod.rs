@@ -28,10 +28,12 @@ use crate::tools::Tool;
 use crate::wake::when_woken;
 
 mod finish;
+mod park;
 mod tools;
 
 use finish::finish;
-use tools::run_tools;
+pub use park::{Checkpoint, Gate, PendingTurn, Resumption};
+use tools::{TurnTools, resume_turn, start_turn};
 
 /// Everything a started run needs; built by the service once validation passed.
 pub struct RunPlan {
@@ -57,6 +59,15 @@ pub struct RunPlan {
     pub context: ContextKeeper,
     /// Whether dropped history is replaced by a model-written summary.
     pub summarize_dropped: bool,
+    /// Whose run it is (a waiting call belongs to its user).
+    pub user_id: crate::ids::UserId,
+    /// The tools whose calls wait (CONTRACT.md §15): for a person's approval, or for the
+    /// frontend that runs them.
+    pub gates: std::collections::HashMap<String, Gate>,
+    pub approval_timeout: Duration,
+    /// What the run's continuation after a wait plans its tools from again.
+    pub context_value: Option<Value>,
+    pub client_tools: Vec<crate::chat::request::ClientTool>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -66,8 +77,8 @@ pub struct ToolLimits {
     pub max_retries: u32,
 }
 
-/// What the run produced, however it ended.
-#[derive(Debug, Default)]
+/// What the run produced, however it ended (kept in a waiting run's checkpoint).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Output {
     /// The answer and the thinking exactly as the client received them.
     text: String,
@@ -86,6 +97,7 @@ struct Output {
     /// The model calls made so far, and the one whose thinking was last shown.
     thinking_calls: (u32, u32),
     /// When the run started, until its first token is timed (then `None`).
+    #[serde(skip)]
     awaiting_first_token: Option<(Instant, String)>,
 }
 
@@ -93,6 +105,14 @@ enum Ending {
     Completed,
     Cancelled,
     Failed(ProviderError),
+    /// The run was to wait, and the database did not take its state.
+    NotParked,
+}
+
+/// Where a run starts: at its beginning, or where it waited, once its calls are settled.
+pub enum Start {
+    Fresh,
+    Resumed(Box<park::Resumption>),
 }
 
 /// Emits the run's `start`. Its starter calls this before it spawns the run's task, so that
@@ -112,9 +132,9 @@ pub fn announce(plan: &RunPlan, emitter: &mut Emitter) {
 /// Runs an [announced](announce) plan in its own task and cleans up after it, even if the
 /// run panics: the trace is closed as an error and every listener still gets `error` then
 /// `done`.
-pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs) {
+pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs, start: Start) {
     let (trace_id, conversation_id, message_id) = (plan.trace_id, plan.conversation_id, plan.message_id);
-    let run = AssertUnwindSafe(execute(plan, &mut emitter, &store)).catch_unwind().await;
+    let run = AssertUnwindSafe(execute(plan, &mut emitter, &store, start)).catch_unwind().await;
     if run.is_err() {
         tracing::error!(%trace_id, "run panicked");
         let failed = RunFinish {
@@ -146,29 +166,58 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
     runs.remove(trace_id);
 }
 
-/// Runs the plan to its end, after its `start`. Every path emits exactly one of `complete`,
-/// `cancelled`, `error`, then `done`, and persists what it must.
+/// Runs the plan to its end, after its `start` (or from where it waited). Every path emits
+/// exactly one of `complete`, `cancelled`, `error`, then `done`, and persists what it must;
+/// or parks the run to wait for its calls (CONTRACT.md §15), to be continued by whichever
+/// process settles the last of them.
 #[tracing::instrument(skip_all, fields(trace_id = %plan.trace_id, conversation_id = %plan.conversation_id))]
-async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store>) {
+async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store>, start: Start) {
     let cancel = emitter.run().cancel.clone();
-    let mut output =
-        Output { awaiting_first_token: Some((Instant::now(), plan.request.model.clone())), ..Output::default() };
+    let (mut output, first_iteration, mut waited) = match start {
+        Start::Fresh => {
+            let first = Some((Instant::now(), plan.request.model.clone()));
+            (Output { awaiting_first_token: first, ..Output::default() }, 1, None)
+        }
+        Start::Resumed(resumption) => {
+            let park::Resumption { checkpoint, waits } = *resumption;
+            plan.request = checkpoint.request;
+            (checkpoint.output, checkpoint.iteration, Some((checkpoint.pending, waits)))
+        }
+    };
     let markers: Vec<String> = [payloads::SUGGESTED_VALUES, payloads::SUGGESTED_ACTIONS]
         .into_iter()
         .map(str::to_owned)
         .chain(plan.payload_types.iter().map(|t| t.marker.clone()))
         .collect();
     let mut ending = Ending::Completed;
-    for iteration in 1..=plan.max_iterations.max(1) {
-        ending = call_model(&plan, emitter, &cancel, &mut output, markers.clone()).await;
-        let Some(turn) = output.turns.last_mut() else {
-            break;
+    for iteration in first_iteration..=plan.max_iterations.max(first_iteration) {
+        let results = match waited.take() {
+            // The turn that waited: its calls are settled now.
+            Some((pending, waits)) => resume_turn(&plan, emitter, &cancel, pending, &waits, &mut output).await,
+            None => {
+                ending = call_model(&plan, emitter, &cancel, &mut output, markers.clone()).await;
+                let Some(turn) = output.turns.last_mut() else {
+                    break;
+                };
+                if !matches!(ending, Ending::Completed) || turn.tool_calls.is_empty() {
+                    break;
+                }
+                let calls = turn.tool_calls.clone();
+                match start_turn(&plan, emitter, &cancel, calls, &mut output).await {
+                    TurnTools::Settled(results) => results,
+                    TurnTools::Waiting(pending) => {
+                        match park::park(&plan, emitter, store, output, pending, iteration).await {
+                            Ok(()) => return,
+                            Err(unparked) => {
+                                output = *unparked;
+                                ending = Ending::NotParked;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
         };
-        if !matches!(ending, Ending::Completed) || turn.tool_calls.is_empty() {
-            break;
-        }
-        let calls = turn.tool_calls.clone();
-        let results = run_tools(&plan, emitter, &cancel, &calls, &mut output).await;
         let turn = output.turns.last_mut().expect("the turn that asked for the tools");
         turn.tool_results = results;
         if cancel.is_cancelled() {
@@ -318,7 +367,7 @@ fn status_of(ending: &Ending) -> CallStatus {
     match ending {
         Ending::Completed => CallStatus::Ok,
         Ending::Cancelled => CallStatus::Cancelled,
-        Ending::Failed(_) => CallStatus::Error,
+        Ending::Failed(_) | Ending::NotParked => CallStatus::Error,
     }
 }
 

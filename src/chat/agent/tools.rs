@@ -18,7 +18,9 @@ use crate::domain::{Span, SpanTiming, ToolAttributes, ToolCall, ToolRecord, Tool
 use crate::events::{Event, ToolCompleteEvent, ToolProgressEvent, ToolStartEvent, ToolStatus};
 use crate::tools::{Tool, ToolCallContext, ToolError, ToolProgress};
 
+use super::park::PendingTurn;
 use super::{Output, RunPlan, ToolLimits};
+use crate::store::{Settlement, Wait};
 
 /// What one tool call came to.
 struct Finished {
@@ -30,17 +32,26 @@ struct Finished {
     duration: Duration,
 }
 
-/// Runs one model turn's tool calls concurrently; events interleave by `tool_call_id`.
-/// Returns each call's result for the model, in the order the calls were made.
-pub(super) async fn run_tools(
+/// A model turn's calls after their first pass.
+pub(super) enum TurnTools {
+    /// Every call's result for the model, in the order the calls were made (only those
+    /// that ran, if the run was cancelled meanwhile).
+    Settled(Vec<ToolResult>),
+    /// Some calls wait for a person or the frontend; the others have run.
+    Waiting(PendingTurn),
+}
+
+/// Starts a model turn's calls: `tool_start` for each, then those that need nobody run at
+/// once (concurrently; events interleave by `tool_call_id`), while the gated ones
+/// (CONTRACT.md §15) are left for the run to wait on.
+pub(super) async fn start_turn(
     plan: &RunPlan,
     emitter: &mut Emitter,
     cancel: &CancellationToken,
-    calls: &[ToolCall],
+    calls: Vec<ToolCall>,
     output: &mut Output,
-) -> Vec<ToolResult> {
+) -> TurnTools {
     let first = output.tool_history.len();
-    let by_name: HashMap<String, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.spec().name, t)).collect();
     for (slot, call) in calls.iter().enumerate() {
         emitter.emit(Event::ToolStart(Box::new(ToolStartEvent {
             tool_call_id: call.id.clone(),
@@ -50,12 +61,115 @@ pub(super) async fn run_tools(
             timestamp: now(),
         })));
     }
-    let names: Vec<&str> = calls.iter().map(|c| c.name.as_str()).collect();
+    // `tool_history[N]` is call N whatever order the calls finish in: hold their places.
+    output.tool_history.extend(calls.iter().map(|call| ToolRecord {
+        tool_call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        input: call.input.clone(),
+        output: String::new(),
+        is_error: false,
+        duration_ms: 0,
+    }));
+    // A call whose arguments did not parse fails at once, gated or not.
+    let gated = |call: &ToolCall| call.invalid_arguments.is_none() && plan.gates.contains_key(&call.name);
+    let now_slots: Vec<usize> = (0..calls.len()).filter(|&slot| !gated(&calls[slot])).collect();
+    let mut results: Vec<Option<ToolResult>> = calls.iter().map(|_| None).collect();
+    for done in run_calls(plan, emitter, cancel, &calls, first, &now_slots, output).await {
+        let slot = done.slot;
+        results[slot] = Some(result_of(&calls[slot], done));
+    }
+    if cancel.is_cancelled() || results.iter().all(Option::is_some) {
+        return TurnTools::Settled(results.into_iter().flatten().collect());
+    }
+    TurnTools::Waiting(PendingTurn { first, calls, results })
+}
+
+/// Settles the calls a run waited on, as they were decided: approved calls run now, denied
+/// (or expired) ones are reported `denied` and told to the model so, client tools' results
+/// are taken as their output. Returns every answered call's result, in call order.
+pub(super) async fn resume_turn(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    cancel: &CancellationToken,
+    pending: PendingTurn,
+    waits: &[Wait],
+    output: &mut Output,
+) -> Vec<ToolResult> {
+    let PendingTurn { first, calls, mut results } = pending;
+    let mut approved = Vec::new();
+    for slot in 0..calls.len() {
+        if results[slot].is_some() || cancel.is_cancelled() {
+            continue;
+        }
+        let call = &calls[slot];
+        let Some(wait) = waits.iter().find(|w| w.tool_call_id == call.id) else { continue };
+        let (status, text) = match &wait.settled {
+            None => continue,
+            Some(Settlement::Approved) => {
+                approved.push(slot);
+                continue;
+            }
+            Some(Settlement::Denied { reason: Some(reason) }) => {
+                (ToolStatus::Denied, format!("The user denied this tool call: {reason}"))
+            }
+            Some(Settlement::Denied { reason: None }) => {
+                (ToolStatus::Denied, "The user denied this tool call".to_owned())
+            }
+            Some(Settlement::Expired) => {
+                (ToolStatus::Denied, "The user denied this tool call: approval expired".to_owned())
+            }
+            Some(Settlement::Result { output, is_error }) => {
+                (if *is_error { ToolStatus::Error } else { ToolStatus::Success }, output.clone())
+            }
+        };
+        let waited = (now() - wait.created_at).to_std().unwrap_or_default();
+        let done = Finished { slot, status, text, payload: None, started_at: wait.created_at, duration: waited };
+        tool_done(plan, emitter, output, call, first + slot, &done);
+        results[slot] = Some(result_of(call, done));
+    }
+    for done in run_calls(plan, emitter, cancel, &calls, first, &approved, output).await {
+        let slot = done.slot;
+        results[slot] = Some(result_of(&calls[slot], done));
+    }
+    results.into_iter().flatten().collect()
+}
+
+/// A finished call's result as the model gets it.
+fn result_of(call: &ToolCall, done: Finished) -> ToolResult {
+    let content = match done.status {
+        ToolStatus::Success => done.text,
+        _ => format!("Error: {}", done.text),
+    };
+    ToolResult {
+        tool_call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        content,
+        is_error: done.status != ToolStatus::Success,
+    }
+}
+
+/// Runs the calls at `slots` of a turn whose first call has index `first`, concurrently;
+/// returns how each ended.
+async fn run_calls(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    cancel: &CancellationToken,
+    calls: &[ToolCall],
+    first: usize,
+    slots: &[usize],
+    output: &mut Output,
+) -> Vec<Finished> {
+    if slots.is_empty() {
+        return Vec::new();
+    }
+    let by_name: HashMap<String, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.spec().name, t)).collect();
+    let names: Vec<&str> = slots.iter().map(|&slot| calls[slot].name.as_str()).collect();
     emitter.emit(Event::Status { message: format!("Running {}…", names.join(", ")) });
 
     let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<(usize, ToolProgress)>();
     let mut running = FuturesUnordered::new();
-    for (slot, call) in calls.iter().enumerate() {
+    for &slot in slots {
+        let call = &calls[slot];
         let tool = by_name.get(&call.name).map(|t| Arc::clone(t));
         // Its own token: a timeout stops this call only; cancelling the run stops them all.
         let (input, token, limits) = (call.input.clone(), cancel.child_token(), plan.limits);
@@ -83,16 +197,7 @@ pub(super) async fn run_tools(
     }
     drop(progress_tx);
 
-    // `tool_history[N]` is call N whatever order the calls finish in: hold their places.
-    output.tool_history.extend(calls.iter().map(|call| ToolRecord {
-        tool_call_id: call.id.clone(),
-        tool_name: call.name.clone(),
-        input: call.input.clone(),
-        output: String::new(),
-        is_error: false,
-        duration_ms: 0,
-    }));
-    let mut finished: Vec<Option<Finished>> = calls.iter().map(|_| None).collect();
+    let mut finished = Vec::new();
     while !running.is_empty() {
         tokio::select! {
             Some((slot, report)) = progress_rx.recv() => emit_progress(emitter, &calls[slot], report),
@@ -103,27 +208,11 @@ pub(super) async fn run_tools(
                 }
                 let slot = done.slot;
                 tool_done(plan, emitter, output, &calls[slot], first + slot, &done);
-                finished[slot] = Some(done);
+                finished.push(done);
             }
         }
     }
-    calls
-        .iter()
-        .zip(finished)
-        .map(|(call, done)| {
-            let done = done.expect("every call finishes");
-            let content = match done.status {
-                ToolStatus::Success => done.text,
-                _ => format!("Error: {}", done.text),
-            };
-            ToolResult {
-                tool_call_id: call.id.clone(),
-                tool_name: call.name.clone(),
-                content,
-                is_error: done.status != ToolStatus::Success,
-            }
-        })
-        .collect()
+    finished
 }
 
 fn emit_progress(emitter: &mut Emitter, call: &ToolCall, report: ToolProgress) {
@@ -198,7 +287,10 @@ fn tool_done(
     let truncated = full_length > plan.limits.max_output_chars;
     let shown: String =
         if truncated { done.text.chars().take(plan.limits.max_output_chars).collect() } else { done.text.clone() };
-    emitter.emit(Event::ToolOutput { tool_call_id: call.id.clone(), output: shown, truncated, full_length });
+    // A denied call did not run: it has no output (CONTRACT.md §15).
+    if done.status != ToolStatus::Denied {
+        emitter.emit(Event::ToolOutput { tool_call_id: call.id.clone(), output: shown, truncated, full_length });
+    }
     let duration_ms = done.duration.as_millis() as u64;
     let status = serde_json::to_value(done.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
     metrics::counter!("chatd_tool_calls_total", "tool" => call.name.clone(), "status" => status).increment(1);

@@ -20,7 +20,10 @@ use uuid::Uuid;
 
 use self::runs::Rows;
 use super::rows::*;
-use super::{ConversationPatch, NewEvent, Notice, PageCursor, RunFinish, RunStart, RunningTrace, Store, StoreError};
+use super::{
+    Claim, ConversationPatch, NewEvent, Notice, PageCursor, RunFinish, RunPark, RunStart, RunningTrace, Settled,
+    Settlement, Store, StoreError, WaitKey,
+};
 use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, Trace, now};
 use crate::events::LoggedEvent;
 use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
@@ -67,6 +70,21 @@ pub(super) trait Backend: Send + Sync + 'static {
 
     /// Whether the database answers and takes writes.
     fn ping_database(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Added to the update that claims a waiting run to continue it: what the backend's log
+    /// needs to find the run's later events (SQLite: read them after a new `log_from` too).
+    const CLAIM_LOG: &'static str;
+    /// Added to the read of a waiting run's trace in a decision's transaction: decisions on
+    /// one run take turns (Postgres: `for update`; SQLite's writer is one at a time anyway).
+    const LOCK_ROW: &'static str;
+    /// Logs events within a write transaction on `conn` (a run that parks logs the requests
+    /// it waits on with its state); [`logged_within`](Self::logged_within) is told what was
+    /// written once the transaction commits.
+    fn log_within(
+        &self,
+        conn: &mut Conn<Self>,
+        events: &[NewEvent],
+    ) -> impl Future<Output = Result<Vec<(TraceId, i64)>, StoreError>> + Send;
+    fn logged_within(&self, chunks: Vec<(TraceId, i64)>);
     /// The event log: see [`Store::append_events`], [`Store::trace_events`],
     /// [`Store::seal_logs`].
     fn append_log(&self, events: &[NewEvent]) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -128,6 +146,7 @@ where
     for<'q> Option<MessageId>: Encode<'q, B::Db>,
     for<'q> Option<TraceId>: Encode<'q, B::Db>,
     for<'q> Option<ComparisonId>: Encode<'q, B::Db>,
+    for<'q> Option<DateTime<Utc>>: Encode<'q, B::Db>,
     for<'r> ConversationRow: FromRow<'r, Row<B>>,
     for<'r> MessageRow: FromRow<'r, Row<B>>,
     for<'r> TraceRow: FromRow<'r, Row<B>>,
@@ -136,6 +155,9 @@ where
     for<'r> (i64,): FromRow<'r, Row<B>>,
     for<'r> (UserId,): FromRow<'r, Row<B>>,
     for<'r> (Json<Value>,): FromRow<'r, Row<B>>,
+    for<'r> WaitRow: FromRow<'r, Row<B>>,
+    for<'r> (Uuid,): FromRow<'r, Row<B>>,
+    for<'r> (String,): FromRow<'r, Row<B>>,
 {
     fn is_shared(&self) -> bool {
         B::SHARED
@@ -299,7 +321,8 @@ where
     ) -> Result<Vec<Trace>, StoreError> {
         let sql = format!(
             "select {TRACE_COLUMNS} from traces where conversation_id = $1 and user_id = $2 \
-             and status = 'running' order by started_at, id"
+             and status = 'running' union all select {TRACE_COLUMNS} from traces where conversation_id = $1 \
+             and user_id = $2 and status = 'waiting' order by started_at, id"
         );
         let rows: Vec<TraceRow> = sqlx::query_as(&sql).bind(conversation_id).bind(user).fetch_all(self.pool()).await?;
         rows.into_iter().map(Trace::try_from).collect()
@@ -417,6 +440,41 @@ where
             Ok(())
         })
         .await
+    }
+
+    async fn park_run(&self, park: &RunPark) -> Result<(), StoreError> {
+        Rows::park_run(self, park).await
+    }
+
+    async fn settle_wait(
+        &self,
+        key: WaitKey<'_>,
+        user: Option<&UserId>,
+        settlement: &Settlement,
+        replica_id: &str,
+    ) -> Result<Settled, StoreError> {
+        Rows::settle_wait(self, key, user, settlement, replica_id).await
+    }
+
+    async fn claim_waiting(&self, trace_id: TraceId, replica_id: &str) -> Result<Option<Claim>, StoreError> {
+        write(self, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+            let claim = Rows::<B>::claim(&mut tx, trace_id, replica_id).await?;
+            tx.commit().await?;
+            Ok(claim)
+        })
+        .await
+    }
+
+    async fn expired_waits(&self, at: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+        let rows: Vec<(Uuid,)> = sqlx::query_as(
+            "select id from run_waits where decided_at is null and expires_at <= $1 order by expires_at limit $2",
+        )
+        .bind(at)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
     async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError> {

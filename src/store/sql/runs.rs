@@ -14,7 +14,7 @@ use super::{Backend, Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write
 use crate::domain::{Comparison, Conversation, Message, Preference, Trace, Vote, now};
 use crate::ids::{ComparisonId, MessageId, TraceId, UserId};
 use crate::store::rows::*;
-use crate::store::{RunFinish, RunStart, StoreError};
+use crate::store::{Claim, RunFinish, RunPark, RunStart, Settled, Settlement, StoreError, Wait, WaitKey, WaitKind};
 
 /// The run-writing statements of backend `B`.
 pub(super) struct Rows<B>(PhantomData<B>);
@@ -36,6 +36,7 @@ where
     for<'q> Option<MessageId>: Encode<'q, B::Db>,
     for<'q> Option<TraceId>: Encode<'q, B::Db>,
     for<'q> Option<ComparisonId>: Encode<'q, B::Db>,
+    for<'q> Option<DateTime<Utc>>: Encode<'q, B::Db>,
     for<'r> ConversationRow: FromRow<'r, Row<B>>,
     for<'r> MessageRow: FromRow<'r, Row<B>>,
     for<'r> TraceRow: FromRow<'r, Row<B>>,
@@ -44,6 +45,9 @@ where
     for<'r> (i64,): FromRow<'r, Row<B>>,
     for<'r> (UserId,): FromRow<'r, Row<B>>,
     for<'r> (Json<Value>,): FromRow<'r, Row<B>>,
+    for<'r> WaitRow: FromRow<'r, Row<B>>,
+    for<'r> (Uuid,): FromRow<'r, Row<B>>,
+    for<'r> (String,): FromRow<'r, Row<B>>,
 {
     pub(super) async fn start_runs(backend: &B, starts: &[&RunStart]) -> Result<(), StoreError> {
         // A few statements for any number of starts: new conversations, messages and
@@ -133,6 +137,152 @@ where
             Ok(())
         })
         .await
+    }
+
+    /// Parks a running run (CONTRACT.md §15): `waiting`, its checkpoint, its waits, and the
+    /// events that announce them, in one transaction.
+    pub(super) async fn park_run(backend: &B, park: &RunPark) -> Result<(), StoreError> {
+        let chunks = write(backend, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+            let parked = sqlx::query(
+                "update traces set status = 'waiting', checkpoint = $2, usage = $3, spans = $4 \
+                 where id = $1 and status = 'running'",
+            )
+            .bind(park.trace_id)
+            .bind(json(&park.checkpoint))
+            .bind(json(&park.usage))
+            .bind(json(&park.spans))
+            .execute(&mut *tx)
+            .await?;
+            if B::rows_affected(&parked) == 0 {
+                return Err(StoreError::Conflict("the run has already ended".into()));
+            }
+            let mut query = sqlx::QueryBuilder::<B::Db>::new(
+                "insert into run_waits (id, trace_id, user_id, kind, tool_call_id, tool, input, created_at, expires_at) ",
+            );
+            query.push_values(&park.waits, |mut row, w| {
+                row.push_bind(w.id)
+                    .push_bind(w.trace_id)
+                    .push_bind(&w.user_id)
+                    .push_bind(w.kind.as_str())
+                    .push_bind(w.tool_call_id.as_str())
+                    .push_bind(w.tool.as_str())
+                    .push_bind(json(&w.input))
+                    .push_bind(w.created_at)
+                    .push_bind(w.expires_at);
+            });
+            B::execute(&mut *tx, query).await?;
+            let chunks = backend.log_within(&mut tx, &park.events).await?;
+            tx.commit().await?;
+            Ok(chunks)
+        })
+        .await?;
+        backend.logged_within(chunks);
+        Ok(())
+    }
+
+    /// Settles one waiting call; the last open call of its run claims the run. Decisions on
+    /// one run take turns (the trace's row is locked first), so exactly one of them, on
+    /// whichever replica, sees no call left open.
+    pub(super) async fn settle_wait(
+        backend: &B,
+        key: WaitKey<'_>,
+        user: Option<&UserId>,
+        settlement: &Settlement,
+        replica_id: &str,
+    ) -> Result<Settled, StoreError> {
+        write(backend, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+            let row: Option<WaitRow> = match key {
+                WaitKey::Approval(id) => {
+                    let sql = format!("select {WAIT_COLUMNS} from run_waits where id = $1");
+                    sqlx::query_as(&sql).bind(id).fetch_optional(&mut *tx).await?
+                }
+                WaitKey::Call(trace_id, call_id) => {
+                    let sql = format!("select {WAIT_COLUMNS} from run_waits where trace_id = $1 and tool_call_id = $2");
+                    sqlx::query_as(&sql).bind(trace_id).bind(call_id).fetch_optional(&mut *tx).await?
+                }
+            };
+            let mut wait: Wait = row.ok_or(StoreError::NotFound)?.try_into()?;
+            let kind = match key {
+                WaitKey::Approval(_) => WaitKind::Approval,
+                WaitKey::Call(..) => WaitKind::ClientTool,
+            };
+            if wait.kind != kind || user.is_some_and(|u| *u != wait.user_id) {
+                return Err(StoreError::NotFound);
+            }
+            let sql = format!("select status from traces where id = $1{}", B::LOCK_ROW);
+            let (status,): (String,) = sqlx::query_as(&sql).bind(wait.trace_id).fetch_one(&mut *tx).await?;
+            let at = now();
+            let conflict = if let Some(settled) = &wait.settled {
+                Some(match (kind, settled) {
+                    (WaitKind::Approval, Settlement::Expired) => "This approval has expired",
+                    (WaitKind::Approval, _) => "This approval has been decided already",
+                    (WaitKind::ClientTool, _) => "This tool call has its result already",
+                })
+            } else if status != "waiting" {
+                Some("The run has ended")
+            } else if *settlement != Settlement::Expired && wait.expires_at.is_some_and(|t| t <= at) {
+                Some("This approval has expired")
+            } else {
+                None
+            };
+            if let Some(conflict) = conflict {
+                return Err(StoreError::Conflict(conflict.into()));
+            }
+            let (reason, output, is_error) = match settlement {
+                Settlement::Denied { reason } => (reason.as_deref(), None, false),
+                Settlement::Result { output, is_error } => (None, Some(output.as_str()), *is_error),
+                Settlement::Approved | Settlement::Expired => (None, None, false),
+            };
+            sqlx::query(
+                "update run_waits set outcome = $2, decided_at = $3, reason = $4, output = $5, is_error = $6 \
+                 where id = $1 and decided_at is null",
+            )
+            .bind(wait.id)
+            .bind(settlement.outcome())
+            .bind(at)
+            .bind(reason)
+            .bind(output)
+            .bind(is_error)
+            .execute(&mut *tx)
+            .await?;
+            let (open,): (i64,) =
+                sqlx::query_as("select count(*) from run_waits where trace_id = $1 and decided_at is null")
+                    .bind(wait.trace_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let claimed = if open == 0 { Rows::<B>::claim(&mut tx, wait.trace_id, replica_id).await? } else { None };
+            tx.commit().await?;
+            wait.settled = Some(settlement.clone());
+            Ok(Settled { wait, claimed })
+        })
+        .await
+    }
+
+    /// Makes a waiting run `running` on `replica_id` and hands over what it needs to go on.
+    pub(super) async fn claim(
+        conn: &mut Conn<B>,
+        trace_id: TraceId,
+        replica_id: &str,
+    ) -> Result<Option<Claim>, StoreError> {
+        let sql = format!(
+            "update traces set status = 'running', replica_id = $2, heartbeat_at = $3{} \
+             where id = $1 and status = 'waiting' returning {TRACE_COLUMNS}",
+            B::CLAIM_LOG
+        );
+        let row: Option<TraceRow> =
+            sqlx::query_as(&sql).bind(trace_id).bind(replica_id).bind(now()).fetch_optional(&mut *conn).await?;
+        let Some(row) = row else { return Ok(None) };
+        let (checkpoint,): (Json<Value>,) =
+            sqlx::query_as("select checkpoint from traces where id = $1").bind(trace_id).fetch_one(&mut *conn).await?;
+        let sql = format!("select {WAIT_COLUMNS} from run_waits where trace_id = $1 order by created_at, tool_call_id");
+        let waits: Vec<WaitRow> = sqlx::query_as(&sql).bind(trace_id).fetch_all(&mut *conn).await?;
+        Ok(Some(Claim {
+            trace: row.try_into()?,
+            checkpoint: checkpoint.0,
+            waits: waits.into_iter().map(Wait::try_from).collect::<Result<_, _>>()?,
+        }))
     }
 
     pub(super) async fn vote(

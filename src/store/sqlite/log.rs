@@ -11,20 +11,26 @@ use sqlx::{Sqlite, SqliteConnection};
 use super::SqliteStore;
 use crate::events::LoggedEvent;
 use crate::ids::TraceId;
+use crate::store::chunks::Chunk;
 use crate::store::sql::{transaction_as_one_query, write};
 use crate::store::{NewEvent, StoreError};
+
+/// A sealed log's chunk ids with the new ones of a run that went on after it waited
+/// (CONTRACT.md §15): a second seal adds to the first.
+const MERGED_CHUNK_IDS: &str = "(select json_group_array(value) from (select value from json_each(trace_logs.chunk_ids) \
+     union select value from json_each(excluded.chunk_ids)))";
 
 /// Seals the logs of runs that ended, or were running, when the process that ran them
 /// stopped: from their chunks after `log_from`.
 pub(super) async fn seal_left_over_logs(writer: &mut SqliteConnection) -> Result<(), StoreError> {
     let mut tx = sqlx::Connection::begin_with(writer, "BEGIN IMMEDIATE").await?;
-    sqlx::query(
+    sqlx::query(&format!(
         "insert into trace_logs (trace_id, chunk_ids) \
          select t.id, json_group_array(c.id) \
          from traces t join trace_event_chunks c on c.id > t.log_from and c.trace_id = t.id \
          where t.log_sealed = 0 group by t.id \
-         on conflict (trace_id) do update set chunk_ids = excluded.chunk_ids",
-    )
+         on conflict (trace_id) do update set chunk_ids = {MERGED_CHUNK_IDS}",
+    ))
     .execute(&mut *tx)
     .await?;
     sqlx::query("update traces set log_sealed = 1 where log_sealed = 0").execute(&mut *tx).await?;
@@ -36,6 +42,14 @@ pub(super) async fn seal_left_over_logs(writer: &mut SqliteConnection) -> Result
 /// thousand runs in one transaction held it for milliseconds, and a new chat's start waited
 /// behind it; in smaller transactions, starts get the writer in between.
 const LOG_ROWS_PER_TRANSACTION: usize = 100;
+
+/// The insert of `rows` as chunks with ids from `first_id` on.
+fn push_chunks<'a>(query: &mut sqlx::QueryBuilder<'a, Sqlite>, rows: &'a [Chunk], first_id: i64) {
+    query.push("insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) ");
+    query.push_values(rows.iter().zip(first_id..), |mut row, (c, id)| {
+        row.push_bind(id).push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
+    });
+}
 
 /// Runs and their lists of chunk ids as a `values` table (`column1`, `column2`).
 fn lists_as_values<'a>(query: &mut sqlx::QueryBuilder<'a, Sqlite>, lists: &'a [(TraceId, String)]) {
@@ -61,61 +75,82 @@ impl SqliteStore {
             let ids = write(self, async |conn| {
                 let first_id = self.next_chunk_id.fetch_add(rows.len() as i64, Ordering::Relaxed);
                 let ids = first_id..;
-                let mut query = sqlx::QueryBuilder::<Sqlite>::new(
-                    "BEGIN IMMEDIATE; insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) ",
-                );
-                query.push_values(rows.iter().zip(ids.clone()), |mut row, (c, id)| {
-                    row.push_bind(id)
-                        .push_bind(c.trace_id)
-                        .push_bind(c.first_seq)
-                        .push_bind(c.last_seq)
-                        .push_bind(&c.events);
-                });
+                let mut query = sqlx::QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE; ");
+                push_chunks(&mut query, rows, first_id);
                 query.push("; COMMIT");
                 transaction_as_one_query::<Self>(conn, query).await?;
                 Ok(ids)
             })
             .await?;
-            let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
-            for (c, id) in rows.iter().zip(ids) {
-                kept.entry(c.trace_id).or_default().push(id);
-            }
+            self.keep_chunk_ids(rows.iter().map(|c| c.trace_id).zip(ids));
         }
         Ok(())
     }
 
+    /// Inserts `events` as chunks within the transaction open on `conn`; the chunks' ids,
+    /// to [keep](Self::keep_chunk_ids) once it commits.
+    pub(super) async fn insert_chunks(
+        &self,
+        conn: &mut SqliteConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<(TraceId, i64)>, StoreError> {
+        let chunks = crate::store::chunks::encode(events);
+        if chunks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first_id = self.next_chunk_id.fetch_add(chunks.len() as i64, Ordering::Relaxed);
+        let mut query = sqlx::QueryBuilder::<Sqlite>::new("");
+        push_chunks(&mut query, &chunks, first_id);
+        query.build().execute(&mut *conn).await?;
+        Ok(chunks.iter().map(|c| c.trace_id).zip(first_id..).collect())
+    }
+
+    /// Notes written chunks for the seal of their runs' logs.
+    pub(super) fn keep_chunk_ids(&self, chunks: impl IntoIterator<Item = (TraceId, i64)>) {
+        let mut kept = self.chunk_ids.lock().expect("chunk ids lock");
+        for (trace_id, id) in chunks {
+            kept.entry(trace_id).or_default().push(id);
+        }
+    }
+
     /// A sealed run's chunks are those its row lists; a running one's, those after its
-    /// `log_from`. Both are read in one transaction. A chunk written twice (a batch retried
-    /// run by run after it failed halfway) is read once.
+    /// `log_from`; a run that went on after it waited (CONTRACT.md §15), both. All are read
+    /// in one transaction. A chunk written twice (a batch retried run by run after it failed
+    /// halfway) is read once.
     pub(super) async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let sealed: Option<(String,)> = sqlx::query_as("select chunk_ids from trace_logs where trace_id = $1")
             .bind(trace_id)
             .fetch_optional(&mut *tx)
             .await?;
-        let texts: Vec<(String,)> = match sealed {
-            Some((ids,)) => {
-                sqlx::query_as(
+        let mut texts: Vec<(String,)> = Vec::new();
+        if let Some((ids,)) = sealed {
+            texts = sqlx::query_as(
+                "select events from trace_event_chunks \
+                 where id in (select value from json_each($1)) and last_seq > $2 order by id",
+            )
+            .bind(ids)
+            .bind(after)
+            .fetch_all(&mut *tx)
+            .await?;
+        }
+        let unsealed: Option<(i64,)> = sqlx::query_as("select log_from from traces where id = $1 and log_sealed = 0")
+            .bind(trace_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if let Some((log_from,)) = unsealed {
+            texts.extend(
+                sqlx::query_as::<_, (String,)>(
                     "select events from trace_event_chunks \
-                     where id in (select value from json_each($1)) and last_seq > $2 order by id",
+                     where id > $1 and trace_id = $2 and last_seq > $3 order by id",
                 )
-                .bind(ids)
-                .bind(after)
-                .fetch_all(&mut *tx)
-                .await?
-            }
-            None => {
-                sqlx::query_as(
-                    "select events from trace_event_chunks \
-                     where id > (select log_from from traces where id = $1) and trace_id = $1 and last_seq > $2 \
-                     order by id",
-                )
+                .bind(log_from)
                 .bind(trace_id)
                 .bind(after)
                 .fetch_all(&mut *tx)
-                .await?
-            }
-        };
+                .await?,
+            );
+        }
         tx.commit().await?;
         let mut events = Vec::new();
         for (text,) in texts {
@@ -148,9 +183,10 @@ impl SqliteStore {
             lists_as_values(&mut query, &lists);
             query.push(
                 ") where column1 in (select id from traces) \
-                 on conflict (trace_id) do update set chunk_ids = excluded.chunk_ids; \
-                 update traces set log_sealed = 1 where id in (",
+                 on conflict (trace_id) do update set chunk_ids = ",
             );
+            query.push(MERGED_CHUNK_IDS);
+            query.push("; update traces set log_sealed = 1 where id in (");
             let mut ids = query.separated(", ");
             for t in traces {
                 ids.push_bind(*t);

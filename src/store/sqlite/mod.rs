@@ -139,6 +139,9 @@ impl Backend for SqliteStore {
     const SHARED: bool = false;
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const MANY_STATEMENTS_PER_QUERY: bool = true;
+    const CLAIM_LOG: &'static str =
+        ", log_sealed = 0, log_from = (select coalesce(max(id), 0) from trace_event_chunks)";
+    const LOCK_ROW: &'static str = "";
 
     fn pool(&self) -> &SqlitePool {
         &self.pool
@@ -207,6 +210,18 @@ impl Backend for SqliteStore {
             self.probe_write().await?;
         }
         Ok(())
+    }
+
+    async fn log_within(
+        &self,
+        conn: &mut SqliteConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<(TraceId, i64)>, StoreError> {
+        self.insert_chunks(conn, events).await
+    }
+
+    fn logged_within(&self, chunks: Vec<(TraceId, i64)>) {
+        self.keep_chunk_ids(chunks);
     }
 
     async fn append_log(&self, events: &[NewEvent]) -> Result<(), StoreError> {

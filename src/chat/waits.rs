@@ -1,0 +1,238 @@
+//! Runs that wait (CONTRACT.md §15), from the outside: a person's decision on an approval, a
+//! client tool's result, and the expiry of approvals nobody decided settle the calls a run
+//! waits on. The replica that settles the last of them claims the run from the store and
+//! continues it here, from its checkpoint, at the next seq; cancelling a waiting run claims
+//! it the same way and ends it at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::agent::{self, Checkpoint, RunPlan, Start};
+use super::context::ContextKeeper;
+use super::control::ControlError;
+use super::core::Core;
+use super::plan::Equipment;
+use super::runs::LiveRun;
+use crate::domain::{RunError, Trace, TraceStatus, now};
+use crate::events::{ErrorEvent, Event};
+use crate::ids::{TraceId, UserId};
+use crate::store::{Claim, Notice, RunFinish, Settled, Settlement, StoreError, WaitKey};
+
+/// How often each replica looks for approvals whose time is up: a tenth of their timeout,
+/// between a second and a minute (an approval expires that much after its time at most).
+fn expiry_sweep(timeout_secs: f64) -> Duration {
+    Duration::from_secs_f64((timeout_secs / 10.0).clamp(1.0, 60.0))
+}
+
+/// How long a continuation here waits for this process to be done with the run's wait
+/// (its log sealed) before it takes the run over.
+const HANDOVER_WAIT: Duration = Duration::from_secs(5);
+
+impl Core {
+    /// A person's decision on an approval (`POST /api/approvals/{approval_id}`).
+    pub async fn decide(
+        &self,
+        user: &UserId,
+        approval_id: Uuid,
+        approved: bool,
+        reason: Option<String>,
+    ) -> Result<Settled, ControlError> {
+        let settlement = if approved { Settlement::Approved } else { Settlement::Denied { reason } };
+        self.settle(WaitKey::Approval(approval_id), Some(user), &settlement).await
+    }
+
+    /// A client tool's result (`POST /api/runs/{trace_id}/tool_results`).
+    pub async fn tool_result(
+        &self,
+        user: &UserId,
+        trace_id: TraceId,
+        tool_call_id: &str,
+        output: String,
+        is_error: bool,
+    ) -> Result<Settled, ControlError> {
+        let settlement = Settlement::Result { output, is_error };
+        self.settle(WaitKey::Call(trace_id, tool_call_id), Some(user), &settlement).await
+    }
+
+    async fn settle(
+        &self,
+        key: WaitKey<'_>,
+        user: Option<&UserId>,
+        settlement: &Settlement,
+    ) -> Result<Settled, ControlError> {
+        let mut settled =
+            self.store.settle_wait(key, user, settlement, &self.replica_id).await.map_err(|e| match e {
+                StoreError::NotFound => ControlError::Missing(match key {
+                    WaitKey::Approval(_) => "Approval",
+                    WaitKey::Call(..) => "Tool call",
+                }),
+                StoreError::Conflict(why) => ControlError::Conflict(why),
+                e => ControlError::Store(e),
+            })?;
+        if let Some(claim) = settled.claimed.take() {
+            self.go_on(claim, false).await;
+        }
+        Ok(settled)
+    }
+
+    /// Settles every approval whose time is up, as denied ("approval expired"); a run whose
+    /// last call that was goes on here. Returns how many expired.
+    pub async fn expire_approvals(&self) -> usize {
+        let due = match self.store.expired_waits(now(), 100).await {
+            Ok(due) => due,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not look for expired approvals");
+                return 0;
+            }
+        };
+        let mut expired = 0;
+        for id in due {
+            // Another replica may settle it first: then this one has nothing to do.
+            if self.settle(WaitKey::Approval(id), None, &Settlement::Expired).await.is_ok() {
+                expired += 1;
+            }
+        }
+        expired
+    }
+
+    /// Continues a claimed run here, from its checkpoint (or, `cancelled`, ends it at once
+    /// as cancelled). Returns the live run.
+    pub(super) async fn go_on(&self, claim: Claim, cancelled: bool) -> Arc<LiveRun> {
+        let Claim { trace, checkpoint, waits } = claim;
+        // The process that parked it here may still be sealing its log: the run is one
+        // entry of the registry at a time.
+        if let Some(parked) = self.runs.get(trace.trace_id) {
+            let _ = tokio::time::timeout(HANDOVER_WAIT, parked.logged()).await;
+        }
+        let resumption =
+            agent::Resumption::of(checkpoint, waits).map_err(|e| format!("its checkpoint does not read: {e}"));
+        let base = match &resumption {
+            Ok(r) => r.checkpoint.seq,
+            Err(_) => self.last_seq(trace.trace_id).await,
+        };
+        let (run, mut emitter) = self.runs.register(
+            trace.trace_id,
+            trace.message_id,
+            trace.conversation_id,
+            &trace.user_id,
+            self.log.clone(),
+            base,
+        );
+        if cancelled {
+            run.cancel.cancel();
+        }
+        // Whoever follows it here from the log follows it live from now on.
+        self.news.tell(Notice::Logged(trace.trace_id));
+        let plan = resumption.as_ref().map_err(Clone::clone).and_then(|r| self.replan(&trace, &r.checkpoint));
+        match (plan, resumption) {
+            (Ok(plan), Ok(resumption)) => {
+                let start = Start::Resumed(Box::new(resumption));
+                tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone(), start));
+            }
+            (Err(why), _) | (_, Err(why)) => {
+                tracing::error!(trace_id = %trace.trace_id, error = %why, "a waiting run cannot go on");
+                let (store, runs) = (self.store.clone(), self.runs.clone());
+                tokio::spawn(async move {
+                    fail(&*store, &trace, &mut emitter, &why).await;
+                    let _ = emitter.seal().await;
+                    runs.remove(trace.trace_id);
+                });
+            }
+        }
+        run
+    }
+
+    /// The run's plan again, for its continuation: its profile's model and tools as config
+    /// has them now, the request as it was.
+    fn replan(&self, trace: &Trace, checkpoint: &Checkpoint) -> Result<RunPlan, String> {
+        let profile = self
+            .settings
+            .profiles
+            .get(&trace.profile)
+            .ok_or_else(|| format!("its profile '{}' is no longer configured", trace.profile))?;
+        let provider = self
+            .providers
+            .get(&profile.provider)
+            .ok_or_else(|| format!("its provider '{}' is gone", profile.provider))?;
+        let Equipment { tools, gates, payload_types, .. } =
+            self.equip(profile, checkpoint.context.as_ref(), &checkpoint.client_tools).map_err(|e| e.to_string())?;
+        Ok(RunPlan {
+            conversation_id: trace.conversation_id,
+            user_message_id: trace.user_message_id,
+            message_id: trace.message_id,
+            trace_id: trace.trace_id,
+            profile: trace.profile.clone(),
+            provider_id: profile.provider.clone(),
+            provider,
+            request: checkpoint.request(),
+            tools,
+            max_iterations: profile.max_iterations,
+            payload_types,
+            limits: self.tool_limits(),
+            diagnostics: None,
+            comparison: trace.comparison_id.zip(trace.variant.clone()),
+            context_limit: profile.context_limit,
+            context: ContextKeeper::new(self.store.clone(), &trace.user_id, trace.conversation_id, false),
+            summarize_dropped: self.settings.chat.summarize_dropped,
+            user_id: trace.user_id.clone(),
+            gates,
+            approval_timeout: Duration::from_secs_f64(self.settings.tools.approval_timeout_secs.max(0.0)),
+            context_value: checkpoint.context.clone(),
+            client_tools: checkpoint.client_tools.clone(),
+        })
+    }
+
+    async fn last_seq(&self, trace_id: TraceId) -> u64 {
+        match self.store.trace_events(trace_id, 0).await {
+            Ok(events) => events.last().map_or(0, |e| e.seq as u64),
+            Err(_) => 0,
+        }
+    }
+}
+
+/// Ends a claimed run that cannot go on: an error and `done`, and its trace closed so.
+async fn fail(store: &dyn crate::store::Store, trace: &Trace, emitter: &mut super::runs::Emitter, why: &str) {
+    let message = format!("The run could not go on after it waited: {why}");
+    let record = RunFinish {
+        trace_id: trace.trace_id,
+        status: TraceStatus::Error,
+        ended_at: now(),
+        usage: trace.usage.unwrap_or_default(),
+        error: Some(RunError::new("INTERNAL", &message, None)),
+        spans: trace.spans.clone(),
+        assistant_message: None,
+    };
+    if let Err(e) = store.finish_run(&record).await {
+        tracing::error!(error = %e, trace_id = %trace.trace_id, "could not close the trace of a run that cannot go on");
+    }
+    let Trace { trace_id, message_id, conversation_id, .. } = *trace;
+    emitter.emit(Event::Error(Box::new(ErrorEvent {
+        code: "INTERNAL".into(),
+        message,
+        retryable: false,
+        message_id,
+        trace_id,
+    })));
+    emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+}
+
+/// Expires approvals nobody decided, until `shutdown`; on every replica (the store lets
+/// exactly one settle each), and after a restart as before it.
+pub fn spawn_expiry(core: Core, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(expiry_sweep(core.settings.tools.approval_timeout_secs));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if !core.is_draining() {
+                core.expire_approvals().await;
+            }
+        }
+    });
+}
