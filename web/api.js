@@ -78,6 +78,8 @@ export const api = {
   feedback: (messageId, rating) => json("PUT", `/api/messages/${messageId}/feedback`, { rating }),
   traceByMessage: (messageId) => json("GET", `/api/trace/by_message/${messageId}`),
   cancel: (target) => json("POST", "/api/cancel_stream", target),
+  decide: (approvalId, approved) => json("POST", `/api/approvals/${approvalId}`, { approved }),
+  toolResult: (traceId, result) => json("POST", `/api/runs/${traceId}/tool_results`, result),
   vote: (comparisonId, preference) => json("POST", `/api/ab/${comparisonId}/vote`, { preference }),
 
   /** POST /api/chat/stream (or /api/ab/stream): the run's events, after validation passed. */

@@ -23,7 +23,44 @@ const hooks = {
   act: runAction,
   feedback: rate,
   trace: showTrace,
+  decide: (approvalId, approved) => api.decide(approvalId, approved).catch(ignoreSettled),
+  clientTool: runPageTool,
 };
+
+// ---- the page's own tools (client tools, contract §15) ---------------------------------
+
+/** Tools this page runs itself: offered to the model with every message. */
+const PAGE_TOOLS = {
+  get_time_zone: {
+    description: "The user's time zone and UTC offset, as their browser knows them",
+    parameters: { type: "object", properties: {} },
+    run: () => ({
+      time_zone: Intl.DateTimeFormat().resolvedOptions().timeZone,
+      utc_offset_minutes: -new Date().getTimezoneOffset(),
+    }),
+  },
+};
+
+const pageToolSpecs = () =>
+  Object.entries(PAGE_TOOLS).map(([name, t]) => ({ name, description: t.description, parameters: t.parameters }));
+
+/** Runs a page tool a run asks for and sends its result back. */
+async function runPageTool(event, traceId) {
+  const tool = PAGE_TOOLS[event.tool];
+  let result;
+  try {
+    if (!tool) throw new Error(`This page has no tool named ${event.tool}`);
+    result = { tool_call_id: event.tool_call_id, output: tool.run(event.input) };
+  } catch (error) {
+    result = { tool_call_id: event.tool_call_id, output: error.message, is_error: true };
+  }
+  await api.toolResult(traceId, result).catch(ignoreSettled);
+}
+
+/** A decision or a result that was taken already (a replayed request after a reload) is fine. */
+function ignoreSettled(error) {
+  if (error.code !== "CONFLICT") showError(error);
+}
 
 // ---- errors ----------------------------------------------------------------------------
 
@@ -196,7 +233,7 @@ async function send(text, extra = {}) {
   const message = text.trim();
   if (!message || page.run) return;
   clearError();
-  const body = { message, ...extra };
+  const body = { message, client_tools: pageToolSpecs(), ...extra };
   if (page.conversationId) body.conversation_id = page.conversationId;
   const bubble = userBubble(message);
   addNode(bubble);

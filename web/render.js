@@ -48,7 +48,8 @@ function withoutMark(content) {
 export class AnswerView {
   /**
    * @param {object} hooks what the buttons do: `suggest(value)`, `act(action)`,
-   *   `feedback(view, rating)`, `trace(view)`.
+   *   `feedback(view, rating)`, `trace(view)`, `decide(approvalId, approved)`; and
+   *   `clientTool(event, traceId)`, which runs a tool of the page's when a run asks.
    */
   constructor(hooks, state = {}) {
     this.hooks = hooks;
@@ -159,8 +160,23 @@ export class AnswerView {
           Object.assign(tool(event.tool_call_id), { output: event.output, truncated: event.truncated });
         }
         break;
+      case "tool_approval_request":
+        // The run waits for a person: the card asks (contract §15).
+        s.tools[event.index] = { ...s.tools[event.index], status: "awaiting approval", approval: event.approval_id };
+        s.status = "Waiting for your approval…";
+        break;
+      case "tool_result_request":
+        s.tools[event.index] = { ...s.tools[event.index], status: "running in this page" };
+        this.hooks.clientTool?.(event, s.traceId);
+        break;
       case "tool_complete":
-        s.tools[event.index] = { ...s.tools[event.index], status: event.status, duration: event.duration_ms, note: "" };
+        s.tools[event.index] = {
+          ...s.tools[event.index],
+          status: event.status,
+          duration: event.duration_ms,
+          note: "",
+          approval: null,
+        };
         break;
       case "complete": {
         const p = event.payload;
@@ -304,6 +320,20 @@ export class AnswerView {
       summary.append(el("progress", { class: "tool-progress", max: "1", value: String(tool.progress) }));
     }
     if (tool.note) summary.append(el("span", { class: "tool-note" }, tool.note));
+    if (tool.approval && tool.status === "awaiting approval") {
+      const decide = (approved) => (event) => {
+        // A button in the summary would open the card too.
+        event.preventDefault();
+        tool.status = approved ? "approved" : "denied";
+        tool.approval = null;
+        this.scheduleRender();
+        this.hooks.decide?.(event.currentTarget.dataset.approval, approved);
+      };
+      summary.append(
+        el("button", { class: "approve", "data-approval": tool.approval, onclick: decide(true) }, "Approve"),
+        el("button", { class: "deny", "data-approval": tool.approval, onclick: decide(false) }, "Deny"),
+      );
+    }
     const input = typeof tool.input === "string" ? tool.input : JSON.stringify(tool.input, null, 2);
     const details = el(
       "dl",

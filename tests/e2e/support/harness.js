@@ -51,6 +51,10 @@ model = "mock-1"
 [profiles.other]
 provider = "mock"
 model = "mock-2"
+[profiles.vetted]
+provider = "mock"
+model = "mock-3"
+require_approval = ["calculator"]
 [mcp_servers.progress]
 command = "node"
 args = [${JSON.stringify(join(import.meta.dirname, "progress-server.js"))}]

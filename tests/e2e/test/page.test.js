@@ -139,6 +139,40 @@ test("a tool call shows as a collapsed card in place of its marker, and expands"
     await screenshot(page, "tool-card");
   }));
 
+test("a call that needs approval waits on its card: Approve runs it, Deny tells the model", (t) =>
+  withPage(t, "approval", async ({ page }) => {
+    await page.selectOption("#profile", "vetted");
+    await send(page, 'Add these [mock:tool=calculator {"expression": "6 * 7"}]');
+    const card = answers(page).last().locator("details.tool");
+    await card.locator("button.approve").waitFor();
+    assert.equal(await card.locator(".tool-state").innerText(), "awaiting approval");
+    assert.equal(await card.evaluate((d) => d.open), false, "the buttons are on the collapsed card");
+    await screenshot(page, "approval-waiting");
+    await card.locator("button.approve").click();
+    await finished(page).waitFor();
+    assert.match(await card.locator(".tool-state").innerText(), /^success · \d+ ms$/);
+    assert.ok((await answers(page).last().locator(".body").innerText()).includes("calculator said 42"));
+    assert.equal(await card.locator("button.approve").count(), 0, "no button once decided");
+
+    await send(page, 'And these [mock:tool=calculator {"expression": "1 + 1"}]');
+    const second = answers(page).last().locator("details.tool");
+    await second.locator("button.deny").click();
+    await finished(page).nth(1).waitFor();
+    assert.match(await second.locator(".tool-state").innerText(), /^denied/);
+    const text = await answers(page).last().locator(".body").innerText();
+    assert.ok(text.includes("The user denied this tool call"), text);
+  }));
+
+test("the page's own tool answers the run that asks for it", (t) =>
+  withPage(t, "client-tool", async ({ page }) => {
+    await send(page, "Which time zone am I in? [mock:tool=get_time_zone {}]");
+    await finished(page).waitFor();
+    const zone = await page.evaluate(() => Intl.DateTimeFormat().resolvedOptions().timeZone);
+    const text = await answers(page).locator(".body").innerText();
+    assert.ok(text.includes(`get_time_zone said {"time_zone":"${zone}"`), text);
+    assert.match(await answers(page).locator("details.tool .tool-state").innerText(), /^success · \d+ ms$/);
+  }));
+
 test("a long tool shows its status line and a live progress bar", (t) =>
   withPage(t, "progress", async ({ page }) => {
     await send(page, 'Count for me [mock:tool=slow_count {"steps": 4}]');
