@@ -27,6 +27,8 @@ pub struct ClientTurn {
     pub intent: Intent,
     pub profile: Option<String>,
     pub context: Option<Value>,
+    /// Tools the client runs (CONTRACT.md §15).
+    pub client_tools: Vec<crate::chat::request::ClientTool>,
 }
 
 /// What the turn does to the conversation.
@@ -94,7 +96,7 @@ impl Core {
             interaction_type: InteractionType::TextInput,
             action: None,
             diagnostics: false,
-            client_tools: Vec::new(),
+            client_tools: turn.client_tools,
             client: ClientIds {
                 chat_id: conversation.is_none().then(|| turn.chat_id.clone()),
                 message_id: turn.message_id,

@@ -32,8 +32,15 @@ pub enum Resumed {
 }
 
 impl Core {
-    /// Follows the user's run `trace_id` from the event after `after`.
-    pub async fn resume(&self, user: &UserId, trace_id: TraceId, after: u64) -> Result<Resumed, ControlError> {
+    /// Follows the user's run `trace_id` from the event after `after` (and, with
+    /// `through_waits`, on through its waits; else it stops where the run waits).
+    pub async fn resume(
+        &self,
+        user: &UserId,
+        trace_id: TraceId,
+        after: u64,
+        through_waits: bool,
+    ) -> Result<Resumed, ControlError> {
         let trace = self.store.get_trace(user, trace_id).await.map_err(ControlError::missing("Trace"))?;
         if let Some(run) = self.runs.get(trace_id) {
             if run.heard_all(after) {
@@ -52,17 +59,18 @@ impl Core {
                 return Ok(Resumed::HeardAll);
             }
         }
-        Ok(Resumed::Frames(self.follow(trace, after).boxed()))
+        Ok(Resumed::Frames(self.follow(trace, after, through_waits).boxed()))
     }
 
     /// A run's frames from its first, for the client that started it, then, if it waits
-    /// (CONTRACT.md §15), on from the log and its continuation, until `done`. With
-    /// `cancel_on_drop`, the run is cancelled if that client goes away while it runs here
-    /// (a resuming client never cancels by leaving).
+    /// (CONTRACT.md §15) and `through_waits`, on from the log and its continuation, until
+    /// `done`. With `cancel_on_drop`, the run is cancelled if that client goes away while it
+    /// runs here (a resuming client never cancels by leaving).
     pub fn follow_from_the_start(
         &self,
         run: Arc<LiveRun>,
         cancel_on_drop: bool,
+        through_waits: bool,
     ) -> impl Stream<Item = Frame> + Send + 'static {
         let core = self.clone();
         async_stream::stream! {
@@ -75,11 +83,11 @@ impl Core {
                 guard.done |= frame.is_last();
                 yield frame;
             }
-            if !run.is_parked() {
+            // It waits (or ended): leaving no longer stops it.
+            guard.done = true;
+            if !run.is_parked() || !through_waits {
                 return;
             }
-            // It waits: leaving no longer stops it.
-            guard.done = true;
             let trace = match core.store.get_trace(&run.user_id, run.trace_id).await {
                 Ok(trace) => trace,
                 Err(e) => {
@@ -87,7 +95,7 @@ impl Core {
                     return;
                 }
             };
-            let mut rest = std::pin::pin!(core.follow(trace, after));
+            let mut rest = std::pin::pin!(core.follow(trace, after, true));
             while let Some(frame) = rest.next().await {
                 yield frame;
             }
@@ -97,8 +105,8 @@ impl Core {
     /// Follows a run from `after` wherever it is, until `done`: live while it runs in this
     /// process, else from its log, read again whenever its process (or whoever continues it
     /// after a wait) tells that the log grew. A run whose process died ends with one error
-    /// and `done`.
-    pub fn follow(&self, trace: Trace, after: u64) -> impl Stream<Item = Frame> + Send + 'static {
+    /// and `done`. Without `through_waits`, the frames end where the run waits.
+    pub fn follow(&self, trace: Trace, after: u64, through_waits: bool) -> impl Stream<Item = Frame> + Send + 'static {
         let core = self.clone();
         let trace_id = trace.trace_id;
         async_stream::stream! {
@@ -115,8 +123,8 @@ impl Core {
                             return;
                         }
                     }
-                    if !run.is_parked() {
-                        // Ended with `done` at or before `after`.
+                    if !run.is_parked() || !through_waits {
+                        // Ended with `done` at or before `after`, or waits.
                         return;
                     }
                     continue;
@@ -164,6 +172,7 @@ impl Core {
                         news.changed().await;
                         true
                     }
+                    TraceStatus::Waiting if !through_waits => return,
                     TraceStatus::Waiting => {
                         news.changed().await;
                         true

@@ -31,7 +31,47 @@ fn expiry_sweep(timeout_secs: f64) -> Duration {
 /// (its log sealed) before it takes the run over.
 const HANDOVER_WAIT: Duration = Duration::from_secs(5);
 
+/// What a client library's next request says of a waiting run's call (CONTRACT.md §13).
+#[derive(Debug, Clone, PartialEq)]
+pub enum WaitAnswer {
+    Approval { approval_id: Uuid, approved: bool, reason: Option<String> },
+    Result { tool_call_id: String, output: String, is_error: bool },
+}
+
 impl Core {
+    /// Settles what a client's request answers of the waiting run that produces
+    /// `message_id` (what it settled already, or does not wait on, is passed over), and
+    /// returns that run's trace with the seq of its last event before it went on; `None`
+    /// when no run of that message waits.
+    pub async fn answer_waits(
+        &self,
+        user: &UserId,
+        message_id: crate::ids::MessageId,
+        answers: Vec<WaitAnswer>,
+    ) -> Result<Option<(Trace, u64)>, ControlError> {
+        let trace = match self.store.trace_by_message(user, message_id).await {
+            Ok(trace) if trace.status == TraceStatus::Waiting => trace,
+            Ok(_) | Err(StoreError::NotFound) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let after = self.last_seq(trace.trace_id).await;
+        for answer in answers {
+            let settled = match answer {
+                WaitAnswer::Approval { approval_id, approved, reason } => {
+                    self.decide(user, approval_id, approved, reason).await
+                }
+                WaitAnswer::Result { tool_call_id, output, is_error } => {
+                    self.tool_result(user, trace.trace_id, &tool_call_id, output, is_error).await
+                }
+            };
+            match settled {
+                Ok(_) | Err(ControlError::Missing(_) | ControlError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some((trace, after)))
+    }
+
     /// A person's decision on an approval (`POST /api/approvals/{approval_id}`).
     pub async fn decide(
         &self,

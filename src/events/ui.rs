@@ -62,6 +62,15 @@ pub enum UiChunk<'a> {
         tool_call_id: &'a str,
         error_text: String,
     },
+    /// The call waits for a person (CONTRACT.md §15; `ai` 6 on).
+    ToolApprovalRequest {
+        approval_id: &'a str,
+        tool_call_id: &'a str,
+    },
+    /// A person denied the call, or its approval expired: it did not run (`ai` 6 on).
+    ToolOutputDenied {
+        tool_call_id: &'a str,
+    },
     /// A status line: shown while it is current, never part of the message.
     #[serde(rename = "data-status")]
     DataStatus {
@@ -134,12 +143,16 @@ pub struct ToUi {
     parts: usize,
     /// Tools' outputs until their `tool_complete` tells whether they failed.
     outputs: HashMap<String, String>,
+    /// The last events were a waiting run's requests (CONTRACT.md §15): a stream that ends
+    /// here ends the message's turn for now ([`end`](Self::end)).
+    waiting: bool,
 }
 
 impl ToUi {
     /// Appends the chunks of `event` to `out`; `done` has none (the stream's `[DONE]` is the
     /// encoder's).
     pub fn translate<'a>(&mut self, event: &'a Event, out: &mut Vec<UiChunk<'a>>) {
+        self.waiting = matches!(event, Event::ToolApprovalRequest(_) | Event::ToolResultRequest(_));
         match event {
             Event::Start(start) => {
                 out.push(UiChunk::Start { message_id: start.message_id.to_string() });
@@ -204,6 +217,7 @@ impl ToUi {
                     ToolStatus::Success => {
                         UiChunk::ToolOutputAvailable { tool_call_id, output: output.unwrap_or_default() }
                     }
+                    ToolStatus::Denied => UiChunk::ToolOutputDenied { tool_call_id },
                     status => UiChunk::ToolOutputError {
                         tool_call_id,
                         error_text: output
@@ -212,9 +226,14 @@ impl ToUi {
                     },
                 });
             }
-            // A waiting run's requests are not in this vocabulary yet (§13's interrupt mapping
-            // is to come): its stream stays open until the run goes on.
-            Event::ToolApprovalRequest(_) | Event::ToolResultRequest(_) => {}
+            Event::ToolApprovalRequest(request) => {
+                out.push(UiChunk::ToolApprovalRequest {
+                    approval_id: &request.approval_id,
+                    tool_call_id: &request.tool_call_id,
+                });
+            }
+            // The client tool's call went out whole at its `tool_start`: the client runs it.
+            Event::ToolResultRequest(_) => {}
             Event::Usage(usage) => {
                 let message_metadata = Metadata { usage: Some(usage), ..Metadata::default() };
                 out.push(UiChunk::MessageMetadata { message_metadata });
@@ -245,6 +264,26 @@ impl ToUi {
                 out.push(UiChunk::Error { error_text: &error.message });
             }
             Event::Done { .. } => {}
+        }
+    }
+
+    /// A message's answer that goes on after its run waited: the same message, from where
+    /// it stopped. (Starts with a `start` of the message's id; see [`start`](Self::start).)
+    pub fn continuing() -> Self {
+        Self { waiting: true, ..Self::default() }
+    }
+
+    /// The `start` of a stream that continues message `message_id`.
+    pub fn start(message_id: String) -> UiChunk<'static> {
+        UiChunk::Start { message_id }
+    }
+
+    /// The end of a stream that stops where the run waits (CONTRACT.md §15): the step and
+    /// the message end for now; the client's next request goes on with them.
+    pub fn end(&mut self, out: &mut Vec<UiChunk<'_>>) {
+        if std::mem::take(&mut self.waiting) {
+            self.end_step(out);
+            out.push(UiChunk::Finish);
         }
     }
 

@@ -116,6 +116,7 @@ impl RunAgentInput {
             intent: Intent::Send,
             profile,
             context,
+            client_tools: Vec::new(),
         };
         Ok((turn, self.run_id))
     }

@@ -40,9 +40,20 @@ async fn stream(
 }
 
 /// A run's frames from its first, for the client that started it (cancelled if it leaves
-/// early, with `on_disconnect = "cancel"`).
+/// early, with `on_disconnect = "cancel"`), on through its waits (CONTRACT.md §15).
 pub(super) fn from_the_start(state: &AppState, run: Arc<LiveRun>) -> impl Stream<Item = Frame> + Send + 'static {
-    state.chat.follow_from_the_start(run, state.settings.stream.on_disconnect == OnDisconnect::Cancel)
+    until_done(state, run, true)
+}
+
+/// A run's frames from its first, to its `done` or, without `through_waits`, to where it
+/// waits.
+pub(super) fn until_done(
+    state: &AppState,
+    run: Arc<LiveRun>,
+    through_waits: bool,
+) -> impl Stream<Item = Frame> + Send + 'static {
+    let cancel_on_drop = state.settings.stream.on_disconnect == OnDisconnect::Cancel;
+    state.chat.follow_from_the_start(run, cancel_on_drop, through_waits)
 }
 
 #[derive(Deserialize)]
@@ -71,7 +82,7 @@ async fn resume(
     if i64::try_from(after).is_err() {
         return Err(AppError::validation("after", "after must be an event's seq"));
     }
-    match state.chat.resume(&user, trace_id, after).await? {
+    match state.chat.resume(&user, trace_id, after, true).await? {
         // A client that saw the run's `done` has nothing left to hear: 204, which also tells
         // an EventSource to stop reconnecting (instead of a stream that ends at once, again
         // and again).

@@ -29,6 +29,10 @@ pub trait Encoder: Send + 'static {
     /// Appends the SSE frames of `item` to `out`: none where the vocabulary has no word for it.
     fn encode(&mut self, item: &Self::Item, out: &mut String);
 
+    /// Appends what the vocabulary says when the items end without their own ending (a
+    /// run that waits, CONTRACT.md §15).
+    fn end(&mut self, _out: &mut String) {}
+
     /// About how many bytes `item` takes (to size a write once).
     fn size(&self, _item: &Self::Item) -> usize {
         256
@@ -91,15 +95,50 @@ fn push_data(out: &mut String, data: &str) {
 /// `data: [DONE]` after the run's `done`. A client resumes it from its first chunk, so the
 /// frames carry no ids.
 #[derive(Default)]
-pub struct UiMessages(ToUi);
+pub struct UiMessages {
+    to_ui: ToUi,
+    /// The `start` of a stream that continues a message, sent before its first chunk.
+    start: Option<String>,
+}
+
+impl UiMessages {
+    /// A run's stream from its `start` event.
+    pub fn new() -> Self {
+        Self { to_ui: ToUi::default(), start: None }
+    }
+
+    /// The stream of message `message_id`'s answer going on after its run waited.
+    pub fn continuing(message_id: MessageId) -> Self {
+        Self { to_ui: ToUi::continuing(), start: Some(message_id.to_string()) }
+    }
+
+    fn open(&mut self, out: &mut String) {
+        if let Some(message_id) = self.start.take() {
+            push_data(out, &serde_json::to_string(&ToUi::start(message_id)).expect("chunks serialize"));
+        }
+    }
+}
 
 impl Encoder for UiMessages {
     type Item = Frame;
 
+    fn end(&mut self, out: &mut String) {
+        self.open(out);
+        let mut chunks = Vec::new();
+        self.to_ui.end(&mut chunks);
+        if !chunks.is_empty() {
+            for chunk in &chunks {
+                push_data(out, &serde_json::to_string(chunk).expect("chunks serialize"));
+            }
+            push_data(out, "[DONE]");
+        }
+    }
+
     fn encode(&mut self, frame: &Frame, out: &mut String) {
+        self.open(out);
         let Some(event) = frame.event.as_deref() else { return };
         let mut chunks = Vec::new();
-        self.0.translate(event, &mut chunks);
+        self.to_ui.translate(event, &mut chunks);
         for chunk in &chunks {
             push_data(out, &serde_json::to_string(chunk).expect("chunks serialize"));
         }
@@ -199,7 +238,14 @@ pub fn sse<E: Encoder>(
                             yield Ok::<_, Infallible>(Bytes::from(out));
                         }
                     }
-                    None => break,
+                    None => {
+                        let mut out = String::new();
+                        encoder.end(&mut out);
+                        if !out.is_empty() {
+                            yield Ok(Bytes::from(out));
+                        }
+                        break;
+                    }
                 },
                 _ = idle.tick() => {
                     if !std::mem::take(&mut sent) {

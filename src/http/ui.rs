@@ -12,12 +12,14 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::AppState;
-use super::chat::from_the_start;
+use super::chat::until_done;
 use super::error::AppError;
 use super::extract::{AppJson, CurrentUser};
 use super::sse::{UiMessages, sse};
 use super::views::*;
+use crate::chat::waits::WaitAnswer;
 use crate::chat::{ClientTurn, Intent, Resumed};
+use crate::ids::{MessageId, UserId};
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/ui/chat", post(chat)).route("/api/ui/chat/{id}/stream", get(resume))
@@ -43,6 +45,9 @@ pub struct UiChatBody {
     /// Page context for the system prompt, as in `POST /api/chat/stream`.
     #[serde(default)]
     context: Option<Value>,
+    /// Tools the client runs (`onToolCall`), as in `POST /api/chat/stream` (CONTRACT.md §15).
+    #[serde(default)]
+    client_tools: Vec<crate::chat::request::ClientTool>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
@@ -58,8 +63,10 @@ pub enum Trigger {
 pub struct UiMessage {
     id: String,
     role: String,
+    /// A user message's text parts; an answer's tool parts, when they answer a waiting run.
     #[serde(default)]
-    parts: Vec<UiPart>,
+    #[schema(value_type = Vec<Object>)]
+    parts: Vec<Value>,
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -82,7 +89,9 @@ impl UiChatBody {
         let last = last_user_message(self.messages, |m| &m.role)?;
         let mut text = String::new();
         for part in &last.parts {
-            match part {
+            let part = serde_json::from_value::<UiPart>(part.clone())
+                .map_err(|e| AppError::validation("messages", format!("A message part does not read: {e}")))?;
+            match &part {
                 UiPart::Text { text: part } => text.push_str(part),
                 UiPart::File {} => {
                     return Err(AppError::validation("messages", "File parts are not supported yet: send text"));
@@ -102,6 +111,7 @@ impl UiChatBody {
             intent,
             profile: self.profile,
             context: self.context,
+            client_tools: self.client_tools,
         })
     }
 }
@@ -122,8 +132,63 @@ async fn chat(
     CurrentUser(user): CurrentUser,
     AppJson(body): AppJson<UiChatBody>,
 ) -> Result<Response, AppError> {
+    if let Some(continued) = continuation(&state, &user, &body).await? {
+        return Ok(continued);
+    }
     let run = state.chat.start_for_client(&user, body.into_turn()?).await?;
-    Ok(ui_stream(sse(&state, from_the_start(&state, run), UiMessages::default())))
+    // The stream ends where the run waits: the client's next request goes on with it.
+    Ok(ui_stream(sse(&state, until_done(&state, run, false), UiMessages::new())))
+}
+
+/// The client's next request after its answer's run waited (CONTRACT.md §15): a
+/// `submit-message` naming the answer, whose tool parts carry approval responses
+/// (`approval-responded`) or client tools' outputs (`output-available`, `output-error`).
+/// They settle the run's calls, and the stream goes on with the same message where it
+/// stopped; `None` when no run of that answer waits.
+async fn continuation(state: &AppState, user: &UserId, body: &UiChatBody) -> Result<Option<Response>, AppError> {
+    let (Trigger::SubmitMessage, Some(id)) = (body.trigger, &body.message_id) else { return Ok(None) };
+    let Some(answer) = body.messages.last().filter(|m| m.role == "assistant" && m.id == *id) else {
+        return Ok(None);
+    };
+    let Ok(message_id) = id.parse::<uuid::Uuid>().map(MessageId::from) else { return Ok(None) };
+    let answers = answer.parts.iter().filter_map(wait_answer).collect();
+    let Some((trace, after)) = state.chat.answer_waits(user, message_id, answers).await? else {
+        return Ok(None);
+    };
+    let frames = state.chat.follow(trace, after, false);
+    Ok(Some(ui_stream(sse(state, frames, UiMessages::continuing(message_id)))))
+}
+
+/// What a tool part of the AI SDK says of a waiting call, if anything.
+fn wait_answer(part: &Value) -> Option<WaitAnswer> {
+    let kind = part.get("type")?.as_str()?;
+    if !(kind.starts_with("tool-") || kind == "dynamic-tool") {
+        return None;
+    }
+    let text = |value: &Value| match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let tool_call_id = part.get("toolCallId")?.as_str()?.to_owned();
+    match part.get("state")?.as_str()? {
+        "approval-responded" => {
+            let approval = part.get("approval")?;
+            Some(WaitAnswer::Approval {
+                approval_id: approval.get("id")?.as_str()?.parse().ok()?,
+                approved: approval.get("approved")?.as_bool()?,
+                reason: approval.get("reason").and_then(Value::as_str).map(str::to_owned),
+            })
+        }
+        "output-available" => {
+            Some(WaitAnswer::Result { tool_call_id, output: text(part.get("output")?), is_error: false })
+        }
+        "output-error" => Some(WaitAnswer::Result {
+            tool_call_id,
+            output: part.get("errorText").map(text).unwrap_or_default(),
+            is_error: true,
+        }),
+        _ => None,
+    }
 }
 
 #[utoipa::path(get, operation_id = "ui_chat_resume", path = "/api/ui/chat/{id}/stream", tag = "clients", params(("id" = String, Path, description = "The chat's id (a conversation's id or external_id)")), responses((status = 200, description = "The chat's running run from its first chunk, then live, until `[DONE]`", content_type = "text/event-stream", body = String), (status = 204, description = "No run of this chat is running"), Refused))]
@@ -135,9 +200,9 @@ async fn resume(
     let Some(trace_id) = state.chat.running_in_chat(&user, &id).await? else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
-    match state.chat.resume(&user, trace_id, 0).await? {
+    match state.chat.resume(&user, trace_id, 0, false).await? {
         Resumed::HeardAll => Ok(StatusCode::NO_CONTENT.into_response()),
-        Resumed::Frames(frames) => Ok(ui_stream(sse(&state, frames, UiMessages::default()))),
+        Resumed::Frames(frames) => Ok(ui_stream(sse(&state, frames, UiMessages::new()))),
     }
 }
 

@@ -1379,23 +1379,15 @@ export interface components {
             profile?: string | null;
             /** @description Page context for the system prompt, as in `POST /api/chat/stream`. */
             context?: unknown;
+            /** @description Tools the client runs (`onToolCall`), as in `POST /api/chat/stream` (CONTRACT.md §15). */
+            client_tools?: components["schemas"]["ClientTool"][];
         };
         /** @description A `UIMessage` of the AI SDK: only its id, role and parts are read. */
         UiMessage: {
             id: string;
             role: string;
-            parts?: components["schemas"]["UiPart"][];
-        };
-        UiPart: {
-            text: string;
-            /** @enum {string} */
-            type: "text";
-        } | {
-            /** @enum {string} */
-            type: "file";
-        } | {
-            /** @enum {string} */
-            type: "other";
+            /** @description A user message's text parts; an answer's tool parts, when they answer a waiting run. */
+            parts?: Record<string, never>[];
         };
         /** @description Token counts of one model call, or summed over a run. */
         Usage: {

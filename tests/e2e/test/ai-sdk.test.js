@@ -52,6 +52,28 @@ async function send(ai, user, { chatId, messages, trigger = "submit-message", me
   return rebuild(ai, stream);
 }
 
+/**
+ * The request `useChat` sends after a waiting answer was answered (approval responses or
+ * tool outputs in its parts), read on into that same message as `useChat` does.
+ */
+async function goOn(ai, user, { chatId, messages, body }) {
+  const answer = messages.at(-1);
+  const stream = await transport(ai, user).sendMessages({
+    chatId,
+    messages,
+    trigger: "submit-message",
+    messageId: answer.id,
+    abortSignal: undefined,
+    body,
+  });
+  const errors = [];
+  let message;
+  for await (const snapshot of ai.readUIMessageStream({ message: answer, stream, onError: (e) => errors.push(e.message) })) {
+    message = snapshot;
+  }
+  return { message, errors };
+}
+
 /** The conversation as chatd stored it (its active branch). */
 async function stored(user, conversationId) {
   const { status, body } = await chatd.api(`/api/conversations/${conversationId}`, user);
@@ -268,6 +290,92 @@ for (const [name, ai] of Object.entries(versions)) {
         [question.id, branch[0].id],
       );
     });
+
+    // Approvals need ai 6's tool-approval-request chunk; client tools work from ai 5 on, but
+    // their next request is what ai 6's sendAutomaticallyWhen helpers send.
+    if (name !== "ai@5.0.0") {
+      test("an approval ends the stream; the response in the next request goes on with the same message", async () => {
+        const user = `ui-approve-${name}`;
+        const chatId = newChat(name);
+        const question = userMessage("u1", 'Add [mock:tool=calculator {"expression": "6 * 7"}]');
+        const first = await send(ai, user, { chatId, messages: [question], body: { profile: "vetted" } });
+        assert.deepEqual(first.errors, []);
+        const [asked] = first.message.parts.filter((p) => p.type === "tool-calculator");
+        assert.equal(asked.state, "approval-requested");
+        const trace = await chatd.api(`/api/trace/${first.message.metadata.trace_id}`, user);
+        assert.equal(trace.body.status, "waiting");
+        assert.equal(asked.approval.id, trace.body.events.find((e) => e.type === "tool_approval_request").data.approval_id);
+
+        // What addToolApprovalResponse makes of the part, then what sendAutomaticallyWhen sends.
+        const responded = {
+          ...first.message,
+          parts: first.message.parts.map((p) =>
+            p === asked ? { ...p, state: "approval-responded", approval: { id: asked.approval.id, approved: true } } : p,
+          ),
+        };
+        assert.ok(ai.lastAssistantMessageIsCompleteWithApprovalResponses({ messages: [question, responded] }));
+        const { message, errors } = await goOn(ai, user, {
+          chatId,
+          messages: [question, responded],
+          body: { profile: "vetted" },
+        });
+        assert.deepEqual(errors, []);
+        assert.equal(message.id, first.message.id, "the same message goes on");
+        const [tool] = message.parts.filter((p) => p.type === "tool-calculator");
+        assert.equal(tool.state, "output-available");
+        assert.equal(tool.output, "42");
+        const conversation = await stored(user, first.message.metadata.conversation_id);
+        assert.deepEqual(conversation.messages.map((m) => m.role), ["user", "assistant"], "one answer");
+        const answer = conversation.messages[1];
+        assert.equal(answer.id, message.id);
+        assert.equal(textOf(message), withoutMarkers(answer.content));
+        assert.ok(textOf(message).includes("calculator said 42"), textOf(message));
+      });
+
+      test("a denied approval is an output-denied part, and the model is told", async () => {
+        const user = `ui-deny-${name}`;
+        const chatId = newChat(name);
+        const question = userMessage("u1", 'Add [mock:tool=calculator {"expression": "1 + 1"}]');
+        const first = await send(ai, user, { chatId, messages: [question], body: { profile: "vetted" } });
+        const [asked] = first.message.parts.filter((p) => p.type === "tool-calculator");
+        const responded = {
+          ...first.message,
+          parts: first.message.parts.map((p) =>
+            p === asked
+              ? { ...p, state: "approval-responded", approval: { id: asked.approval.id, approved: false, reason: "not now" } }
+              : p,
+          ),
+        };
+        const { message, errors } = await goOn(ai, user, { chatId, messages: [question, responded] });
+        assert.deepEqual(errors, []);
+        const [tool] = message.parts.filter((p) => p.type === "tool-calculator");
+        assert.equal(tool.state, "output-denied");
+        assert.ok(textOf(message).includes("The user denied this tool call: not now"), textOf(message));
+      });
+
+      test("a client tool's call ends the stream; its output in the next request goes on", async () => {
+        const user = `ui-client-${name}`;
+        const chatId = newChat(name);
+        const body = { client_tools: [{ name: "get_location", description: "Where the user is" }] };
+        const question = userMessage("u1", "Where am I? [mock:tool=get_location {}]");
+        const first = await send(ai, user, { chatId, messages: [question], body });
+        assert.deepEqual(first.errors, []);
+        const [call] = first.message.parts.filter((p) => p.type === "tool-get_location");
+        assert.equal(call.state, "input-available");
+        // What addToolResult (addToolOutput) makes of the part.
+        const answered = {
+          ...first.message,
+          parts: first.message.parts.map((p) => (p === call ? { ...p, state: "output-available", output: { city: "Oslo" } } : p)),
+        };
+        assert.ok(ai.lastAssistantMessageIsCompleteWithToolCalls({ messages: [question, answered] }));
+        const { message, errors } = await goOn(ai, user, { chatId, messages: [question, answered], body });
+        assert.deepEqual(errors, []);
+        assert.equal(message.id, first.message.id);
+        assert.ok(textOf(message).includes('get_location said {"city":"Oslo"}'), textOf(message));
+        const answer = (await stored(user, first.message.metadata.conversation_id)).messages[1];
+        assert.equal(answer.tool_history[0].output, '{"city":"Oslo"}');
+      });
+    }
   });
 }
 
