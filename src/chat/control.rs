@@ -185,6 +185,12 @@ impl Core {
     async fn cancel_elsewhere(&self, user: &UserId, trace_id: TraceId) -> Result<(), ControlError> {
         // Watching before asking: the run's last events cannot be told in between.
         let mut news = self.news.watch(trace_id);
+        // A run of this process leaves the registry only once its end is stored: one that
+        // ended (cancelled by another request, say) since this cancel read it is over, not
+        // elsewhere.
+        if self.store.get_trace(user, trace_id).await?.status != TraceStatus::Running {
+            return Err(ControlError::Ended(ENDED));
+        }
         self.store.notify(Notice::Cancel(trace_id)).await?;
         let ended = async {
             loop {

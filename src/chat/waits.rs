@@ -38,23 +38,36 @@ pub enum WaitAnswer {
     Result { tool_call_id: String, output: String, is_error: bool },
 }
 
+/// A waiting run a client's request answered: its trace, the seq of its last event before
+/// the requests it waited on, and of the last of them.
+pub struct Answered {
+    pub trace: Trace,
+    pub waited_from: u64,
+    pub waited_to: u64,
+}
+
 impl Core {
     /// Settles what a client's request answers of the waiting run that produces
-    /// `message_id` (what it settled already, or does not wait on, is passed over), and
-    /// returns that run's trace with the seq of its last event before it went on; `None`
+    /// `message_id` (what it settled already, or does not wait on, is passed over); `None`
     /// when no run of that message waits.
     pub async fn answer_waits(
         &self,
         user: &UserId,
         message_id: crate::ids::MessageId,
         answers: Vec<WaitAnswer>,
-    ) -> Result<Option<(Trace, u64)>, ControlError> {
+    ) -> Result<Option<Answered>, ControlError> {
         let trace = match self.store.trace_by_message(user, message_id).await {
             Ok(trace) if trace.status == TraceStatus::Waiting => trace,
             Ok(_) | Err(StoreError::NotFound) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let after = self.last_seq(trace.trace_id).await;
+        let events = self.store.trace_events(trace.trace_id, 0).await?;
+        let waited_to = events.last().map_or(0, |e| e.seq as u64);
+        let waited_from = events
+            .iter()
+            .rev()
+            .find(|e| !matches!(e.kind.as_str(), "tool_approval_request" | "tool_result_request"))
+            .map_or(0, |e| e.seq as u64);
         for answer in answers {
             let settled = match answer {
                 WaitAnswer::Approval { approval_id, approved, reason } => {
@@ -69,7 +82,7 @@ impl Core {
                 Err(e) => return Err(e),
             }
         }
-        Ok(Some((trace, after)))
+        Ok(Some(Answered { trace, waited_from, waited_to }))
     }
 
     /// A person's decision on an approval (`POST /api/approvals/{approval_id}`).

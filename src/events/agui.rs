@@ -14,24 +14,103 @@ use crate::domain::Usage;
 #[derive(Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "SCREAMING_SNAKE_CASE", rename_all_fields = "camelCase")]
 pub enum AguiEvent<'a> {
-    RunStarted { thread_id: String, run_id: String },
-    StepStarted { step_name: String },
-    StepFinished { step_name: String },
-    TextMessageStart { message_id: String, role: &'static str },
-    TextMessageContent { message_id: String, delta: &'a str },
-    TextMessageEnd { message_id: String },
-    ReasoningStart { message_id: String },
-    ReasoningMessageStart { message_id: String, role: &'static str },
-    ReasoningMessageContent { message_id: String, delta: &'a str },
-    ReasoningMessageEnd { message_id: String },
-    ReasoningEnd { message_id: String },
-    ToolCallStart { tool_call_id: String, tool_call_name: &'a str, parent_message_id: String },
-    ToolCallArgs { tool_call_id: &'a str, delta: String },
-    ToolCallEnd { tool_call_id: String },
-    ToolCallResult { message_id: String, tool_call_id: &'a str, content: &'a str, role: &'static str },
-    Custom { name: &'static str, value: CustomValue<'a> },
-    RunFinished { thread_id: String, run_id: String, result: &'a CompletePayload },
-    RunError { message: String, code: String },
+    RunStarted {
+        thread_id: String,
+        run_id: String,
+    },
+    StepStarted {
+        step_name: String,
+    },
+    StepFinished {
+        step_name: String,
+    },
+    TextMessageStart {
+        message_id: String,
+        role: &'static str,
+    },
+    TextMessageContent {
+        message_id: String,
+        delta: &'a str,
+    },
+    TextMessageEnd {
+        message_id: String,
+    },
+    ReasoningStart {
+        message_id: String,
+    },
+    ReasoningMessageStart {
+        message_id: String,
+        role: &'static str,
+    },
+    ReasoningMessageContent {
+        message_id: String,
+        delta: &'a str,
+    },
+    ReasoningMessageEnd {
+        message_id: String,
+    },
+    ReasoningEnd {
+        message_id: String,
+    },
+    ToolCallStart {
+        tool_call_id: String,
+        tool_call_name: &'a str,
+        parent_message_id: String,
+    },
+    ToolCallArgs {
+        tool_call_id: &'a str,
+        delta: String,
+    },
+    ToolCallEnd {
+        tool_call_id: String,
+    },
+    ToolCallResult {
+        message_id: String,
+        tool_call_id: &'a str,
+        content: &'a str,
+        role: &'static str,
+    },
+    Custom {
+        name: &'static str,
+        value: CustomValue<'a>,
+    },
+    RunFinished {
+        thread_id: String,
+        run_id: String,
+        result: &'a CompletePayload,
+    },
+    /// The run waits (CONTRACT.md §15): a run whose `resume[]` (or tool messages) answers
+    /// these interrupts goes on with it.
+    #[serde(rename = "RUN_FINISHED")]
+    RunInterrupted {
+        thread_id: String,
+        run_id: String,
+        outcome: Outcome,
+    },
+    RunError {
+        message: String,
+        code: String,
+    },
+}
+
+/// Why a run ended, where it is not plain success.
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Outcome {
+    Interrupt { interrupts: Vec<Interrupt> },
+}
+
+/// What a waiting run needs: a person's approval (`id` is the approval id) or a client
+/// tool's result (`id` is the call's id).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Interrupt {
+    pub id: String,
+    /// `tool_approval` or `client_tool`.
+    pub reason: &'static str,
+    pub tool_call_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
 }
 
 /// A `CUSTOM` event's value: a status line, a tool's progress or end, a model call's usage.
@@ -63,6 +142,8 @@ pub struct ToAgui {
     current: Option<String>,
     /// Tool calls started and not yet ended.
     calls: HashSet<String>,
+    /// What the run waits for, if its last events asked (CONTRACT.md §15).
+    interrupts: Vec<Interrupt>,
 }
 
 impl ToAgui {
@@ -78,11 +159,39 @@ impl ToAgui {
             reasonings: 0,
             current: None,
             calls: HashSet::new(),
+            interrupts: Vec::new(),
         }
+    }
+
+    /// A run that goes on with answer `message_id` after it waited.
+    pub fn continuing(thread_id: String, run_id: String, message_id: String) -> Self {
+        Self { message_id, ..Self::new(thread_id, run_id) }
+    }
+
+    /// `RUN_STARTED`, for a stream that does not begin with the run's `start`.
+    pub fn run_started(&self) -> AguiEvent<'static> {
+        AguiEvent::RunStarted { thread_id: self.thread_id.clone(), run_id: self.run_id.clone() }
+    }
+
+    /// The end of a stream that stops where the run waits: what is open ends, and the run
+    /// finishes with the interrupts.
+    pub fn end(&mut self, out: &mut Vec<AguiEvent<'_>>) {
+        if self.interrupts.is_empty() {
+            return;
+        }
+        self.end_all(out);
+        out.push(AguiEvent::RunInterrupted {
+            thread_id: self.thread_id.clone(),
+            run_id: self.run_id.clone(),
+            outcome: Outcome::Interrupt { interrupts: std::mem::take(&mut self.interrupts) },
+        });
     }
 
     /// Appends the AG-UI events of `event` to `out`.
     pub fn translate<'a>(&mut self, event: &'a Event, out: &mut Vec<AguiEvent<'a>>) {
+        if !matches!(event, Event::ToolApprovalRequest(_) | Event::ToolResultRequest(_)) {
+            self.interrupts.clear();
+        }
         match event {
             Event::Start(start) => {
                 self.message_id = start.message_id.to_string();
@@ -138,9 +247,18 @@ impl ToAgui {
             Event::ToolComplete(complete) => {
                 out.push(AguiEvent::Custom { name: "tool_complete", value: CustomValue::ToolComplete(complete) });
             }
-            // A waiting run's requests are not in this vocabulary yet (§13's interrupt mapping
-            // is to come): its stream stays open until the run goes on.
-            Event::ToolApprovalRequest(_) | Event::ToolResultRequest(_) => {}
+            Event::ToolApprovalRequest(request) => self.interrupts.push(Interrupt {
+                id: request.approval_id.clone(),
+                reason: "tool_approval",
+                tool_call_id: request.tool_call_id.clone(),
+                expires_at: Some(request.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            }),
+            Event::ToolResultRequest(request) => self.interrupts.push(Interrupt {
+                id: request.tool_call_id.clone(),
+                reason: "client_tool",
+                tool_call_id: request.tool_call_id.clone(),
+                expires_at: None,
+            }),
             Event::Usage(usage) => {
                 out.push(AguiEvent::Custom { name: "usage", value: CustomValue::Usage(usage) });
             }

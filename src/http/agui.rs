@@ -10,14 +10,17 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::AppState;
-use super::chat::from_the_start;
+use super::chat::until_done;
 use super::error::AppError;
 use super::extract::{AppJson, CurrentUser};
 use super::sse::{Agui, sse};
 use super::ui::last_user_message;
 use super::views::*;
+use crate::chat::request::ClientTool;
+use crate::chat::waits::WaitAnswer;
 use crate::chat::{ClientTurn, Intent};
 use crate::events::agui::ToAgui;
+use crate::ids::UserId;
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/agui", post(run))
@@ -35,34 +38,61 @@ pub struct RunAgentInput {
     /// The client's messages; the last user message is the one sent.
     #[serde(default)]
     messages: Vec<AguiMessage>,
-    /// The client's tools: not offered to the model in this version (CONTRACT.md §15 is not
-    /// built yet).
+    /// The client's tools (CONTRACT.md §15): offered to the model; a call of one ends the run
+    /// with an interrupt, and the client's next run (a tool message, or `resume[]`) answers it.
     #[serde(default)]
-    #[allow(dead_code)]
-    #[schema(value_type = Vec<Object>)]
-    tools: Vec<Value>,
+    tools: Vec<AguiTool>,
     /// Entries for the system prompt's context section.
     #[serde(default)]
     context: Vec<AguiContext>,
-    /// Answers to interrupts (CONTRACT.md §15): refused in this version.
+    /// Answers to the interrupts of the thread's waiting run (CONTRACT.md §15).
     #[serde(default)]
-    #[schema(value_type = Option<Vec<Object>>)]
-    resume: Option<Vec<Value>>,
+    resume: Option<Vec<ResumeEntry>>,
     /// `profile` picks the profile to answer with.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     forwarded_props: Option<Value>,
 }
 
-/// One message of the thread: its text content is read.
+/// One message of the thread: its text content is read (and a `tool` message's call id
+/// and error).
 #[derive(Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct AguiMessage {
     id: String,
     role: String,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
     /// A string, or (for a user message) an array of parts.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     content: Option<Value>,
+}
+
+/// A tool of the client's.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct AguiTool {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    parameters: Option<Value>,
+}
+
+/// An answer to one interrupt: an approval (`payload.approved`, `payload.reason`; `cancelled`
+/// denies it) or a client tool's result (`payload`; `cancelled` is an error result).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumeEntry {
+    interrupt_id: String,
+    /// `resolved` or `cancelled`.
+    status: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    payload: Option<Value>,
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -77,8 +107,17 @@ impl RunAgentInput {
             return Err(AppError::validation("threadId", "threadId cannot be empty"));
         }
         if self.resume.as_ref().is_some_and(|resume| !resume.is_empty()) {
-            return Err(AppError::validation("resume", "This server has no interrupts to resume yet"));
+            return Err(AppError::validation("resume", "No run of this thread waits for these interrupts"));
         }
+        let client_tools = self
+            .tools
+            .into_iter()
+            .map(|t| ClientTool {
+                name: t.name,
+                description: t.description,
+                parameters: t.parameters.unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+            })
+            .collect();
         let last = last_user_message(self.messages, |m| &m.role)?;
         let text = match last.content {
             Some(Value::String(text)) => text,
@@ -116,7 +155,7 @@ impl RunAgentInput {
             intent: Intent::Send,
             profile,
             context,
-            client_tools: Vec::new(),
+            client_tools,
         };
         Ok((turn, self.run_id))
     }
@@ -128,8 +167,65 @@ async fn run(
     CurrentUser(user): CurrentUser,
     AppJson(input): AppJson<RunAgentInput>,
 ) -> Result<Response, AppError> {
+    if let Some(continued) = continuation(&state, &user, &input).await? {
+        return Ok(continued);
+    }
     let (turn, run_id) = input.into_turn()?;
     let thread_id = turn.chat_id.clone();
     let run = state.chat.start_for_client(&user, turn).await?;
-    Ok(sse(&state, from_the_start(&state, run), Agui(ToAgui::new(thread_id, run_id))))
+    // The stream ends where the run waits, with an interrupt outcome.
+    Ok(sse(&state, until_done(&state, run, false), Agui::new(ToAgui::new(thread_id, run_id))))
+}
+
+/// A run that answers the interrupts of the thread's waiting run (CONTRACT.md §15): with
+/// `resume[]`, or with the client tools' results as `tool` messages last in `messages`. The
+/// waiting run goes on, under this run's id; `None` when the input answers nothing.
+async fn continuation(state: &AppState, user: &UserId, input: &RunAgentInput) -> Result<Option<Response>, AppError> {
+    let resume = input.resume.as_deref().unwrap_or_default();
+    let tool_messages: Vec<&AguiMessage> = input.messages.iter().rev().take_while(|m| m.role == "tool").collect();
+    if resume.is_empty() && tool_messages.is_empty() {
+        return Ok(None);
+    }
+    let Some(trace_id) = state.chat.running_in_chat(user, &input.thread_id).await? else { return Ok(None) };
+    let trace = state.store.get_trace(user, trace_id).await?;
+    let mut answers = Vec::new();
+    for entry in resume {
+        let resolved = entry.status == "resolved";
+        let payload = entry.payload.as_ref();
+        if let Ok(approval_id) = entry.interrupt_id.parse::<uuid::Uuid>() {
+            answers.push(WaitAnswer::Approval {
+                approval_id,
+                approved: resolved && payload.and_then(|p| p.get("approved")).and_then(Value::as_bool).unwrap_or(true),
+                reason: payload.and_then(|p| p.get("reason")).and_then(Value::as_str).map(str::to_owned),
+            });
+        }
+        answers.push(WaitAnswer::Result {
+            tool_call_id: entry.interrupt_id.clone(),
+            output: match payload {
+                _ if !resolved => "The user cancelled this tool call".to_owned(),
+                Some(Value::String(text)) => text.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            },
+            is_error: !resolved,
+        });
+    }
+    for message in tool_messages {
+        let (Some(tool_call_id), content) = (&message.tool_call_id, &message.content) else { continue };
+        let output = match content {
+            Some(Value::String(text)) => text.clone(),
+            Some(other) => other.to_string(),
+            None => String::new(),
+        };
+        answers.push(WaitAnswer::Result {
+            tool_call_id: tool_call_id.clone(),
+            output: message.error.clone().unwrap_or(output),
+            is_error: message.error.is_some(),
+        });
+    }
+    let Some(answered) = state.chat.answer_waits(user, trace.message_id, answers).await? else { return Ok(None) };
+    let to_agui = ToAgui::continuing(input.thread_id.clone(), input.run_id.clone(), trace.message_id.to_string());
+    // From before the requests: a run that still waits ends with its interrupts again.
+    let frames = state.chat.follow(answered.trace, answered.waited_from, false);
+    Ok(Some(sse(state, frames, Agui::continuing(to_agui))))
 }

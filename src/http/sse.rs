@@ -149,15 +149,46 @@ impl Encoder for UiMessages {
 }
 
 /// AG-UI's events (CONTRACT.md §13.2): a `data:` frame per event, no `[DONE]`.
-pub struct Agui(pub ToAgui);
+pub struct Agui {
+    to_agui: ToAgui,
+    /// A run that goes on after a wait: its `RUN_STARTED` goes first.
+    started: bool,
+}
+
+impl Agui {
+    pub fn new(to_agui: ToAgui) -> Self {
+        Self { to_agui, started: true }
+    }
+
+    /// A stream that does not begin with its run's `start` (a run going on after a wait).
+    pub fn continuing(to_agui: ToAgui) -> Self {
+        Self { to_agui, started: false }
+    }
+
+    fn open(&mut self, out: &mut String) {
+        if !std::mem::replace(&mut self.started, true) {
+            push_data(out, &serde_json::to_string(&self.to_agui.run_started()).expect("events serialize"));
+        }
+    }
+}
 
 impl Encoder for Agui {
     type Item = Frame;
 
     fn encode(&mut self, frame: &Frame, out: &mut String) {
+        self.open(out);
         let Some(event) = frame.event.as_deref() else { return };
         let mut events = Vec::new();
-        self.0.translate(event, &mut events);
+        self.to_agui.translate(event, &mut events);
+        for event in &events {
+            push_data(out, &serde_json::to_string(event).expect("events serialize"));
+        }
+    }
+
+    fn end(&mut self, out: &mut String) {
+        self.open(out);
+        let mut events = Vec::new();
+        self.to_agui.end(&mut events);
         for event in &events {
             push_data(out, &serde_json::to_string(event).expect("events serialize"));
         }

@@ -152,10 +152,10 @@ async fn continuation(state: &AppState, user: &UserId, body: &UiChatBody) -> Res
     };
     let Ok(message_id) = id.parse::<uuid::Uuid>().map(MessageId::from) else { return Ok(None) };
     let answers = answer.parts.iter().filter_map(wait_answer).collect();
-    let Some((trace, after)) = state.chat.answer_waits(user, message_id, answers).await? else {
+    let Some(answered) = state.chat.answer_waits(user, message_id, answers).await? else {
         return Ok(None);
     };
-    let frames = state.chat.follow(trace, after, false);
+    let frames = state.chat.follow(answered.trace, answered.waited_to, false);
     Ok(Some(ui_stream(sse(state, frames, UiMessages::continuing(message_id)))))
 }
 

@@ -517,3 +517,28 @@ async fn a_server_that_never_starts_holds_readiness_for_the_start_wait_only() {
     assert!(frames.iter().any(|f| f.kind() == "complete"), "the run goes on without the server's tools");
     assert_eq!(app.get("/readyz", "ann").await.0, reqwest::StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_server_pattern_gates_every_tool_of_that_server_and_no_other() {
+    use crate::helpers::{Backend, TestApp};
+    let config = format!("{}[tools]\nrequire_approval = [\"time:*\"]\n", toml_server("time", &time_server()));
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let message = r#"[mock:tool=get_current_time {"timezone": "UTC"}] [mock:tool=calculator {"expression": "2 + 2"}]"#;
+    let mut live = crate::runs::start(&app, "ann", json!({"message": message})).await;
+    let request = live.until("tool_approval_request").await.data.clone();
+    assert_eq!(request["tool"], "get_current_time", "the server's tool waits");
+    let ran: Vec<&str> =
+        live.seen().iter().filter(|f| f.kind() == "tool_complete").map(|f| f.data["tool"].as_str().unwrap()).collect();
+    assert_eq!(ran, ["calculator"], "a built-in is not the server's: it ran at once");
+    let approval = request["approval_id"].as_str().unwrap();
+    let (status, _) = app.post(&format!("/api/approvals/{approval}"), "ann", json!({"approved": true})).await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+    let frames = live.rest().await;
+    let completes: Vec<(&str, &str)> = frames
+        .iter()
+        .filter(|f| f.kind() == "tool_complete")
+        .map(|f| (f.data["tool"].as_str().unwrap(), f.data["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(completes, [("calculator", "success"), ("get_current_time", "success")]);
+    assert!(frames.iter().any(|f| f.kind() == "complete"));
+}

@@ -257,6 +257,29 @@ both_backends! {
     }
 }
 
+both_backends! {
+    async fn an_approval_expires_after_a_restart_too(backend: Backend) {
+        let db = TestDb::new(backend).await;
+        let config = "[tools]\nrequire_approval = [\"calculator\"]\napproval_timeout_secs = 1\n";
+        let first = TestApp::on(&db.url, config).await;
+        let mut live = start(&first, "ann", json!({"message": ADD})).await;
+        let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
+        live.until("tool_approval_request").await;
+        // Gone before its approval's time is up: the next process expires it.
+        first.stop.graceful().await;
+        drop(live);
+        drop(first);
+
+        let second = TestApp::on(&db.url, config).await;
+        let frames = resume(&second, "ann", &trace_id, None).await.rest().await;
+        assert_whole(&frames);
+        assert_eq!(of(&frames, "tool_complete")[0]["status"], "denied");
+        let text = of(&frames, "complete")[0]["payload"]["message"].as_str().unwrap().to_owned();
+        assert!(text.contains("The user denied this tool call: approval expired"), "{text}");
+        assert_eq!(trace_status(&second, &trace_id).await, "completed");
+    }
+}
+
 #[tokio::test]
 #[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
 async fn another_replica_takes_the_decision_and_the_first_replicas_stream_gets_the_answer() {

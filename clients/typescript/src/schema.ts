@@ -482,12 +482,23 @@ export interface components {
             description: string;
             value: string;
         };
-        /** @description One message of the thread: its text content is read. */
+        /**
+         * @description One message of the thread: its text content is read (and a `tool` message's call id
+         *     and error).
+         */
         AguiMessage: {
             id: string;
             role: string;
+            toolCallId?: string | null;
+            error?: string | null;
             /** @description A string, or (for a user message) an array of parts. */
             content?: Record<string, never> | null;
+        };
+        /** @description A tool of the client's. */
+        AguiTool: {
+            name: string;
+            description?: string;
+            parameters?: Record<string, never> | null;
         };
         /**
          * @description How a model call ended.
@@ -1054,6 +1065,16 @@ export interface components {
         ProviderKind: "anthropic" | "openai" | "google" | "openai_compatible" | "mock";
         /** @enum {string} */
         Rating: "up" | "down";
+        /**
+         * @description An answer to one interrupt: an approval (`payload.approved`, `payload.reason`; `cancelled`
+         *     denies it) or a client tool's result (`payload`; `cancelled` is an error result).
+         */
+        ResumeEntry: {
+            interruptId: string;
+            /** @description `resolved` or `cancelled`. */
+            status: string;
+            payload?: Record<string, never> | null;
+        };
         /** @enum {string} */
         Role: "user" | "assistant" | "system" | "tool";
         /** @description AG-UI's `RunAgentInput`; its other fields (`state`, `protocolVersion`, …) are ignored. */
@@ -1068,14 +1089,14 @@ export interface components {
             /** @description The client's messages; the last user message is the one sent. */
             messages?: components["schemas"]["AguiMessage"][];
             /**
-             * @description The client's tools: not offered to the model in this version (CONTRACT.md §15 is not
-             *     built yet).
+             * @description The client's tools (CONTRACT.md §15): offered to the model; a call of one ends the run
+             *     with an interrupt, and the client's next run (a tool message, or `resume[]`) answers it.
              */
-            tools?: Record<string, never>[];
+            tools?: components["schemas"]["AguiTool"][];
             /** @description Entries for the system prompt's context section. */
             context?: components["schemas"]["AguiContext"][];
-            /** @description Answers to interrupts (CONTRACT.md §15): refused in this version. */
-            resume?: Record<string, never>[] | null;
+            /** @description Answers to the interrupts of the thread's waiting run (CONTRACT.md §15). */
+            resume?: components["schemas"]["ResumeEntry"][] | null;
             /** @description `profile` picks the profile to answer with. */
             forwardedProps?: Record<string, never> | null;
         };

@@ -162,3 +162,66 @@ test("a body with no user message is a 400 before any stream", async () => {
     field: "messages",
   });
 });
+
+/** The interrupt a waiting run finished with, checked against what the agent keeps. */
+function interruptOf(agent, first) {
+  assert.equal(first.error, undefined, first.error?.stack);
+  const finished = first.events.at(-1);
+  assert.equal(finished.type, "RUN_FINISHED");
+  assert.equal(finished.outcome?.type, "interrupt", JSON.stringify(finished));
+  assert.equal(finished.outcome.interrupts.length, 1);
+  assert.deepEqual(
+    agent.pendingInterrupts.map((i) => i.id),
+    finished.outcome.interrupts.map((i) => i.id),
+    "the agent keeps the interrupts to answer",
+  );
+  return finished.outcome.interrupts[0];
+}
+
+test("an approval is an interrupt; resume[] goes on with the same answer", async () => {
+  const user = "agui-approve";
+  const threadId = newThread();
+  const a = agent(user, threadId, 'Add [mock:tool=calculator {"expression": "6 * 7"}]');
+  const first = await run(a, { forwardedProps: { profile: "vetted" } });
+  const interrupt = interruptOf(a, first);
+  assert.equal(interrupt.reason, "tool_approval");
+  const trace = (await conversationOf(user, threadId)).messages.length;
+  assert.equal(trace, 1, "nothing answered yet: the run waits");
+
+  const resume = [{ interruptId: interrupt.id, status: "resolved", payload: { approved: true } }];
+  const second = await run(a, { runId: `run-${threads}-2`, resume });
+  assert.equal(second.error, undefined, second.error?.stack);
+  assert.equal(second.events[0].type, "RUN_STARTED");
+  assert.equal(second.events[0].runId, `run-${threads}-2`);
+  assert.ok(second.result.message.includes("calculator said 42"), second.result.message);
+  const conversation = await conversationOf(user, threadId);
+  assert.deepEqual(conversation.messages.map((m) => m.role), ["user", "assistant"], "one answer");
+  assert.equal(second.result.message_id, conversation.messages[1].id);
+  assert.equal(second.result.message, conversation.messages[1].content);
+  const [toolMessage] = a.messages.filter((m) => m.role === "tool");
+  assert.equal(toolMessage.toolCallId, interrupt.toolCallId);
+  assert.equal(toolMessage.content, "42");
+  assert.deepEqual(a.pendingInterrupts, []);
+});
+
+test("a client tool from tools[] is an interrupt; its result in resume[] goes to the model", async () => {
+  const user = "agui-client";
+  const threadId = newThread();
+  const a = agent(user, threadId, "Where am I? [mock:tool=get_location {}]");
+  const tools = [{ name: "get_location", description: "Where the user is", parameters: { type: "object", properties: {} } }];
+  const first = await run(a, { tools });
+  const interrupt = interruptOf(a, first);
+  assert.equal(interrupt.reason, "client_tool");
+  const calls = a.messages.flatMap((m) => m.toolCalls ?? []);
+  assert.deepEqual(
+    calls.map((c) => [c.id, c.function.name]),
+    [[interrupt.toolCallId, "get_location"]],
+  );
+
+  const resume = [{ interruptId: interrupt.id, status: "resolved", payload: { city: "Oslo" } }];
+  const second = await run(a, { runId: `run-${threads}-2`, tools, resume });
+  assert.equal(second.error, undefined, second.error?.stack);
+  assert.ok(second.result.message.includes('get_location said {"city":"Oslo"}'), second.result.message);
+  const answer = (await conversationOf(user, threadId)).messages[1];
+  assert.equal(answer.tool_history[0].output, '{"city":"Oslo"}');
+});
