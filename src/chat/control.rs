@@ -148,37 +148,50 @@ impl Core {
 
     async fn cancel_run(&self, user: &UserId, trace: &Trace) -> Result<(), ControlError> {
         let mut status = trace.status;
-        if status == TraceStatus::Waiting {
-            // Nobody runs it: this replica claims it and ends it (CONTRACT.md §15).
-            if let Some(claim) = self.store.claim_waiting(trace.trace_id, &self.replica_id).await? {
-                let run = self.go_on(claim, true).await;
-                return self.cancelled_here(run).await;
+        // A run may park while it is being cancelled, or a decision claim it meanwhile: look
+        // again, a few times.
+        for _ in 0..3 {
+            if status == TraceStatus::Waiting {
+                // Nobody runs it: this replica claims it and ends it (CONTRACT.md §15).
+                if let Some(claim) = self.store.claim_waiting(trace.trace_id, &self.replica_id).await? {
+                    let run = self.go_on(claim, true).await;
+                    return self.cancelled_here(run).await.unwrap_or(Err(ControlError::Ended(ENDED)));
+                }
+                // A decision claimed it first: it runs now, somewhere.
+                status = self.store.get_trace(user, trace.trace_id).await?.status;
             }
-            // A decision claimed it first: it runs now, somewhere.
-            status = self.store.get_trace(user, trace.trace_id).await?.status;
+            if status != TraceStatus::Running {
+                return Err(ControlError::Ended(ENDED));
+            }
+            let Some(run) = self.runs.get(trace.trace_id) else {
+                return self.cancel_elsewhere(user, trace.trace_id).await;
+            };
+            match self.cancelled_here(run).await {
+                Some(result) => return result,
+                // It parked before it saw the cancel: it waits in the store now.
+                None => status = self.store.get_trace(user, trace.trace_id).await?.status,
+            }
         }
-        if status != TraceStatus::Running {
-            return Err(ControlError::Ended(ENDED));
-        }
-        let Some(run) = self.runs.get(trace.trace_id) else {
-            return self.cancel_elsewhere(user, trace.trace_id).await;
-        };
-        self.cancelled_here(run).await
+        Err(ControlError::Ended(ENDED))
     }
 
-    /// Cancels a run of this process and learns how it ended.
-    async fn cancelled_here(&self, run: std::sync::Arc<super::runs::LiveRun>) -> Result<(), ControlError> {
+    /// Cancels a run of this process and learns how it ended; `None` if it parked to wait
+    /// instead (for the first cancel asked of it).
+    async fn cancelled_here(&self, run: std::sync::Arc<super::runs::LiveRun>) -> Option<Result<(), ControlError>> {
         // Exactly one of simultaneous cancels is the one that cancelled.
         let first = run.claim_cancel();
         run.cancel.cancel();
         run.finished().await;
         if !first {
-            return Err(ControlError::Ended("The run is being cancelled already"));
+            return Some(Err(ControlError::Ended("The run is being cancelled already")));
         }
-        match run.ending().as_deref() {
+        if run.is_parked() {
+            return None;
+        }
+        Some(match run.ending().as_deref() {
             Some(Event::Cancelled(_)) => Ok(()),
             _ => Err(ControlError::Ended(ENDED)),
-        }
+        })
     }
 
     /// Asks the process running it (if any is) to cancel a run, and waits for its news.

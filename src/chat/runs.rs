@@ -131,11 +131,12 @@ impl LiveRun {
         }
     }
 
-    /// Waits until the run has sent `done`.
+    /// Waits until the run has sent `done`, or parked to wait (then it is in the store, not
+    /// here).
     pub async fn finished(&self) {
         std::future::poll_fn(|cx| {
             let mut frames = self.frames.lock().expect("frames lock");
-            if self.is_finished() {
+            if self.is_finished() || self.is_parked() {
                 return Poll::Ready(());
             }
             frames.wait(cx.waker());
@@ -249,8 +250,10 @@ impl Runs {
             cancel_claimed: AtomicBool::new(false),
             logged: AtomicBool::new(false),
         });
-        self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone());
-        metrics::gauge!("chatd_active_runs").increment(1.0);
+        // A run that goes on after a wait takes the place of its parked self.
+        if self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone()).is_none() {
+            metrics::gauge!("chatd_active_runs").increment(1.0);
+        }
         (run.clone(), Emitter { run, log, seq: base, holding: false, held: Vec::new() })
     }
 
@@ -258,11 +261,17 @@ impl Runs {
         self.live.lock().expect("runs lock").runs.get(&trace_id).cloned()
     }
 
-    /// Forgets a run once its log is written; later listeners read the store, and whoever
-    /// waits for the log to be written is woken.
-    pub fn remove(&self, trace_id: TraceId) {
-        let Some(run) = self.live.lock().expect("runs lock").runs.remove(&trace_id) else { return };
-        metrics::gauge!("chatd_active_runs").decrement(1.0);
+    /// Forgets a run once its log is written (unless its continuation after a wait took its
+    /// place meanwhile); later listeners read the store, and whoever waits for the log to be
+    /// written is woken.
+    pub fn remove(&self, run: &Arc<LiveRun>) {
+        {
+            let mut registry = self.live.lock().expect("runs lock");
+            if registry.runs.get(&run.trace_id).is_some_and(|here| Arc::ptr_eq(here, run)) {
+                registry.runs.remove(&run.trace_id);
+                metrics::gauge!("chatd_active_runs").decrement(1.0);
+            }
+        }
         let waiting = {
             let mut frames = run.frames.lock().expect("frames lock");
             run.logged.store(true, Ordering::Release);

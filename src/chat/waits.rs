@@ -191,7 +191,7 @@ impl Core {
                 tokio::spawn(async move {
                     fail(&*store, &trace, &mut emitter, &why).await;
                     let _ = emitter.seal().await;
-                    runs.remove(trace.trace_id);
+                    runs.remove(emitter.run());
                 });
             }
         }

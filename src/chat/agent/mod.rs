@@ -163,7 +163,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
     if let Err(e) = emitter.seal().await {
         tracing::error!(error = %e, %trace_id, "the run's last events could not be logged");
     }
-    runs.remove(trace_id);
+    runs.remove(emitter.run());
 }
 
 /// Runs the plan to its end, after its `start` (or from where it waited). Every path emits
