@@ -20,9 +20,11 @@ create table run_waits (
     decided_at text,
     reason text,
     output text,
-    is_error integer not null default 0,
-    unique (trace_id, tool_call_id)
+    is_error integer not null default 0
 );
+-- A run's waits by call (a provider may reuse a call id in a later model call: the newest
+-- park's is the one a result answers).
+create index run_waits_by_call on run_waits (trace_id, tool_call_id);
 -- The expiry sweep's question: undecided approvals by deadline.
 create index run_waits_open on run_waits (expires_at) where decided_at is null;
 create index traces_waiting_by_conversation on traces (conversation_id) where status = 'waiting';

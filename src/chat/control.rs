@@ -14,6 +14,9 @@ use crate::store::{Notice, StoreError};
 /// How long a cancel waits for another process to stop its run.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a cancel waits for a run that parked here to hand over to its continuation.
+const HANDOVER_WAIT: Duration = Duration::from_secs(6);
+
 /// How long deleting a conversation waits for its runs to stop.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
@@ -153,8 +156,18 @@ impl Core {
         for _ in 0..3 {
             if status == TraceStatus::Waiting {
                 // Nobody runs it: this replica claims it and ends it (CONTRACT.md §15).
-                if let Some(claim) = self.store.claim_waiting(trace.trace_id, &self.replica_id).await? {
-                    let run = self.go_on(claim, true).await;
+                // In a task of its own: a client that leaves meanwhile must not leave the run
+                // claimed and never ended.
+                let (core, trace_id) = (self.clone(), trace.trace_id);
+                let claimed = tokio::spawn(async move {
+                    let claim = core.store.claim_waiting(trace_id, &core.replica_id).await?;
+                    Ok::<_, StoreError>(match claim {
+                        Some(claim) => Some(core.go_on(claim, true).await),
+                        None => None,
+                    })
+                });
+                let claimed = claimed.await.map_err(|_| ControlError::NoAnswer)??;
+                if let Some(run) = claimed {
                     return self.cancelled_here(run).await.unwrap_or(Err(ControlError::Ended(ENDED)));
                 }
                 // A decision claimed it first: it runs now, somewhere.
@@ -163,7 +176,13 @@ impl Core {
             if status != TraceStatus::Running {
                 return Err(ControlError::Ended(ENDED));
             }
-            let Some(run) = self.runs.get(trace.trace_id) else {
+            let mut here = self.runs.get(trace.trace_id);
+            if let Some(parked) = here.clone().filter(|run| run.is_parked()) {
+                // Claimed and about to go on here: its continuation takes the parked one's place.
+                let _ = tokio::time::timeout(HANDOVER_WAIT, parked.logged()).await;
+                here = self.runs.get(trace.trace_id).filter(|run| !run.is_parked());
+            }
+            let Some(run) = here else {
                 return self.cancel_elsewhere(user, trace.trace_id).await;
             };
             match self.cancelled_here(run).await {

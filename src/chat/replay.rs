@@ -148,6 +148,15 @@ impl Core {
                         return;
                     }
                 }
+                if let Some(parked) = core.runs.get(trace_id).filter(|run| run.is_parked()) {
+                    // Parked here a moment ago, its log being sealed (its continuation, if it
+                    // is claimed meanwhile, waits for that too): then look again.
+                    let _ = tokio::time::timeout(LOGGED_WAIT, parked.logged()).await;
+                    if !read_any && core.runs.get(trace_id).is_some_and(|run| Arc::ptr_eq(&run, &parked)) {
+                        news.changed().await;
+                    }
+                    continue;
+                }
                 if let Some(run) = core.runs.get(trace_id).filter(|run| !run.is_parked()) {
                     // It went on here: live from where its log ends.
                     if !read_any && after < run.base() {

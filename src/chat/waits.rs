@@ -116,19 +116,36 @@ impl Core {
         user: Option<&UserId>,
         settlement: &Settlement,
     ) -> Result<Settled, ControlError> {
-        let mut settled =
-            self.store.settle_wait(key, user, settlement, &self.replica_id).await.map_err(|e| match e {
-                StoreError::NotFound => ControlError::Missing(match key {
-                    WaitKey::Approval(_) => "Approval",
-                    WaitKey::Call(..) => "Tool call",
-                }),
-                StoreError::Conflict(why) => ControlError::Conflict(why),
-                e => ControlError::Store(e),
-            })?;
-        if let Some(claim) = settled.claimed.take() {
-            self.go_on(claim, false).await;
-        }
-        Ok(settled)
+        let what = match key {
+            WaitKey::Approval(_) => "Approval",
+            WaitKey::Call(..) => "Tool call",
+        };
+        // In a task of its own: a client that leaves while its decision claims the run must
+        // not leave the run claimed and never continued.
+        let (core, user, settlement) = (self.clone(), user.cloned(), settlement.clone());
+        let owned = match key {
+            WaitKey::Approval(id) => (None, Some(id)),
+            WaitKey::Call(trace_id, call) => (Some((trace_id, call.to_owned())), None),
+        };
+        let task = tokio::spawn(async move {
+            let key = match (&owned.0, owned.1) {
+                (Some((trace_id, call)), _) => WaitKey::Call(*trace_id, call),
+                (None, Some(id)) => WaitKey::Approval(id),
+                (None, None) => unreachable!("one of the two is set"),
+            };
+            let mut settled = core.store.settle_wait(key, user.as_ref(), &settlement, &core.replica_id).await?;
+            if let Some(claim) = settled.claimed.take() {
+                core.go_on(claim, false).await;
+            }
+            Ok::<_, StoreError>(settled)
+        });
+        let settled =
+            task.await.map_err(|_| ControlError::Store(StoreError::Unavailable("the decision failed".into())))?;
+        settled.map_err(|e| match e {
+            StoreError::NotFound => ControlError::Missing(what),
+            StoreError::Conflict(why) => ControlError::Conflict(why),
+            e => ControlError::Store(e),
+        })
     }
 
     /// Settles every approval whose time is up, as denied ("approval expired"); a run whose

@@ -187,6 +187,13 @@ impl Settings {
                 return Err(ConfigError::Invalid(format!("profiles.{id}.model is empty")));
             }
         }
+        // Ten years at most: a deadline must stay a date.
+        let timeout = self.tools.approval_timeout_secs;
+        if !(timeout.is_finite() && timeout > 0.0 && timeout <= 315_576_000.0) {
+            return Err(ConfigError::Invalid(format!(
+                "tools.approval_timeout_secs is {timeout}: give a number of seconds above 0 and at most 315576000 (ten years)"
+            )));
+        }
         if !self.profiles.contains_key(&self.chat.default_profile) {
             return Err(ConfigError::Invalid(format!(
                 "chat.default_profile '{}' is not a configured profile: set it to one of {} \
@@ -368,6 +375,18 @@ mod tests {
                 .chunk_chars,
             3
         );
+    }
+
+    #[test]
+    fn an_approval_timeout_must_be_a_usable_number_of_seconds() {
+        for bad in ["0", "-5", "nan", "inf", "1e13"] {
+            let error = Settings::with_overrides(&format!("[tools]\napproval_timeout_secs = {bad}"))
+                .expect_err(bad)
+                .to_string();
+            assert!(error.contains("tools.approval_timeout_secs"), "{bad}: {error}");
+        }
+        let settings = Settings::with_overrides("[tools]\napproval_timeout_secs = 30").unwrap();
+        assert_eq!(settings.tools.approval_timeout_secs, 30.0);
     }
 
     #[test]

@@ -468,7 +468,9 @@ where
 
     async fn expired_waits(&self, at: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, StoreError> {
         let rows: Vec<(Uuid,)> = sqlx::query_as(
-            "select id from run_waits where decided_at is null and expires_at <= $1 order by expires_at limit $2",
+            "select w.id from run_waits w join traces t on t.id = w.trace_id \
+             where w.decided_at is null and w.expires_at <= $1 and t.status = 'waiting' \
+             order by w.expires_at limit $2",
         )
         .bind(at)
         .bind(limit)

@@ -199,7 +199,10 @@ where
                     sqlx::query_as(&sql).bind(id).fetch_optional(&mut *tx).await?
                 }
                 WaitKey::Call(trace_id, call_id) => {
-                    let sql = format!("select {WAIT_COLUMNS} from run_waits where trace_id = $1 and tool_call_id = $2");
+                    let sql = format!(
+                        "select {WAIT_COLUMNS} from run_waits where trace_id = $1 and tool_call_id = $2 \
+                         order by created_at desc limit 1"
+                    );
                     sqlx::query_as(&sql).bind(trace_id).bind(call_id).fetch_optional(&mut *tx).await?
                 }
             };
@@ -235,7 +238,7 @@ where
                 Settlement::Result { output, is_error } => (None, Some(output.as_str()), *is_error),
                 Settlement::Approved | Settlement::Expired => (None, None, false),
             };
-            sqlx::query(
+            let updated = sqlx::query(
                 "update run_waits set outcome = $2, decided_at = $3, reason = $4, output = $5, is_error = $6 \
                  where id = $1 and decided_at is null",
             )
@@ -247,6 +250,10 @@ where
             .bind(is_error)
             .execute(&mut *tx)
             .await?;
+            // Read before the trace's lock: another decision may have come in between.
+            if B::rows_affected(&updated) == 0 {
+                return Err(StoreError::Conflict("This call has been settled already".into()));
+            }
             let (open,): (i64,) =
                 sqlx::query_as("select count(*) from run_waits where trace_id = $1 and decided_at is null")
                     .bind(wait.trace_id)
@@ -276,7 +283,11 @@ where
         let Some(row) = row else { return Ok(None) };
         let (checkpoint,): (Json<Value>,) =
             sqlx::query_as("select checkpoint from traces where id = $1").bind(trace_id).fetch_one(&mut *conn).await?;
-        let sql = format!("select {WAIT_COLUMNS} from run_waits where trace_id = $1 order by created_at, tool_call_id");
+        // The waits of its last park (an earlier park's calls are settled and in its turns).
+        let sql = format!(
+            "select {WAIT_COLUMNS} from run_waits where trace_id = $1 \
+             and created_at = (select max(created_at) from run_waits where trace_id = $1) order by tool_call_id"
+        );
         let waits: Vec<WaitRow> = sqlx::query_as(&sql).bind(trace_id).fetch_all(&mut *conn).await?;
         Ok(Some(Claim {
             trace: row.try_into()?,

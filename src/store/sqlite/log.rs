@@ -186,7 +186,9 @@ impl SqliteStore {
                  on conflict (trace_id) do update set chunk_ids = ",
             );
             query.push(MERGED_CHUNK_IDS);
-            query.push("; update traces set log_sealed = 1 where id in (");
+            // A run that went on after it waited, claimed before its parked part was sealed,
+            // stays unsealed: its later chunks are read after its new log_from.
+            query.push("; update traces set log_sealed = 1 where status <> 'running' and id in (");
             let mut ids = query.separated(", ");
             for t in traces {
                 ids.push_bind(*t);
