@@ -130,7 +130,7 @@ impl Core {
             summarize_dropped: self.settings.chat.summarize_dropped,
             user_id: user.clone(),
             gates,
-            approval_timeout: Duration::from_secs_f64(self.settings.tools.approval_timeout_secs.max(0.0)),
+            approval_timeout: self.approval_timeout(),
             context_value: request.context.clone(),
             client_tools: request.client_tools.clone(),
         };
@@ -163,6 +163,11 @@ impl Core {
         }
         let payload_types = self.payload_types(&scope);
         Ok(Equipment { scope, tools, specs, gates, payload_types })
+    }
+
+    /// How long an approval may wait (checked at load: finite, above 0).
+    pub(super) fn approval_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.settings.tools.approval_timeout_secs)
     }
 
     pub(super) fn tool_limits(&self) -> ToolLimits {

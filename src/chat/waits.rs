@@ -38,6 +38,21 @@ pub enum WaitAnswer {
     Result { tool_call_id: String, output: String, is_error: bool },
 }
 
+/// A client's result as the model gets it: text as it is, any other JSON as its text.
+pub fn output_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Text from a client as a model and a page may take it: no control characters (as tool
+/// output and the model's text are cleaned).
+fn cleaned(mut text: String) -> String {
+    text.retain(super::clean::visible);
+    text
+}
+
 /// A waiting run a client's request answered: its trace, the seq of its last event before
 /// the requests it waited on, and of the last of them.
 pub struct Answered {
@@ -93,6 +108,7 @@ impl Core {
         approved: bool,
         reason: Option<String>,
     ) -> Result<Settled, ControlError> {
+        let reason = reason.map(cleaned).filter(|r| !r.is_empty());
         let settlement = if approved { Settlement::Approved } else { Settlement::Denied { reason } };
         self.settle(WaitKey::Approval(approval_id), Some(user), &settlement).await
     }
@@ -106,7 +122,7 @@ impl Core {
         output: String,
         is_error: bool,
     ) -> Result<Settled, ControlError> {
-        let settlement = Settlement::Result { output, is_error };
+        let settlement = Settlement::Result { output: cleaned(output), is_error };
         self.settle(WaitKey::Call(trace_id, tool_call_id), Some(user), &settlement).await
     }
 
@@ -249,7 +265,7 @@ impl Core {
             summarize_dropped: self.settings.chat.summarize_dropped,
             user_id: trace.user_id.clone(),
             gates,
-            approval_timeout: Duration::from_secs_f64(self.settings.tools.approval_timeout_secs.max(0.0)),
+            approval_timeout: self.approval_timeout(),
             context_value: checkpoint.context.clone(),
             client_tools: checkpoint.client_tools.clone(),
         })

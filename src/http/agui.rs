@@ -17,7 +17,7 @@ use super::sse::{Agui, sse};
 use super::ui::last_user_message;
 use super::views::*;
 use crate::chat::request::ClientTool;
-use crate::chat::waits::WaitAnswer;
+use crate::chat::waits::{WaitAnswer, output_text};
 use crate::chat::{ClientTurn, Intent};
 use crate::events::agui::ToAgui;
 use crate::ids::UserId;
@@ -203,8 +203,7 @@ async fn continuation(state: &AppState, user: &UserId, input: &RunAgentInput) ->
             tool_call_id: entry.interrupt_id.clone(),
             output: match payload {
                 _ if !resolved => "The user cancelled this tool call".to_owned(),
-                Some(Value::String(text)) => text.clone(),
-                Some(other) => other.to_string(),
+                Some(payload) => output_text(payload),
                 None => String::new(),
             },
             is_error: !resolved,
@@ -212,11 +211,7 @@ async fn continuation(state: &AppState, user: &UserId, input: &RunAgentInput) ->
     }
     for message in tool_messages {
         let (Some(tool_call_id), content) = (&message.tool_call_id, &message.content) else { continue };
-        let output = match content {
-            Some(Value::String(text)) => text.clone(),
-            Some(other) => other.to_string(),
-            None => String::new(),
-        };
+        let output = content.as_ref().map(output_text).unwrap_or_default();
         answers.push(WaitAnswer::Result {
             tool_call_id: tool_call_id.clone(),
             output: message.error.clone().unwrap_or(output),

@@ -17,7 +17,7 @@ use super::error::AppError;
 use super::extract::{AppJson, CurrentUser};
 use super::sse::{UiMessages, sse};
 use super::views::*;
-use crate::chat::waits::WaitAnswer;
+use crate::chat::waits::{WaitAnswer, output_text};
 use crate::chat::{ClientTurn, Intent, Resumed};
 use crate::ids::{MessageId, UserId};
 
@@ -165,10 +165,6 @@ fn wait_answer(part: &Value) -> Option<WaitAnswer> {
     if !(kind.starts_with("tool-") || kind == "dynamic-tool") {
         return None;
     }
-    let text = |value: &Value| match value {
-        Value::String(text) => text.clone(),
-        other => other.to_string(),
-    };
     let tool_call_id = part.get("toolCallId")?.as_str()?.to_owned();
     match part.get("state")?.as_str()? {
         "approval-responded" => {
@@ -180,11 +176,11 @@ fn wait_answer(part: &Value) -> Option<WaitAnswer> {
             })
         }
         "output-available" => {
-            Some(WaitAnswer::Result { tool_call_id, output: text(part.get("output")?), is_error: false })
+            Some(WaitAnswer::Result { tool_call_id, output: output_text(part.get("output")?), is_error: false })
         }
         "output-error" => Some(WaitAnswer::Result {
             tool_call_id,
-            output: part.get("errorText").map(text).unwrap_or_default(),
+            output: part.get("errorText").map(output_text).unwrap_or_default(),
             is_error: true,
         }),
         _ => None,

@@ -14,6 +14,7 @@ use super::AppState;
 use super::error::AppError;
 use super::extract::{AppJson, CurrentUser, IdPath};
 use super::views::*;
+use crate::chat::waits::output_text;
 use crate::ids::TraceId;
 use crate::store::Settlement;
 
@@ -49,11 +50,10 @@ async fn decide(
     IdPath(approval_id): IdPath<Uuid>,
     AppJson(body): AppJson<Decision>,
 ) -> Result<Json<Decided>, AppError> {
-    let reason = body.reason.map(|r| clean(&r)).filter(|r| !r.is_empty());
-    if reason.as_ref().is_some_and(|r| r.chars().count() > MAX_TEXT_CHARS) {
+    if body.reason.as_ref().is_some_and(|r| r.chars().count() > MAX_TEXT_CHARS) {
         return Err(AppError::validation("reason", format!("reason is longer than {MAX_TEXT_CHARS} characters")));
     }
-    let settled = state.chat.decide(&user, approval_id, body.approved, reason).await?;
+    let settled = state.chat.decide(&user, approval_id, body.approved, body.reason).await?;
     let status = if settled.wait.settled == Some(Settlement::Approved) { "approved" } else { "denied" };
     Ok(Json(Decided { approval_id, trace_id: settled.wait.trace_id, status }))
 }
@@ -85,19 +85,10 @@ async fn tool_result(
     IdPath(trace_id): IdPath<TraceId>,
     AppJson(body): AppJson<ToolResultBody>,
 ) -> Result<Json<Accepted>, AppError> {
-    let output = match body.output {
-        Value::String(text) => text,
-        other => other.to_string(),
-    };
-    let output = clean(&output);
+    let output = output_text(&body.output);
     if output.chars().count() > MAX_TEXT_CHARS {
         return Err(AppError::validation("output", format!("output is longer than {MAX_TEXT_CHARS} characters")));
     }
     let settled = state.chat.tool_result(&user, trace_id, &body.tool_call_id, output, body.is_error).await?;
     Ok(Json(Accepted { trace_id, tool_call_id: settled.wait.tool_call_id, status: "accepted" }))
-}
-
-/// Text from a client as a model and a page may take it: no control characters.
-fn clean(text: &str) -> String {
-    text.chars().filter(|&c| crate::chat::clean::visible(c)).collect()
 }
