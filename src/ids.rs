@@ -74,6 +74,10 @@ uuid_id!(
     /// An A/B comparison of two runs.
     ComparisonId
 );
+uuid_id!(
+    /// A stored file (an attachment, CONTRACT.md §14).
+    FileId
+);
 
 /// Whom a row belongs to: the subject authentication found (or the anonymous user).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema)]

@@ -5,6 +5,7 @@ pub mod chat;
 pub mod config;
 pub mod domain;
 pub mod events;
+pub mod files;
 pub mod http;
 pub mod ids;
 pub mod metrics;
@@ -64,7 +65,16 @@ impl App {
         // Before this process starts runs of its own: whatever is left `running` here lost
         // its process (on a shared store, only those whose heartbeat went stale).
         lifecycle::recover_orphans(&*store, &runs).await;
-        let chat = ChatService::new(settings.clone(), store.clone(), providers, tools.clone(), runs.clone(), log);
+        let files = files::Files::open(&settings.files, store.clone()).map_err(anyhow::Error::msg)?;
+        let chat = ChatService::new(
+            settings.clone(),
+            store.clone(),
+            providers,
+            tools.clone(),
+            runs.clone(),
+            log,
+            files.clone(),
+        );
         // Approvals expire on time whoever was running when they were asked (CONTRACT.md §15).
         chat::waits::spawn_expiry((*chat).clone(), shutdown.clone());
         lifecycle::spawn_background(
@@ -86,7 +96,7 @@ impl App {
             )
         })?;
         let auth = Arc::new(Authenticator::new(&settings).map_err(anyhow::Error::msg)?);
-        let state = AppState { settings, store, chat, tools, auth, shutdown };
+        let state = AppState { settings, store, chat, tools, auth, files, shutdown };
         Ok(Self { listener, state })
     }
 

@@ -29,6 +29,8 @@ pub struct ClientTurn {
     pub context: Option<Value>,
     /// Tools the client runs (CONTRACT.md §15).
     pub client_tools: Vec<crate::chat::request::ClientTool>,
+    /// The files of the last user message (CONTRACT.md §14).
+    pub attachments: Vec<super::attachments::AttachmentRef>,
 }
 
 /// What the turn does to the conversation.
@@ -97,6 +99,7 @@ impl Core {
             action: None,
             diagnostics: false,
             client_tools: turn.client_tools,
+            attachments: turn.attachments,
             client: ClientIds {
                 chat_id: conversation.is_none().then(|| turn.chat_id.clone()),
                 message_id: turn.message_id,
@@ -142,6 +145,8 @@ impl Core {
                 };
                 request.parent_message_id = Some(question.id);
                 request.message.clone_from(&question.content);
+                // The question keeps the files it was sent with.
+                request.attachments.clear();
                 request.client.message_id.clone_from(&question.client_id);
             }
         }

@@ -32,7 +32,10 @@ fn message_tokens(message: &InputMessage) -> u64 {
                     + t.tool_results.iter().map(|r| estimate(&r.content)).sum::<u64>()
             })
             .sum(),
-        InputMessage::User { text, .. } | InputMessage::System { text, .. } => estimate(text),
+        InputMessage::User { text, files, .. } => {
+            estimate(text) + files.iter().map(crate::providers::InputFile::estimated_tokens).sum::<u64>()
+        }
+        InputMessage::System { text, .. } => estimate(text),
     };
     // Role markers and framing cost a few tokens a message.
     turns + 4

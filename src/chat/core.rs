@@ -31,6 +31,8 @@ pub struct Core {
     pub(super) draining: Arc<AtomicBool>,
     /// What other processes tell of their runs.
     pub(super) news: RunNews,
+    /// Attachments' bytes (CONTRACT.md §14).
+    pub(super) files: crate::files::Files,
 }
 
 impl Core {

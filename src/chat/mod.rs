@@ -6,6 +6,7 @@
 mod actions;
 pub mod agent;
 pub mod arena;
+pub mod attachments;
 pub mod clean;
 pub mod clients;
 pub mod context;
@@ -28,6 +29,7 @@ mod titles;
 pub mod turn;
 pub mod waits;
 
+pub use attachments::AttachmentRef;
 pub use clients::{ClientTurn, Intent};
 pub use control::{CancelTarget, Cancelled, ControlError};
 pub use log::EventLog;

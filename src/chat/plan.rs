@@ -9,6 +9,7 @@ use serde_json::Value;
 use crate::events::{DiagnosticMessage, Diagnostics};
 
 use super::agent::{Gate, RunPlan, ToolLimits};
+use super::attachments::FileReader;
 use super::context::ContextKeeper;
 use super::core::Core;
 use super::payloads::LlmPayloadType;
@@ -56,6 +57,7 @@ impl Core {
             .get(profile_name)
             .ok_or_else(|| not_found(field, "Profile not found: GET /api/profiles lists the configured ones"))?;
         let provider = self.providers.get(&profile.provider).ok_or_else(|| not_found(field, "Profile not found"))?;
+        super::attachments::check_modalities(&turn.user_message.attachments, profile_name, profile)?;
         let trace = Trace {
             comparison_id: comparison.map(|(id, _)| id),
             variant: comparison.map(|(_, v)| v.to_owned()),
@@ -133,6 +135,7 @@ impl Core {
             approval_timeout: self.approval_timeout(),
             context_value: request.context.clone(),
             client_tools: request.client_tools.clone(),
+            files: FileReader::new(self.files.clone(), user, profile.modalities.clone()),
         };
         Ok(Side { trace, plan })
     }

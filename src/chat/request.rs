@@ -38,6 +38,9 @@ pub struct ChatRequest {
     /// `POST /api/runs/{trace_id}/tool_results`.
     #[serde(default)]
     pub client_tools: Vec<ClientTool>,
+    /// Files the message carries (CONTRACT.md §14).
+    #[serde(default)]
+    pub attachments: Vec<super::attachments::AttachmentRef>,
     /// The ids a client library made (CONTRACT.md §13); never read from a body.
     #[serde(skip)]
     pub client: ClientIds,
@@ -110,7 +113,8 @@ impl Core {
             return Err(ChatError::Unavailable("The server is shutting down; try again shortly".into()));
         }
         let text = request.message.trim();
-        if text.is_empty() {
+        // A message may be files alone (CONTRACT.md §14), never nothing at all.
+        if text.is_empty() && request.attachments.is_empty() {
             return Err(ChatError::Invalid { field: "message", message: "Message cannot be empty".into() });
         }
         // A run sent right after start-up must not go without the MCP servers' tools because
@@ -143,11 +147,12 @@ impl Core {
         };
         // Branching: after an answer, the new message continues from it; naming a user
         // message with its own text regenerates its answer (a sibling of the earlier ones),
-        // with other text it is an edit (a sibling of that message).
+        // with other text (or new attachments) it is an edit (a sibling of that message).
         let mut regenerate: Option<Message> = None;
         let parent = match request.parent_message_id {
             Some(id) => match history.iter().find(|m| m.id == id) {
-                Some(m) if m.role == Role::User && m.content == text => {
+                // New attachments make it an edit.
+                Some(m) if m.role == Role::User && m.content == text && request.attachments.is_empty() => {
                     regenerate = Some(m.clone());
                     m.parent_id
                 }
@@ -166,6 +171,9 @@ impl Core {
             }),
         };
         let conversation = existing.as_ref().or(new_conversation.as_ref()).expect("one of the two is set");
+        // Last of the checks that can fail: the files a request stores are deleted again if
+        // it is refused after this (see `ChatService::start`).
+        let resolved = self.attachments(user, &request.attachments).await?;
         let action_result = match request.interaction_type {
             InteractionType::ActionExecuted => {
                 Some(self.run_action(request.action.as_ref(), request.context.as_ref()).await)
@@ -179,8 +187,10 @@ impl Core {
             user_message_is_new: regenerate.is_none(),
             user_message: regenerate.unwrap_or_else(|| Message {
                 client_id: request.client.message_id.clone(),
+                attachments: resolved.attachments,
                 ..Message::new(conversation.id, parent, Role::User, text.to_owned())
             }),
+            stored_files: resolved.stored,
             earlier: branch(&history, parent),
             new_conversation,
             action_result,
@@ -207,6 +217,9 @@ pub(super) struct Prepared {
     pub(super) max_running: Option<usize>,
     /// Room for the request's runs among its user's, until they are registered.
     pub(super) reservation: Reservation,
+    /// Files the request stored (its `data:` and remote attachments): deleted again if it
+    /// is refused before its run starts.
+    pub(super) stored_files: Vec<crate::ids::FileId>,
 }
 
 /// The refusal of a request over its user's limit of running runs.

@@ -20,6 +20,7 @@ use super::runs::{LiveRun, Runs};
 use super::starts::StartWriter;
 use crate::config::Settings;
 use crate::domain::{Comparison, Trace, now};
+use crate::files::Files;
 use crate::ids::{ComparisonId, UserId};
 use crate::providers::Providers;
 use crate::store::{RunStart, Store, StoreError};
@@ -47,6 +48,7 @@ impl ChatService {
         tools: Arc<Registry>,
         runs: Runs,
         log: EventLog,
+        files: Files,
     ) -> Self {
         let http = reqwest::Client::builder()
             .http1_only()
@@ -66,6 +68,7 @@ impl ChatService {
                 replica_id: uuid::Uuid::now_v7().to_string(),
                 draining: Arc::new(AtomicBool::new(false)),
                 news: RunNews::default(),
+                files,
             },
         }
     }
@@ -73,14 +76,24 @@ impl ChatService {
     /// Validates and persists the request, then starts its run; returns the live run to follow.
     pub async fn start(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
         let turn = self.prepare(user, &request, 1).await?;
+        let stored = turn.stored_files.clone();
         let profile = request
             .profile
             .clone()
             .or_else(|| turn.existing_profile.clone())
             .unwrap_or_else(|| self.settings.chat.default_profile.clone());
-        let side = self.plan(user, &request, &turn, &profile, None)?;
-        let mut runs = self.launch(user, turn, vec![side], None).await?;
-        Ok(runs.remove(0))
+        let started = match self.plan(user, &request, &turn, &profile, None) {
+            Ok(side) => self.launch(user, turn, vec![side], None).await,
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(mut runs) => Ok(runs.remove(0)),
+            Err(e) => {
+                // Nothing of a refused request stays: not the files it stored either.
+                self.drop_files(user, &stored).await;
+                Err(e)
+            }
+        }
     }
 
     /// Starts one message answered by two profiles side by side (CONTRACT.md §10): two full
@@ -93,6 +106,22 @@ impl ChatService {
         profile_b: &str,
     ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
         let turn = self.prepare(user, request, 2).await?;
+        let stored = turn.stored_files.clone();
+        let started = self.compare(user, request, turn, profile_a, profile_b).await;
+        if started.is_err() {
+            self.drop_files(user, &stored).await;
+        }
+        started
+    }
+
+    async fn compare(
+        &self,
+        user: &UserId,
+        request: &ChatRequest,
+        turn: Prepared,
+        profile_a: &str,
+        profile_b: &str,
+    ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
         let comparison_id = ComparisonId::new();
         let a = self.plan(user, request, &turn, profile_a, Some((comparison_id, "a")))?;
         let b = self.plan(user, request, &turn, profile_b, Some((comparison_id, "b")))?;

@@ -268,6 +268,7 @@ impl Core {
             approval_timeout: self.approval_timeout(),
             context_value: checkpoint.context.clone(),
             client_tools: checkpoint.client_tools.clone(),
+            files: super::attachments::FileReader::new(self.files.clone(), &trace.user_id, profile.modalities.clone()),
         })
     }
 

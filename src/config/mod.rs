@@ -55,6 +55,7 @@ pub struct Settings {
     pub actions: BTreeMap<String, ActionSettings>,
     #[serde(default)]
     pub client_tools: BTreeMap<String, ClientToolSettings>,
+    pub files: FileSettings,
 }
 
 /// A secret string: deserialized as is, printed and serialized as `***`.
@@ -163,6 +164,8 @@ impl Settings {
                     max_iterations: default_max_iterations(),
                     tools: all_tools(),
                     require_approval: Vec::new(),
+                    // The mock acknowledges what it is sent, so a newcomer can try every kind.
+                    modalities: vec![Modality::Text, Modality::Image, Modality::Pdf],
                 },
             );
         }
@@ -192,6 +195,12 @@ impl Settings {
         if !(timeout.is_finite() && timeout > 0.0 && timeout <= 315_576_000.0) {
             return Err(ConfigError::Invalid(format!(
                 "tools.approval_timeout_secs is {timeout}: give a number of seconds above 0 and at most 315576000 (ten years)"
+            )));
+        }
+        if !self.files.url.starts_with("file://") && !self.files.url.starts_with("s3://") {
+            return Err(ConfigError::Invalid(format!(
+                "files.url is '{}': give file://FOLDER or s3://BUCKET/PREFIX",
+                self.files.url
             )));
         }
         if !self.profiles.contains_key(&self.chat.default_profile) {

@@ -434,6 +434,54 @@ pub struct ProfileSettings {
     /// Tools that need approval in this profile, beside `tools.require_approval`.
     #[serde(default)]
     pub require_approval: Vec<String>,
+    /// What the model takes in a message (CONTRACT.md §14): `text` always; `image` and
+    /// `pdf` only where the model reads them.
+    #[serde(default = "text_only")]
+    pub modalities: Vec<Modality>,
+}
+
+/// A kind of attachment a profile's model takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Modality {
+    /// Messages, and text files sent as text.
+    Text,
+    Image,
+    Pdf,
+}
+
+pub(super) fn text_only() -> Vec<Modality> {
+    vec![Modality::Text]
+}
+
+/// Attachments (CONTRACT.md §14): where their bytes are kept and what is accepted.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSettings {
+    /// `file://PATH` (a folder, created on first use) or `s3://bucket/prefix`.
+    pub url: String,
+    /// For `s3://`: an S3-compatible endpoint (`http://127.0.0.1:9000`), path-style.
+    #[serde(default)]
+    pub s3_endpoint: Option<String>,
+    /// The largest file accepted, in bytes (413 past it).
+    pub max_bytes: u64,
+    /// Whether an attachment may name an `http(s)` URL for chatd to fetch.
+    #[serde(default)]
+    pub fetch_remote: bool,
+    /// Seconds a remote fetch may take, all of it.
+    #[serde(default = "default_fetch_timeout")]
+    pub fetch_timeout_secs: f64,
+    /// Attachments a message may carry.
+    #[serde(default = "default_max_attachments")]
+    pub max_per_message: usize,
+}
+
+fn default_fetch_timeout() -> f64 {
+    10.0
+}
+
+fn default_max_attachments() -> usize {
+    10
 }
 
 pub(super) fn default_connect_timeout() -> f64 {

@@ -14,7 +14,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
+use crate::ids::{ComparisonId, ConversationId, FileId, MessageId, TraceId, UserId};
 
 /// The current time, cut to microseconds: both databases then store and return it exactly,
 /// so a pagination cursor made from a returned time matches the stored one.
@@ -260,7 +260,77 @@ pub struct Message {
     /// edit of it finds it. Absent when none did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_id: Option<String>,
+    /// The files a user message carries (CONTRACT.md §14), in the order they were given;
+    /// absent when it carries none (as every message did before attachments).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
     pub created_at: DateTime<Utc>,
+}
+
+/// A file a user stored (CONTRACT.md §14). Its bytes are in the file storage under its
+/// `sha256`; files with the same bytes share them.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct StoredFile {
+    pub id: FileId,
+    #[serde(skip)]
+    pub user_id: UserId,
+    pub name: String,
+    /// Read from the bytes, never taken from the client.
+    pub media_type: String,
+    pub size: u64,
+    /// Hex.
+    pub sha256: String,
+    /// An image's size in pixels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub height: Option<u32>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl StoredFile {
+    /// The file as a message carries it.
+    pub fn attachment(&self) -> Attachment {
+        Attachment {
+            file_id: self.id,
+            name: self.name.clone(),
+            media_type: self.media_type.clone(),
+            size: self.size,
+            sha256: self.sha256.clone(),
+            width: self.width,
+            height: self.height,
+        }
+    }
+}
+
+/// A file as a message carries it: enough to show it and to find its bytes again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Attachment {
+    pub file_id: FileId,
+    pub name: String,
+    pub media_type: String,
+    pub size: u64,
+    /// Hex; where its bytes are.
+    pub sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub height: Option<u32>,
+}
+
+impl Attachment {
+    pub fn is_image(&self) -> bool {
+        self.media_type.starts_with("image/")
+    }
+
+    pub fn is_pdf(&self) -> bool {
+        self.media_type == "application/pdf"
+    }
+
+    /// Text files go to the model as text.
+    pub fn is_text(&self) -> bool {
+        !self.is_image() && !self.is_pdf()
+    }
 }
 
 impl Message {
@@ -287,6 +357,7 @@ impl Message {
             comparison_id: None,
             variant: None,
             client_id: None,
+            attachments: Vec::new(),
             created_at: now(),
         }
     }

@@ -18,9 +18,9 @@ use super::ui::last_user_message;
 use super::views::*;
 use crate::chat::request::ClientTool;
 use crate::chat::waits::{WaitAnswer, output_text};
-use crate::chat::{ClientTurn, Intent};
+use crate::chat::{AttachmentRef, ClientTurn, Intent};
 use crate::events::agui::ToAgui;
-use crate::ids::UserId;
+use crate::ids::{FileId, UserId};
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/agui", post(run))
@@ -119,17 +119,19 @@ impl RunAgentInput {
             })
             .collect();
         let last = last_user_message(self.messages, |m| &m.role)?;
+        let mut attachments = Vec::new();
         let text = match last.content {
             Some(Value::String(text)) => text,
             Some(Value::Array(parts)) => {
                 let mut text = String::new();
                 for part in parts {
-                    match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(part)) => text.push_str(part),
+                    match part.get("type").and_then(Value::as_str) {
+                        Some("text") => text.push_str(part.get("text").and_then(Value::as_str).unwrap_or_default()),
+                        Some("image" | "document" | "binary") => attachments.push(attachment(&part)?),
                         _ => {
                             return Err(AppError::validation(
                                 "messages",
-                                "Only text content is supported yet: send text parts",
+                                "A user message's parts may be text, image, document or binary",
                             ));
                         }
                     }
@@ -156,8 +158,35 @@ impl RunAgentInput {
             profile,
             context,
             client_tools,
+            attachments,
         };
         Ok((turn, self.run_id))
+    }
+}
+
+/// An AG-UI image, document or binary part as an attachment (CONTRACT.md §14): its
+/// `source` (`data`: base64 with its `mimeType`; `url`: a `data:` or `http(s)` URL), or a
+/// binary part's `data`, `url` or `id` (a file chatd stored).
+fn attachment(part: &Value) -> Result<AttachmentRef, AppError> {
+    let text = |value: &Value, key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+    let name = text(part, "filename").or_else(|| part.get("metadata").and_then(|m| text(m, "filename")));
+    let bad = || AppError::validation("messages", "A file part needs a source (data with its mimeType, or a url)");
+    if let Some(source) = part.get("source") {
+        return match (text(source, "type").as_deref(), text(source, "value"), text(source, "mimeType")) {
+            (Some("data"), Some(data), Some(mime)) => {
+                Ok(AttachmentRef::url(format!("data:{mime};base64,{data}"), name))
+            }
+            (Some("url"), Some(url), _) => Ok(AttachmentRef::url(url, name)),
+            _ => Err(bad()),
+        };
+    }
+    match (text(part, "data"), text(part, "url"), text(part, "id"), text(part, "mimeType")) {
+        (Some(data), _, _, Some(mime)) => Ok(AttachmentRef::url(format!("data:{mime};base64,{data}"), name)),
+        (None, Some(url), _, _) => Ok(AttachmentRef::url(url, name)),
+        (None, None, Some(id), _) => FileId::parse(&id)
+            .map(AttachmentRef::file)
+            .map_err(|_| AppError::validation("messages", "A binary part's id must be a file id of POST /api/files")),
+        _ => Err(bad()),
     }
 }
 

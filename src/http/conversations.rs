@@ -148,7 +148,9 @@ async fn delete(
 ) -> Result<StatusCode, AppError> {
     state.store.get_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
     state.chat.stop_runs_in(&user, id).await;
-    state.store.delete_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
+    let freed =
+        state.store.delete_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
+    state.files.forget(&freed).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -8,6 +8,7 @@ mod chat;
 mod conversations;
 pub mod error;
 pub mod extract;
+mod files;
 mod health;
 mod legacy;
 pub mod openapi;
@@ -42,6 +43,7 @@ pub struct AppState {
     pub chat: ChatService,
     pub tools: Arc<Registry>,
     pub auth: Arc<auth::Authenticator>,
+    pub files: crate::files::Files,
     /// Cancelled when the server shuts down; every open stream ends with it.
     pub shutdown: CancellationToken,
 }
@@ -84,16 +86,23 @@ async fn close_after_refused_body(mut response: axum::response::Response) -> axu
 
 pub fn router(state: AppState) -> Router {
     let body_limit = state.settings.limits.max_body_bytes;
-    Router::new()
-        .merge(health::routes())
-        .merge(conversations::routes())
+    // The endpoints that start runs take a message's files inline too (`data:` URLs, which
+    // is how `useChat` sends files): room for one file of `files.max_bytes` in base64.
+    let inline_file = usize::try_from(state.settings.files.max_bytes.div_ceil(3) * 4).unwrap_or(usize::MAX);
+    let starts_runs = Router::new()
         .merge(chat::routes())
         .merge(ab::routes())
         .merge(legacy::routes())
         .merge(ui::routes())
         .merge(agui::routes())
+        .layer(DefaultBodyLimit::max(body_limit.saturating_add(inline_file)));
+    Router::new()
+        .merge(health::routes())
+        .merge(conversations::routes())
+        .merge(starts_runs)
         .merge(traces::routes())
         .merge(waits::routes())
+        .merge(files::routes(state.settings.files.max_bytes))
         .merge(tools::routes())
         .merge(web::routes())
         .route(

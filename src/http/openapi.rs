@@ -22,6 +22,7 @@ use super::views::{ErrorBody, Event, LegacyEvent};
         super::tools::list,
         super::ui::chat, super::ui::resume, super::agui::run,
         super::waits::decide, super::waits::tool_result,
+        super::files::upload, super::files::download, super::files::delete,
     ),
     components(schemas(Event, ErrorBody, LegacyEvent)),
     tags(
@@ -31,6 +32,7 @@ use super::views::{ErrorBody, Event, LegacyEvent};
         (name = "ab", description = "A/B comparisons and votes"),
         (name = "legacy", description = "The older vocabulary of the same API"),
         (name = "clients", description = "The same runs for the AI SDK's useChat and AG-UI clients"),
+        (name = "files", description = "Attachments: upload, read back, delete"),
         (name = "health", description = "Liveness, readiness, profiles, tools"),
     )
 )]

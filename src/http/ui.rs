@@ -18,7 +18,7 @@ use super::extract::{AppJson, CurrentUser};
 use super::sse::{UiMessages, sse};
 use super::views::*;
 use crate::chat::waits::{WaitAnswer, output_text};
-use crate::chat::{ClientTurn, Intent, Resumed};
+use crate::chat::{AttachmentRef, ClientTurn, Intent, Resumed};
 use crate::ids::{MessageId, UserId};
 
 pub fn routes() -> Router<AppState> {
@@ -75,7 +75,14 @@ pub enum UiPart {
     Text {
         text: String,
     },
-    File {},
+    /// A file the user attached: a `data:` URL (what `useChat` sends for files picked in the
+    /// browser), or an `http(s)` URL where `files.fetch_remote` allows.
+    #[serde(rename_all = "camelCase")]
+    File {
+        url: String,
+        #[serde(default)]
+        filename: Option<String>,
+    },
     /// Any other part (`step-start`, tool parts, …): not read.
     #[serde(other)]
     Other,
@@ -88,14 +95,13 @@ impl UiChatBody {
         }
         let last = last_user_message(self.messages, |m| &m.role)?;
         let mut text = String::new();
+        let mut attachments = Vec::new();
         for part in &last.parts {
             let part = serde_json::from_value::<UiPart>(part.clone())
                 .map_err(|e| AppError::validation("messages", format!("A message part does not read: {e}")))?;
             match &part {
                 UiPart::Text { text: part } => text.push_str(part),
-                UiPart::File {} => {
-                    return Err(AppError::validation("messages", "File parts are not supported yet: send text"));
-                }
+                UiPart::File { url, filename } => attachments.push(AttachmentRef::url(url, filename.clone())),
                 UiPart::Other => {}
             }
         }
@@ -112,6 +118,7 @@ impl UiChatBody {
             profile: self.profile,
             context: self.context,
             client_tools: self.client_tools,
+            attachments,
         })
     }
 }

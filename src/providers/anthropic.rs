@@ -14,7 +14,13 @@ use eventsource_stream::Event as SseFrame;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json, parse_error};
-use super::{InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use super::{
+    FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
+    ProviderStream,
+};
 use crate::config::{ProviderSettings, Secret};
 use crate::domain::{ThinkingBlock, Usage};
 
@@ -28,6 +34,18 @@ pub struct AnthropicProvider {
     transport: Transport,
     url: String,
     api_key: Option<Secret>,
+}
+
+/// A file as an `image` or `document` block (base64), a text file as a `text` block.
+fn file_block(file: &InputFile) -> Value {
+    match &file.content {
+        FileContent::Bytes(bytes) => {
+            let kind = if file.file.is_pdf() { "document" } else { "image" };
+            json!({"type": kind, "source": {"type": "base64", "media_type": file.file.media_type, "data": BASE64.encode(bytes)}})
+        }
+        FileContent::Text(text) => json!({"type": "text", "text": file.text_block(text)}),
+        FileContent::Unread | FileContent::Left(_) => json!({"type": "text", "text": file.note()}),
+    }
 }
 
 impl AnthropicProvider {
@@ -44,8 +62,11 @@ impl AnthropicProvider {
         let mut messages: Vec<Value> = Vec::new();
         for message in &request.messages {
             match message {
-                InputMessage::User { text, .. } => {
-                    push(&mut messages, "user", vec![json!({"type": "text", "text": text})])
+                InputMessage::User { text, files, .. } => {
+                    // Files first: Anthropic advises images before the words about them.
+                    let mut content: Vec<Value> = files.iter().map(file_block).collect();
+                    content.push(json!({"type": "text", "text": text}));
+                    push(&mut messages, "user", content)
                 }
                 InputMessage::Assistant { turns, .. } => {
                     for turn in turns {

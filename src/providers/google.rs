@@ -11,7 +11,13 @@ use eventsource_stream::Event as SseFrame;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json};
-use super::{InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use super::{
+    FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
+    ProviderStream,
+};
 use crate::config::{ProviderSettings, Secret};
 use crate::domain::Usage;
 
@@ -19,6 +25,17 @@ pub struct GoogleProvider {
     transport: Transport,
     base: String,
     api_key: Option<Secret>,
+}
+
+/// A file as an `inline_data` part (base64), a text file as a `text` part.
+fn file_part(file: &InputFile) -> Value {
+    match &file.content {
+        FileContent::Bytes(bytes) => {
+            json!({"inline_data": {"mime_type": file.file.media_type, "data": BASE64.encode(bytes)}})
+        }
+        FileContent::Text(text) => json!({"text": file.text_block(text)}),
+        FileContent::Unread | FileContent::Left(_) => json!({"text": file.note()}),
+    }
 }
 
 impl GoogleProvider {
@@ -32,7 +49,11 @@ impl GoogleProvider {
         let mut contents: Vec<Value> = Vec::new();
         for message in &request.messages {
             match message {
-                InputMessage::User { text, .. } => push(&mut contents, "user", vec![json!({"text": text})]),
+                InputMessage::User { text, files, .. } => {
+                    let mut parts: Vec<Value> = files.iter().map(file_part).collect();
+                    parts.push(json!({"text": text}));
+                    push(&mut contents, "user", parts)
+                }
                 InputMessage::Assistant { turns, .. } => {
                     for turn in turns {
                         let mut parts = Vec::new();

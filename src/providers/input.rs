@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::domain::{AssistantTurn, Message, Role};
+use bytes::Bytes;
+
+use crate::domain::{AssistantTurn, Attachment, Message, Role};
 use crate::ids::MessageId;
 
 /// Serializable: a waiting run keeps the request it goes on with (CONTRACT.md §15).
@@ -39,17 +41,73 @@ pub enum InputMessage {
     User {
         id: MessageId,
         text: String,
+        /// The files the message carries (CONTRACT.md §14), in their order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        files: Vec<InputFile>,
     },
     /// A system note in the history, where the provider's format has a place for one.
-    System {
-        id: MessageId,
-        text: String,
-    },
+    System { id: MessageId, text: String },
     /// An answer: its model calls, oldest first, each with what its tools answered.
-    Assistant {
-        id: MessageId,
-        turns: Vec<AssistantTurn>,
-    },
+    Assistant { id: MessageId, turns: Vec<AssistantTurn> },
+}
+
+/// A file of a user's message as a model gets it. Its content is read just before each
+/// model call (a waiting run's checkpoint keeps only the file itself).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputFile {
+    pub file: Attachment,
+    #[serde(skip)]
+    pub content: FileContent,
+}
+
+impl InputFile {
+    pub fn new(file: Attachment) -> Self {
+        Self { file, content: FileContent::Unread }
+    }
+
+    /// What a provider sends in its place where it cannot send the file itself.
+    pub fn note(&self) -> String {
+        let why = match &self.content {
+            FileContent::Left(why) => why.as_str(),
+            _ => "it could not be sent",
+        };
+        format!("[Attached file {} ({}) is not included: {why}]", self.file.name, self.file.media_type)
+    }
+
+    /// About how many tokens the file costs a model: an image by Anthropic's documented
+    /// rule (width × height / 750, at most about 1,600 once the provider scales it down), a
+    /// PDF 1,500 a page (Anthropic's low end; pages guessed from the size, 50 KiB each), a text file
+    /// four characters a token.
+    pub fn estimated_tokens(&self) -> u64 {
+        let file = &self.file;
+        if file.is_image() {
+            let pixels = u64::from(file.width.unwrap_or(1000)) * u64::from(file.height.unwrap_or(1000));
+            (pixels / 750).clamp(1, 1600)
+        } else if file.is_pdf() {
+            (file.size / 51_200).max(1) * 1500
+        } else {
+            file.size.div_ceil(4)
+        }
+    }
+
+    /// A text file's text, as the model reads it.
+    pub fn text_block(&self, text: &str) -> String {
+        format!("Attached file {} ({}):\n{text}", self.file.name, self.file.media_type)
+    }
+}
+
+/// What of a file goes to the model.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum FileContent {
+    /// Not read yet: the chat reads every file before a model call.
+    #[default]
+    Unread,
+    /// An image or a PDF, to send in the provider's format.
+    Bytes(Bytes),
+    /// A text file, sent as text.
+    Text(String),
+    /// Left out, and why (the profile takes no such files; the file was deleted).
+    Left(String),
 }
 
 impl InputMessage {
@@ -57,7 +115,11 @@ impl InputMessage {
     pub fn of(message: &Message) -> Option<Self> {
         let id = message.id;
         match message.role {
-            Role::User => Some(InputMessage::User { id, text: message.content.clone() }),
+            Role::User => Some(InputMessage::User {
+                id,
+                text: message.content.clone(),
+                files: message.attachments.iter().cloned().map(InputFile::new).collect(),
+            }),
             Role::System => Some(InputMessage::System { id, text: message.content.clone() }),
             Role::Assistant if message.turns.is_empty() => Some(InputMessage::Assistant {
                 id,
@@ -70,7 +132,7 @@ impl InputMessage {
 
     /// The user's words, alone (a title or summary request).
     pub fn user(text: impl Into<String>) -> Self {
-        InputMessage::User { id: MessageId::new(), text: text.into() }
+        InputMessage::User { id: MessageId::new(), text: text.into(), files: Vec::new() }
     }
 
     pub fn id(&self) -> MessageId {

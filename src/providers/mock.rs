@@ -18,7 +18,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 
-use super::{InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use super::{
+    FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
+    ProviderStream,
+};
 use crate::config::MockSettings;
 use crate::domain::Usage;
 
@@ -147,16 +150,19 @@ fn error_message(kind: ProviderErrorKind) -> &'static str {
 #[async_trait]
 impl LlmProvider for MockProvider {
     async fn stream(&self, request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
-        let last_user = request
+        let (last_user, files) = request
             .messages
             .iter()
             .rev()
             .find_map(|m| match m {
-                InputMessage::User { text, .. } => Some(text.as_str()),
+                InputMessage::User { text, files, .. } => Some((text.as_str(), files.as_slice())),
                 _ => None,
             })
             .unwrap_or_default();
         let mut script = self.script(last_user);
+        for file in files {
+            script.text.push_str(&format!(" [{}]", acknowledge(file)));
+        }
         if let Some(kind) = script.error {
             return Err(ProviderError::new(kind, error_message(kind)));
         }
@@ -184,7 +190,10 @@ impl LlmProvider for MockProvider {
             .messages
             .iter()
             .map(|m| match m {
-                InputMessage::User { text, .. } | InputMessage::System { text, .. } => estimate_tokens(text),
+                InputMessage::User { text, files, .. } => {
+                    estimate_tokens(text) + files.iter().map(InputFile::estimated_tokens).sum::<u64>()
+                }
+                InputMessage::System { text, .. } => estimate_tokens(text),
                 InputMessage::Assistant { turns, .. } => turns.iter().map(|t| estimate_tokens(&t.text)).sum(),
             })
             .sum::<u64>()
@@ -221,6 +230,21 @@ impl LlmProvider for MockProvider {
             yield Ok(ProviderEvent::Finish(reason.to_owned()));
         };
         Ok(stream.boxed())
+    }
+}
+
+/// What the mock says it was sent of a file, read from what it got (an image's size from
+/// its bytes, a text's lines), so tests and the page see the file arrive.
+fn acknowledge(file: &InputFile) -> String {
+    let kind = file.file.media_type.rsplit('/').next().unwrap_or_default();
+    match &file.content {
+        FileContent::Bytes(bytes) if file.file.is_image() => match imagesize::blob_size(bytes) {
+            Ok(size) => format!("1 image {}×{} {kind}", size.width, size.height),
+            Err(_) => format!("1 unreadable image {}", file.file.name),
+        },
+        FileContent::Bytes(bytes) => format!("1 {kind} {} of {} bytes", file.file.name, bytes.len()),
+        FileContent::Text(text) => format!("1 text file {} of {} lines", file.file.name, text.lines().count()),
+        FileContent::Unread | FileContent::Left(_) => format!("1 file left out: {}", file.file.name),
     }
 }
 

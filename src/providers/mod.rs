@@ -21,7 +21,7 @@ use crate::domain::Usage;
 
 pub use anthropic::AnthropicProvider;
 pub use google::GoogleProvider;
-pub use input::{InputMessage, ModelRequest, ToolSpec};
+pub use input::{FileContent, InputFile, InputMessage, ModelRequest, ToolSpec};
 pub use mock::{MockProvider, without_directives};
 pub use openai::OpenAiProvider;
 

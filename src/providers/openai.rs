@@ -16,7 +16,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json};
-use super::{InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use super::{
+    FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
+    ProviderStream,
+};
 use crate::config::{ProviderKind, ProviderSettings, Secret};
 use crate::domain::Usage;
 
@@ -26,6 +32,23 @@ pub struct OpenAiProvider {
     api_key: Option<Secret>,
     /// OpenAI itself takes `max_completion_tokens`; compatible servers take `max_tokens`.
     native: bool,
+}
+
+/// A file as a content part: an image as `image_url` (a data URL), a PDF as `file`
+/// (`file_data`, a data URL), a text file as `text`.
+fn file_part(file: &InputFile) -> Value {
+    match &file.content {
+        FileContent::Bytes(bytes) => {
+            let url = format!("data:{};base64,{}", file.file.media_type, BASE64.encode(bytes));
+            if file.file.is_pdf() {
+                json!({"type": "file", "file": {"filename": file.file.name, "file_data": url}})
+            } else {
+                json!({"type": "image_url", "image_url": {"url": url}})
+            }
+        }
+        FileContent::Text(text) => json!({"type": "text", "text": file.text_block(text)}),
+        FileContent::Unread | FileContent::Left(_) => json!({"type": "text", "text": file.note()}),
+    }
 }
 
 impl OpenAiProvider {
@@ -48,7 +71,14 @@ impl OpenAiProvider {
         }
         for message in &request.messages {
             match message {
-                InputMessage::User { text, .. } => messages.push(json!({"role": "user", "content": text})),
+                InputMessage::User { text, files, .. } if files.is_empty() => {
+                    messages.push(json!({"role": "user", "content": text}))
+                }
+                InputMessage::User { text, files, .. } => {
+                    let mut content: Vec<Value> = files.iter().map(file_part).collect();
+                    content.push(json!({"type": "text", "text": text}));
+                    messages.push(json!({"role": "user", "content": content}))
+                }
                 InputMessage::System { text, .. } => messages.push(json!({"role": "system", "content": text})),
                 InputMessage::Assistant { turns, .. } => {
                     for turn in turns {

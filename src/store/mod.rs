@@ -18,10 +18,11 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use crate::domain::{
-    Comparison, ContextState, Conversation, Feedback, Message, Preference, RunError, Span, Trace, TraceStatus, Usage,
+    Comparison, ContextState, Conversation, Feedback, Message, Preference, RunError, Span, StoredFile, Trace,
+    TraceStatus, Usage,
 };
 use crate::events::LoggedEvent;
-use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
+use crate::ids::{ComparisonId, ConversationId, FileId, MessageId, TraceId, UserId};
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
@@ -195,8 +196,18 @@ pub trait Store: Send + Sync + 'static {
         id: ConversationId,
         patch: &ConversationPatch,
     ) -> Result<Conversation, StoreError>;
-    /// Deletes the conversation with its messages, traces, comparisons and context state.
-    async fn delete_conversation(&self, user: &UserId, id: ConversationId) -> Result<(), StoreError>;
+    /// Deletes the conversation with its messages, traces, comparisons and context state,
+    /// and the files its messages carried that no other message carries (CONTRACT.md §14).
+    /// Returns the sha256 of each file deleted, whose bytes may now be unused.
+    async fn delete_conversation(&self, user: &UserId, id: ConversationId) -> Result<Vec<String>, StoreError>;
+
+    /// Stores a file's row; its bytes are in the file storage already.
+    async fn insert_file(&self, file: &StoredFile) -> Result<(), StoreError>;
+    async fn get_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError>;
+    /// Deletes the user's file. Messages that carried it keep what they showed of it.
+    async fn delete_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError>;
+    /// Whether any file, of any user, has the bytes with this sha256.
+    async fn file_bytes_used(&self, sha256: &str) -> Result<bool, StoreError>;
 
     /// All messages of a conversation, every branch, oldest first.
     async fn messages(&self, user: &UserId, conversation_id: ConversationId) -> Result<Vec<Message>, StoreError>;

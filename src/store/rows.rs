@@ -10,8 +10,8 @@ use sqlx::types::Json;
 
 use super::{RunningTrace, Settlement, StoreError, Wait, WaitKind};
 use crate::domain::{
-    AssistantTurn, Comparison, ContextState, Conversation, Feedback, Message, Preference, Role, RunError, Span,
-    SuggestedAction, SuggestedValue, ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
+    AssistantTurn, Attachment, Comparison, ContextState, Conversation, Feedback, Message, Preference, Role, RunError,
+    Span, StoredFile, SuggestedAction, SuggestedValue, ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
 };
 
 /// A JSON column's value, serialized once: one type to bind for every JSON column.
@@ -85,7 +85,7 @@ impl From<ConversationRow> for Conversation {
 
 pub const MESSAGE_COLUMNS: &str = "id, conversation_id, parent_id, role, content, thinking, \
      provider_state, tool_calls, tool_history, payloads, suggested_values, suggested_actions, \
-     cancelled, model, trace_id, usage, feedback, comparison_id, variant, client_id, created_at";
+     cancelled, model, trace_id, usage, feedback, comparison_id, variant, client_id, attachments, created_at";
 
 #[derive(sqlx::FromRow)]
 pub struct MessageRow {
@@ -109,6 +109,7 @@ pub struct MessageRow {
     comparison_id: Option<ComparisonId>,
     variant: Option<String>,
     client_id: Option<String>,
+    attachments: Json<Value>,
     created_at: DateTime<Utc>,
 }
 
@@ -141,6 +142,7 @@ impl TryFrom<MessageRow> for Message {
             comparison_id: row.comparison_id,
             variant: row.variant,
             client_id: row.client_id,
+            attachments: lenient::<Vec<Attachment>>("message's attachments", row.attachments.0).unwrap_or_default(),
             created_at: row.created_at,
         })
     }
@@ -305,5 +307,36 @@ impl TryFrom<WaitRow> for Wait {
             expires_at: row.expires_at,
             settled,
         })
+    }
+}
+
+pub const FILE_COLUMNS: &str = "id, user_id, name, media_type, size, sha256, width, height, created_at";
+
+#[derive(sqlx::FromRow)]
+pub struct FileRow {
+    id: crate::ids::FileId,
+    user_id: crate::ids::UserId,
+    name: String,
+    media_type: String,
+    size: i64,
+    sha256: String,
+    width: Option<i64>,
+    height: Option<i64>,
+    created_at: DateTime<Utc>,
+}
+
+impl From<FileRow> for StoredFile {
+    fn from(row: FileRow) -> Self {
+        StoredFile {
+            id: row.id,
+            user_id: row.user_id,
+            name: row.name,
+            media_type: row.media_type,
+            size: row.size.max(0) as u64,
+            sha256: row.sha256,
+            width: row.width.and_then(|w| u32::try_from(w).ok()),
+            height: row.height.and_then(|h| u32::try_from(h).ok()),
+            created_at: row.created_at,
+        }
     }
 }

@@ -160,7 +160,10 @@ both_backends! {
     }
 
     async fn validation_fails_before_the_stream_and_writes_nothing(backend: Backend) {
-        let app = TestApp::spawn(backend, "[limits]\nmax_message_chars = 50\nmax_body_bytes = 4096").await;
+        // The body limit is max_body_bytes and one inline file (1,024 bytes as base64): 5,464.
+        let app =
+            TestApp::spawn(backend, "[limits]\nmax_message_chars = 50\nmax_body_bytes = 4096\n[files]\nmax_bytes = 1024")
+                .await;
         let unknown = uuid::Uuid::now_v7();
         let cases = [
             (json!({"message": "   \n "}), 400, "VALIDATION_ERROR", Some("message")),
@@ -171,7 +174,7 @@ both_backends! {
             (json!({"message": "hi", "conversation_id": unknown}), 404, "NOT_FOUND", Some("conversation_id")),
             (json!({"message": "hi", "profile": "nope"}), 404, "NOT_FOUND", Some("profile")),
             (json!({"message": "x".repeat(51)}), 413, "PAYLOAD_TOO_LARGE", Some("message")),
-            (json!({"message": "x".repeat(5000)}), 413, "PAYLOAD_TOO_LARGE", None),
+            (json!({"message": "x".repeat(6000)}), 413, "PAYLOAD_TOO_LARGE", None),
             (json!(["hi"]), 400, "VALIDATION_ERROR", None),
             (json!(["hi", unknown]), 400, "VALIDATION_ERROR", None),
         ];

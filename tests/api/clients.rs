@@ -95,7 +95,7 @@ both_backends! {
             (json!({"id": "c", "messages": [{"id": "a", "role": "assistant", "parts": [{"type": "text", "text": "hi"}]}]}), StatusCode::BAD_REQUEST, "messages"),
             (json!({"id": " ", "messages": [user_message("m", "hi")]}), StatusCode::BAD_REQUEST, "id"),
             (json!({"id": "c", "messages": [user_message("m", "   ")]}), StatusCode::BAD_REQUEST, "message"),
-            (json!({"id": "c", "messages": [{"id": "m", "role": "user", "parts": [{"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AA=="}]}]}), StatusCode::BAD_REQUEST, "messages"),
+            (json!({"id": "c", "messages": [{"id": "m", "role": "user", "parts": [{"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AA=="}]}]}), StatusCode::BAD_REQUEST, "attachments"),
             (json!({"id": "c", "messages": [user_message("m", "hi")], "trigger": "resubmit"}), StatusCode::BAD_REQUEST, ""),
             (json!({"id": "c", "messages": [user_message("m", "hi")], "profile": "nope"}), StatusCode::NOT_FOUND, "profile"),
             (json!({"id": "c", "messages": [user_message("m", "hi")], "trigger": "submit-message", "messageId": "nowhere"}), StatusCode::NOT_FOUND, "messageId"),

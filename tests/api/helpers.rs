@@ -105,6 +105,9 @@ pub struct TestApp {
     pub log: chatd::chat::EventLog,
     pub stop: chatd::Shutdown,
     shutdown: CancellationToken,
+    /// Where this app keeps files: its own folder unless the overrides name a `files.url`.
+    pub files_dir: std::path::PathBuf,
+    _files: Option<tempfile::TempDir>,
     _db: Option<TestDb>,
 }
 
@@ -121,6 +124,14 @@ impl TestApp {
     pub async fn on(url: &str, overrides: &str) -> Self {
         let mut settings = Settings::from_layers(&[FAST_MOCK, overrides]).expect("test config");
         settings.database.url = chatd::config::Secret::new(url);
+        // Files in a folder of the test's own, never in the working directory.
+        let mut own_files = None;
+        if !overrides.contains("[files]") || !overrides.contains("url") {
+            let dir = tempfile::tempdir().expect("temp dir");
+            settings.files.url = format!("file://{}", dir.path().display());
+            own_files = Some(dir);
+        }
+        let files_dir = std::path::PathBuf::from(settings.files.url.trim_start_matches("file://"));
         settings.server.port = 0;
         let app = App::build(settings).await.expect("app builds");
         let base = format!("http://{}", app.local_addr());
@@ -128,7 +139,7 @@ impl TestApp {
         // The listener is bound already: requests queue until `run` accepts them.
         tokio::spawn(app.run());
         let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
-        Self { base, db_url: url.to_owned(), client, log, stop, shutdown, _db: None }
+        Self { base, db_url: url.to_owned(), client, log, stop, shutdown, files_dir, _files: own_files, _db: None }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -61,6 +61,19 @@ async fn run_with(
     extra: &str,
     message: &str,
 ) -> Run {
+    let (app, fixture, key) = spawn_fx(backend, kind, script, provider_extra, extra).await;
+    let frames = app.chat("ann", json!({"message": message})).await;
+    Run { app, fixture, frames, _key: key }
+}
+
+/// chatd with a profile `fx` on a fixture of `kind` that answers with `script`.
+async fn spawn_fx(
+    backend: Backend,
+    kind: &str,
+    script: Vec<Scripted>,
+    provider_extra: &str,
+    extra: &str,
+) -> (TestApp, Fixture, tempfile::NamedTempFile) {
     let fixture = Fixture::start(script).await;
     let key = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(key.path(), format!("{KEY}\n")).unwrap();
@@ -91,8 +104,13 @@ async fn run_with(
         "#,
         key = key.path().display(),
     );
-    let app = TestApp::spawn(backend, &config).await;
-    let frames = app.chat("ann", json!({"message": message})).await;
+    (TestApp::spawn(backend, &config).await, fixture, key)
+}
+
+/// [`run`], sending `body` (a whole chat request) instead of a message.
+async fn run_body(kind: &str, script: Vec<Scripted>, extra: &str, body: Value) -> Run {
+    let (app, fixture, key) = spawn_fx(Backend::Sqlite, kind, script, "", extra).await;
+    let frames = app.chat("ann", body).await;
     Run { app, fixture, frames, _key: key }
 }
 
@@ -857,4 +875,121 @@ async fn the_ollama_example_config_answers_through_its_provider() {
     let got = fixture.received();
     assert_eq!(got[0].path, "/v1/chat/completions");
     assert_eq!(got[0].body["model"], "qwen3:0.6b");
+}
+
+// ---- Attachments in each provider's wire format (CONTRACT.md §14) ----
+
+/// A PNG, a PDF and a CSV, as `data:` URLs in a chat request, to a profile that takes them.
+fn with_files(message: &str) -> (Value, [Vec<u8>; 3]) {
+    use crate::files::{data_url, fixture};
+    let (png, pdf, csv) = (fixture("small.png"), fixture("note.pdf"), fixture("cities.csv"));
+    let body = json!({"message": message, "attachments": [
+        {"url": data_url("image/png", &png), "name": "small.png"},
+        {"url": data_url("application/pdf", &pdf), "name": "note.pdf"},
+        {"url": data_url("text/csv", &csv), "name": "cities.csv"},
+    ]});
+    (body, [png, pdf, csv])
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+const CSV_BLOCK: &str = "Attached file cities.csv (text/csv):\ncity,population\nLyon,522969\nNantes,323204\n";
+
+#[tokio::test]
+async fn anthropic_gets_image_and_document_blocks_and_text_files_as_text_on_every_turn() {
+    let answer = || {
+        let mut frames = anthropic_start();
+        frames.extend(anthropic_block(
+            0,
+            json!({"type": "text", "text": ""}),
+            &[json!({"type": "text_delta", "text": "Seen."})],
+        ));
+        frames.extend(anthropic_end("end_turn", 3));
+        Scripted::sse(&frames)
+    };
+    let (body, [png, pdf, _]) = with_files("What is in these?");
+    let r = run_body("anthropic", vec![answer(), answer()], "modalities = [\"text\", \"image\", \"pdf\"]", body).await;
+    assert_eq!(r.last("complete")["payload"]["message"], "Seen.");
+    let expected = json!({"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(&png)}},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": b64(&pdf)}},
+        {"type": "text", "text": CSV_BLOCK},
+        {"type": "text", "text": "What is in these?"},
+    ]});
+    assert_eq!(r.fixture.received()[0].body["messages"][0], expected);
+    // The next turn sends them again, in the history.
+    let conversation = r.frames[0].data["conversation_id"].as_str().unwrap();
+    r.app.chat("ann", json!({"message": "And now?", "conversation_id": conversation})).await;
+    let second = &r.fixture.received()[1].body["messages"];
+    assert_eq!(second[0], expected);
+    assert_eq!(second[2], json!({"role": "user", "content": [{"type": "text", "text": "And now?"}]}));
+}
+
+#[tokio::test]
+async fn openai_gets_image_url_and_file_parts_with_data_urls() {
+    let (body, [png, pdf, _]) = with_files("What is in these?");
+    let r = run_body(
+        "openai",
+        vec![Scripted::sse(&openai_text(&["Seen."]))],
+        "modalities = [\"text\", \"image\", \"pdf\"]",
+        body,
+    )
+    .await;
+    assert_eq!(r.last("complete")["payload"]["message"], "Seen.");
+    assert_eq!(
+        r.fixture.received()[0].body["messages"][1],
+        json!({"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", b64(&png))}},
+            {"type": "file", "file": {"filename": "note.pdf", "file_data": format!("data:application/pdf;base64,{}", b64(&pdf))}},
+            {"type": "text", "text": CSV_BLOCK},
+            {"type": "text", "text": "What is in these?"},
+        ]})
+    );
+}
+
+#[tokio::test]
+async fn openai_compatible_servers_get_images_and_a_text_only_model_a_note_for_earlier_images() {
+    use crate::files::{data_url, fixture};
+    let png = fixture("small.png");
+    let body = json!({"message": "Describe it", "attachments": [{"url": data_url("image/png", &png)}]});
+    let script = vec![Scripted::sse(&openai_text(&["A picture."])), Scripted::sse(&openai_text(&["Ok."]))];
+    let r = run_body(
+        "openai_compatible",
+        script,
+        "modalities = [\"text\", \"image\"]\n[profiles.words]\nprovider = \"fx\"\nmodel = \"fx-text\"",
+        body,
+    )
+    .await;
+    assert_eq!(
+        r.fixture.received()[0].body["messages"][1]["content"][0],
+        json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", b64(&png))}})
+    );
+    // A later turn on a text-only profile: the earlier image is named, not sent.
+    let conversation = r.frames[0].data["conversation_id"].as_str().unwrap();
+    r.app.chat("ann", json!({"message": "Thanks", "conversation_id": conversation, "profile": "words"})).await;
+    let second = &r.fixture.received()[1].body["messages"][1]["content"];
+    assert_eq!(
+        second[0]["text"],
+        "[Attached file attachment.png (image/png) is not included: this model takes no image files]"
+    );
+}
+
+#[tokio::test]
+async fn gemini_gets_inline_data_parts() {
+    let (body, [png, pdf, _]) = with_files("What is in these?");
+    let script = vec![Scripted::sse(&[gemini(json!([{"text": "Seen."}]), Some("STOP"))])];
+    let r = run_body("google", script, "modalities = [\"text\", \"image\", \"pdf\"]", body).await;
+    assert_eq!(r.last("complete")["payload"]["message"], "Seen.");
+    assert_eq!(
+        r.fixture.received()[0].body["contents"][0],
+        json!({"role": "user", "parts": [
+            {"inline_data": {"mime_type": "image/png", "data": b64(&png)}},
+            {"inline_data": {"mime_type": "application/pdf", "data": b64(&pdf)}},
+            {"text": CSV_BLOCK},
+            {"text": "What is in these?"},
+        ]})
+    );
 }

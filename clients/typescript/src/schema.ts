@@ -183,6 +183,38 @@ export interface paths {
         patch: operations["update_conversation"];
         trace?: never;
     };
+    "/api/files": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["upload_file"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/files/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["download_file"];
+        put?: never;
+        post?: never;
+        delete: operations["delete_file"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/get_chat_response_stream": {
         parameters: {
             query?: never;
@@ -500,6 +532,31 @@ export interface components {
             description?: string;
             parameters?: Record<string, never> | null;
         };
+        /** @description A file as a message carries it: enough to show it and to find its bytes again. */
+        Attachment: {
+            file_id: components["schemas"]["FileId"];
+            name: string;
+            media_type: string;
+            /** Format: int64 */
+            size: number;
+            /** @description Hex; where its bytes are. */
+            sha256: string;
+            /** Format: int32 */
+            width?: number | null;
+            /** Format: int32 */
+            height?: number | null;
+        };
+        /**
+         * @description An attachment as a request names it: a stored file, or a URL (`data:` or, where
+         *     allowed, `http(s)`) to store first.
+         */
+        AttachmentRef: {
+            file_id?: null | components["schemas"]["FileId"];
+            /** @description `data:<type>;base64,<bytes>`, or an `http(s)` URL with `files.fetch_remote`. */
+            url?: string | null;
+            /** @description The file's name, for a URL (a file id's file has its own). */
+            name?: string | null;
+        };
         /**
          * @description How a model call ended.
          * @enum {string}
@@ -567,6 +624,8 @@ export interface components {
              *     `POST /api/runs/{trace_id}/tool_results`.
              */
             client_tools?: components["schemas"]["ClientTool"][];
+            /** @description Files the message carries (CONTRACT.md §14). */
+            attachments?: components["schemas"]["AttachmentRef"][];
         };
         /** @description A tool the frontend runs, as a request declares it. */
         ClientTool: {
@@ -884,6 +943,11 @@ export interface components {
             message_id: string;
             feedback?: null | components["schemas"]["Feedback"];
         };
+        /**
+         * Format: uuid
+         * @description A stored file (an attachment, CONTRACT.md §14).
+         */
+        FileId: string;
         /** @enum {string} */
         InteractionType: "text_input" | "value_selected" | "action_executed";
         LeaderboardView: {
@@ -1035,6 +1099,11 @@ export interface components {
              *     edit of it finds it. Absent when none did.
              */
             client_id?: string | null;
+            /**
+             * @description The files a user message carries (CONTRACT.md §14), in the order they were given;
+             *     absent when it carries none (as every message did before attachments).
+             */
+            attachments?: components["schemas"]["Attachment"][];
             /** Format: date-time */
             created_at: string;
         };
@@ -1209,6 +1278,29 @@ export interface components {
         StatusBody: {
             /** @description `ok` (liveness) or `ready` (readiness). */
             status: string;
+        };
+        /**
+         * @description A file a user stored (CONTRACT.md §14). Its bytes are in the file storage under its
+         *     `sha256`; files with the same bytes share them.
+         */
+        StoredFile: {
+            id: components["schemas"]["FileId"];
+            name: string;
+            /** @description Read from the bytes, never taken from the client. */
+            media_type: string;
+            /** Format: int64 */
+            size: number;
+            /** @description Hex. */
+            sha256: string;
+            /**
+             * Format: int32
+             * @description An image's size in pixels.
+             */
+            width?: number | null;
+            /** Format: int32 */
+            height?: number | null;
+            /** Format: date-time */
+            created_at: string;
         };
         SuggestedAction: {
             label: string;
@@ -1409,6 +1501,11 @@ export interface components {
             role: string;
             /** @description A user message's text parts; an answer's tool parts, when they answer a waiting run. */
             parts?: Record<string, never>[];
+        };
+        /** @description The multipart body of an upload: one part named `file`, with its file name. */
+        Upload: {
+            /** Format: binary */
+            file: string;
         };
         /** @description Token counts of one model call, or summed over a run. */
         Usage: {
@@ -2384,6 +2481,182 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["Conversation"];
                 };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    upload_file: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "multipart/form-data": components["schemas"]["Upload"];
+            };
+        };
+        responses: {
+            /** @description Stored; its kind is read from its bytes */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StoredFile"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Larger than files.max_bytes (refused as soon as it is passed) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    download_file: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description File id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file's bytes, with its media type */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/octet-stream": unknown;
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_file: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description File id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted; messages that carried it still show its name */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
             /** @description Invalid input */
             400: {

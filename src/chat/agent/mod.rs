@@ -68,6 +68,8 @@ pub struct RunPlan {
     /// What the run's continuation after a wait plans its tools from again.
     pub context_value: Option<Value>,
     pub client_tools: Vec<crate::chat::request::ClientTool>,
+    /// Reads the request's attachments before each model call (CONTRACT.md §14).
+    pub files: crate::chat::attachments::FileReader,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -252,6 +254,8 @@ async fn call_model(
     if output.spans.is_empty() || fitted.state.is_some() {
         plan.context.record(fitted.state.as_ref()).await;
     }
+    // Only the files of the messages kept are read.
+    plan.files.read(&mut fitted.request).await;
     output.thinking_calls.0 += 1;
     let mut turn = Turn::new(output.tool_history.len() as u32, markers);
     emitter.hold(true);

@@ -24,9 +24,9 @@ use super::{
     Claim, ConversationPatch, NewEvent, Notice, PageCursor, RunFinish, RunPark, RunStart, RunningTrace, Settled,
     Settlement, Store, StoreError, WaitKey,
 };
-use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, Trace, now};
+use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, StoredFile, Trace, now};
 use crate::events::LoggedEvent;
-use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
+use crate::ids::{ComparisonId, ConversationId, FileId, MessageId, TraceId, UserId};
 
 /// Rows in one multi-row insert, at most: 21 parameters a message row stays well under
 /// SQLite's 32,766 and Postgres's 65,535 parameters a statement.
@@ -147,6 +147,7 @@ where
     for<'q> Option<TraceId>: Encode<'q, B::Db>,
     for<'q> Option<ComparisonId>: Encode<'q, B::Db>,
     for<'q> Option<DateTime<Utc>>: Encode<'q, B::Db>,
+    for<'q> Option<i64>: Encode<'q, B::Db>,
     for<'r> ConversationRow: FromRow<'r, Row<B>>,
     for<'r> MessageRow: FromRow<'r, Row<B>>,
     for<'r> TraceRow: FromRow<'r, Row<B>>,
@@ -158,6 +159,7 @@ where
     for<'r> WaitRow: FromRow<'r, Row<B>>,
     for<'r> (Uuid,): FromRow<'r, Row<B>>,
     for<'r> (String,): FromRow<'r, Row<B>>,
+    for<'r> FileRow: FromRow<'r, Row<B>>,
 {
     fn is_shared(&self) -> bool {
         B::SHARED
@@ -244,19 +246,83 @@ where
         row.map(Conversation::from).ok_or(StoreError::NotFound)
     }
 
-    async fn delete_conversation(&self, user: &UserId, id: ConversationId) -> Result<(), StoreError> {
-        let done = write(self, async |conn| {
-            Ok(sqlx::query("delete from conversations where id = $1 and user_id = $2")
+    async fn delete_conversation(&self, user: &UserId, id: ConversationId) -> Result<Vec<String>, StoreError> {
+        write(self, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(&mut *conn, B::BEGIN_WRITE).await?;
+            let carried: Vec<(Uuid,)> = sqlx::query_as(
+                "select distinct f.file_id from message_files f join messages m on m.id = f.message_id \
+                 where m.conversation_id = $1 and m.user_id = $2",
+            )
+            .bind(id)
+            .bind(user)
+            .fetch_all(&mut *tx)
+            .await?;
+            let done = sqlx::query("delete from conversations where id = $1 and user_id = $2")
                 .bind(id)
                 .bind(user)
-                .execute(conn)
-                .await?)
+                .execute(&mut *tx)
+                .await?;
+            if B::rows_affected(&done) == 0 {
+                return Err(StoreError::NotFound);
+            }
+            let mut freed = Vec::new();
+            for (file,) in carried {
+                let gone: Option<(String,)> = sqlx::query_as(
+                    "delete from files where id = $1 \
+                     and not exists (select 1 from message_files where file_id = $1) returning sha256",
+                )
+                .bind(file)
+                .fetch_optional(&mut *tx)
+                .await?;
+                freed.extend(gone.map(|(sha,)| sha));
+            }
+            tx.commit().await?;
+            Ok(freed)
         })
-        .await?;
-        if B::rows_affected(&done) == 0 {
-            return Err(StoreError::NotFound);
-        }
-        Ok(())
+        .await
+    }
+
+    async fn insert_file(&self, file: &StoredFile) -> Result<(), StoreError> {
+        write(self, async |conn| {
+            sqlx::query(
+                "insert into files (id, user_id, name, media_type, size, sha256, width, height, created_at) \
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(file.id)
+            .bind(&file.user_id)
+            .bind(&file.name)
+            .bind(&file.media_type)
+            .bind(file.size as i64)
+            .bind(&file.sha256)
+            .bind(file.width.map(i64::from))
+            .bind(file.height.map(i64::from))
+            .bind(file.created_at)
+            .execute(conn)
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError> {
+        let sql = format!("select {FILE_COLUMNS} from files where id = $1 and user_id = $2");
+        let row: Option<FileRow> = sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(self.pool()).await?;
+        row.map(StoredFile::from).ok_or(StoreError::NotFound)
+    }
+
+    async fn delete_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError> {
+        let sql = format!("delete from files where id = $1 and user_id = $2 returning {FILE_COLUMNS}");
+        let row: Option<FileRow> =
+            write(self, async |conn| Ok(sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(conn).await?)).await?;
+        row.map(StoredFile::from).ok_or(StoreError::NotFound)
+    }
+
+    async fn file_bytes_used(&self, sha256: &str) -> Result<bool, StoreError> {
+        let row: Option<(i64,)> = sqlx::query_as("select 1 from files where sha256 = $1 limit 1")
+            .bind(sha256)
+            .fetch_optional(self.pool())
+            .await?;
+        Ok(row.is_some())
     }
 
     async fn messages(&self, user: &UserId, conversation_id: ConversationId) -> Result<Vec<Message>, StoreError> {

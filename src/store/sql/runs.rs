@@ -87,6 +87,15 @@ where
             }
             for rows in messages.chunks(ROWS_PER_INSERT) {
                 Rows::<B>::insert_messages(&mut *tx, rows).await?;
+                if Rows::<B>::use_files(rows) {
+                    let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+                    Rows::<B>::push_message_files(&mut query, rows);
+                    // A file deleted since the request was checked.
+                    B::execute(&mut *tx, query).await.map_err(|e| match e.as_database_error() {
+                        Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
+                        _ => e.into(),
+                    })?;
+                }
             }
             for start in starts {
                 if start.user_message_is_new && start.new_conversation.is_none() {
@@ -417,7 +426,7 @@ where
             "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
              thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
              suggested_actions, cancelled, model, trace_id, usage, feedback, comparison_id, \
-             variant, client_id, created_at) ",
+             variant, client_id, attachments, created_at) ",
         );
         query.push_values(rows, |mut row, (user, m)| {
             row.push_bind(m.id)
@@ -441,7 +450,26 @@ where
                 .push_bind(m.comparison_id)
                 .push_bind(m.variant.as_deref())
                 .push_bind(m.client_id.as_deref())
+                .push_bind(json(&m.attachments))
                 .push_bind(m.created_at);
+        });
+    }
+
+    /// Whether any of the messages carries a file.
+    pub(super) fn use_files(rows: &[(&UserId, &Message)]) -> bool {
+        rows.iter().any(|(_, m)| !m.attachments.is_empty())
+    }
+
+    /// The rows that say which files the messages use (some must: see [`use_files`]).
+    pub(super) fn push_message_files<'a>(
+        query: &mut sqlx::QueryBuilder<'a, B::Db>,
+        rows: &'a [(&'a UserId, &'a Message)],
+    ) {
+        let uses =
+            rows.iter().flat_map(|(_, m)| m.attachments.iter().enumerate().map(|(i, a)| (m.id, i as i64, a.file_id)));
+        query.push("insert into message_files (message_id, position, file_id) ");
+        query.push_values(uses, |mut row, (message, position, file)| {
+            row.push_bind(message).push_bind(position).push_bind(file);
         });
     }
 
@@ -509,6 +537,10 @@ where
         for rows in messages.chunks(ROWS_PER_INSERT) {
             query.push("; ");
             Rows::<B>::push_messages(&mut query, rows);
+            if Rows::<B>::use_files(rows) {
+                query.push("; ");
+                Rows::<B>::push_message_files(&mut query, rows);
+            }
         }
         for start in starts {
             if start.user_message_is_new && start.new_conversation.is_none() {

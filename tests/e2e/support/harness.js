@@ -30,6 +30,8 @@ port = ${port}
 cors_origins = ${JSON.stringify(cors)}
 [database]
 url = "sqlite://${dir}/chatd.db"
+[files]
+url = "file://${dir}/files"
 [limits]
 max_message_chars = ${MAX_MESSAGE_CHARS}
 requests_per_minute = 0
@@ -48,6 +50,7 @@ ${rule("markdown please", "## Plan\n\nThis is **bold**, *italic* and `code`.\n\n
 [profiles.default]
 provider = "mock"
 model = "mock-1"
+modalities = ["text", "image", "pdf"]
 [profiles.other]
 provider = "mock"
 model = "mock-2"

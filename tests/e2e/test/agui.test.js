@@ -5,6 +5,8 @@
 
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { HttpAgent } from "@ag-ui/client";
 import { startChatd } from "../support/harness.js";
 
@@ -50,6 +52,9 @@ async function conversationOf(user, threadId) {
   assert.ok(found, `a conversation for ${threadId}`);
   return (await chatd.api(`/api/conversations/${found.id}`, user)).body;
 }
+
+const fixtures = join(import.meta.dirname, "../../fixtures/files");
+const base64Of = (name) => readFileSync(join(fixtures, name)).toString("base64");
 
 const withoutMarkers = (content) => content.replace(/(\n\n)?\[\[tool:\d+\]\]/g, "");
 
@@ -147,6 +152,53 @@ test("cancel by conversation: RUN_ERROR with code CANCELLED, every START ended, 
     .map((e) => e.delta)
     .join("");
   assert.equal(answer.content, `${text}\n\n[cancelled]`);
+});
+
+test("an image part (inline data source) is an attachment: the model gets the image, the question keeps it", async () => {
+  const user = "agui-image";
+  const threadId = newThread();
+  const a = agent(user, threadId, [
+    { type: "text", text: "What is this?" },
+    { type: "image", source: { type: "data", value: base64Of("small.png"), mimeType: "image/png" } },
+  ]);
+  const { result, error } = await run(a);
+  assert.equal(error, undefined, error?.stack);
+  const text = a.messages
+    .filter((m) => m.role === "assistant")
+    .map((m) => m.content ?? "")
+    .join("");
+  assert.ok(text.includes("[1 image 64×48 png]"), text);
+  const [question, answer] = (await conversationOf(user, threadId)).messages;
+  assert.equal(question.content, "What is this?");
+  assert.equal(result.message, answer.content);
+  assert.equal(question.attachments.length, 1);
+  assert.equal(question.attachments[0].media_type, "image/png");
+  assert.equal(question.attachments[0].size, readFileSync(join(fixtures, "small.png")).length);
+});
+
+test("a document part of a CSV file goes to the model as a text file", async () => {
+  const user = "agui-document";
+  const threadId = newThread();
+  const a = agent(user, threadId, [
+    { type: "text", text: "Sum the populations" },
+    {
+      type: "document",
+      source: { type: "data", value: base64Of("cities.csv"), mimeType: "text/csv" },
+      metadata: { filename: "cities.csv" },
+    },
+  ]);
+  const { result, error } = await run(a);
+  assert.equal(error, undefined, error?.stack);
+  const text = a.messages
+    .filter((m) => m.role === "assistant")
+    .map((m) => m.content ?? "")
+    .join("");
+  assert.ok(text.includes("[1 text file cities.csv of 3 lines]"), text);
+  const [question, answer] = (await conversationOf(user, threadId)).messages;
+  assert.equal(result.message, answer.content);
+  assert.equal(question.attachments.length, 1);
+  assert.equal(question.attachments[0].name, "cities.csv");
+  assert.equal(question.attachments[0].media_type, "text/csv");
 });
 
 test("a body with no user message is a 400 before any stream", async () => {

@@ -7,6 +7,8 @@
 
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import * as ai5 from "ai5";
 import * as ai6 from "ai6";
 import * as ai7 from "ai7";
@@ -25,6 +27,21 @@ after(async () => {
 let chats = 0;
 const newChat = (version) => `chat-${version.replace(/\W/g, "")}-${process.pid}-${(chats += 1)}`;
 const userMessage = (id, text) => ({ id, role: "user", parts: [{ type: "text", text }] });
+
+const fixtures = join(import.meta.dirname, "../../fixtures/files");
+
+/**
+ * The `file` part `convertFileListToFileUIParts` makes of a file the user picked in the
+ * browser: its type, its name, and a `data:` URL of its bytes as `FileReader.readAsDataURL`
+ * reads it. That function needs the browser's FileList and FileReader (Node has neither), so
+ * the part is built the same way from a `File` here.
+ */
+async function fileUIPart(name, type) {
+  const file = new File([readFileSync(join(fixtures, name))], name, { type });
+  const bytes = Buffer.from(await file.arrayBuffer());
+  const url = `data:${file.type};base64,${bytes.toString("base64")}`;
+  return { type: "file", mediaType: file.type, filename: file.name, url };
+}
 
 function transport(ai, user) {
   return new ai.DefaultChatTransport({ api: `${chatd.base}/api/ui/chat`, headers: { "x-client-id": user } });
@@ -168,6 +185,45 @@ for (const [name, ai] of Object.entries(versions)) {
       await assert.rejects(
         send(ai, user, { chatId: newChat(name), messages: [userMessage("u1", "hi")], body: { profile: "nope" } }),
         (e) => e.message.includes("NOT_FOUND"),
+      );
+    });
+
+    test("a file part is an attachment: the model gets the image, the stored question keeps it", async () => {
+      const user = `ui-file-${name}`;
+      const picture = await fileUIPart("small.png", "image/png");
+      const question = { id: "u1", role: "user", parts: [{ type: "text", text: "What is this?" }, picture] };
+      const { message, errors } = await send(ai, user, { chatId: newChat(name), messages: [question] });
+      assert.deepEqual(errors, []);
+      assert.ok(textOf(message).includes("[1 image 64×48 png]"), textOf(message));
+      const [sent, answer] = (await stored(user, message.metadata.conversation_id)).messages;
+      assert.equal(sent.content, "What is this?");
+      assert.equal(answer.id, message.id);
+      assert.equal(sent.attachments.length, 1);
+      const [attachment] = sent.attachments;
+      assert.equal(attachment.media_type, "image/png");
+      assert.equal(attachment.name, "small.png");
+      const bytes = readFileSync(join(fixtures, "small.png"));
+      assert.equal(attachment.size, bytes.length);
+      const file = await fetch(`${chatd.base}/api/files/${attachment.file_id}`, { headers: { "x-client-id": user } });
+      assert.equal(file.status, 200);
+      assert.deepEqual(Buffer.from(await file.arrayBuffer()), bytes, "the stored file is the bytes sent");
+    });
+
+    test("a file part the profile cannot take is refused before the stream: the client's error", async () => {
+      const user = `ui-file-refused-${name}`;
+      const picture = await fileUIPart("small.png", "image/png");
+      const question = { id: "u1", role: "user", parts: [{ type: "text", text: "What is this?" }, picture] };
+      // The `other` profile states no modalities: text only.
+      await assert.rejects(
+        send(ai, user, { chatId: newChat(name), messages: [question], body: { profile: "other" } }),
+        (e) => {
+          // ai 5 and 6 throw an Error of the answer's body; ai 7 an APICallError with its status.
+          if (name === "ai@7 (newest)") assert.equal(e.statusCode, 400);
+          const body = JSON.parse(e.message);
+          assert.equal(body.code, "VALIDATION_ERROR", e.message);
+          assert.equal(body.field, "attachments", e.message);
+          return true;
+        },
       );
     });
 

@@ -1,0 +1,277 @@
+//! A message's attachments (CONTRACT.md §14): what a request names is checked and stored
+//! before the stream opens (a file id of the user's, a `data:` URL stored like an upload, an
+//! `http(s)` URL fetched where config allows), and each profile takes only the kinds its
+//! `modalities` name. Before each model call the files of the request are read, once a run.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::core::Core;
+use super::request::ChatError;
+use crate::config::{Modality, ProfileSettings};
+use crate::domain::Attachment;
+use crate::files::{FileError, Files};
+use crate::ids::{FileId, UserId};
+use crate::providers::{FileContent, InputMessage, ModelRequest};
+
+/// An attachment as a request names it: a stored file, or a URL (`data:` or, where
+/// allowed, `http(s)`) to store first.
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttachmentRef {
+    #[serde(default)]
+    pub file_id: Option<FileId>,
+    /// `data:<type>;base64,<bytes>`, or an `http(s)` URL with `files.fetch_remote`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The file's name, for a URL (a file id's file has its own).
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl AttachmentRef {
+    pub fn file(id: FileId) -> Self {
+        Self { file_id: Some(id), url: None, name: None }
+    }
+
+    pub fn url(url: impl Into<String>, name: Option<String>) -> Self {
+        Self { file_id: None, url: Some(url.into()), name }
+    }
+}
+
+/// A request's attachments, ready to store with its message; `stored` are the files this
+/// request stored itself, deleted again if the request is refused after all.
+#[derive(Debug, Default)]
+pub(super) struct Resolved {
+    pub(super) attachments: Vec<Attachment>,
+    pub(super) stored: Vec<FileId>,
+}
+
+impl Core {
+    /// Checks and stores what a request attaches. Files it stored are deleted again when
+    /// a later attachment is refused.
+    pub(super) async fn attachments(&self, user: &UserId, refs: &[AttachmentRef]) -> Result<Resolved, ChatError> {
+        let max = self.files.settings().max_per_message;
+        if refs.len() > max {
+            return Err(invalid(format!("A message carries at most {max} attachments (files.max_per_message)")));
+        }
+        let mut resolved = Resolved::default();
+        for (i, attachment) in refs.iter().enumerate() {
+            match self.attachment(user, i, attachment).await {
+                Ok((file, stored)) => {
+                    if stored {
+                        resolved.stored.push(file.id);
+                    }
+                    resolved.attachments.push(file.attachment());
+                }
+                Err(e) => {
+                    self.drop_files(user, &resolved.stored).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// One attachment's file, and whether this request stored it.
+    async fn attachment(
+        &self,
+        user: &UserId,
+        i: usize,
+        attachment: &AttachmentRef,
+    ) -> Result<(crate::domain::StoredFile, bool), ChatError> {
+        let at = |e: FileError| file_error(e, i);
+        match (attachment.file_id, attachment.url.as_deref()) {
+            (Some(id), None) => {
+                if attachment.name.is_some() {
+                    return Err(invalid(format!("attachments[{i}]: a stored file has its name already")));
+                }
+                Ok((self.files.get(user, id).await.map_err(at)?, false))
+            }
+            (None, Some(url)) if url.starts_with("data:") => {
+                let (declared, bytes) = data_url(url).map_err(|why| invalid(format!("attachments[{i}]: {why}")))?;
+                let name = attachment.name.clone().unwrap_or_else(|| default_name(&declared));
+                Ok((self.files.store_bytes(user, &name, bytes).await.map_err(at)?, true))
+            }
+            (None, Some(url)) if url.starts_with("http://") || url.starts_with("https://") => {
+                Ok((self.files.fetch(user, url, attachment.name.as_deref()).await.map_err(at)?, true))
+            }
+            (None, Some(_)) => Err(invalid(format!("attachments[{i}]: the url must be a data: or http(s) URL"))),
+            _ => Err(invalid(format!("attachments[{i}]: give either file_id or url"))),
+        }
+    }
+
+    /// Deletes files a refused request stored.
+    pub(super) async fn drop_files(&self, user: &UserId, ids: &[FileId]) {
+        for id in ids {
+            if let Err(e) = self.files.delete(user, *id).await {
+                tracing::warn!(error = %e, file_id = %id, "could not delete a refused request's file");
+            }
+        }
+    }
+}
+
+/// Refuses an attachment the profile cannot take, naming it.
+pub(super) fn check_modalities(
+    attachments: &[Attachment],
+    profile_name: &str,
+    profile: &ProfileSettings,
+) -> Result<(), ChatError> {
+    for (i, file) in attachments.iter().enumerate() {
+        let needs = modality(file);
+        if !profile.modalities.contains(&needs) {
+            let takes: Vec<&str> = profile.modalities.iter().map(|m| modality_name(*m)).collect();
+            return Err(invalid(format!(
+                "attachments[{i}] ({}, {}) cannot go to profile '{profile_name}', which takes {} (its modalities)",
+                file.name,
+                file.media_type,
+                takes.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn modality(file: &Attachment) -> Modality {
+    if file.is_image() {
+        Modality::Image
+    } else if file.is_pdf() {
+        Modality::Pdf
+    } else {
+        Modality::Text
+    }
+}
+
+fn modality_name(modality: Modality) -> &'static str {
+    match modality {
+        Modality::Text => "text",
+        Modality::Image => "image",
+        Modality::Pdf => "pdf",
+    }
+}
+
+fn invalid(message: String) -> ChatError {
+    ChatError::Invalid { field: "attachments", message }
+}
+
+fn file_error(error: FileError, i: usize) -> ChatError {
+    match error {
+        FileError::TooLarge { .. } => {
+            ChatError::TooLarge { field: "attachments", message: format!("attachments[{i}]: {error}") }
+        }
+        FileError::Invalid(why) => invalid(format!("attachments[{i}]: {why}")),
+        FileError::CutShort => invalid(format!("attachments[{i}]: the remote file was cut short")),
+        FileError::NotFound => {
+            ChatError::NotFound { field: "attachments", message: format!("attachments[{i}]: file not found") }
+        }
+        FileError::Storage(e) => {
+            tracing::error!(error = %e, "file storage");
+            ChatError::Unavailable("File storage unavailable".into())
+        }
+        FileError::Store(e) => e.into(),
+    }
+}
+
+/// A `data:` URL's declared media type and its bytes (base64 only).
+fn data_url(url: &str) -> Result<(String, Bytes), String> {
+    let rest = url.strip_prefix("data:").ok_or("not a data: URL")?;
+    let (header, data) = rest.split_once(',').ok_or("a data: URL needs a ',' before its data")?;
+    let Some(declared) = header.strip_suffix(";base64") else {
+        return Err("only base64 data: URLs are taken (data:<type>;base64,<data>)".into());
+    };
+    let bytes = BASE64.decode(data.trim()).map_err(|e| format!("the data: URL's base64 does not decode ({e})"))?;
+    Ok((declared.split(';').next().unwrap_or_default().to_owned(), Bytes::from(bytes)))
+}
+
+/// A name for a file sent without one, from the type its sender declared.
+fn default_name(declared: &str) -> String {
+    let extension = match declared {
+        "image/png" => ".png",
+        "image/jpeg" => ".jpg",
+        "image/gif" => ".gif",
+        "image/webp" => ".webp",
+        "application/pdf" => ".pdf",
+        "text/markdown" => ".md",
+        "text/csv" => ".csv",
+        "application/json" => ".json",
+        "text/plain" => ".txt",
+        _ => "",
+    };
+    format!("attachment{extension}")
+}
+
+/// Reads a run's files before its model calls: each file once a run, only those the
+/// profile takes.
+#[derive(Clone)]
+pub struct FileReader {
+    files: Files,
+    user: UserId,
+    modalities: Vec<Modality>,
+    read: Arc<Mutex<HashMap<FileId, FileContent>>>,
+}
+
+impl FileReader {
+    pub fn new(files: Files, user: &UserId, modalities: Vec<Modality>) -> Self {
+        Self { files, user: user.clone(), modalities, read: Arc::default() }
+    }
+
+    /// Fills in the content of every file of `request`.
+    pub async fn read(&self, request: &mut ModelRequest) {
+        for message in &mut request.messages {
+            let InputMessage::User { files, .. } = message else { continue };
+            for input in files.iter_mut().filter(|f| f.content == FileContent::Unread) {
+                let known = self.read.lock().expect("never poisoned").get(&input.file.file_id).cloned();
+                let content = match known {
+                    Some(content) => content,
+                    None => {
+                        let content = self.content(&input.file).await;
+                        self.read.lock().expect("never poisoned").insert(input.file.file_id, content.clone());
+                        content
+                    }
+                };
+                input.content = content;
+            }
+        }
+    }
+
+    async fn content(&self, file: &Attachment) -> FileContent {
+        let needs = modality(file);
+        if !self.modalities.contains(&needs) {
+            return FileContent::Left(format!("this model takes no {} files", modality_name(needs)));
+        }
+        // A file its user deleted is not sent, even where other files share its bytes.
+        let found = match self.files.get(&self.user, file.file_id).await {
+            Ok(found) => self.files.bytes(&found.sha256).await,
+            Err(e) => Err(e),
+        };
+        match found {
+            Ok(bytes) if needs == Modality::Text => FileContent::Text(String::from_utf8_lossy(&bytes).into_owned()),
+            Ok(bytes) => FileContent::Bytes(bytes),
+            Err(FileError::NotFound) => FileContent::Left("the file was deleted".into()),
+            Err(e) => {
+                tracing::warn!(error = %e, file_id = %file.file_id, "could not read an attachment for a model call");
+                FileContent::Left("it could not be read just now".into())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_urls_decode_or_say_why_not() {
+        let (declared, bytes) = data_url("data:text/plain;base64,aGVsbG8=").unwrap();
+        assert_eq!((declared.as_str(), &bytes[..]), ("text/plain", &b"hello"[..]));
+        assert!(data_url("data:text/plain;base64,@@@").unwrap_err().contains("base64"));
+        assert!(data_url("data:text/plain,hello").unwrap_err().contains("only base64"));
+        assert!(data_url("data:text/plain;base64").unwrap_err().contains("','"));
+        assert_eq!(default_name("image/png"), "attachment.png");
+    }
+}

@@ -1,0 +1,142 @@
+//! Remote attachments (`files.fetch_remote = true`): an `http(s)` URL that chatd fetches
+//! itself. Its host is resolved first and every address checked: loopback, private,
+//! link-local, shared, unspecified and multicast addresses are refused (an attachment must
+//! not reach into chatd's own network), and the connection goes to the address that was
+//! checked, so a second lookup cannot answer otherwise. Redirects are not followed; the
+//! whole fetch has `files.fetch_timeout_secs`, and `files.max_bytes` holds as the bytes come.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+
+use crate::config::FileSettings;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("Remote URLs are not fetched here (files.fetch_remote is off): upload the file or send a data: URL")]
+    Off,
+    #[error("The attachment URL is not an http(s) URL")]
+    BadUrl,
+    #[error(
+        "The attachment URL's host resolves to a private, loopback or link-local address, which chatd does not fetch"
+    )]
+    Private,
+    #[error("The attachment URL could not be fetched: {0}")]
+    Failed(String),
+    #[error("The remote file is too large")]
+    TooLarge,
+}
+
+/// Whether chatd may connect to `ip` for a remote attachment.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                // Shared address space (carrier-grade NAT), and "this network".
+                || (a == 100 && (64..128).contains(&b))
+                || a == 0)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                // Unique local (fc00::/7) and link-local (fe80::/10).
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80)
+        }
+    }
+}
+
+/// The file at `url`: a name for it (the URL path's last segment) and its bytes as they come.
+pub async fn fetch(
+    url: &str,
+    settings: &FileSettings,
+) -> Result<(String, impl Stream<Item = Result<Bytes, reqwest::Error>> + use<>), RemoteError> {
+    if !settings.fetch_remote {
+        return Err(RemoteError::Off);
+    }
+    let parsed = url::Url::parse(url).map_err(|_| RemoteError::BadUrl)?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(RemoteError::BadUrl);
+    }
+    let host = parsed.host_str().ok_or(RemoteError::BadUrl)?.to_owned();
+    let port = parsed.port_or_known_default().ok_or(RemoteError::BadUrl)?;
+    let timeout = Duration::from_secs_f64(settings.fetch_timeout_secs.max(0.1));
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let addresses: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => tokio::time::timeout(timeout, tokio::net::lookup_host((host.as_str(), port)))
+            .await
+            .map_err(|_| RemoteError::Failed("its host did not resolve in time".into()))?
+            .map_err(|e| RemoteError::Failed(format!("its host did not resolve ({e})")))?
+            .collect(),
+    };
+    if addresses.is_empty() || addresses.iter().any(|a| !is_public(a.ip())) {
+        return Err(RemoteError::Private);
+    }
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .resolve_to_addrs(&host, &addresses)
+        .build()
+        .map_err(|e| RemoteError::Failed(e.to_string()))?;
+    let response = client.get(parsed.clone()).send().await.map_err(|e| RemoteError::Failed(e.to_string()))?;
+    if !response.status().is_success() {
+        return Err(RemoteError::Failed(format!("it answered HTTP {}", response.status().as_u16())));
+    }
+    if response.content_length().is_some_and(|n| n > settings.max_bytes) {
+        return Err(RemoteError::TooLarge);
+    }
+    let name = parsed
+        .path_segments()
+        .and_then(|mut s| s.next_back())
+        .filter(|s| !s.is_empty())
+        .and_then(percent_decoded)
+        .unwrap_or_else(|| "download".to_owned());
+    Ok((name, response.bytes_stream().boxed()))
+}
+
+fn percent_decoded(segment: &str) -> Option<String> {
+    let decoded: String = url::form_urlencoded::parse(format!("n={segment}").as_bytes()).next()?.1.into_owned();
+    crate::files::kind::check_name(&decoded).is_ok().then_some(decoded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_public_addresses_are_fetched() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private}");
+        }
+        for public in ["93.184.216.34", "2606:2800:220:1::248", "8.8.8.8"] {
+            assert!(is_public(public.parse().unwrap()), "{public}");
+        }
+    }
+}
