@@ -1,6 +1,8 @@
 // chatd's HTTP API as the page uses it: JSON calls that turn refusals into ApiErrors carrying
-// the contract's envelope ({code, message, field}), and SSE streams read with fetch (an
-// EventSource cannot POST or send Authorization) through a small parser.
+// the contract's envelope ({code, message, field}), file uploads and downloads (the page's
+// credentials are headers, so a file's bytes are fetched here, never by an <img src>), and
+// SSE streams read with fetch (an EventSource cannot POST or send Authorization) through a
+// small parser.
 
 const TOKEN_KEY = "chatd.token";
 const CLIENT_KEY = "chatd.clientId";
@@ -38,14 +40,18 @@ function headers(extra = {}) {
   return all;
 }
 
-/** Sends a request; resolves to the Response when it is 2xx, else throws an ApiError. */
+/**
+ * Sends a request; resolves to the Response when it is 2xx, else throws an ApiError. A body
+ * goes as JSON, or a FormData as multipart (the browser writes its content-type and boundary).
+ */
 async function send(method, path, body, extra = {}, signal) {
+  const form = body instanceof FormData;
   let response;
   try {
     response = await fetch(path, {
       method,
-      headers: headers(body === undefined ? extra : { ...extra, "content-type": "application/json" }),
-      body: body === undefined ? undefined : JSON.stringify(body),
+      headers: headers(body === undefined || form ? extra : { ...extra, "content-type": "application/json" }),
+      body: body === undefined || form ? body : JSON.stringify(body),
       signal,
     });
   } catch (error) {
@@ -81,6 +87,19 @@ export const api = {
   decide: (approvalId, approved) => json("POST", `/api/approvals/${approvalId}`, { approved }),
   toolResult: (traceId, result) => json("POST", `/api/runs/${traceId}/tool_results`, result),
   vote: (comparisonId, preference) => json("POST", `/api/ab/${comparisonId}/vote`, { preference }),
+  deleteFile: (id) => json("DELETE", `/api/files/${id}`),
+
+  /** POST /api/files: stores one file (a File or Blob, named `name`); resolves to its record. */
+  async upload(file, name = file.name, signal) {
+    const form = new FormData();
+    form.append("file", file, name || "file");
+    return (await send("POST", "/api/files", form, {}, signal)).json();
+  },
+
+  /** GET /api/files/{id}: the file's bytes as a Blob of its media type. */
+  async file(id) {
+    return (await send("GET", `/api/files/${id}`)).blob();
+  },
 
   /** POST /api/chat/stream (or /api/ab/stream): the run's events, after validation passed. */
   async *stream(path, body, signal) {

@@ -3,10 +3,12 @@
 // Stop is POST /api/cancel_stream. While a run streams, its trace id, last event seq and the
 // answer so far are kept in sessionStorage, so a reload picks the run up again with
 // GET /api/chat/stream/{trace_id} and Last-Event-ID. Errors show in the banner with the
-// contract's messages (the JSON envelope's `message`, or an `error` event's).
+// contract's messages (the JSON envelope's `message`, or an `error` event's). Files chosen,
+// dropped or pasted are uploaded at once (POST /api/files) and go with the next message as
+// its attachments.
 
 import { api, ApiError, credentials } from "./api.js";
-import { AnswerView, el, traceView, userBubble } from "./render.js";
+import { AnswerView, describeFile, el, traceView, userBubble } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 const RUN_KEY = "chatd.run";
@@ -74,6 +76,204 @@ function showError(error) {
 
 function clearError() {
   $("banner").hidden = true;
+}
+
+// ---- attachments (contract §14) --------------------------------------------------------
+
+/**
+ * The files the next message carries, in the order they came: `{file, controller, upload,
+ * stored, chip}`; `stored` is the server's record once the upload is in.
+ */
+const pending = [];
+
+/**
+ * A URL an <img> may show for a Blob. A data: URL: the page's Content-Security-Policy
+ * (img-src 'self' data:) takes no blob: URLs.
+ */
+function imageData(blob) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(blob);
+  });
+}
+
+/** Stored images shown, by file id: each is fetched once (with the page's credentials). */
+const images = new Map();
+const IMAGES_KEPT = 200;
+
+function imageUrl(fileId) {
+  let url = images.get(fileId);
+  if (!url) {
+    url = api.file(fileId).then(imageData);
+    url.catch(() => images.delete(fileId));
+    remember(fileId, url);
+  }
+  return url;
+}
+
+function remember(fileId, url) {
+  images.set(fileId, url);
+  if (images.size > IMAGES_KEPT) images.delete(images.keys().next().value);
+}
+
+/** A file without a name (as some pastes come) gets one by its kind. */
+function fileName(file) {
+  if (file.name) return file.name;
+  const ext = file.type.split("/")[1]?.split(/[+;]/)[0] || "bin";
+  return `pasted.${ext}`;
+}
+
+const uploading = () => pending.some((item) => !item.stored);
+
+/** Send waits for the uploads: a message goes with all its files or not yet. */
+function updateSend() {
+  $("send").disabled = Boolean(page.run) || uploading();
+  if (uploading()) $("send").title = "Waiting for the files to upload";
+  else $("send").removeAttribute("title");
+}
+
+/** Uploads each file at once; a chip shows it meanwhile, and is dropped if it is refused. */
+function attach(files) {
+  for (const file of files) {
+    const item = { file, name: fileName(file), controller: new AbortController(), stored: null };
+    item.chip = attachmentChip(item);
+    pending.push(item);
+    $("attachments").append(item.chip);
+    item.upload = api.upload(file, item.name, item.controller.signal).then(
+      (stored) => {
+        item.stored = stored;
+        item.chip.dataset.state = "ready";
+        item.chip.dataset.fileId = stored.id;
+        item.chip.removeAttribute("aria-busy");
+        item.chip.title = `${stored.name} (${describeFile(stored)})`;
+      },
+      (error) => {
+        if (item.controller.signal.aborted) return;
+        showError(error);
+        drop(item);
+      },
+    );
+    item.upload.finally(updateSend);
+  }
+  showAttachments();
+  updateSend();
+}
+
+/** A pending file's chip: a thumbnail of an image (read from the local file), else its name. */
+function attachmentChip(item) {
+  const image = item.file.type.startsWith("image/");
+  const preview = image
+    ? el("img", { class: "attachment-thumb", alt: item.name })
+    : el("span", { class: "attachment-name" }, item.name);
+  if (image) imageData(item.file).then((url) => (preview.src = url), () => {});
+  return el(
+    "li",
+    { class: "attachment-chip", "data-state": "uploading", "aria-busy": "true", title: item.name },
+    preview,
+    el(
+      "button",
+      {
+        class: "attachment-remove",
+        type: "button",
+        "aria-label": `Remove ${item.name}`,
+        onclick: () => {
+          discard(item);
+          $("input").focus();
+        },
+      },
+      "×",
+    ),
+  );
+}
+
+function drop(item) {
+  const index = pending.indexOf(item);
+  if (index >= 0) pending.splice(index, 1);
+  item.chip.remove();
+  showAttachments();
+  updateSend();
+}
+
+/** The × of a chip: stops its upload, or deletes the stored file no message carries yet. */
+function discard(item) {
+  if (item.stored) api.deleteFile(item.stored.id).catch(() => {});
+  else item.controller.abort();
+  drop(item);
+}
+
+function showAttachments() {
+  $("attachments").hidden = pending.length === 0;
+}
+
+/** Takes the uploaded files off the composer for a message; their images are known already. */
+function takeAttachments() {
+  const taken = pending.splice(0);
+  $("attachments").replaceChildren();
+  showAttachments();
+  for (const item of taken) {
+    const preview = item.chip.querySelector("img.attachment-thumb");
+    if (preview?.src) remember(item.stored.id, Promise.resolve(preview.src));
+  }
+  return taken;
+}
+
+/** A message refused before its stream opened gives its files back to the composer. */
+function giveBack(taken) {
+  pending.unshift(...taken);
+  $("attachments").prepend(...taken.map((item) => item.chip));
+  showAttachments();
+  updateSend();
+}
+
+/** A stored file as a message carries it. */
+const asAttachment = (stored) => ({
+  file_id: stored.id,
+  name: stored.name,
+  media_type: stored.media_type,
+  size: stored.size,
+  sha256: stored.sha256,
+  width: stored.width,
+  height: stored.height,
+});
+
+/** Files dragged over the chat (or the composer) and dropped are attached. */
+function wireDrop() {
+  const carriesFiles = (event) => event.dataTransfer?.types.includes("Files");
+  const area = document.querySelector("main");
+  let depth = 0; // dragenter/dragleave come for each child crossed
+  const dropping = (on) => $("composer").classList.toggle("dropping", on);
+  area.addEventListener("dragenter", (event) => {
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
+    depth += 1;
+    dropping(true);
+  });
+  area.addEventListener("dragover", (event) => {
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
+    event.dataTransfer.dropEffect = "copy";
+  });
+  area.addEventListener("dragleave", (event) => {
+    if (!carriesFiles(event)) return;
+    depth = Math.max(0, depth - 1);
+    if (depth === 0) dropping(false);
+  });
+  area.addEventListener("drop", (event) => {
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
+    depth = 0;
+    dropping(false);
+    attach([...event.dataTransfer.files]);
+    $("input").focus();
+  });
+  // A file dropped anywhere else must not replace the page with itself.
+  for (const type of ["dragover", "drop"]) {
+    window.addEventListener(type, (event) => {
+      if (carriesFiles(event)) event.preventDefault();
+    });
+  }
 }
 
 // ---- conversations ---------------------------------------------------------------------
@@ -176,7 +376,7 @@ async function openConversation(id) {
   setConversation(id, conversation.title);
   const nodes = conversation.messages.map((message) =>
     message.role === "user"
-      ? userBubble(message.content)
+      ? userBubble(message.content, message.attachments ?? [], imageUrl)
       : message.role === "assistant"
         ? AnswerView.fromMessage(hooks, message).node
         : null,
@@ -200,7 +400,7 @@ function scrollDown() {
 // ---- runs ------------------------------------------------------------------------------
 
 function setBusy(busy) {
-  $("send").disabled = busy;
+  updateSend();
   $("stop").hidden = !busy;
   $("stop").disabled = !page.run?.cancel;
 }
@@ -229,27 +429,37 @@ function saveRun(force = false) {
   sessionStorage.setItem(RUN_KEY, JSON.stringify(saved));
 }
 
-async function send(text, extra = {}) {
+/** Sends a message; `files` are taken composer files (uploaded), its attachments. */
+async function send(text, extra = {}, files = []) {
   const message = text.trim();
   if (!message || page.run) return;
   clearError();
   const body = { message, client_tools: pageToolSpecs(), ...extra };
+  if (files.length > 0) body.attachments = files.map((item) => ({ file_id: item.stored.id }));
   if (page.conversationId) body.conversation_id = page.conversationId;
-  const bubble = userBubble(message);
+  const bubble = userBubble(message, files.map((item) => asAttachment(item.stored)), imageUrl);
   addNode(bubble);
+  const refusal = { bubble, message, files };
   if ($("ab-mode").checked) {
-    await compare({ ...body, profile_a: $("profile-a").value, profile_b: $("profile-b").value }, bubble, message);
+    await compare({ ...body, profile_a: $("profile-a").value, profile_b: $("profile-b").value }, refusal);
   } else {
     if ($("profile").value) body.profile = $("profile").value;
-    await chat(body, bubble, message);
+    await chat(body, refusal);
   }
 }
 
-async function chat(body, bubble, message) {
+async function chat(body, refusal) {
   const view = new AnswerView(hooks);
   addNode(view.node);
   const run = { controller: new AbortController(), view, seq: 0 };
-  await stream(run, api.stream("/api/chat/stream", body, run.controller.signal), { bubble, message });
+  await stream(run, api.stream("/api/chat/stream", body, run.controller.signal), refusal);
+}
+
+/** Undoes a send that was refused before its stream opened: nothing was stored. */
+function giveBackMessage(refusal) {
+  refusal.bubble.remove();
+  $("input").value = refusal.message;
+  giveBack(refusal.files);
 }
 
 /** Shows a run's events in `run.view` until `done`; `refusal` undoes the send if it is refused. */
@@ -273,10 +483,9 @@ async function stream(run, events, refusal) {
     await follow(run, events, apply);
   } catch (error) {
     if (refusal && !run.traceId) {
-      // Refused before the stream opened: nothing was stored; give the text back.
-      refusal.bubble.remove();
+      // Refused before the stream opened: nothing was stored; give the text and files back.
+      giveBackMessage(refusal);
       run.view.node.remove();
-      $("input").value = refusal.message;
     } else {
       run.view.apply({ type: "error", message: error.message });
     }
@@ -343,7 +552,7 @@ async function resumeSaved() {
 
 // ---- A/B -------------------------------------------------------------------------------
 
-async function compare(body, bubble, message) {
+async function compare(body, refusal) {
   const views = { a: new AnswerView(hooks), b: new AnswerView(hooks) };
   const heads = { a: el("h3", {}, "A"), b: el("h3", {}, "B") };
   const votes = el("div", { class: "votes", hidden: true });
@@ -379,9 +588,8 @@ async function compare(body, bubble, message) {
     });
   } catch (error) {
     if (!run.comparisonId) {
-      bubble.remove();
+      giveBackMessage(refusal);
       votes.parentElement.remove();
-      $("input").value = message;
     }
     showError(error);
   } finally {
@@ -473,9 +681,24 @@ function wire() {
   $("composer").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = $("input").value;
+    // Kept in the composer until it can go: while a run streams, or a file still uploads.
+    if (!text.trim() || page.run || uploading()) return;
     $("input").value = "";
-    send(text);
+    send(text, {}, takeAttachments());
   });
+  $("attach").addEventListener("click", () => $("file-input").click());
+  $("file-input").addEventListener("change", () => {
+    attach([...$("file-input").files]);
+    $("file-input").value = ""; // the same file can be chosen again
+    $("input").focus();
+  });
+  $("input").addEventListener("paste", (event) => {
+    const files = [...(event.clipboardData?.files ?? [])];
+    if (files.length === 0) return; // text pastes as text
+    event.preventDefault();
+    attach(files);
+  });
+  wireDrop();
   $("input").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();

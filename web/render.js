@@ -36,8 +36,74 @@ function thumbIcon() {
   return svg;
 }
 
-export function userBubble(text) {
-  return el("article", { class: "msg user" }, el("div", { class: "text" }, text));
+/**
+ * A message of the user's: its attachments (CONTRACT.md §14) above its text, an image as a
+ * thumbnail and any other file as a chip with its name. `imageUrl(fileId)` resolves to a URL
+ * an <img> may show (the bytes come with the page's credentials: see app.js).
+ */
+export function userBubble(text, attachments = [], imageUrl = null) {
+  const bubble = el("article", { class: "msg user" });
+  if (attachments.length > 0) {
+    bubble.append(el("div", { class: "attachments" }, ...attachments.map((a) => attachmentView(a, imageUrl))));
+  }
+  bubble.append(el("div", { class: "text" }, text));
+  return bubble;
+}
+
+/** What a file is, for a tooltip: "PNG image · 64×48 · 1.2 KB". */
+export function describeFile(file) {
+  const kind = file.media_type.split(";")[0];
+  const [type, sub] = kind.split("/");
+  const name =
+    type === "image" ? `${sub.toUpperCase()} image` : kind === "application/pdf" ? "PDF" : sub ? sub.toUpperCase() : kind;
+  const size = file.width && file.height ? `${file.width}×${file.height}` : null;
+  return [name, size, formatBytes(file.size)].filter(Boolean).join(" · ");
+}
+
+export function formatBytes(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KB`;
+  return `${(bytes / 1024 / 1024).toFixed(1)} MB`;
+}
+
+export const isImage = (file) => file.media_type.startsWith("image/");
+
+/** A file's chip: its name, the kind and size in its tooltip. */
+function fileChip(attachment) {
+  return el(
+    "span",
+    { class: "attachment-file", "data-file-id": attachment.file_id, title: describeFile(attachment) },
+    attachment.name,
+  );
+}
+
+/** An attachment in a message: a thumbnail once its bytes are in, its name if they can't be. */
+function attachmentView(attachment, imageUrl) {
+  if (!isImage(attachment) || !imageUrl) return fileChip(attachment);
+  const thumb = el("img", {
+    class: "attachment-thumb",
+    alt: attachment.name,
+    title: `${attachment.name} (${describeFile(attachment)})`,
+    "data-file-id": attachment.file_id,
+    "data-state": "loading",
+    // The box is kept while the bytes come, so the conversation doesn't jump.
+    width: attachment.width,
+    height: attachment.height,
+  });
+  imageUrl(attachment.file_id).then(
+    (url) => {
+      thumb.addEventListener("load", () => (thumb.dataset.state = "ready"), { once: true });
+      thumb.addEventListener("error", () => (thumb.dataset.state = "broken"), { once: true });
+      thumb.src = url;
+    },
+    () => {
+      // Deleted since, or unreachable: the name stays.
+      const chip = fileChip(attachment);
+      chip.classList.add("missing");
+      thumb.replaceWith(chip);
+    },
+  );
+  return thumb;
 }
 
 /** A stored message's content without the mark chatd appends to cut-off answers. */

@@ -4,6 +4,7 @@
 // (X-Client-Id, set in the page's own settings storage), so tests never see each other's
 // conversations.
 
+import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
@@ -151,4 +152,21 @@ export async function openPage(browser, chatd, name) {
 export async function screenshot(page, name) {
   mkdirSync(screenshots, { recursive: true });
   await page.screenshot({ path: join(screenshots, `${name}.png`), fullPage: true });
+}
+
+/**
+ * Runs `body` with a page of its own (see openPage), failing on uncaught page errors; a
+ * screenshot is kept when it fails, and the page's context is closed either way.
+ */
+export async function inPage(browser, chatd, name, body) {
+  const session = await openPage(browser, chatd, name);
+  try {
+    await body(session);
+    assert.deepEqual(session.pageErrors.map(String), [], "no uncaught errors in the page");
+  } catch (error) {
+    await screenshot(session.page, `${name}-failed`).catch(() => {});
+    throw error;
+  } finally {
+    await session.context.close();
+  }
 }

@@ -4,7 +4,7 @@
 
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { MAX_MESSAGE_CHARS, launchBrowser, mockWords, openPage, screenshot, startChatd } from "../support/harness.js";
+import { MAX_MESSAGE_CHARS, inPage, launchBrowser, mockWords, openPage, screenshot, startChatd } from "../support/harness.js";
 
 let chatd;
 let browser;
@@ -20,18 +20,7 @@ after(async () => {
 });
 
 /** Opens the page for one test and closes its context afterwards, failing on page errors. */
-async function withPage(t, name, body) {
-  const session = await openPage(browser, chatd, name);
-  try {
-    await body(session);
-    assert.deepEqual(session.pageErrors.map(String), [], "no uncaught errors in the page");
-  } catch (error) {
-    await screenshot(session.page, `${name}-failed`).catch(() => {});
-    throw error;
-  } finally {
-    await session.context.close();
-  }
-}
+const withPage = (t, name, body) => inPage(browser, chatd, name, body);
 
 async function send(page, text) {
   await page.fill("#input", text);
