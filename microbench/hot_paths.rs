@@ -219,6 +219,7 @@ async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>,
             comparison: None,
             replica_id: "bench".into(),
             max_running: None,
+            idempotency_key: None,
         };
         store.start_run(&start).await.expect("run starts");
     }

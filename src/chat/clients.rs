@@ -8,9 +8,10 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use super::core::Core;
+use super::idempotency::IdempotencyKey;
 use super::request::{ChatError, ChatRequest, ClientIds, InteractionType, not_found};
 use super::runs::LiveRun;
-use super::service::ChatService;
+use super::service::{ChatService, Started};
 use crate::domain::{Conversation, Message, Role, branch};
 use crate::ids::{ConversationId, TraceId, UserId};
 use crate::store::StoreError;
@@ -48,12 +49,17 @@ pub enum Intent {
 impl ChatService {
     /// Starts the run a client's turn asks for. Two first messages of one new chat sent at
     /// once (two tabs, a retry) both land in the one conversation the first of them made.
-    pub async fn start_for_client(&self, user: &UserId, turn: ClientTurn) -> Result<Arc<LiveRun>, ChatError> {
-        let request = self.client_request(user, turn.clone()).await?;
-        match self.start(user, request).await {
+    pub async fn start_for_client(
+        &self,
+        user: &UserId,
+        turn: ClientTurn,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Started<Arc<LiveRun>>, ChatError> {
+        let request = ChatRequest { idempotency_key: key.clone(), ..self.client_request(user, turn.clone()).await? };
+        match self.start_once(user, request).await {
             Err(ChatError::Store(StoreError::ChatTaken)) => {
-                let request = self.client_request(user, turn).await?;
-                self.start(user, request).await
+                let request = ChatRequest { idempotency_key: key, ..self.client_request(user, turn).await? };
+                self.start_once(user, request).await
             }
             started => started,
         }
@@ -104,6 +110,7 @@ impl Core {
                 chat_id: conversation.is_none().then(|| turn.chat_id.clone()),
                 message_id: turn.message_id,
             },
+            idempotency_key: None,
         };
         // A new message needs nothing from the history here (`prepare` reads it): only an edit
         // or a regenerate looks a message up.

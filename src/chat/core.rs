@@ -33,6 +33,8 @@ pub struct Core {
     pub(super) news: RunNews,
     /// Attachments' bytes (CONTRACT.md §14).
     pub(super) files: crate::files::Files,
+    /// Requests with the same `Idempotency-Key` take turns (CONTRACT.md §16).
+    pub(super) key_turns: super::idempotency::KeyTurns,
 }
 
 impl Core {

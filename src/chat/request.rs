@@ -44,6 +44,9 @@ pub struct ChatRequest {
     /// The ids a client library made (CONTRACT.md §13); never read from a body.
     #[serde(skip)]
     pub client: ClientIds,
+    /// The request's `Idempotency-Key` header (CONTRACT.md §16); never read from a body.
+    #[serde(skip)]
+    pub idempotency_key: Option<crate::domain::IdempotencyKey>,
 }
 
 /// A tool the frontend runs, as a request declares it.
@@ -191,6 +194,7 @@ impl Core {
                 ..Message::new(conversation.id, parent, Role::User, text.to_owned())
             }),
             stored_files: resolved.stored,
+            idempotency_key: request.idempotency_key.clone(),
             earlier: branch(&history, parent),
             new_conversation,
             action_result,
@@ -220,6 +224,7 @@ pub(super) struct Prepared {
     /// Files the request stored (its `data:` and remote attachments): deleted again if it
     /// is refused before its run starts.
     pub(super) stored_files: Vec<crate::ids::FileId>,
+    pub(super) idempotency_key: Option<crate::domain::IdempotencyKey>,
 }
 
 /// The refusal of a request over its user's limit of running runs.

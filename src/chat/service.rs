@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use super::agent::{self, RunPlan};
 use super::core::Core;
+use super::idempotency::{self, IdempotencyKey};
 use super::log::EventLog;
 use super::news::RunNews;
 use super::plan::Side;
@@ -25,6 +26,24 @@ use crate::ids::{ComparisonId, UserId};
 use crate::providers::Providers;
 use crate::store::{RunStart, Store, StoreError};
 use crate::tools::Registry;
+
+/// What a request that may repeat an earlier one started.
+pub enum Started<T> {
+    /// A new run (or comparison).
+    New(T),
+    /// The run its `Idempotency-Key` started before, to follow from its first event.
+    Again(Box<Trace>),
+}
+
+/// The run another start with the same key recorded first (on another replica).
+async fn again<T>(core: &Core, user: &UserId, key: &IdempotencyKey) -> Result<Started<T>, ChatError> {
+    match idempotency::keyed_run(&*core.store, user, key).await? {
+        Some(trace) => Ok(Started::Again(Box::new(trace))),
+        None => {
+            Err(ChatError::Unavailable("The request with this Idempotency-Key ended meanwhile; send it again".into()))
+        }
+    }
+}
 
 /// Starts, follows and stops runs (its parts: `Core`, and the rooms named above).
 #[derive(Clone)]
@@ -69,7 +88,46 @@ impl ChatService {
                 draining: Arc::new(AtomicBool::new(false)),
                 news: RunNews::default(),
                 files,
+                key_turns: Default::default(),
             },
+        }
+    }
+
+    /// [`start`](Self::start), once per `Idempotency-Key` (CONTRACT.md §16): a request whose
+    /// key started a run already gets that run's trace, to follow from its first event.
+    pub async fn start_once(&self, user: &UserId, request: ChatRequest) -> Result<Started<Arc<LiveRun>>, ChatError> {
+        let Some(key) = request.idempotency_key.clone() else {
+            return self.start(user, request).await.map(Started::New);
+        };
+        let _turn = self.key_turns.take(user, &key.key).await;
+        if let Some(trace) = idempotency::keyed_run(&*self.store, user, &key).await? {
+            return Ok(Started::Again(Box::new(trace)));
+        }
+        match self.start(user, request).await {
+            Err(ChatError::Store(StoreError::KeyTaken)) => again(self, user, &key).await,
+            started => started.map(Started::New),
+        }
+    }
+
+    /// [`start_comparison`](Self::start_comparison), once per `Idempotency-Key`: a repeat
+    /// gets the comparison's first trace.
+    pub async fn start_comparison_once(
+        &self,
+        user: &UserId,
+        request: &ChatRequest,
+        profile_a: &str,
+        profile_b: &str,
+    ) -> Result<Started<(Comparison, Arc<LiveRun>, Arc<LiveRun>)>, ChatError> {
+        let Some(key) = request.idempotency_key.clone() else {
+            return self.start_comparison(user, request, profile_a, profile_b).await.map(Started::New);
+        };
+        let _turn = self.key_turns.take(user, &key.key).await;
+        if let Some(trace) = idempotency::keyed_run(&*self.store, user, &key).await? {
+            return Ok(Started::Again(Box::new(trace)));
+        }
+        match self.start_comparison(user, request, profile_a, profile_b).await {
+            Err(ChatError::Store(StoreError::KeyTaken)) => again(self, user, &key).await,
+            started => started.map(Started::New),
         }
     }
 
@@ -165,6 +223,7 @@ impl ChatService {
             comparison,
             replica_id: self.replica_id.clone(),
             max_running: turn.max_running,
+            idempotency_key: turn.idempotency_key,
         };
         let reservation = turn.reservation;
         // The start writer launches the runs right after the commit, whether or not this

@@ -108,6 +108,7 @@ mod tests {
             comparison: None,
             replica_id: "replica".into(),
             max_running: None,
+            idempotency_key: None,
         }
     }
 

@@ -267,6 +267,14 @@ pub struct Message {
     pub created_at: DateTime<Utc>,
 }
 
+/// A request's `Idempotency-Key` (CONTRACT.md §16) and a hash of what it asked (its endpoint
+/// and body): the same key with another request is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    pub key: String,
+    pub request_hash: String,
+}
+
 /// A file a user stored (CONTRACT.md §14). Its bytes are in the file storage under its
 /// `sha256`; files with the same bytes share them.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]

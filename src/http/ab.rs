@@ -12,11 +12,11 @@ use serde_json::{Map, Value};
 use super::AppState;
 use super::chat::from_the_start;
 use super::error::AppError;
-use super::extract::{AppJson, CurrentUser, IdPath, parse_json};
+use super::extract::{AppJson, CurrentUser, IdPath, KeyedJson, parse_json};
 use super::sse::{Comparisons, Paired, sse};
 use super::views::*;
 use crate::chat::arena;
-use crate::chat::{ChatRequest, Frame};
+use crate::chat::{ChatRequest, Frame, Started};
 use crate::domain::{Comparison, Preference};
 use crate::events::comparison::Variant;
 use crate::ids::{ComparisonId, TraceId, UserId};
@@ -29,11 +29,11 @@ pub fn routes() -> Router<AppState> {
         .route("/api/ab/{id}/vote", post(vote).put(change_vote))
 }
 
-#[utoipa::path(post, operation_id = "ab_stream", path = "/api/ab/stream", tag = "ab", request_body = AbStreamBody, responses((status = 200, description = "Both runs as SSE: a `comparison` event, every event of both runs tagged with `variant`, one `done`", content_type = "text/event-stream", body = SseFrame), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "ab_stream", path = "/api/ab/stream", tag = "ab", params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run")), request_body = AbStreamBody, responses((status = 200, description = "Both runs as SSE: a `comparison` event, every event of both runs tagged with `variant`, one `done`", content_type = "text/event-stream", body = SseFrame), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody)))]
 async fn stream(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    AppJson(mut body): AppJson<Map<String, Value>>,
+    KeyedJson(key, mut body): KeyedJson<Map<String, Value>>,
 ) -> Result<Response, AppError> {
     let mut profile = |field: &'static str| match body.remove(field) {
         Some(Value::String(name)) if !name.trim().is_empty() => Ok(name),
@@ -42,10 +42,24 @@ async fn stream(
     };
     let (profile_a, profile_b) = (profile("profile_a")?, profile("profile_b")?);
     let request: ChatRequest = parse_json(&serde_json::to_vec(&body).expect("a map serializes"))?;
-    let (comparison, run_a, run_b) = state.chat.start_comparison(&user, &request, &profile_a, &profile_b).await?;
-    let encoder = Comparisons::new(comparison, run_a.message_id, run_b.message_id);
-    let (frames_a, frames_b) = (from_the_start(&state, run_a), from_the_start(&state, run_b));
-    Ok(sse(&state, paired(frames_a, frames_b), encoder))
+    let request = ChatRequest { idempotency_key: key, ..request };
+    match state.chat.start_comparison_once(&user, &request, &profile_a, &profile_b).await? {
+        Started::New((comparison, run_a, run_b)) => {
+            let encoder = Comparisons::new(comparison, run_a.message_id, run_b.message_id);
+            let (frames_a, frames_b) = (from_the_start(&state, run_a), from_the_start(&state, run_b));
+            Ok(sse(&state, paired(frames_a, frames_b), encoder))
+        }
+        // A repeat: both runs from their first events, from wherever they are.
+        Started::Again(trace) => {
+            let comparison_id = trace.comparison_id.ok_or(AppError::Internal)?;
+            let comparison = state.store.get_comparison(&user, comparison_id).await?;
+            let a = state.store.get_trace(&user, comparison.trace_a).await?;
+            let b = state.store.get_trace(&user, comparison.trace_b).await?;
+            let encoder = Comparisons::new(comparison, a.message_id, b.message_id);
+            let (frames_a, frames_b) = (state.chat.follow(a, 0, true), state.chat.follow(b, 0, true));
+            Ok(sse(&state, paired(frames_a, frames_b), encoder))
+        }
+    }
 }
 
 /// Both runs as one stream: the opening, then every event of both but their own `done`,

@@ -12,15 +12,16 @@ use serde_json::{Map, Value};
 use super::AppState;
 use super::chat::until_done;
 use super::error::AppError;
-use super::extract::{AppJson, CurrentUser};
+use super::extract::{CurrentUser, KeyedJson};
 use super::sse::{Agui, sse};
 use super::ui::last_user_message;
 use super::views::*;
 use crate::chat::request::ClientTool;
 use crate::chat::waits::{WaitAnswer, output_text};
-use crate::chat::{AttachmentRef, ClientTurn, Intent};
+use crate::chat::{AttachmentRef, ClientTurn, Intent, Started};
 use crate::events::agui::ToAgui;
 use crate::ids::{FileId, UserId};
+use futures_util::StreamExt;
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/agui", post(run))
@@ -190,20 +191,23 @@ fn attachment(part: &Value) -> Result<AttachmentRef, AppError> {
     }
 }
 
-#[utoipa::path(post, operation_id = "agui_run", path = "/api/agui", tag = "clients", request_body = RunAgentInput, responses((status = 200, description = "The run as AG-UI events (`data: <event>` frames): RUN_STARTED … RUN_FINISHED or RUN_ERROR", content_type = "text/event-stream", body = String), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "agui_run", path = "/api/agui", tag = "clients", params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run")), request_body = RunAgentInput, responses((status = 200, description = "The run as AG-UI events (`data: <event>` frames): RUN_STARTED … RUN_FINISHED or RUN_ERROR", content_type = "text/event-stream", body = String), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
 async fn run(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    AppJson(input): AppJson<RunAgentInput>,
+    KeyedJson(key, input): KeyedJson<RunAgentInput>,
 ) -> Result<Response, AppError> {
     if let Some(continued) = continuation(&state, &user, &input).await? {
         return Ok(continued);
     }
     let (turn, run_id) = input.into_turn()?;
     let thread_id = turn.chat_id.clone();
-    let run = state.chat.start_for_client(&user, turn).await?;
     // The stream ends where the run waits, with an interrupt outcome.
-    Ok(sse(&state, until_done(&state, run, false), Agui::new(ToAgui::new(thread_id, run_id))))
+    let frames = match state.chat.start_for_client(&user, turn, key).await? {
+        Started::New(run) => until_done(&state, run, false).boxed(),
+        Started::Again(trace) => state.chat.follow(*trace, 0, false).boxed(),
+    };
+    Ok(sse(&state, frames, Agui::new(ToAgui::new(thread_id, run_id))))
 }
 
 /// A run that answers the interrupts of the thread's waiting run (CONTRACT.md §15): with

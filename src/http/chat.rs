@@ -16,10 +16,10 @@ use serde::Deserialize;
 
 use super::AppState;
 use super::error::AppError;
-use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
+use super::extract::{AppJson, AppQuery, CurrentUser, IdPath, KeyedJson};
 use super::sse::{Native, sse};
 use super::views::*;
-use crate::chat::{CancelTarget, Cancelled, ChatRequest, Frame, LiveRun, Resumed};
+use crate::chat::{CancelTarget, Cancelled, ChatRequest, Frame, LiveRun, Resumed, Started};
 use crate::config::OnDisconnect;
 
 pub fn routes() -> Router<AppState> {
@@ -29,14 +29,17 @@ pub fn routes() -> Router<AppState> {
         .route("/api/cancel_stream", post(cancel))
 }
 
-#[utoipa::path(post, operation_id = "chat_stream", path = "/api/chat/stream", tag = "chat", request_body = ChatRequest, responses((status = 200, description = "The run's events as SSE (`id: <seq>`, `data: <event>`)", content_type = "text/event-stream", body = SseFrame), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "chat_stream", path = "/api/chat/stream", tag = "chat", params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run")), request_body = ChatRequest, responses((status = 200, description = "The run's events as SSE (`id: <seq>`, `data: <event>`)", content_type = "text/event-stream", body = SseFrame), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
 async fn stream(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    AppJson(request): AppJson<ChatRequest>,
+    KeyedJson(key, request): KeyedJson<ChatRequest>,
 ) -> Result<Response, AppError> {
-    let run = state.chat.start(&user, request).await?;
-    Ok(sse(&state, from_the_start(&state, run), Native))
+    let request = ChatRequest { idempotency_key: key, ..request };
+    Ok(match state.chat.start_once(&user, request).await? {
+        Started::New(run) => sse(&state, from_the_start(&state, run), Native),
+        Started::Again(trace) => sse(&state, state.chat.follow(*trace, 0, true), Native),
+    })
 }
 
 /// A run's frames from its first, for the client that started it (cancelled if it leaves

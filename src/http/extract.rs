@@ -10,6 +10,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
+use crate::chat::idempotency::{IdempotencyKey, request_key};
 use crate::ids::UserId;
 
 use super::AppState;
@@ -22,17 +23,47 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AppJson<T> {
     type Rejection = AppError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| match rejection {
-            BytesRejection::FailedToBufferBody(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                AppError::PayloadTooLarge { field: None, message: "Request body is too large".into() }
-            }
-            other => AppError::Validation { field: None, message: other.body_text() },
-        })?;
-        // Every body is an object: serde would also take an array as the fields in order.
-        if bytes.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| *b == b'[') {
-            return Err(AppError::Validation { field: None, message: "The request body must be a JSON object".into() });
-        }
+        let bytes = object_body(req, state).await?;
         parse_json(&bytes).map(AppJson)
+    }
+}
+
+/// A request's body, which must be a JSON object (serde would also take an array as the
+/// fields in order).
+async fn object_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, AppError> {
+    let bytes = Bytes::from_request(req, state).await.map_err(|rejection| match rejection {
+        BytesRejection::FailedToBufferBody(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            AppError::PayloadTooLarge { field: None, message: "Request body is too large".into() }
+        }
+        other => AppError::Validation { field: None, message: other.body_text() },
+    })?;
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| *b == b'[') {
+        return Err(AppError::Validation { field: None, message: "The request body must be a JSON object".into() });
+    }
+    Ok(bytes)
+}
+
+/// A JSON body that starts a run, with the request's `Idempotency-Key` (CONTRACT.md §16):
+/// the key and a hash of the endpoint and the body's bytes.
+pub struct KeyedJson<T>(pub Option<IdempotencyKey>, pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for KeyedJson<T> {
+    type Rejection = AppError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
+        let path = req.uri().path().to_owned();
+        let key = match req.headers().get("idempotency-key") {
+            None => None,
+            Some(value) => {
+                let value = value
+                    .to_str()
+                    .map_err(|_| AppError::validation("Idempotency-Key", "Idempotency-Key must be visible ASCII"))?;
+                Some(value.to_owned())
+            }
+        };
+        let bytes = object_body(req, state).await?;
+        let key = key.map(|key| request_key(&key, &path, &bytes)).transpose()?;
+        parse_json(&bytes).map(|body| KeyedJson(key, body))
     }
 }
 

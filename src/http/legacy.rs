@@ -11,10 +11,10 @@ use serde::Deserialize;
 use super::AppState;
 use super::chat::from_the_start;
 use super::error::AppError;
-use super::extract::{AppJson, AppQuery, CurrentUser};
+use super::extract::{AppQuery, CurrentUser, KeyedJson};
 use super::sse::{Legacy, sse};
 use super::views::*;
-use crate::chat::ChatRequest;
+use crate::chat::{ChatRequest, Started};
 use crate::config::AuthMode;
 use crate::domain::branch;
 
@@ -25,14 +25,17 @@ pub fn routes() -> Router<AppState> {
         .route("/api/list_conversations", get(list))
 }
 
-#[utoipa::path(post, operation_id = "legacy_chat_stream", path = "/api/get_chat_response_stream", tag = "legacy", request_body = ChatRequest, responses((status = 200, description = "The run in the legacy vocabulary: chunk, tool_start, tool_output, tool_end, error, done", content_type = "text/event-stream", body = SseFrame), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "legacy_chat_stream", path = "/api/get_chat_response_stream", tag = "legacy", params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run")), request_body = ChatRequest, responses((status = 200, description = "The run in the legacy vocabulary: chunk, tool_start, tool_output, tool_end, error, done", content_type = "text/event-stream", body = SseFrame), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody)))]
 async fn stream(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    AppJson(request): AppJson<ChatRequest>,
+    KeyedJson(key, request): KeyedJson<ChatRequest>,
 ) -> Result<Response, AppError> {
-    let run = state.chat.start(&user, request).await?;
-    Ok(sse(&state, from_the_start(&state, run), Legacy::default()))
+    let request = ChatRequest { idempotency_key: key, ..request };
+    Ok(match state.chat.start_once(&user, request).await? {
+        Started::New(run) => sse(&state, from_the_start(&state, run), Legacy::default()),
+        Started::Again(trace) => sse(&state, state.chat.follow(*trace, 0, true), Legacy::default()),
+    })
 }
 
 #[derive(Deserialize)]

@@ -14,12 +14,13 @@ use serde_json::Value;
 use super::AppState;
 use super::chat::until_done;
 use super::error::AppError;
-use super::extract::{AppJson, CurrentUser};
+use super::extract::{CurrentUser, KeyedJson};
 use super::sse::{UiMessages, sse};
 use super::views::*;
 use crate::chat::waits::{WaitAnswer, output_text};
-use crate::chat::{AttachmentRef, ClientTurn, Intent, Resumed};
+use crate::chat::{AttachmentRef, ClientTurn, Intent, Resumed, Started};
 use crate::ids::{MessageId, UserId};
+use futures_util::StreamExt;
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/ui/chat", post(chat)).route("/api/ui/chat/{id}/stream", get(resume))
@@ -133,18 +134,21 @@ pub(super) fn last_user_message<M>(messages: Vec<M>, role: impl Fn(&M) -> &str) 
         .ok_or_else(|| AppError::validation("messages", "messages holds no user message"))
 }
 
-#[utoipa::path(post, operation_id = "ui_chat", path = "/api/ui/chat", tag = "clients", request_body = UiChatBody, responses((status = 200, description = "The run as the AI SDK's UI message stream (`data: <chunk>` frames, then `data: [DONE]`; header `x-vercel-ai-ui-message-stream: v1`)", content_type = "text/event-stream", body = String), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
+#[utoipa::path(post, operation_id = "ui_chat", path = "/api/ui/chat", tag = "clients", params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run")), request_body = UiChatBody, responses((status = 200, description = "The run as the AI SDK's UI message stream (`data: <chunk>` frames, then `data: [DONE]`; header `x-vercel-ai-ui-message-stream: v1`)", content_type = "text/event-stream", body = String), Refused, Missing, (status = 413, description = "Too large", body = ErrorBody), (status = 503, description = "Shutting down", body = ErrorBody)))]
 async fn chat(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
-    AppJson(body): AppJson<UiChatBody>,
+    KeyedJson(key, body): KeyedJson<UiChatBody>,
 ) -> Result<Response, AppError> {
     if let Some(continued) = continuation(&state, &user, &body).await? {
         return Ok(continued);
     }
-    let run = state.chat.start_for_client(&user, body.into_turn()?).await?;
     // The stream ends where the run waits: the client's next request goes on with it.
-    Ok(ui_stream(sse(&state, until_done(&state, run, false), UiMessages::new())))
+    let frames = match state.chat.start_for_client(&user, body.into_turn()?, key).await? {
+        Started::New(run) => until_done(&state, run, false).boxed(),
+        Started::Again(trace) => state.chat.follow(*trace, 0, false).boxed(),
+    };
+    Ok(ui_stream(sse(&state, frames, UiMessages::new())))
 }
 
 /// The client's next request after its answer's run waited (CONTRACT.md §15): a

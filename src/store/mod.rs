@@ -53,6 +53,9 @@ pub enum StoreError {
     /// The start would take its user past `max_running`: this many run already.
     #[error("{0} runs are running")]
     TooManyRuns(usize),
+    /// The start's idempotency key was recorded by another start meanwhile.
+    #[error("the idempotency key was taken by another request")]
+    KeyTaken,
 }
 
 impl StoreError {
@@ -135,6 +138,16 @@ pub struct RunStart {
     /// The most runs its user may have running, counted in the start's transaction on a
     /// shared store (where other replicas start runs too); `None`: not counted there.
     pub max_running: Option<usize>,
+    /// The request's `Idempotency-Key`, recorded with its first trace (CONTRACT.md §16).
+    pub idempotency_key: Option<crate::domain::IdempotencyKey>,
+}
+
+/// What an idempotency key names: the request it came with (hashed) and the run it started.
+#[derive(Debug, Clone)]
+pub struct KeyedRun {
+    pub request_hash: String,
+    pub trace_id: TraceId,
+    pub created_at: DateTime<Utc>,
 }
 
 /// A run found `running` in the store, with the last sign of life of its process.
@@ -208,6 +221,13 @@ pub trait Store: Send + Sync + 'static {
     async fn delete_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError>;
     /// Whether any file, of any user, has the bytes with this sha256.
     async fn file_bytes_used(&self, sha256: &str) -> Result<bool, StoreError>;
+
+    /// The run the user's idempotency key started, if it started one.
+    async fn keyed_run(&self, user: &UserId, key: &str) -> Result<Option<KeyedRun>, StoreError>;
+    /// Forgets the user's key (it expired, or its run is gone).
+    async fn forget_key(&self, user: &UserId, key: &str) -> Result<(), StoreError>;
+    /// Forgets every key recorded before `before`.
+    async fn forget_keys_before(&self, before: DateTime<Utc>) -> Result<(), StoreError>;
 
     /// All messages of a conversation, every branch, oldest first.
     async fn messages(&self, user: &UserId, conversation_id: ConversationId) -> Result<Vec<Message>, StoreError>;

@@ -14,6 +14,7 @@ mod deploy;
 mod faults;
 mod features;
 mod files;
+mod idempotency;
 mod mcp;
 mod openapi;
 mod providers;

@@ -52,6 +52,7 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
         user_message,
         replica_id: "replica-a".into(),
         max_running: None,
+        idempotency_key: None,
     }
 }
 

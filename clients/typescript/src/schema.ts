@@ -1591,7 +1591,10 @@ export interface operations {
     ab_stream: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run */
+                "Idempotency-Key"?: string | null;
+            };
             path?: never;
             cookie?: never;
         };
@@ -1854,7 +1857,10 @@ export interface operations {
     agui_run: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run */
+                "Idempotency-Key"?: string | null;
+            };
             path?: never;
             cookie?: never;
         };
@@ -2082,7 +2088,10 @@ export interface operations {
     chat_stream: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run */
+                "Idempotency-Key"?: string | null;
+            };
             path?: never;
             cookie?: never;
         };
@@ -2699,7 +2708,10 @@ export interface operations {
     legacy_chat_stream: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run */
+                "Idempotency-Key"?: string | null;
+            };
             path?: never;
             cookie?: never;
         };
@@ -3360,7 +3372,10 @@ export interface operations {
     ui_chat: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Makes a retry of this request get the run it started (within 24 h), from its first event, instead of a second run */
+                "Idempotency-Key"?: string | null;
+            };
             path?: never;
             cookie?: never;
         };

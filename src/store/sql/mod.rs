@@ -21,8 +21,8 @@ use uuid::Uuid;
 use self::runs::Rows;
 use super::rows::*;
 use super::{
-    Claim, ConversationPatch, NewEvent, Notice, PageCursor, RunFinish, RunPark, RunStart, RunningTrace, Settled,
-    Settlement, Store, StoreError, WaitKey,
+    Claim, ConversationPatch, KeyedRun, NewEvent, Notice, PageCursor, RunFinish, RunPark, RunStart, RunningTrace,
+    Settled, Settlement, Store, StoreError, WaitKey,
 };
 use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, StoredFile, Trace, now};
 use crate::events::LoggedEvent;
@@ -160,6 +160,7 @@ where
     for<'r> (Uuid,): FromRow<'r, Row<B>>,
     for<'r> (String,): FromRow<'r, Row<B>>,
     for<'r> FileRow: FromRow<'r, Row<B>>,
+    for<'r> (String, TraceId, DateTime<Utc>): FromRow<'r, Row<B>>,
 {
     fn is_shared(&self) -> bool {
         B::SHARED
@@ -315,6 +316,37 @@ where
         let row: Option<FileRow> =
             write(self, async |conn| Ok(sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(conn).await?)).await?;
         row.map(StoredFile::from).ok_or(StoreError::NotFound)
+    }
+
+    async fn keyed_run(&self, user: &UserId, key: &str) -> Result<Option<KeyedRun>, StoreError> {
+        let row: Option<(String, TraceId, DateTime<Utc>)> = sqlx::query_as(
+            "select request_hash, trace_id, created_at from idempotency_keys where user_id = $1 and key = $2",
+        )
+        .bind(user)
+        .bind(key)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(|(request_hash, trace_id, created_at)| KeyedRun { request_hash, trace_id, created_at }))
+    }
+
+    async fn forget_key(&self, user: &UserId, key: &str) -> Result<(), StoreError> {
+        write(self, async |conn| {
+            sqlx::query("delete from idempotency_keys where user_id = $1 and key = $2")
+                .bind(user)
+                .bind(key)
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn forget_keys_before(&self, before: DateTime<Utc>) -> Result<(), StoreError> {
+        write(self, async |conn| {
+            sqlx::query("delete from idempotency_keys where created_at < $1").bind(before).execute(conn).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn file_bytes_used(&self, sha256: &str) -> Result<bool, StoreError> {

@@ -113,6 +113,10 @@ where
                 Rows::<B>::push_traces(&mut query, rows);
                 B::execute(&mut *tx, query).await?;
             }
+            let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+            if Rows::<B>::push_keys(&mut query, starts) {
+                B::execute(&mut *tx, query).await.map_err(key_taken)?;
+            }
             tx.commit().await?;
             Ok(())
         })
@@ -455,6 +459,25 @@ where
         });
     }
 
+    /// The idempotency keys of the starts that have one, each naming its first trace.
+    pub(super) fn push_keys<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, starts: &'a [&'a RunStart]) -> bool {
+        let keyed: Vec<(&RunStart, &crate::domain::IdempotencyKey)> =
+            starts.iter().filter_map(|s| s.idempotency_key.as_ref().map(|k| (*s, k))).collect();
+        if keyed.is_empty() {
+            return false;
+        }
+        query.push("insert into idempotency_keys (user_id, key, request_hash, trace_id, created_at) ");
+        query.push_values(keyed, |mut row, (start, key)| {
+            let trace = &start.traces[0];
+            row.push_bind(&trace.user_id)
+                .push_bind(&key.key)
+                .push_bind(&key.request_hash)
+                .push_bind(trace.trace_id)
+                .push_bind(trace.started_at);
+        });
+        true
+    }
+
     /// Whether any of the messages carries a file.
     pub(super) fn use_files(rows: &[(&UserId, &Message)]) -> bool {
         rows.iter().any(|(_, m)| !m.attachments.is_empty())
@@ -556,11 +579,15 @@ where
             query.push("; ");
             Rows::<B>::push_traces(&mut query, rows);
         }
+        if starts.iter().any(|s| s.idempotency_key.is_some()) {
+            query.push("; ");
+            Rows::<B>::push_keys(&mut query, starts);
+        }
         query.push("; COMMIT");
         write(backend, async |conn| {
             transaction_as_one_query::<B>(conn, query).await.map_err(|e| match e.as_database_error() {
                 Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
-                _ => e.into(),
+                _ => key_taken(e),
             })
         })
         .await
@@ -593,5 +620,19 @@ where
         query.push(", updated_at = ").push_bind(m.created_at);
         query.push(" where id = ").push_bind(m.conversation_id);
         query.push(" and user_id = ").push_bind(user);
+    }
+}
+
+/// A unique violation of `idempotency_keys`: another start recorded the key first.
+fn key_taken(error: sqlx::Error) -> StoreError {
+    match error.as_database_error() {
+        Some(db)
+            if db.is_unique_violation()
+                && (db.constraint().is_some_and(|c| c.starts_with("idempotency_keys"))
+                    || db.message().contains("idempotency_keys")) =>
+        {
+            StoreError::KeyTaken
+        }
+        _ => error.into(),
     }
 }
