@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use super::core::Core;
 use super::request::ChatError;
-use crate::config::{Modality, ProfileSettings};
+use crate::config::{Modality, ProfileSettings, ProviderKind};
 use crate::domain::Attachment;
 use crate::files::{FileError, Files};
 use crate::ids::{FileId, UserId};
@@ -121,8 +121,15 @@ pub(super) fn check_modalities(
     attachments: &[Attachment],
     profile_name: &str,
     profile: &ProfileSettings,
+    provider: ProviderKind,
 ) -> Result<(), ChatError> {
     for (i, file) in attachments.iter().enumerate() {
+        if let Some(max) = provider.max_inline_bytes(file.is_image()).filter(|max| file.size > *max) {
+            return Err(invalid(format!(
+                "attachments[{i}] ({}, {} bytes) is larger than profile '{profile_name}''s provider takes ({max} bytes)",
+                file.name, file.size
+            )));
+        }
         let needs = modality(file);
         if !profile.modalities.contains(&needs) {
             let takes: Vec<&str> = profile.modalities.iter().map(|m| modality_name(*m)).collect();
@@ -212,12 +219,13 @@ pub struct FileReader {
     files: Files,
     user: UserId,
     modalities: Vec<Modality>,
+    provider: ProviderKind,
     read: Arc<Mutex<HashMap<FileId, FileContent>>>,
 }
 
 impl FileReader {
-    pub fn new(files: Files, user: &UserId, modalities: Vec<Modality>) -> Self {
-        Self { files, user: user.clone(), modalities, read: Arc::default() }
+    pub fn new(files: Files, user: &UserId, modalities: Vec<Modality>, provider: ProviderKind) -> Self {
+        Self { files, user: user.clone(), modalities, provider, read: Arc::default() }
     }
 
     /// Fills in the content of every file of `request`.
@@ -243,6 +251,10 @@ impl FileReader {
         let needs = modality(file);
         if !self.modalities.contains(&needs) {
             return FileContent::Left(format!("this model takes no {} files", modality_name(needs)));
+        }
+        // A file sent with another profile may be too large for this one's provider.
+        if let Some(max) = self.provider.max_inline_bytes(file.is_image()).filter(|max| file.size > *max) {
+            return FileContent::Left(format!("it is larger than this model's provider takes ({max} bytes)"));
         }
         // A file its user deleted is not sent, even where other files share its bytes.
         let found = match self.files.get(&self.user, file.file_id).await {

@@ -15,7 +15,7 @@ use super::core::Core;
 use super::payloads::LlmPayloadType;
 use super::prompt::{self, PromptParts};
 use super::request::{ChatError, ChatRequest, ClientTool, Prepared, not_found};
-use crate::config::{PayloadSource, ProfileSettings};
+use crate::config::{PayloadSource, ProfileSettings, ProviderKind};
 use crate::domain::Trace;
 use crate::ids::{ComparisonId, UserId};
 use crate::pages::{Location, PageScope};
@@ -57,7 +57,8 @@ impl Core {
             .get(profile_name)
             .ok_or_else(|| not_found(field, "Profile not found: GET /api/profiles lists the configured ones"))?;
         let provider = self.providers.get(&profile.provider).ok_or_else(|| not_found(field, "Profile not found"))?;
-        super::attachments::check_modalities(&turn.user_message.attachments, profile_name, profile)?;
+        let kind = self.settings.providers.get(&profile.provider).map_or(ProviderKind::Mock, |p| p.kind);
+        super::attachments::check_modalities(&turn.user_message.attachments, profile_name, profile, kind)?;
         let trace = Trace {
             comparison_id: comparison.map(|(id, _)| id),
             variant: comparison.map(|(_, v)| v.to_owned()),
@@ -135,7 +136,7 @@ impl Core {
             approval_timeout: self.approval_timeout(),
             context_value: request.context.clone(),
             client_tools: request.client_tools.clone(),
-            files: FileReader::new(self.files.clone(), user, profile.modalities.clone()),
+            files: FileReader::new(self.files.clone(), user, profile.modalities.clone(), kind),
         };
         Ok(Side { trace, plan })
     }

@@ -35,6 +35,11 @@ pub enum Started<T> {
     Again(Box<Trace>),
 }
 
+/// A start's task that panicked (a bug): its request fails.
+fn gone(_: tokio::task::JoinError) -> ChatError {
+    ChatError::Unavailable("the run could not start".into())
+}
+
 /// The run another start with the same key recorded first (on another replica).
 async fn again<T>(core: &Core, user: &UserId, key: &IdempotencyKey) -> Result<Started<T>, ChatError> {
     match idempotency::keyed_run(&*core.store, user, key).await? {
@@ -133,6 +138,13 @@ impl ChatService {
 
     /// Validates and persists the request, then starts its run; returns the live run to follow.
     pub async fn start(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
+        // A client that leaves while its request is checked must not leave the files it sent
+        // behind: the start goes on (or cleans up) in a task of its own.
+        let (service, user) = (self.clone(), user.clone());
+        tokio::spawn(async move { service.start_here(&user, request).await }).await.map_err(gone)?
+    }
+
+    async fn start_here(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
         let turn = self.prepare(user, &request, 1).await?;
         let stored = turn.stored_files.clone();
         let profile = request
@@ -163,13 +175,20 @@ impl ChatService {
         profile_a: &str,
         profile_b: &str,
     ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
-        let turn = self.prepare(user, request, 2).await?;
-        let stored = turn.stored_files.clone();
-        let started = self.compare(user, request, turn, profile_a, profile_b).await;
-        if started.is_err() {
-            self.drop_files(user, &stored).await;
-        }
-        started
+        let (service, user, request) = (self.clone(), user.clone(), request.clone());
+        let (profile_a, profile_b) = (profile_a.to_owned(), profile_b.to_owned());
+        // As in `start`: the start outlives a client that leaves.
+        tokio::spawn(async move {
+            let turn = service.prepare(&user, &request, 2).await?;
+            let stored = turn.stored_files.clone();
+            let started = service.compare(&user, &request, turn, &profile_a, &profile_b).await;
+            if started.is_err() {
+                service.drop_files(&user, &stored).await;
+            }
+            started
+        })
+        .await
+        .map_err(gone)?
     }
 
     async fn compare(
@@ -240,12 +259,12 @@ impl ChatService {
                     e => e.into(),
                 })
                 .map(|start| service.run_written(&user, start, plans));
+            // The runs are registered now (or will never be): they count themselves, and
+            // must not be counted twice by a start that checks meanwhile.
+            drop(reservation);
             let _ = done.send(runs);
         });
-        let launched = launched.await.map_err(|_| ChatError::Unavailable("the run could not start".into()))?;
-        // The runs are registered now: they count themselves.
-        drop(reservation);
-        launched
+        launched.await.map_err(|_| ChatError::Unavailable("the run could not start".into()))?
     }
 
     /// Registers and spawns the runs of a start that is in the database.

@@ -268,7 +268,12 @@ impl Core {
             approval_timeout: self.approval_timeout(),
             context_value: checkpoint.context.clone(),
             client_tools: checkpoint.client_tools.clone(),
-            files: super::attachments::FileReader::new(self.files.clone(), &trace.user_id, profile.modalities.clone()),
+            files: super::attachments::FileReader::new(
+                self.files.clone(),
+                &trace.user_id,
+                profile.modalities.clone(),
+                self.settings.providers.get(&profile.provider).map_or(crate::config::ProviderKind::Mock, |p| p.kind),
+            ),
         })
     }
 

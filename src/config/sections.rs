@@ -301,6 +301,19 @@ pub enum ProviderKind {
     Mock,
 }
 
+impl ProviderKind {
+    /// The largest file the provider takes inline, where it documents one below
+    /// `files.max_bytes`: Anthropic refuses images over 5 MB; Gemini a request over 20 MB,
+    /// which a file's base64 must fit in.
+    pub fn max_inline_bytes(self, image: bool) -> Option<u64> {
+        match self {
+            ProviderKind::Anthropic if image => Some(5_000_000),
+            ProviderKind::Google => Some(14_000_000),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderSettings {

@@ -30,6 +30,11 @@ pub struct Sniffer {
     text: bool,
     /// The start of a UTF-8 character cut by the end of the last piece.
     carry: Vec<u8>,
+    /// Whether a JPEG's end marker (`FF D9`) was seen after its start: phones append data
+    /// after it (Samsung's trailer, a motion photo's video), so it need not be last.
+    jpeg_end: bool,
+    /// The last byte of the previous piece (a marker may span two pieces).
+    last: Option<u8>,
 }
 
 impl Sniffer {
@@ -54,6 +59,12 @@ impl Sniffer {
         if self.text {
             self.check_text(piece);
         }
+        if !self.jpeg_end && self.head.starts_with(&[0xFF, 0xD8]) {
+            let skip = if self.size == piece.len() as u64 { 2 } else { 0 };
+            let spans = self.last == Some(0xFF) && piece.first() == Some(&0xD9);
+            self.jpeg_end = spans || piece.get(skip..).is_some_and(|rest| rest.windows(2).any(|w| w == [0xFF, 0xD9]));
+        }
+        self.last = piece.last().copied().or(self.last);
     }
 
     fn check_text(&mut self, piece: &[u8]) {
@@ -87,18 +98,19 @@ impl Sniffer {
             return Err(format!("{name} is empty"));
         }
         let claimed = claimed_kind(name);
-        let Some(found) = infer::get(&self.head) else {
-            if !(self.text && self.carry.is_empty()) {
-                return Err(format!("{name} is not a kind of file chatd takes: send {ACCEPTED}"));
+        // The kinds chatd takes first: `infer` also names kinds by loose matches (`BM` is a
+        // bitmap, `<p ` HTML), which text may start with.
+        let found = infer::get(&self.head).map(|t| t.mime_type());
+        let media_type = match found {
+            Some(t @ ("image/png" | "image/jpeg" | "image/gif" | "image/webp" | "application/pdf")) => t,
+            _ if self.text && self.carry.is_empty() => {
+                if let Some(claimed) = claimed.filter(|c| !c.starts_with("text/") && *c != "application/json") {
+                    return Err(format!("{name} is not {} but text", article(claimed)));
+                }
+                return Ok(Kind { media_type: text_type(name), width: None, height: None });
             }
-            if let Some(claimed) = claimed.filter(|c| !c.starts_with("text/") && *c != "application/json") {
-                return Err(format!("{name} is not {} but text", article(claimed)));
-            }
-            return Ok(Kind { media_type: text_type(name), width: None, height: None });
-        };
-        let media_type = match found.mime_type() {
-            t @ ("image/png" | "image/jpeg" | "image/gif" | "image/webp" | "application/pdf") => t,
-            other => return Err(format!("{name} is {other}, which chatd does not take: send {ACCEPTED}")),
+            Some(other) => return Err(format!("{name} is {other}, which chatd does not take: send {ACCEPTED}")),
+            None => return Err(format!("{name} is not a kind of file chatd takes: send {ACCEPTED}")),
         };
         if let Some(claimed) = claimed.filter(|c| *c != media_type && !c.starts_with("text/")) {
             return Err(format!("{name} is not {} but {}", article(claimed), article(media_type)));
@@ -129,7 +141,7 @@ impl Sniffer {
         match media_type {
             // The IEND chunk: length 0, type, CRC.
             "image/png" => end.ends_with(&[0, 0, 0, 0, b'I', b'E', b'N', b'D', 0xAE, 0x42, 0x60, 0x82]),
-            "image/jpeg" => end.ends_with(&[0xFF, 0xD9]),
+            "image/jpeg" => self.jpeg_end || end.ends_with(&[0xFF, 0xD9]),
             "image/gif" => end.ends_with(&[0x3B]),
             // A RIFF file says its own length (after the first 8 bytes), padded to even.
             "image/webp" => self.head.get(4..8).is_some_and(|riff| {
@@ -255,6 +267,18 @@ mod tests {
             assert!(error.contains(why), "{name}: {error}");
         }
         assert!(sniff(PNG, "photo.jpg").unwrap_err().contains("is not a JPEG image but a PNG image"));
+    }
+
+    #[test]
+    fn text_that_starts_like_another_kind_is_text_and_a_jpeg_may_have_a_trailer() {
+        assert_eq!(sniff(b"BMI,weight\n22,70\n", "health.csv").unwrap().media_type, "text/csv");
+        assert_eq!(sniff(b"<p align=\"center\">Logo</p>\n", "README.md").unwrap().media_type, "text/markdown");
+        let mut jpeg = vec![0xFF, 0xD8, 0xFF, 0xE0, 0, 16, b'J', b'F', b'I', b'F', 0, 1, 1, 0, 0, 1, 0, 1, 0, 0];
+        jpeg.extend_from_slice(&[0xFF, 0xC0, 0, 11, 8, 0, 2, 0, 3, 1, 1, 0x11, 0, 0xFF, 0xD9]);
+        let mut with_trailer = jpeg.clone();
+        with_trailer.extend_from_slice(b"SEFT samsung trailer data that follows the image");
+        assert_eq!(sniff(&with_trailer, "phone.jpg").unwrap().media_type, "image/jpeg");
+        assert!(sniff(&jpeg[..jpeg.len() - 2], "cut.jpg").is_err(), "no end marker: cut short");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Remote attachments (`files.fetch_remote = true`): an `http(s)` URL that chatd fetches
 //! itself. Its host is resolved first and every address checked: loopback, private,
-//! link-local, shared, unspecified and multicast addresses are refused (an attachment must
+//! link-local, shared, unspecified and multicast addresses are refused, also where IPv6
+//! carries them (IPv4-mapped, NAT64, 6to4) (an attachment must
 //! not reach into chatd's own network), and the connection goes to the address that was
 //! checked, so a second lookup cannot answer otherwise. Redirects are not followed; the
 //! whole fetch has `files.fetch_timeout_secs`, and `files.max_bytes` holds as the bytes come.
@@ -49,7 +50,18 @@ pub fn is_public(ip: IpAddr) -> bool {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let segments = v6.segments();
+            // IPv4 carried in IPv6: NAT64 (64:ff9b::/96) and 6to4 (2002::/16).
+            let carried = |high: u16, low: u16| {
+                std::net::Ipv4Addr::new((high >> 8) as u8, high as u8, (low >> 8) as u8, low as u8)
+            };
+            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return is_public(IpAddr::V4(carried(segments[6], segments[7])));
+            }
+            if segments[0] == 0x2002 {
+                return is_public(IpAddr::V4(carried(segments[1], segments[2])));
+            }
+            let first = segments[0];
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
@@ -87,7 +99,9 @@ pub async fn fetch(
     if addresses.is_empty() || addresses.iter().any(|a| !is_public(a.ip())) {
         return Err(RemoteError::Private);
     }
+    // No proxy: a proxy would resolve the host again, past the check.
     let client = reqwest::Client::builder()
+        .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
         .resolve_to_addrs(&host, &addresses)
@@ -132,10 +146,12 @@ mod tests {
             "fe80::1",
             "fd00::1",
             "::ffff:127.0.0.1",
+            "64:ff9b::7f00:1",
+            "2002:a00:1::1",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private}");
         }
-        for public in ["93.184.216.34", "2606:2800:220:1::248", "8.8.8.8"] {
+        for public in ["93.184.216.34", "2606:2800:220:1::248", "8.8.8.8", "64:ff9b::808:808", "2002:808:808::1"] {
             assert!(is_public(public.parse().unwrap()), "{public}");
         }
     }

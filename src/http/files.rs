@@ -19,7 +19,7 @@ use crate::files::FileError;
 use crate::ids::FileId;
 
 /// Room for a multipart body's framing beside the file itself: the body's limit must not
-/// stop a read before the file's own limit does (413 `field: "file"` either way).
+/// stop a read before the file's own limit does (413 `field: "attachments"` either way).
 const FRAMING_BYTES: u64 = 1024 * 1024;
 
 pub fn routes(max_bytes: u64) -> Router<AppState> {
@@ -29,9 +29,12 @@ pub fn routes(max_bytes: u64) -> Router<AppState> {
         .route("/api/files/{id}", get(download).delete(delete))
 }
 
+/// The field a refused file is named by (CONTRACT.md §14), on upload as in a message.
+const FIELD: &str = "attachments";
+
 impl From<FileError> for AppError {
     fn from(error: FileError) -> Self {
-        file_error(error, "file")
+        file_error(error, FIELD)
     }
 }
 
@@ -70,19 +73,19 @@ async fn upload(
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<(StatusCode, Json<StoredFile>), AppError> {
     let mut multipart =
-        multipart.map_err(|e| AppError::validation("file", format!("Send multipart/form-data: {}", e.body_text())))?;
+        multipart.map_err(|e| AppError::validation(FIELD, format!("Send multipart/form-data: {}", e.body_text())))?;
     let bad = |e: axum::extract::multipart::MultipartError| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            file_error(FileError::TooLarge { max: state.files.max_bytes() }, "file")
+            file_error(FileError::TooLarge { max: state.files.max_bytes() }, FIELD)
         } else {
-            AppError::validation("file", format!("The multipart body is malformed: {}", e.body_text()))
+            AppError::validation(FIELD, format!("The multipart body is malformed: {}", e.body_text()))
         }
     };
     let Some(field) = multipart.next_field().await.map_err(bad)? else {
-        return Err(AppError::validation("file", "Send the file as a multipart part named \"file\""));
+        return Err(AppError::validation(FIELD, "Send the file as a multipart part named \"file\""));
     };
     if field.name() != Some("file") {
-        return Err(AppError::validation("file", "Send the file as a multipart part named \"file\""));
+        return Err(AppError::validation(FIELD, "Send the file as a multipart part named \"file\""));
     }
     let name = field.file_name().unwrap_or("file").to_owned();
     let max = state.files.max_bytes();
@@ -90,10 +93,16 @@ async fn upload(
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE { FileError::TooLarge { max } } else { FileError::CutShort }
     });
     let file = state.files.upload(&user, &name, body).await?;
-    // The part was the whole body; anything after it is refused (and the file with it).
-    if multipart.next_field().await.map_err(bad)?.is_some() {
+    // The part was the whole body; anything after it (or a body that breaks after it) is
+    // refused, and the file with it.
+    let rest = match multipart.next_field().await {
+        Ok(None) => Ok(()),
+        Ok(Some(_)) => Err(AppError::validation(FIELD, "Send one part, named \"file\", and nothing else")),
+        Err(e) => Err(bad(e)),
+    };
+    if let Err(refused) = rest {
         let _ = state.files.delete(&user, file.id).await;
-        return Err(AppError::validation("file", "Send one part, named \"file\", and nothing else"));
+        return Err(refused);
     }
     Ok((StatusCode::CREATED, Json(file)))
 }
@@ -110,9 +119,13 @@ async fn download(
     let bytes = state.files.stream(&file.sha256).await?;
     let mut response = Body::from_stream(bytes).into_response();
     let headers = response.headers_mut();
-    if let Ok(media_type) = HeaderValue::from_str(&file.media_type) {
+    // Text is UTF-8 (it was checked so); nothing served here may run as a page.
+    let text = file.media_type.starts_with("text/") || file.media_type == "application/json";
+    let media_type = if text { format!("{}; charset=utf-8", file.media_type) } else { file.media_type.clone() };
+    if let Ok(media_type) = HeaderValue::from_str(&media_type) {
         headers.insert(header::CONTENT_TYPE, media_type);
     }
+    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static("sandbox; default-src 'none'"));
     headers.insert(header::CONTENT_LENGTH, file.size.into());
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, max-age=3600"));

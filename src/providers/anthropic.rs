@@ -65,7 +65,10 @@ impl AnthropicProvider {
                 InputMessage::User { text, files, .. } => {
                     // Files first: Anthropic advises images before the words about them.
                     let mut content: Vec<Value> = files.iter().map(file_block).collect();
-                    content.push(json!({"type": "text", "text": text}));
+                    // A message of files alone has no words: an empty text block is refused.
+                    if !text.is_empty() || content.is_empty() {
+                        content.push(json!({"type": "text", "text": text}));
+                    }
                     push(&mut messages, "user", content)
                 }
                 InputMessage::Assistant { turns, .. } => {

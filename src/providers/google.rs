@@ -51,7 +51,10 @@ impl GoogleProvider {
             match message {
                 InputMessage::User { text, files, .. } => {
                     let mut parts: Vec<Value> = files.iter().map(file_part).collect();
-                    parts.push(json!({"text": text}));
+                    // A message of files alone has no words: an empty text part is refused.
+                    if !text.is_empty() || parts.is_empty() {
+                        parts.push(json!({"text": text}));
+                    }
                     push(&mut contents, "user", parts)
                 }
                 InputMessage::Assistant { turns, .. } => {

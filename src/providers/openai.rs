@@ -76,7 +76,9 @@ impl OpenAiProvider {
                 }
                 InputMessage::User { text, files, .. } => {
                     let mut content: Vec<Value> = files.iter().map(file_part).collect();
-                    content.push(json!({"type": "text", "text": text}));
+                    if !text.is_empty() {
+                        content.push(json!({"type": "text", "text": text}));
+                    }
                     messages.push(json!({"role": "user", "content": content}))
                 }
                 InputMessage::System { text, .. } => messages.push(json!({"role": "system", "content": text})),

@@ -130,13 +130,19 @@ both_backends! {
             let (status, error) = upload(&app, "ann", name, bytes).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{name:?}: {error}");
             assert_eq!(error["code"], "VALIDATION_ERROR");
-            assert_eq!(error["field"], "file");
+            assert_eq!(error["field"], "attachments");
             assert!(error["message"].as_str().unwrap().contains(why), "{name:?}: {error}");
         }
         // Not multipart at all, and a part of another name.
         let (status, error) = app.post("/api/files", "ann", json!({"file": "x"})).await;
-        assert_eq!((status, error["field"].as_str()), (StatusCode::BAD_REQUEST, Some("file")));
+        assert_eq!((status, error["field"].as_str()), (StatusCode::BAD_REQUEST, Some("attachments")));
         let form = Form::new().part("attachment", Part::bytes(b"hello".to_vec()).file_name("a.txt"));
+        let response = app.client.post(app.url("/api/files")).header("x-client-id", "ann").multipart(form).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        // A good file, then a second part: refused, and the good file is not kept either.
+        let form = Form::new()
+            .part("file", Part::bytes(fixture("small.png")).file_name("ok.png"))
+            .part("more", Part::bytes(b"extra".to_vec()).file_name("b.txt"));
         let response = app.client.post(app.url("/api/files")).header("x-client-id", "ann").multipart(form).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         assert!(stored_files(&app).is_empty(), "no file, no part of one: {:?}", stored_files(&app));
@@ -161,7 +167,7 @@ both_backends! {
             let error: Value = response.json().await.unwrap();
             assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
             assert_eq!(error["code"], "PAYLOAD_TOO_LARGE");
-            assert_eq!(error["field"], "file");
+            assert_eq!(error["field"], "attachments");
         }
         assert!(sent.load(std::sync::atomic::Ordering::Relaxed) < 25 * 1024 * 1024, "refused before the end");
         assert!(stored_files(&app).is_empty(), "nothing left behind: {:?}", stored_files(&app));

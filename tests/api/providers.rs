@@ -993,3 +993,40 @@ async fn gemini_gets_inline_data_parts() {
         ]})
     );
 }
+
+#[tokio::test]
+async fn a_message_of_files_alone_has_no_empty_text_and_an_image_over_anthropics_limit_is_refused() {
+    use crate::files::{data_url, fixture};
+    let answer = || {
+        let mut frames = anthropic_start();
+        frames.extend(anthropic_block(
+            0,
+            json!({"type": "text", "text": ""}),
+            &[json!({"type": "text_delta", "text": "A picture."})],
+        ));
+        frames.extend(anthropic_end("end_turn", 3));
+        Scripted::sse(&frames)
+    };
+    let png = fixture("small.png");
+    let body = json!({"message": "", "attachments": [{"url": data_url("image/png", &png)}]});
+    let r = run_body("anthropic", vec![answer()], "modalities = [\"text\", \"image\"]", body).await;
+    let content = &r.fixture.received()[0].body["messages"][0]["content"];
+    assert_eq!(content.as_array().unwrap().len(), 1, "{content}");
+    assert_eq!(content[0]["type"], "image");
+    // A whole PNG of 5.2 MB: above the 5 MB Anthropic takes in an image.
+    let mut big = png[..33].to_vec();
+    big.extend(std::iter::repeat_n(0u8, 5_200_000));
+    big.extend_from_slice(&png[png.len() - 12..]);
+    let (status, error) = r
+        .app
+        .post(
+            "/api/chat/stream",
+            "ann",
+            json!({"message": "and this?", "attachments": [{"url": data_url("image/png", &big), "name": "big.png"}]}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{error}");
+    assert_eq!(error["field"], "attachments");
+    assert!(error["message"].as_str().unwrap().contains("big.png"), "{error}");
+    assert_eq!(r.fixture.received().len(), 1, "never sent");
+}

@@ -267,7 +267,11 @@ where
                 return Err(StoreError::NotFound);
             }
             let mut freed = Vec::new();
+            let lock = format!("select id from files where id = $1 {}", B::LOCK_ROW);
             for (file,) in carried {
+                // A start that attaches the file meanwhile (on Postgres) waits for this, or
+                // this for it: its message's use is then seen.
+                let _: Option<(Uuid,)> = sqlx::query_as(&lock).bind(file).fetch_optional(&mut *tx).await?;
                 let gone: Option<(String,)> = sqlx::query_as(
                     "delete from files where id = $1 \
                      and not exists (select 1 from message_files where file_id = $1) returning sha256",
