@@ -32,6 +32,8 @@ pub struct ClientTurn {
     pub client_tools: Vec<crate::chat::request::ClientTool>,
     /// The files of the last user message (CONTRACT.md §14).
     pub attachments: Vec<super::attachments::AttachmentRef>,
+    /// What the message does while a run of the chat is going (CONTRACT.md §16).
+    pub multitask: Option<crate::config::Multitask>,
 }
 
 /// What the turn does to the conversation.
@@ -106,6 +108,7 @@ impl Core {
             diagnostics: false,
             client_tools: turn.client_tools,
             attachments: turn.attachments,
+            multitask: turn.multitask,
             client: ClientIds {
                 chat_id: conversation.is_none().then(|| turn.chat_id.clone()),
                 message_id: turn.message_id,

@@ -149,7 +149,7 @@ impl Core {
         Ok(Cancelled::Conversation { conversation_id, runs })
     }
 
-    async fn cancel_run(&self, user: &UserId, trace: &Trace) -> Result<(), ControlError> {
+    pub(super) async fn cancel_run(&self, user: &UserId, trace: &Trace) -> Result<(), ControlError> {
         let mut status = trace.status;
         // A run may park while it is being cancelled, or a decision claim it meanwhile: look
         // again, a few times.

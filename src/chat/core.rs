@@ -35,6 +35,8 @@ pub struct Core {
     pub(super) files: crate::files::Files,
     /// Requests with the same `Idempotency-Key` take turns (CONTRACT.md §16).
     pub(super) key_turns: super::idempotency::KeyTurns,
+    /// New messages of one conversation take turns (CONTRACT.md §16).
+    pub(super) conversation_turns: super::turns::Turns<crate::ids::ConversationId>,
 }
 
 impl Core {

@@ -5,8 +5,6 @@
 //! the same key take turns, so repeats wait for the first instead of racing it (and never
 //! count against the user's limit of running runs).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -39,42 +37,8 @@ pub fn request_key(key: &str, path: &str, body: &[u8]) -> Result<IdempotencyKey,
     Ok(IdempotencyKey { key: key.to_owned(), request_hash })
 }
 
-/// A user's key.
-type KeyOf = (UserId, String);
-
 /// Requests with the same key take turns in this process.
-#[derive(Clone, Default)]
-pub struct KeyTurns {
-    turns: Arc<Mutex<HashMap<KeyOf, Arc<tokio::sync::Mutex<()>>>>>,
-}
-
-impl KeyTurns {
-    /// Waits for the turn of `user`'s `key`; the turn lasts as long as the guard.
-    pub async fn take(&self, user: &UserId, key: &str) -> KeyTurn {
-        let id = (user.clone(), key.to_owned());
-        let lock = self.turns.lock().expect("never poisoned").entry(id.clone()).or_default().clone();
-        let guard = lock.clone().lock_owned().await;
-        KeyTurn { turns: self.clone(), id, lock, _guard: guard }
-    }
-}
-
-/// One request's turn with its key.
-pub struct KeyTurn {
-    turns: KeyTurns,
-    id: KeyOf,
-    lock: Arc<tokio::sync::Mutex<()>>,
-    _guard: tokio::sync::OwnedMutexGuard<()>,
-}
-
-impl Drop for KeyTurn {
-    fn drop(&mut self) {
-        let mut turns = self.turns.turns.lock().expect("never poisoned");
-        // The map, this turn and its guard hold it: nobody else waits.
-        if Arc::strong_count(&self.lock) <= 3 {
-            turns.remove(&self.id);
-        }
-    }
-}
+pub type KeyTurns = super::turns::Turns<(UserId, String)>;
 
 /// The run `key` names for `user`, if it names one still: the same request again gets its
 /// trace; another request with the key is refused. An expired key is forgotten.

@@ -28,6 +28,7 @@ pub mod service;
 mod starts;
 mod titles;
 pub mod turn;
+mod turns;
 pub mod waits;
 
 pub use attachments::AttachmentRef;

@@ -208,6 +208,24 @@ impl Core {
         }
     }
 
+    /// The user's runs of a conversation that are going (CONTRACT.md §16), oldest first,
+    /// each with the seq of its newest event: live where it runs here, else as logged.
+    pub async fn active_runs(
+        &self,
+        user: &UserId,
+        conversation_id: crate::ids::ConversationId,
+    ) -> Result<Vec<(Trace, u64)>, crate::store::StoreError> {
+        let mut active = Vec::new();
+        for trace in self.store.running_in_conversation(user, conversation_id).await? {
+            let last_seq = match self.runs.get(trace.trace_id).filter(|run| !run.is_parked()) {
+                Some(run) => run.last_seq(),
+                None => self.store.trace_events(trace.trace_id, 0).await?.last().map_or(0, |e| e.seq as u64),
+            };
+            active.push((trace, last_seq));
+        }
+        Ok(active)
+    }
+
     /// Waits (bounded) until a run of this process that has sent `done` has its log
     /// written, so that a trace read right after its stream ended is whole.
     pub async fn logged(&self, trace_id: TraceId) {

@@ -9,9 +9,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::control::ControlError;
 use super::core::Core;
 use super::runs::Reservation;
 use super::titles::title_from;
+use crate::config::Multitask;
 use crate::domain::{Conversation, Message, Role, branch};
 use crate::store::StoreError;
 
@@ -41,6 +43,10 @@ pub struct ChatRequest {
     /// Files the message carries (CONTRACT.md §14).
     #[serde(default)]
     pub attachments: Vec<super::attachments::AttachmentRef>,
+    /// What this message does while a run of its conversation is going (CONTRACT.md §16);
+    /// absent: `chat.multitask`.
+    #[serde(default)]
+    pub multitask: Option<crate::config::Multitask>,
     /// The ids a client library made (CONTRACT.md §13); never read from a body.
     #[serde(skip)]
     pub client: ClientIds,
@@ -93,6 +99,9 @@ pub enum ChatError {
     TooLarge { field: &'static str, message: String },
     #[error("{message}")]
     NotFound { field: &'static str, message: String },
+    /// A run of the conversation is going, and the request's `multitask` is `reject`.
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     Unavailable(String),
     /// Too many runs at once for this user.
@@ -144,6 +153,15 @@ impl Core {
                 return Err(not_found("profile", "Profile not found: GET /api/profiles lists the configured ones"));
             }
         }
+        // One new message of a conversation at a time here: the second sees the first's run.
+        let conversation_turn = match &existing {
+            Some(conversation) => Some(self.conversation_turns.take(conversation.id).await),
+            None => None,
+        };
+        let existing = match existing {
+            Some(conversation) => Some(self.make_room(user, conversation, request).await?),
+            None => None,
+        };
         let history = match &existing {
             Some(conversation) => self.store.messages(user, conversation.id).await?,
             None => Vec::new(),
@@ -195,6 +213,7 @@ impl Core {
             }),
             stored_files: resolved.stored,
             idempotency_key: request.idempotency_key.clone(),
+            conversation_turn,
             earlier: branch(&history, parent),
             new_conversation,
             action_result,
@@ -225,6 +244,55 @@ pub(super) struct Prepared {
     /// is refused before its run starts.
     pub(super) stored_files: Vec<crate::ids::FileId>,
     pub(super) idempotency_key: Option<crate::domain::IdempotencyKey>,
+    /// This request's turn among the new messages of its conversation, until its run starts.
+    pub(super) conversation_turn: Option<super::turns::Turn<ConversationId>>,
+}
+
+impl Core {
+    /// What a new message does to the runs of its conversation that are going (CONTRACT.md
+    /// §16): refuses itself (`reject`), or cancels them first (`interrupt`, keeping their
+    /// partial answers; `rollback`, deleting them). Returns the conversation as it is then.
+    async fn make_room(
+        &self,
+        user: &UserId,
+        conversation: Conversation,
+        request: &ChatRequest,
+    ) -> Result<Conversation, ChatError> {
+        let going = self.store.running_in_conversation(user, conversation.id).await?;
+        let Some(last) = going.last() else { return Ok(conversation) };
+        let rollback = match request.multitask.unwrap_or(self.settings.chat.multitask) {
+            Multitask::Reject => {
+                return Err(ChatError::Conflict(format!(
+                    "A run of this conversation is still going (trace_id {}): wait for its end, cancel it, \
+                     or send with \"multitask\": \"interrupt\"",
+                    last.trace_id
+                )));
+            }
+            Multitask::Enqueue => {
+                return Err(ChatError::Invalid {
+                    field: "multitask",
+                    message: "multitask \"enqueue\" is not built yet: use reject, interrupt or rollback".into(),
+                });
+            }
+            Multitask::Interrupt => false,
+            Multitask::Rollback => true,
+        };
+        for trace in &going {
+            match self.cancel_run(user, trace).await {
+                // Ended meanwhile: there is room all the same.
+                Ok(()) | Err(ControlError::Ended(_) | ControlError::Missing(_)) => {}
+                Err(ControlError::Store(e)) => return Err(e.into()),
+                Err(e) => return Err(ChatError::Unavailable(e.to_string())),
+            }
+            if rollback {
+                match self.store.delete_answer(user, trace.message_id).await {
+                    Ok(()) | Err(StoreError::NotFound) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(self.store.get_conversation(user, conversation.id).await?)
+    }
 }
 
 /// The refusal of a request over its user's limit of running runs.

@@ -184,6 +184,11 @@ impl LiveRun {
         !self.cancel_claimed.swap(true, Ordering::AcqRel)
     }
 
+    /// The seq of the run's newest frame so far.
+    pub fn last_seq(&self) -> u64 {
+        self.base + self.frames.lock().expect("frames lock").sent.len() as u64
+    }
+
     /// Whether the run has ended and a listener that saw `after` has heard all of it.
     pub fn heard_all(&self, after: u64) -> bool {
         let frames = self.frames.lock().expect("frames lock");

@@ -94,6 +94,7 @@ impl ChatService {
                 news: RunNews::default(),
                 files,
                 key_turns: Default::default(),
+                conversation_turns: Default::default(),
             },
         }
     }
@@ -104,7 +105,7 @@ impl ChatService {
         let Some(key) = request.idempotency_key.clone() else {
             return self.start(user, request).await.map(Started::New);
         };
-        let _turn = self.key_turns.take(user, &key.key).await;
+        let _turn = self.key_turns.take((user.clone(), key.key.clone())).await;
         if let Some(trace) = idempotency::keyed_run(&*self.store, user, &key).await? {
             return Ok(Started::Again(Box::new(trace)));
         }
@@ -126,7 +127,7 @@ impl ChatService {
         let Some(key) = request.idempotency_key.clone() else {
             return self.start_comparison(user, request, profile_a, profile_b).await.map(Started::New);
         };
-        let _turn = self.key_turns.take(user, &key.key).await;
+        let _turn = self.key_turns.take((user.clone(), key.key.clone())).await;
         if let Some(trace) = idempotency::keyed_run(&*self.store, user, &key).await? {
             return Ok(Started::Again(Box::new(trace)));
         }
@@ -245,6 +246,8 @@ impl ChatService {
             idempotency_key: turn.idempotency_key,
         };
         let reservation = turn.reservation;
+        // Until the runs are started, the conversation's next message waits.
+        let _conversation_turn = turn.conversation_turn;
         // The start writer launches the runs right after the commit, whether or not this
         // request is still waiting: a client that leaves meanwhile must not leave a run
         // persisted as running that nobody runs.

@@ -289,6 +289,27 @@ pub struct ChatSettings {
     /// When context trimming drops history, have the model summarise it (once per trim)
     /// and give the summary to the model in the system prompt.
     pub summarize_dropped: bool,
+    /// What a new message does while a run of its conversation is going (CONTRACT.md §16).
+    #[serde(default = "default_multitask")]
+    pub multitask: Multitask,
+}
+
+/// What a new message does while a run of the same conversation is going (CONTRACT.md §16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Multitask {
+    /// 409, naming the going run; the message is not stored.
+    Reject,
+    /// The new run waits for the going one and starts on its answer. Not built yet: refused.
+    Enqueue,
+    /// The going run is cancelled (its partial answer kept) and the new one starts on it.
+    Interrupt,
+    /// As `interrupt`, and the cancelled partial answer is deleted.
+    Rollback,
+}
+
+pub(super) fn default_multitask() -> Multitask {
+    Multitask::Reject
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]

@@ -151,6 +151,12 @@ impl RunAgentInput {
             Some(Value::String(profile)) => Some(profile.clone()),
             Some(_) => return Err(AppError::validation("forwardedProps", "forwardedProps.profile must be a string")),
         };
+        let multitask = match self.forwarded_props.as_ref().and_then(|props| props.get("multitask")) {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(serde_json::from_value(value.clone()).map_err(|_| {
+                AppError::validation("forwardedProps", "forwardedProps.multitask is reject, interrupt or rollback")
+            })?),
+        };
         let turn = ClientTurn {
             chat_id: self.thread_id,
             text,
@@ -160,6 +166,7 @@ impl RunAgentInput {
             context,
             client_tools,
             attachments,
+            multitask,
         };
         Ok((turn, self.run_id))
     }

@@ -13,7 +13,7 @@ use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
 use super::views::*;
 use crate::domain::{Conversation, Feedback, Rating, branch, now};
-use crate::ids::{ConversationId, MessageId};
+use crate::ids::{ConversationId, MessageId, UserId};
 use crate::store::{ConversationPatch, PageCursor};
 
 pub fn routes() -> Router<AppState> {
@@ -101,7 +101,10 @@ async fn create(
         ..Conversation::new(&user, body.title.map_or_else(|| "New conversation".to_owned(), |t| t.trim().to_owned()))
     };
     state.store.create_conversation(&conversation).await?;
-    Ok((StatusCode::CREATED, Json(ConversationView { conversation, messages: Vec::new(), context_state: None })))
+    Ok((
+        StatusCode::CREATED,
+        Json(ConversationView { conversation, messages: Vec::new(), context_state: None, active_runs: Vec::new() }),
+    ))
 }
 
 #[utoipa::path(get, operation_id = "get_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 200, description = "The conversation with its active branch, oldest first", body = ConversationView), Refused, Missing))]
@@ -115,7 +118,8 @@ async fn load(
     let messages = state.store.messages(&user, id).await?;
     let messages = branch(&messages, conversation.active_leaf_id);
     let context_state = state.store.context_state(&user, id).await?;
-    Ok(Json(ConversationView { conversation, messages, context_state }))
+    let active_runs = active_runs(&state, &user, id).await?;
+    Ok(Json(ConversationView { conversation, messages, context_state, active_runs }))
 }
 
 #[utoipa::path(patch, operation_id = "update_conversation", path = "/api/conversations/{id}", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), request_body = ConversationBody, responses((status = 200, description = "Changed", body = Conversation), Refused, Missing))]
@@ -214,5 +218,22 @@ async fn activate(
     state.store.set_active_leaf(&user, message.conversation_id, leaf).await?;
     let conversation = state.store.get_conversation(&user, message.conversation_id).await?;
     let context_state = state.store.context_state(&user, conversation.id).await?;
-    Ok(Json(ConversationView { conversation, messages: branch(&all, Some(leaf)), context_state }))
+    let active_runs = active_runs(&state, &user, conversation.id).await?;
+    Ok(Json(ConversationView { conversation, messages: branch(&all, Some(leaf)), context_state, active_runs }))
+}
+
+/// The conversation's runs still going, as loading shows them (CONTRACT.md §16).
+async fn active_runs(state: &AppState, user: &UserId, id: ConversationId) -> Result<Vec<ActiveRun>, AppError> {
+    Ok(state
+        .chat
+        .active_runs(user, id)
+        .await?
+        .into_iter()
+        .map(|(trace, last_seq)| ActiveRun {
+            trace_id: trace.trace_id,
+            message_id: trace.message_id,
+            status: trace.status,
+            last_seq,
+        })
+        .collect())
 }

@@ -113,6 +113,7 @@ impl From<ChatError> for AppError {
             ChatError::Invalid { field, message } => AppError::validation(field, message),
             ChatError::TooLarge { field, message } => AppError::PayloadTooLarge { field: Some(field.into()), message },
             ChatError::NotFound { field, message } => AppError::NotFound { field: Some(field.into()), message },
+            ChatError::Conflict(message) => AppError::Conflict(message),
             ChatError::Unavailable(message) => AppError::Unavailable(message),
             ChatError::Busy { message, retry_after } => AppError::RateLimited { message, retry_after },
             ChatError::Store(e) => e.into(),

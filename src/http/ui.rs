@@ -49,6 +49,9 @@ pub struct UiChatBody {
     /// Tools the client runs (`onToolCall`), as in `POST /api/chat/stream` (CONTRACT.md §15).
     #[serde(default)]
     client_tools: Vec<crate::chat::request::ClientTool>,
+    /// What the message does while a run of the chat is going (CONTRACT.md §16).
+    #[serde(default)]
+    multitask: Option<crate::config::Multitask>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
@@ -120,6 +123,7 @@ impl UiChatBody {
             context: self.context,
             client_tools: self.client_tools,
             attachments,
+            multitask: self.multitask,
         })
     }
 }

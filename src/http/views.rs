@@ -7,7 +7,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 pub use crate::chat::ChatRequest;
-pub use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Trace};
+pub use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Trace, TraceStatus};
 pub use crate::events::{Event, LoggedEvent};
 
 /// Every error outside a stream (CONTRACT.md §1).
@@ -60,6 +60,20 @@ pub struct ConversationView {
     pub messages: Vec<Message>,
     /// What context trimming kept, if it trimmed.
     pub context_state: Option<ContextState>,
+    /// The conversation's runs still going (running, or waiting: CONTRACT.md §15), oldest
+    /// first: follow one with `GET /api/chat/stream/{trace_id}` after `last_seq`.
+    pub active_runs: Vec<ActiveRun>,
+}
+
+/// A run still going, on load (CONTRACT.md §16).
+#[derive(Serialize, ToSchema)]
+pub struct ActiveRun {
+    pub trace_id: TraceId,
+    /// The answer it is writing.
+    pub message_id: MessageId,
+    pub status: TraceStatus,
+    /// The seq of its newest event so far.
+    pub last_seq: u64,
 }
 
 #[derive(Serialize, ToSchema)]

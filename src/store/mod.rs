@@ -263,6 +263,9 @@ pub trait Store: Send + Sync + 'static {
     async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
 
     async fn get_message(&self, user: &UserId, id: MessageId) -> Result<Message, StoreError>;
+    /// Deletes the user's answer `id` (a cancelled run's, rolled back: CONTRACT.md §16);
+    /// where it was the active branch's end, its question is.
+    async fn delete_answer(&self, user: &UserId, id: MessageId) -> Result<(), StoreError>;
     /// Makes `leaf` the end of the conversation's active branch.
     async fn set_active_leaf(
         &self,

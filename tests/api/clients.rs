@@ -269,7 +269,8 @@ both_backends! {
         for round in 0..5 {
             let chat = format!("twice-{round}");
             let post = |text: &'static str| {
-                let body = json!({"id": chat, "messages": [user_message(text, text)]});
+                // The second, finding the first running, interrupts it (rather than the default 409).
+                let body = json!({"id": chat, "messages": [user_message(text, text)], "multitask": "interrupt"});
                 ui_chat(&app, "ann", body)
             };
             let (one, two) = tokio::join!(post("one"), post("two"));

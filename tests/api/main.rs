@@ -16,6 +16,7 @@ mod features;
 mod files;
 mod idempotency;
 mod mcp;
+mod multitask;
 mod openapi;
 mod providers;
 mod readme;

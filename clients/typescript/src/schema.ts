@@ -510,6 +510,22 @@ export interface components {
             /** @description Always `accepted`. */
             status: string;
         };
+        /** @description A run still going, on load (CONTRACT.md §16). */
+        ActiveRun: {
+            /** Format: uuid */
+            trace_id: string;
+            /**
+             * Format: uuid
+             * @description The answer it is writing.
+             */
+            message_id: string;
+            status: components["schemas"]["TraceStatus"];
+            /**
+             * Format: int64
+             * @description The seq of its newest event so far.
+             */
+            last_seq: number;
+        };
         AguiContext: {
             description: string;
             value: string;
@@ -626,6 +642,7 @@ export interface components {
             client_tools?: components["schemas"]["ClientTool"][];
             /** @description Files the message carries (CONTRACT.md §14). */
             attachments?: components["schemas"]["AttachmentRef"][];
+            multitask?: null | components["schemas"]["Multitask"];
         };
         /** @description A tool the frontend runs, as a request declares it. */
         ClientTool: {
@@ -773,6 +790,11 @@ export interface components {
         ConversationView: components["schemas"]["Conversation"] & {
             messages: components["schemas"]["Message"][];
             context_state?: null | components["schemas"]["ContextState"];
+            /**
+             * @description The conversation's runs still going (running, or waiting: CONTRACT.md §15), oldest
+             *     first: follow one with `GET /api/chat/stream/{trace_id}` after `last_seq`.
+             */
+            active_runs: components["schemas"]["ActiveRun"][];
         };
         Decided: {
             /** Format: uuid */
@@ -1107,6 +1129,11 @@ export interface components {
             /** Format: date-time */
             created_at: string;
         };
+        /**
+         * @description What a new message does while a run of the same conversation is going (CONTRACT.md §16).
+         * @enum {string}
+         */
+        Multitask: "reject" | "enqueue" | "interrupt" | "rollback";
         /**
          * @description A vote on an A/B comparison.
          * @enum {string}
@@ -1494,6 +1521,7 @@ export interface components {
             context?: unknown;
             /** @description Tools the client runs (`onToolCall`), as in `POST /api/chat/stream` (CONTRACT.md §15). */
             client_tools?: components["schemas"]["ClientTool"][];
+            multitask?: null | components["schemas"]["Multitask"];
         };
         /** @description A `UIMessage` of the AI SDK: only its id, role and parts are read. */
         UiMessage: {

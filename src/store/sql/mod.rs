@@ -161,6 +161,8 @@ where
     for<'r> (String,): FromRow<'r, Row<B>>,
     for<'r> FileRow: FromRow<'r, Row<B>>,
     for<'r> (String, TraceId, DateTime<Utc>): FromRow<'r, Row<B>>,
+    for<'r> (Uuid, Option<Uuid>): FromRow<'r, Row<B>>,
+    for<'q> Option<Uuid>: Encode<'q, B::Db>,
 {
     fn is_shared(&self) -> bool {
         B::SHARED
@@ -444,6 +446,33 @@ where
         let sql = format!("select {MESSAGE_COLUMNS} from messages where id = $1 and user_id = $2");
         let row: Option<MessageRow> = sqlx::query_as(&sql).bind(id).bind(user).fetch_optional(self.pool()).await?;
         row.ok_or(StoreError::NotFound)?.try_into()
+    }
+
+    async fn delete_answer(&self, user: &UserId, id: MessageId) -> Result<(), StoreError> {
+        write(self, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(&mut *conn, B::BEGIN_WRITE).await?;
+            let found: Option<(Uuid, Option<Uuid>)> = sqlx::query_as(
+                "select conversation_id, parent_id from messages where id = $1 and user_id = $2 and role = 'assistant'",
+            )
+            .bind(id)
+            .bind(user)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some((conversation, parent)) = found else { return Err(StoreError::NotFound) };
+            sqlx::query("delete from messages where id = $1").bind(id).execute(&mut *tx).await?;
+            sqlx::query(
+                "update conversations set message_count = message_count - 1, \
+                 active_leaf_id = case when active_leaf_id = $2 then $3 else active_leaf_id end where id = $1",
+            )
+            .bind(conversation)
+            .bind(id)
+            .bind(parent)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn set_active_leaf(
