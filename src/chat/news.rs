@@ -2,7 +2,7 @@
 //! not run itself: a follower of another replica's run reads its log again when told that it
 //! grew, a cancel learns that the run it asked to stop has ended. Nothing here polls.
 
-use crate::ids::TraceId;
+use crate::ids::{ConversationId, TraceId};
 use tokio::sync::broadcast;
 
 use crate::store::Notice;
@@ -33,6 +33,35 @@ impl RunNews {
     /// a waiter that watches before it reads misses none.
     pub fn watch(&self, trace_id: TraceId) -> Watch {
         Watch { trace_id, receiver: self.sender.subscribe() }
+    }
+}
+
+impl RunNews {
+    /// Starts listening for runs that start in `conversation_id`, as [`watch`](Self::watch)
+    /// does for a run's log.
+    pub fn watch_conversation(&self, conversation_id: ConversationId) -> ConversationWatch {
+        ConversationWatch { conversation_id, receiver: self.sender.subscribe() }
+    }
+}
+
+/// News of the runs that start in one conversation.
+pub struct ConversationWatch {
+    conversation_id: ConversationId,
+    receiver: broadcast::Receiver<Notice>,
+}
+
+impl ConversationWatch {
+    /// Returns the run of the conversation that started, or `None` where news may have been
+    /// missed (read the conversation's runs again).
+    pub async fn changed(&mut self) -> Option<TraceId> {
+        loop {
+            match self.receiver.recv().await {
+                Ok(Notice::Started(id, trace_id)) if id == self.conversation_id => return Some(trace_id),
+                Ok(Notice::Missed) | Err(broadcast::error::RecvError::Lagged(_)) => return None,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+            }
+        }
     }
 }
 

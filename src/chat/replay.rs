@@ -208,6 +208,62 @@ impl Core {
         }
     }
 
+    /// Everything that happens in a conversation (CONTRACT.md §16): each run that is going,
+    /// from its first event, and each run that starts later, tagged with its trace id, until
+    /// the listener leaves. Runs that overlap (an A/B pair) interleave as their events come.
+    pub fn follow_conversation(
+        &self,
+        user: &UserId,
+        conversation_id: crate::ids::ConversationId,
+    ) -> impl Stream<Item = (TraceId, Frame)> + Send + 'static {
+        let (core, user) = (self.clone(), user.clone());
+        async_stream::stream! {
+            let mut followed = std::collections::HashSet::new();
+            let mut runs = futures_util::stream::SelectAll::new();
+            // Watching before reading: a run that starts meanwhile is not missed.
+            let mut started = core.news.watch_conversation(conversation_id);
+            // The runs going now; then each run told to have started (however short), and
+            // the going ones again whenever news may have been missed.
+            loop {
+                match core.store.running_in_conversation(&user, conversation_id).await {
+                    Ok(traces) => {
+                        for trace in traces {
+                            let trace_id = trace.trace_id;
+                            if followed.insert(trace_id) {
+                                runs.push(core.follow(trace, 0, true).map(move |frame| (trace_id, frame)).boxed());
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, %conversation_id, "could not read a followed conversation's runs");
+                        return;
+                    }
+                }
+                loop {
+                    let next = tokio::select! {
+                        item = runs.next(), if !runs.is_empty() => Ok(item),
+                        news = started.changed() => Err(news),
+                    };
+                    match next {
+                        Ok(Some(item)) => yield item,
+                        // Every run followed so far has ended: wait for the next.
+                        Ok(None) => {}
+                        Err(Some(trace_id)) => {
+                            if !followed.insert(trace_id) {
+                                continue;
+                            }
+                            match core.store.get_trace(&user, trace_id).await {
+                                Ok(trace) => runs.push(core.follow(trace, 0, true).map(move |frame| (trace_id, frame)).boxed()),
+                                Err(e) => tracing::warn!(error = %e, %trace_id, "could not read a started run's trace"),
+                            }
+                        }
+                        Err(None) => break,
+                    }
+                }
+            }
+        }
+    }
+
     /// The user's runs of a conversation that are going (CONTRACT.md §16), oldest first,
     /// each with the seq of its newest event: live where it runs here, else as logged.
     pub async fn active_runs(

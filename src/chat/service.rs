@@ -24,7 +24,7 @@ use crate::domain::{Comparison, Trace, now};
 use crate::files::Files;
 use crate::ids::{ComparisonId, UserId};
 use crate::providers::Providers;
-use crate::store::{RunStart, Store, StoreError};
+use crate::store::{Notice, RunStart, Store, StoreError};
 use crate::tools::Registry;
 
 /// What a request that may repeat an earlier one started.
@@ -279,6 +279,21 @@ impl ChatService {
             agent::announce(&plan, &mut emitter);
             tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone(), agent::Start::Fresh));
             runs.push(run);
+        }
+        // Whoever follows the conversation (CONTRACT.md §16) looks again: here, and on the
+        // other replicas.
+        let conversation_id = start.user_message.conversation_id;
+        for run in &runs {
+            let started = Notice::Started(conversation_id, run.trace_id);
+            self.news.tell(started);
+            if self.store.is_shared() {
+                let store = self.store.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = store.notify(started).await {
+                        tracing::warn!(error = %e, "could not tell the other replicas that a run started");
+                    }
+                });
+            }
         }
         if start.new_conversation.is_some() && self.settings.chat.refine_titles {
             if let Some(run) = runs.first() {

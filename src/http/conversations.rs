@@ -20,6 +20,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/conversations", get(list).post(create))
         .route("/api/conversations/{id}", get(load).patch(patch).delete(delete))
+        .route("/api/conversations/{id}/stream", get(stream))
         .route("/api/messages/{id}/feedback", put(feedback))
         .route("/api/messages/{id}/siblings", get(siblings))
         .route("/api/messages/{id}/activate", axum::routing::post(activate))
@@ -236,4 +237,14 @@ async fn active_runs(state: &AppState, user: &UserId, id: ConversationId) -> Res
             last_seq,
         })
         .collect())
+}
+
+#[utoipa::path(get, operation_id = "conversation_stream", path = "/api/conversations/{id}/stream", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 200, description = "Every run of the conversation as SSE: the going ones from their first event, then each that starts, every event with its `trace_id` and `seq` (`id: <trace_id>:<seq>`), keep-alives between, until the client leaves", content_type = "text/event-stream", body = SseFrame), Refused, Missing))]
+async fn stream(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    IdPath(id): IdPath<ConversationId>,
+) -> Result<axum::response::Response, AppError> {
+    state.store.get_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
+    Ok(super::sse::sse(&state, state.chat.follow_conversation(&user, id), super::sse::Conversational))
 }

@@ -14,7 +14,7 @@ use super::views::{ErrorBody, Event, LegacyEvent};
         super::chat::stream, super::chat::resume, super::chat::cancel,
         super::conversations::list, super::conversations::create, super::conversations::load,
         super::conversations::patch, super::conversations::delete, super::conversations::feedback,
-        super::conversations::siblings, super::conversations::activate,
+        super::conversations::siblings, super::conversations::activate, super::conversations::stream,
         super::traces::by_id, super::traces::by_message,
         super::ab::stream, super::ab::show, super::ab::vote, super::ab::change_vote, super::ab::leaderboard,
         super::legacy::stream, super::legacy::load, super::legacy::list,

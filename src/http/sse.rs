@@ -70,6 +70,29 @@ impl Encoder for Native {
     }
 }
 
+/// Every run of a conversation (CONTRACT.md §16): each event as the native stream has it,
+/// with its run's `trace_id` and `seq` added, and `id: <trace_id>:<seq>`.
+pub struct Conversational;
+
+impl Encoder for Conversational {
+    type Item = (crate::ids::TraceId, Frame);
+
+    fn encode(&mut self, (trace_id, frame): &Self::Item, out: &mut String) {
+        let Ok(serde_json::Value::Object(mut event)) = serde_json::from_str::<serde_json::Value>(&frame.data) else {
+            return;
+        };
+        event.insert("trace_id".into(), serde_json::Value::String(trace_id.to_string()));
+        event.insert("seq".into(), frame.seq.into());
+        out.push_str("id: ");
+        out.push_str(&trace_id.to_string());
+        out.push(':');
+        out.push_str(itoa::Buffer::new().format(frame.seq));
+        out.push_str("\ndata: ");
+        out.push_str(&serde_json::to_string(&event).expect("events always serialize"));
+        out.push_str("\n\n");
+    }
+}
+
 /// The legacy vocabulary (CONTRACT.md §11), numbered as the run's events are.
 #[derive(Default)]
 pub struct Legacy(ToLegacy);

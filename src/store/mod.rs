@@ -341,6 +341,8 @@ pub enum Notice {
     Cancel(TraceId),
     /// The run's log grew, or the run ended: whoever follows it reads again.
     Logged(TraceId),
+    /// A run of this conversation started: whoever follows the conversation follows it.
+    Started(ConversationId, TraceId),
     /// The listener lost its connection and may have missed notices: read again.
     Missed,
 }

@@ -14,7 +14,7 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 use super::sql::Backend;
 use super::{NewEvent, Notice, StoreError};
 use crate::events::LoggedEvent;
-use crate::ids::TraceId;
+use crate::ids::{ConversationId, TraceId};
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -54,6 +54,8 @@ const LOG_ROWS_PER_TRANSACTION: usize = 1000;
 const CANCEL_CHANNEL: &str = "chatd_cancel";
 /// Where a run's log growing, or its end, is told.
 const LOG_CHANNEL: &str = "chatd_log";
+/// A run started (CONTRACT.md §16): the payload is its conversation's id and its trace id.
+const START_CHANNEL: &str = "chatd_start";
 
 impl Backend for PostgresStore {
     type Db = Postgres;
@@ -145,12 +147,13 @@ impl Backend for PostgresStore {
     }
 
     async fn tell(&self, notice: Notice) -> Result<(), StoreError> {
-        let (channel, trace_id) = match notice {
-            Notice::Cancel(trace_id) => (CANCEL_CHANNEL, trace_id),
-            Notice::Logged(trace_id) => (LOG_CHANNEL, trace_id),
+        let (channel, id) = match notice {
+            Notice::Cancel(trace_id) => (CANCEL_CHANNEL, trace_id.to_string()),
+            Notice::Logged(trace_id) => (LOG_CHANNEL, trace_id.to_string()),
+            Notice::Started(conversation_id, trace_id) => (START_CHANNEL, format!("{conversation_id} {trace_id}")),
             Notice::Missed => return Ok(()),
         };
-        sqlx::query("select pg_notify($1, $2)").bind(channel).bind(trace_id.to_string()).execute(&self.pool).await?;
+        sqlx::query("select pg_notify($1, $2)").bind(channel).bind(id).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -159,17 +162,20 @@ impl Backend for PostgresStore {
     /// the caller's timeout; a follower reads its log again).
     async fn listen(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL]).await?;
+        listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL, START_CHANNEL]).await?;
         let notices = listener.into_stream().filter_map(|notification| async move {
             match notification {
-                Ok(n) => {
-                    let trace_id = TraceId::parse(n.payload()).ok()?;
-                    Some(if n.channel() == CANCEL_CHANNEL {
-                        Notice::Cancel(trace_id)
-                    } else {
-                        Notice::Logged(trace_id)
-                    })
-                }
+                Ok(n) => match n.channel() {
+                    CANCEL_CHANNEL => TraceId::parse(n.payload()).ok().map(Notice::Cancel),
+                    LOG_CHANNEL => TraceId::parse(n.payload()).ok().map(Notice::Logged),
+                    _ => {
+                        let (conversation_id, trace_id) = n.payload().split_once(' ')?;
+                        Some(Notice::Started(
+                            ConversationId::parse(conversation_id).ok()?,
+                            TraceId::parse(trace_id).ok()?,
+                        ))
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "notice listener lost its connection; reconnecting");
                     Some(Notice::Missed)

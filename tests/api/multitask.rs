@@ -124,3 +124,109 @@ both_backends! {
         drop(third);
     }
 }
+
+/// A conversation's stream (`GET /api/conversations/{id}/stream`), read event by event.
+struct ConversationStream {
+    events: std::pin::Pin<Box<dyn futures_util::Stream<Item = (String, Value)> + Send>>,
+}
+
+impl ConversationStream {
+    async fn open(app: &TestApp, conversation: &str) -> Self {
+        use eventsource_stream::Eventsource;
+        use futures_util::StreamExt;
+        let response = app
+            .client
+            .get(app.url(&format!("/api/conversations/{conversation}/stream")))
+            .header("x-client-id", "ann")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let events = response
+            .bytes_stream()
+            .eventsource()
+            .map(|e| e.expect("well-formed SSE"))
+            .map(|e| (e.id, serde_json::from_str(&e.data).expect("JSON data")));
+        Self { events: Box::pin(events) }
+    }
+
+    /// The events up to and with the `done` of the next run that ends.
+    async fn next_run(&mut self) -> Vec<(String, Value)> {
+        use futures_util::StreamExt;
+        let mut run = Vec::new();
+        loop {
+            let event = tokio::time::timeout(std::time::Duration::from_secs(20), self.events.next())
+                .await
+                .expect("an event within 20 s")
+                .expect("the stream goes on");
+            let done = event.1["type"] == "done";
+            run.push(event);
+            if done {
+                return run;
+            }
+        }
+    }
+}
+
+/// Checks a run's events as the conversation stream gave them: one run, from its `start`
+/// (seq 1) to its `done`, numbered without a gap, each tagged with the run.
+fn one_whole_run(events: &[(String, Value)]) -> String {
+    let trace_id = events[0].1["trace_id"].as_str().unwrap().to_owned();
+    assert_eq!(events[0].1["type"], "start");
+    for (i, (id, event)) in events.iter().enumerate() {
+        assert_eq!(event["trace_id"], trace_id.as_str());
+        assert_eq!(event["seq"], i as u64 + 1);
+        assert_eq!(id, &format!("{trace_id}:{}", i + 1));
+    }
+    trace_id
+}
+
+both_backends! {
+    async fn a_conversation_stream_shows_every_run_of_the_conversation_as_it_goes(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let first = app.chat("ann", json!({"message": "hello"})).await;
+        let conversation = first[0].data["conversation_id"].as_str().unwrap().to_owned();
+        let mut tab = ConversationStream::open(&app, &conversation).await;
+        // Another tab sends; this one sees the run whole.
+        let sent = app.chat("ann", json!({"message": "from the other tab [mock:words=12]", "conversation_id": conversation})).await;
+        let seen = tab.next_run().await;
+        assert_eq!(one_whole_run(&seen), sent[0].data["trace_id"].as_str().unwrap());
+        let texts: Vec<Value> = seen.iter().map(|(_, e)| e.clone()).filter(|e| e["type"] == "text_delta").collect();
+        assert_eq!(texts.iter().map(|e| e["text"].as_str().unwrap()).collect::<String>(), joined(&sent, "text_delta"));
+        // A run that is going when a tab opens the stream: from its first event.
+        let mut going = crate::runs::start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
+        going.until("text_delta").await;
+        let mut late = ConversationStream::open(&app, &conversation).await;
+        let (_, cancelled) = app.post("/api/cancel_stream", "ann", json!({"conversation_id": conversation})).await;
+        assert_eq!(cancelled["status"], "cancelled");
+        let seen = late.next_run().await;
+        assert_eq!(one_whole_run(&seen), going.seen()[0].data["trace_id"].as_str().unwrap());
+        assert!(seen.iter().any(|(_, e)| e["type"] == "cancelled"));
+        // And the first tab sees it too, after the one before.
+        assert_eq!(one_whole_run(&tab.next_run().await), going.seen()[0].data["trace_id"].as_str().unwrap());
+        // Another user's conversation is not found.
+        let (status, _) = app.get(&format!("/api/conversations/{conversation}/stream"), "bob").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+}
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_conversation_stream_on_one_replica_shows_a_run_started_on_another() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let a = TestApp::on(&db.url, "[stream]\nflush_interval_ms = 20").await;
+    let b = TestApp::on(&db.url, "[stream]\nflush_interval_ms = 20").await;
+    let first = a.chat("ann", json!({"message": "hello"})).await;
+    let conversation = first[0].data["conversation_id"].as_str().unwrap().to_owned();
+    let mut tab = ConversationStream::open(&a, &conversation).await;
+    for round in 0..3 {
+        let sent = b
+            .chat("ann", json!({"message": format!("round {round} [mock:words=8]"), "conversation_id": conversation}))
+            .await;
+        let seen = tab.next_run().await;
+        assert_eq!(one_whole_run(&seen), sent[0].data["trace_id"].as_str().unwrap(), "round {round}");
+        let kinds: Vec<&str> = seen.iter().map(|(_, e)| e["type"].as_str().unwrap()).collect();
+        let sent_kinds: Vec<&str> = sent.iter().map(Frame::kind).collect();
+        assert_eq!(kinds, sent_kinds, "round {round}: the same events");
+    }
+}
