@@ -106,6 +106,17 @@ export const api = {
     yield* events(await send("POST", path, body, { accept: "text/event-stream" }, signal), signal);
   },
 
+  /**
+   * GET /api/conversations/{id}/stream: every run of the conversation, the going ones from
+   * their first event, then each that starts; each event carries its `trace_id` and `seq`.
+   */
+  async *watch(conversationId, signal, onOpen) {
+    const extra = { accept: "text/event-stream" };
+    const response = await send("GET", `/api/conversations/${conversationId}/stream`, undefined, extra, signal);
+    onOpen?.();
+    yield* events(response, signal);
+  },
+
   /** GET /api/chat/stream/{trace_id}: the events after `after`, then the live ones. */
   async *resume(traceId, after, signal) {
     const extra = { accept: "text/event-stream", "last-event-id": String(after) };
@@ -158,5 +169,7 @@ export function parseFrame(text) {
     else if (field === "data") data.push(value);
   }
   if (data.length === 0) return null;
-  return { ...JSON.parse(data.join("\n")), seq: Number(id ?? 0) };
+  // A conversation's stream names each event `<trace_id>:<seq>`; a run's own stream `<seq>`.
+  const seq = id?.includes(":") ? id.slice(id.lastIndexOf(":") + 1) : id;
+  return { ...JSON.parse(data.join("\n")), seq: Number(seq ?? 0) };
 }

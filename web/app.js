@@ -5,7 +5,8 @@
 // GET /api/chat/stream/{trace_id} and Last-Event-ID. Errors show in the banner with the
 // contract's messages (the JSON envelope's `message`, or an `error` event's). Files chosen,
 // dropped or pasted are uploaded at once (POST /api/files) and go with the next message as
-// its attachments.
+// its attachments. While a conversation is open, GET /api/conversations/{id}/stream is
+// followed too: runs of it that another tab or client started show as they stream.
 
 import { api, ApiError, credentials } from "./api.js";
 import { AnswerView, describeFile, el, traceView, userBubble } from "./render.js";
@@ -15,8 +16,15 @@ const RUN_KEY = "chatd.run";
 
 const page = {
   conversationId: null,
-  /** The run being shown: {controller, view?, traceId?, cancel?, seq}. */
+  /**
+   * The run being shown: {controller, view?, traceId?, cancel?, seq, traces, expected}:
+   * `traces` its trace ids known so far, `expected` how many starts are still to come.
+   */
   run: null,
+  /** Trace ids of the runs this tab shows from its own streams: the conversation's stream skips them. */
+  mine: new Set(),
+  /** The conversation's stream followed: {id, controller, runs, held}. */
+  watch: null,
   leaving: false,
 };
 
@@ -342,6 +350,7 @@ async function remove(conversation) {
 
 function setConversation(id, title) {
   page.conversationId = id;
+  watch(id);
   history.replaceState(null, "", id ? `#/c/${id}` : location.pathname);
   if (title !== undefined) $("title").textContent = title;
   for (const item of document.querySelectorAll(".conv")) {
@@ -359,6 +368,7 @@ function drawer(open) {
 
 function newChat() {
   detach();
+  watch(null);
   setConversation(null, "New chat");
   $("messages").replaceChildren(el("p", { class: "empty" }, "Ask anything. Answers stream in as they are written."));
   $("input").focus();
@@ -366,6 +376,7 @@ function newChat() {
 
 async function openConversation(id) {
   detach();
+  watch(null); // opened afresh below: the messages are drawn anew
   let conversation;
   try {
     conversation = await api.conversation(id);
@@ -376,14 +387,22 @@ async function openConversation(id) {
   setConversation(id, conversation.title);
   const nodes = conversation.messages.map((message) =>
     message.role === "user"
-      ? userBubble(message.content, message.attachments ?? [], imageUrl)
+      ? storedUserBubble(message)
       : message.role === "assistant"
         ? AnswerView.fromMessage(hooks, message).node
         : null,
   );
   $("messages").replaceChildren(...nodes.filter(Boolean));
+  // Runs going as it loaded: the stream gives them whole, unless one ends before it opens.
+  if (page.watch?.id === id) page.watch.going = conversation.active_runs ?? [];
   scrollDown();
   return true;
+}
+
+function storedUserBubble(message) {
+  const bubble = userBubble(message.content, message.attachments ?? [], imageUrl);
+  if (message.id) bubble.dataset.messageId = message.id;
+  return bubble;
 }
 
 function addNode(node) {
@@ -409,9 +428,21 @@ function setBusy(busy) {
 function detach() {
   if (!page.run) return;
   page.run.controller.abort();
+  // Not shown by this tab any more: the conversation's stream may show it when it is opened again.
+  for (const traceId of page.run.traces ?? []) page.mine.delete(traceId);
   page.run = null;
   sessionStorage.removeItem(RUN_KEY);
   setBusy(false);
+  release(page.watch);
+}
+
+/** A run of this tab's own started: its events come on its own stream. */
+function ownStart(run, traceId) {
+  if (run.traces.has(traceId)) return;
+  run.traces.add(traceId);
+  page.mine.add(traceId);
+  run.expected = Math.max(0, run.expected - 1);
+  release(page.watch);
 }
 
 /** Keeps what a reload needs: at most every 200 ms, and always when the page goes. */
@@ -451,7 +482,7 @@ async function send(text, extra = {}, files = []) {
 async function chat(body, refusal) {
   const view = new AnswerView(hooks);
   addNode(view.node);
-  const run = { controller: new AbortController(), view, seq: 0 };
+  const run = { controller: new AbortController(), view, seq: 0, traces: new Set(), expected: 1 };
   await stream(run, api.stream("/api/chat/stream", body, run.controller.signal), refusal);
 }
 
@@ -469,6 +500,7 @@ async function stream(run, events, refusal) {
   const apply = (event) => {
     if (event.type === "start") {
       Object.assign(run, { traceId: event.trace_id, cancel: { trace_id: event.trace_id } });
+      ownStart(run, event.trace_id);
       const isNew = page.conversationId !== event.conversation_id;
       setConversation(event.conversation_id);
       if (isNew) loadConversations();
@@ -520,6 +552,7 @@ function finish(run) {
   page.run = null;
   sessionStorage.removeItem(RUN_KEY);
   setBusy(false);
+  release(page.watch);
   loadConversations();
 }
 
@@ -540,14 +573,142 @@ async function resumeSaved() {
   const saved = JSON.parse(sessionStorage.getItem(RUN_KEY) ?? "null");
   if (!saved) return false;
   sessionStorage.removeItem(RUN_KEY);
+  page.mine.add(saved.trace_id); // before the conversation's stream opens
   if (!(await openConversation(saved.conversation_id))) return true;
   if (document.querySelector(`.msg[data-message-id="${saved.message_id}"]`)) return true; // stored since
   const view = new AnswerView(hooks, saved.state);
   addNode(view.node);
   const run = { controller: new AbortController(), view, seq: saved.seq, traceId: saved.trace_id };
+  Object.assign(run, { traces: new Set([saved.trace_id]), expected: 0 });
   run.cancel = { trace_id: saved.trace_id };
   await stream(run, api.resume(saved.trace_id, saved.seq, run.controller.signal));
   return true;
+}
+
+// ---- the conversation's stream: runs other tabs started -----------------------------------
+
+/** Buttons of an answer another tab asked for: its page tools run there, not here. */
+const followHooks = { ...hooks, clientTool: null };
+
+/** Follows the conversation `id`'s stream (null: none); the one followed before is closed. */
+function watch(id) {
+  if (page.watch && page.watch.id === id) return;
+  page.watch?.controller.abort();
+  page.watch = null;
+  if (!id) return;
+  // runs: trace id → {view, seq} (view null: this tab's own run); held: events of runs that
+  // started while this tab's own start was still to come (they may be its own).
+  const w = { id, controller: new AbortController(), runs: new Map(), held: new Map() };
+  page.watch = w;
+  keepWatching(w);
+}
+
+/** Reads the stream; when the connection drops, opens it again (runs going replay from their start). */
+async function keepWatching(w) {
+  const { signal } = w.controller;
+  for (let failures = 0; !signal.aborted; ) {
+    try {
+      for await (const event of api.watch(w.id, signal, () => catchUp(w))) {
+        failures = 0;
+        watched(w, event);
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+      if (error instanceof ApiError && error.status !== 0) return; // gone (404), or not allowed
+    }
+    if (signal.aborted) return;
+    failures += 1;
+    await new Promise((resolve) => setTimeout(resolve, Math.min(30_000, 500 * 2 ** failures)));
+  }
+}
+
+/**
+ * Once the stream is open: a run that was going when the conversation loaded and ended before
+ * the stream opened is not in it, so its stored answer is shown instead.
+ */
+async function catchUp(w) {
+  const going = (w.going ?? []).filter((run) => !page.mine.has(run.trace_id));
+  w.going = [];
+  if (going.length === 0) return;
+  let conversation;
+  try {
+    conversation = await api.conversation(w.id);
+  } catch {
+    return;
+  }
+  const still = new Set((conversation.active_runs ?? []).map((run) => run.trace_id));
+  for (const run of going) {
+    if (page.watch !== w || still.has(run.trace_id) || w.runs.has(run.trace_id) || w.held.has(run.trace_id)) continue;
+    if ($("messages").querySelector(`.msg.assistant[data-message-id="${run.message_id}"]`)) continue;
+    const index = conversation.messages.findIndex((m) => m.id === run.message_id);
+    if (index < 0) continue;
+    const node = AnswerView.fromMessage(hooks, conversation.messages[index]).node;
+    const asked = conversation.messages[index - 1];
+    const question = asked && $("messages").querySelector(`.msg.user[data-message-id="${asked.id}"]`);
+    if (question) question.after(node);
+    else addNode(node);
+  }
+}
+
+/** One event of the conversation's stream: shown when its run is another tab's. */
+function watched(w, event) {
+  const traceId = event.trace_id;
+  if (!traceId || page.watch !== w) return;
+  const held = w.held.get(traceId);
+  if (held) return void held.push(event);
+  let entry = w.runs.get(traceId);
+  if (!entry) {
+    if (event.type !== "start") return; // its start was missed: not shown
+    if (page.mine.has(traceId)) return void w.runs.set(traceId, { view: null });
+    if (page.run?.expected > 0) return void w.held.set(traceId, [event]);
+    entry = followRun(w, event);
+  }
+  if (!entry.view || event.seq <= entry.seq) return; // this tab's own, or seen before a reconnect
+  entry.seq = event.seq;
+  entry.view.apply(event);
+  if (event.type === "done") loadConversations();
+  scrollDown();
+}
+
+/** Once this tab's own starts are known (or its run ended), the events held back are shown. */
+function release(w) {
+  if (!w || w.held.size === 0 || page.run?.expected > 0) return;
+  const held = [...w.held.values()];
+  w.held.clear();
+  for (const events of held) for (const event of events) watched(w, event);
+}
+
+/** A run another tab started: an answer that fills in as it streams, after its question. */
+function followRun(w, event) {
+  const view = new AnswerView(followHooks);
+  view.node.dataset.traceId = event.trace_id;
+  if (event.message_id) view.node.dataset.messageId = event.message_id;
+  // Opened while it ran: a stored copy of the answer (if any) gives way to the live one.
+  const stored = event.message_id && $("messages").querySelector(`.msg.assistant[data-message-id="${event.message_id}"]`);
+  if (stored) stored.replaceWith(view.node);
+  else addNode(view.node);
+  const entry = { view, seq: -Infinity };
+  w.runs.set(event.trace_id, entry);
+  showQuestion(w, event, view);
+  return entry;
+}
+
+/** The question of a run another tab started: the start doesn't carry it, the conversation does. */
+async function showQuestion(w, event, view) {
+  const shown = () =>
+    !event.user_message_id || document.querySelector(`.msg.user[data-message-id="${event.user_message_id}"]`);
+  if (shown()) return;
+  let conversation;
+  try {
+    conversation = await api.conversation(w.id);
+  } catch {
+    return; // the answer shows without it
+  }
+  if (page.watch !== w || !view.node.isConnected || shown()) return;
+  const message = conversation.messages.find((m) => m.id === event.user_message_id);
+  if (message) view.node.before(storedUserBubble(message));
+  $("title").textContent = conversation.title;
+  scrollDown();
 }
 
 // ---- A/B -------------------------------------------------------------------------------
@@ -564,7 +725,7 @@ async function compare(body, refusal) {
       votes,
     ),
   );
-  const run = { controller: new AbortController(), seq: 0 };
+  const run = { controller: new AbortController(), seq: 0, traces: new Set(), expected: 2 };
   page.run = run;
   setBusy(true);
   try {
@@ -576,6 +737,7 @@ async function compare(body, refusal) {
         heads.b.textContent = `B · ${event.b.model}`;
         setBusy(true);
       } else if (event.variant) {
+        if (event.type === "start") ownStart(run, event.trace_id);
         if (event.type === "start" && page.conversationId !== event.conversation_id) {
           setConversation(event.conversation_id);
         }
@@ -734,9 +896,11 @@ function wire() {
   window.addEventListener("pagehide", () => {
     saveRun(true);
     page.leaving = true;
+    watch(null);
   });
-  window.addEventListener("pageshow", () => {
+  window.addEventListener("pageshow", (event) => {
     page.leaving = false; // back from the back/forward cache
+    if (event.persisted) watch(page.conversationId);
   });
 }
 
