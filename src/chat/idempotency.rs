@@ -45,7 +45,7 @@ pub type KeyTurns = super::turns::Turns<(UserId, String)>;
 pub async fn keyed_run(store: &dyn Store, user: &UserId, key: &IdempotencyKey) -> Result<Option<Trace>, ChatError> {
     let Some(run) = store.keyed_run(user, &key.key).await? else { return Ok(None) };
     if now() - run.created_at > chrono::Duration::from_std(KEY_LIFETIME).expect("a day is a duration") {
-        store.forget_key(user, &key.key).await?;
+        store.forget_key(user, &key.key, run.trace_id).await?;
         return Ok(None);
     }
     if run.request_hash != key.request_hash {
@@ -58,7 +58,7 @@ pub async fn keyed_run(store: &dyn Store, user: &UserId, key: &IdempotencyKey) -
         Ok(trace) => Ok(Some(trace)),
         // Its conversation was deleted since: the key names nothing any more.
         Err(StoreError::NotFound) => {
-            store.forget_key(user, &key.key).await?;
+            store.forget_key(user, &key.key, run.trace_id).await?;
             Ok(None)
         }
         Err(e) => Err(e.into()),

@@ -222,10 +222,28 @@ impl Core {
             let mut runs = futures_util::stream::SelectAll::new();
             // Watching before reading: a run that starts meanwhile is not missed.
             let mut started = core.news.watch_conversation(conversation_id);
-            // The runs going now; then each run told to have started (however short), and
-            // the going ones again whenever news may have been missed.
+            // The runs going now; then each run told to have started (however short); and
+            // whenever news may have been missed, the going ones and those started since the
+            // last look (a second early: replicas' clocks differ).
+            let mut last_look = None;
             loop {
-                match core.store.running_in_conversation(&user, conversation_id).await {
+                let looked_at = crate::domain::now();
+                let traces = match last_look {
+                    None => core.store.running_in_conversation(&user, conversation_id).await,
+                    Some(since) => match core.store.running_in_conversation(&user, conversation_id).await {
+                        Ok(mut going) => core
+                            .store
+                            .runs_started_since(&user, conversation_id, since - chrono::Duration::seconds(1))
+                            .await
+                            .map(|started| {
+                                going.extend(started);
+                                going
+                            }),
+                        Err(e) => Err(e),
+                    },
+                };
+                last_look = Some(looked_at);
+                match traces {
                     Ok(traces) => {
                         for trace in traces {
                             let trace_id = trace.trace_id;
@@ -249,11 +267,14 @@ impl Core {
                         // Every run followed so far has ended: wait for the next.
                         Ok(None) => {}
                         Err(Some(trace_id)) => {
-                            if !followed.insert(trace_id) {
+                            if followed.contains(&trace_id) {
                                 continue;
                             }
                             match core.store.get_trace(&user, trace_id).await {
-                                Ok(trace) => runs.push(core.follow(trace, 0, true).map(move |frame| (trace_id, frame)).boxed()),
+                                Ok(trace) => {
+                                    followed.insert(trace_id);
+                                    runs.push(core.follow(trace, 0, true).map(move |frame| (trace_id, frame)).boxed());
+                                }
                                 Err(e) => tracing::warn!(error = %e, %trace_id, "could not read a started run's trace"),
                             }
                         }

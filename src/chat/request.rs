@@ -133,7 +133,6 @@ impl Core {
         // they are still starting (bounded by `tools.mcp_start_wait_secs`).
         self.tools.mcp().wait_started().await;
         let limit = self.settings.limits.max_concurrent_runs_per_user;
-        let reservation = self.runs.reserve(user, runs, limit).map_err(busy)?;
         let max = self.settings.limits.max_message_chars;
         if text.chars().count() > max {
             return Err(ChatError::TooLarge {
@@ -162,6 +161,8 @@ impl Core {
             Some(conversation) => Some(self.make_room(user, conversation, request).await?),
             None => None,
         };
+        // After making room: a run that an interrupt cancelled no longer counts.
+        let reservation = self.runs.reserve(user, runs, limit).map_err(busy)?;
         let history = match &existing {
             Some(conversation) => self.store.messages(user, conversation.id).await?,
             None => Vec::new(),
@@ -260,6 +261,13 @@ impl Core {
     ) -> Result<Conversation, ChatError> {
         let going = self.store.running_in_conversation(user, conversation.id).await?;
         let Some(last) = going.last() else { return Ok(conversation) };
+        // A repeat of a request whose run is the one going (its first try's client left
+        // before the answer; another replica): it gets that run, never refuses or stops it.
+        if let Some(key) = &request.idempotency_key {
+            if super::idempotency::keyed_run(&*self.store, user, key).await?.is_some() {
+                return Err(ChatError::Store(StoreError::KeyTaken));
+            }
+        }
         let rollback = match request.multitask.unwrap_or(self.settings.chat.multitask) {
             Multitask::Reject => {
                 return Err(ChatError::Conflict(format!(
@@ -279,8 +287,10 @@ impl Core {
         };
         for trace in &going {
             match self.cancel_run(user, trace).await {
-                // Ended meanwhile: there is room all the same.
-                Ok(()) | Err(ControlError::Ended(_) | ControlError::Missing(_)) => {}
+                Ok(()) => {}
+                // Ended meanwhile (completed, or stopped by another cancel): there is room
+                // all the same, and its answer is not this request's to delete.
+                Err(ControlError::Ended(_) | ControlError::Missing(_)) => continue,
                 Err(ControlError::Store(e)) => return Err(e.into()),
                 Err(e) => return Err(ChatError::Unavailable(e.to_string())),
             }

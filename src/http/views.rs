@@ -61,7 +61,8 @@ pub struct ConversationView {
     /// What context trimming kept, if it trimmed.
     pub context_state: Option<ContextState>,
     /// The conversation's runs still going (running, or waiting: CONTRACT.md §15), oldest
-    /// first: follow one with `GET /api/chat/stream/{trace_id}` after `last_seq`.
+    /// first. Their answers are not among the messages yet: follow one from its start with
+    /// `GET /api/chat/stream/{trace_id}` (or after `last_seq`, to hear only what is new).
     pub active_runs: Vec<ActiveRun>,
 }
 

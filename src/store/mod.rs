@@ -224,8 +224,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// The run the user's idempotency key started, if it started one.
     async fn keyed_run(&self, user: &UserId, key: &str) -> Result<Option<KeyedRun>, StoreError>;
-    /// Forgets the user's key (it expired, or its run is gone).
-    async fn forget_key(&self, user: &UserId, key: &str) -> Result<(), StoreError>;
+    /// Forgets the user's key if it still names `trace_id` (it expired, or its run is gone):
+    /// a key another request took meanwhile stays.
+    async fn forget_key(&self, user: &UserId, key: &str, trace_id: TraceId) -> Result<(), StoreError>;
+    /// The user's runs of a conversation started at or after `since`, whatever their state,
+    /// oldest first.
+    async fn runs_started_since(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<Trace>, StoreError>;
     /// Forgets every key recorded before `before`.
     async fn forget_keys_before(&self, before: DateTime<Utc>) -> Result<(), StoreError>;
 

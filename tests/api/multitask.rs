@@ -230,3 +230,77 @@ async fn a_conversation_stream_on_one_replica_shows_a_run_started_on_another() {
         assert_eq!(kinds, sent_kinds, "round {round}: the same events");
     }
 }
+
+both_backends! {
+    async fn an_interrupt_at_the_run_limit_goes_and_a_keyed_retry_of_the_going_run_gets_it(backend: Backend) {
+        let app = TestApp::spawn(backend, "[limits]\nmax_concurrent_runs_per_user = 1").await;
+        let mut first = start(&app, "ann", json!({"message": SLOW})).await;
+        first.until("text_delta").await;
+        let conversation = first.seen()[0].data["conversation_id"].as_str().unwrap().to_owned();
+        // The run it cancels does not count against the limit of one.
+        let second = app
+            .chat("ann", json!({"message": "Stop [mock:words=3]", "conversation_id": conversation, "multitask": "interrupt"}))
+            .await;
+        assert_eq!(terminal_kinds(&second), ["complete"]);
+        assert_eq!(terminal_kinds(&first.rest().await), ["cancelled"]);
+
+        // A retry of the request whose run is going gets that run: no 409, nothing stopped.
+        let body = json!({"message": SLOW, "conversation_id": conversation});
+        let response = app
+            .client
+            .post(app.url("/api/chat/stream"))
+            .header("x-client-id", "ann")
+            .header("idempotency-key", "retry-me")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let mut going = crate::runs::Live::open(response).await;
+        going.until("text_delta").await;
+        let retry = app
+            .client
+            .post(app.url("/api/chat/stream"))
+            .header("x-client-id", "ann")
+            .header("idempotency-key", "retry-me")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(retry.status(), StatusCode::OK);
+        let mut again = crate::runs::Live::open(retry).await;
+        assert_eq!(again.until("start").await.data["trace_id"], going.seen()[0].data["trace_id"]);
+        let (_, cancelled) = app.post("/api/cancel_stream", "ann", json!({"conversation_id": conversation})).await;
+        assert_eq!(cancelled["status"], "cancelled", "the run was still going: {cancelled}");
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_retry_sent_while_its_first_try_still_starts_is_the_same_run_never_a_409() {
+    // A server that never starts holds new runs for `mcp_start_wait_secs`: the first try's
+    // client gives up while its start waits there, and the retry comes while it still does.
+    let config = "[mcp_servers.hung]\ncommand = \"sleep\"\nargs = [\"600\"]\n[tools]\nmcp_start_wait_secs = 2\n";
+    let app = TestApp::spawn(Backend::Sqlite, config).await;
+    let (_, conversation) = app.post("/api/conversations", "ann", json!({"title": "retries"})).await;
+    let conversation = conversation["id"].as_str().unwrap().to_owned();
+    let body = json!({"message": SLOW, "conversation_id": conversation});
+    let send = || {
+        app.client
+            .post(app.url("/api/chat/stream"))
+            .header("x-client-id", "ann")
+            .header("idempotency-key", "flaky-network")
+            .json(&body)
+    };
+    let gave_up = send().timeout(std::time::Duration::from_millis(300)).send().await;
+    assert!(gave_up.is_err(), "the first try's client gives up before the start");
+    let retry = send().send().await.unwrap();
+    assert_eq!(retry.status(), StatusCode::OK, "a retry is never refused as a second message");
+    let mut retry = crate::runs::Live::open(retry).await;
+    let trace_id = retry.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
+    let during = loaded(&app, &conversation).await;
+    let active: Vec<&str> =
+        during["active_runs"].as_array().unwrap().iter().map(|r| r["trace_id"].as_str().unwrap()).collect();
+    assert_eq!(active, [trace_id.as_str()], "one run: {during}");
+    let (_, cancelled) = app.post("/api/cancel_stream", "ann", json!({"conversation_id": conversation})).await;
+    assert_eq!(cancelled["status"], "cancelled");
+    assert_eq!(terminal_kinds(&retry.rest().await), ["cancelled"]);
+}

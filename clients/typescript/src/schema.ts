@@ -808,7 +808,8 @@ export interface components {
             context_state?: null | components["schemas"]["ContextState"];
             /**
              * @description The conversation's runs still going (running, or waiting: CONTRACT.md §15), oldest
-             *     first: follow one with `GET /api/chat/stream/{trace_id}` after `last_seq`.
+             *     first. Their answers are not among the messages yet: follow one from its start with
+             *     `GET /api/chat/stream/{trace_id}` (or after `last_seq`, to hear only what is new).
              */
             active_runs: components["schemas"]["ActiveRun"][];
         };

@@ -335,16 +335,32 @@ where
         Ok(row.map(|(request_hash, trace_id, created_at)| KeyedRun { request_hash, trace_id, created_at }))
     }
 
-    async fn forget_key(&self, user: &UserId, key: &str) -> Result<(), StoreError> {
+    async fn forget_key(&self, user: &UserId, key: &str, trace_id: TraceId) -> Result<(), StoreError> {
         write(self, async |conn| {
-            sqlx::query("delete from idempotency_keys where user_id = $1 and key = $2")
+            sqlx::query("delete from idempotency_keys where user_id = $1 and key = $2 and trace_id = $3")
                 .bind(user)
                 .bind(key)
+                .bind(trace_id)
                 .execute(conn)
                 .await?;
             Ok(())
         })
         .await
+    }
+
+    async fn runs_started_since(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<Trace>, StoreError> {
+        let sql = format!(
+            "select {TRACE_COLUMNS} from traces where conversation_id = $1 and user_id = $2 and started_at >= $3 \
+             order by started_at, id"
+        );
+        let rows: Vec<TraceRow> =
+            sqlx::query_as(&sql).bind(conversation_id).bind(user).bind(since).fetch_all(self.pool()).await?;
+        rows.into_iter().map(Trace::try_from).collect()
     }
 
     async fn forget_keys_before(&self, before: DateTime<Utc>) -> Result<(), StoreError> {
