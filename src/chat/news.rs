@@ -54,14 +54,12 @@ impl ConversationWatch {
     /// Returns the run of the conversation that started, or `None` where news may have been
     /// missed (read the conversation's runs again).
     pub async fn changed(&mut self) -> Option<TraceId> {
-        loop {
-            match self.receiver.recv().await {
-                Ok(Notice::Started(id, trace_id)) if id == self.conversation_id => return Some(trace_id),
-                Ok(Notice::Missed) | Err(broadcast::error::RecvError::Lagged(_)) => return None,
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
-            }
-        }
+        let conversation_id = self.conversation_id;
+        next(&mut self.receiver, |notice| match notice {
+            Notice::Started(id, trace_id) if id == conversation_id => Some(trace_id),
+            _ => None,
+        })
+        .await
     }
 }
 
@@ -74,13 +72,23 @@ impl Watch {
     /// Returns once there is news of the run, or news may have been missed: either way, the
     /// waiter reads the run again. Never returns where no other process can tell anything.
     pub async fn changed(&mut self) {
-        loop {
-            match self.receiver.recv().await {
-                Ok(Notice::Logged(trace_id)) if trace_id == self.trace_id => return,
-                Ok(Notice::Missed) | Err(broadcast::error::RecvError::Lagged(_)) => return,
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+        let mine = self.trace_id;
+        next(&mut self.receiver, |notice| (notice == Notice::Logged(mine)).then_some(())).await;
+    }
+}
+
+/// The next notice `wanted` picks out (`Some`), or `None` once notices may have been missed.
+/// Never returns where no other process can tell anything.
+async fn next<T>(receiver: &mut broadcast::Receiver<Notice>, wanted: impl Fn(Notice) -> Option<T>) -> Option<T> {
+    loop {
+        match receiver.recv().await {
+            Ok(Notice::Missed) | Err(broadcast::error::RecvError::Lagged(_)) => return None,
+            Ok(notice) => {
+                if let Some(found) = wanted(notice) {
+                    return Some(found);
+                }
             }
+            Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
         }
     }
 }

@@ -102,17 +102,8 @@ impl ChatService {
     /// [`start`](Self::start), once per `Idempotency-Key` (CONTRACT.md §16): a request whose
     /// key started a run already gets that run's trace, to follow from its first event.
     pub async fn start_once(&self, user: &UserId, request: ChatRequest) -> Result<Started<Arc<LiveRun>>, ChatError> {
-        let Some(key) = request.idempotency_key.clone() else {
-            return self.start(user, request).await.map(Started::New);
-        };
-        let _turn = self.key_turns.take((user.clone(), key.key.clone())).await;
-        if let Some(trace) = idempotency::keyed_run(&*self.store, user, &key).await? {
-            return Ok(Started::Again(Box::new(trace)));
-        }
-        match self.start(user, request).await {
-            Err(ChatError::Store(StoreError::KeyTaken)) => again(self, user, &key).await,
-            started => started.map(Started::New),
-        }
+        let key = request.idempotency_key.clone();
+        self.once(user, key, self.start(user, request)).await
     }
 
     /// [`start_comparison`](Self::start_comparison), once per `Idempotency-Key`: a repeat
@@ -124,14 +115,24 @@ impl ChatService {
         profile_a: &str,
         profile_b: &str,
     ) -> Result<Started<(Comparison, Arc<LiveRun>, Arc<LiveRun>)>, ChatError> {
-        let Some(key) = request.idempotency_key.clone() else {
-            return self.start_comparison(user, request, profile_a, profile_b).await.map(Started::New);
-        };
+        let key = request.idempotency_key.clone();
+        self.once(user, key, self.start_comparison(user, request, profile_a, profile_b)).await
+    }
+
+    /// Runs `start` unless `key` names a run already (then that run); requests with one key
+    /// take turns, and a start that loses the key to another replica gets the winner's run.
+    async fn once<T>(
+        &self,
+        user: &UserId,
+        key: Option<IdempotencyKey>,
+        start: impl Future<Output = Result<T, ChatError>>,
+    ) -> Result<Started<T>, ChatError> {
+        let Some(key) = key else { return start.await.map(Started::New) };
         let _turn = self.key_turns.take((user.clone(), key.key.clone())).await;
         if let Some(trace) = idempotency::keyed_run(&*self.store, user, &key).await? {
             return Ok(Started::Again(Box::new(trace)));
         }
-        match self.start_comparison(user, request, profile_a, profile_b).await {
+        match start.await {
             Err(ChatError::Store(StoreError::KeyTaken)) => again(self, user, &key).await,
             started => started.map(Started::New),
         }

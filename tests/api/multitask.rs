@@ -11,6 +11,11 @@ use crate::runs::{start, terminal_kinds};
 
 const SLOW: &str = "A long one [mock:words=400] [mock:delay=15] [mock:think=off]";
 
+/// A chat request as `ann` with an `Idempotency-Key`, ready to send.
+fn keyed_post(app: &TestApp, key: &str, body: &Value) -> reqwest::RequestBuilder {
+    app.client.post(app.url("/api/chat/stream")).header("x-client-id", "ann").header("idempotency-key", key).json(body)
+}
+
 async fn loaded(app: &TestApp, conversation: &str) -> Value {
     app.get(&format!("/api/conversations/{conversation}"), "ann").await.1
 }
@@ -246,26 +251,10 @@ both_backends! {
 
         // A retry of the request whose run is going gets that run: no 409, nothing stopped.
         let body = json!({"message": SLOW, "conversation_id": conversation});
-        let response = app
-            .client
-            .post(app.url("/api/chat/stream"))
-            .header("x-client-id", "ann")
-            .header("idempotency-key", "retry-me")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let mut going = crate::runs::Live::open(response).await;
+        let keyed = || keyed_post(&app, "retry-me", &body);
+        let mut going = crate::runs::Live::open(keyed().send().await.unwrap()).await;
         going.until("text_delta").await;
-        let retry = app
-            .client
-            .post(app.url("/api/chat/stream"))
-            .header("x-client-id", "ann")
-            .header("idempotency-key", "retry-me")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let retry = keyed().send().await.unwrap();
         assert_eq!(retry.status(), StatusCode::OK);
         let mut again = crate::runs::Live::open(retry).await;
         assert_eq!(again.until("start").await.data["trace_id"], going.seen()[0].data["trace_id"]);
@@ -283,13 +272,7 @@ async fn a_keyed_retry_sent_while_its_first_try_still_starts_is_the_same_run_nev
     let (_, conversation) = app.post("/api/conversations", "ann", json!({"title": "retries"})).await;
     let conversation = conversation["id"].as_str().unwrap().to_owned();
     let body = json!({"message": SLOW, "conversation_id": conversation});
-    let send = || {
-        app.client
-            .post(app.url("/api/chat/stream"))
-            .header("x-client-id", "ann")
-            .header("idempotency-key", "flaky-network")
-            .json(&body)
-    };
+    let send = || keyed_post(&app, "flaky-network", &body);
     let gave_up = send().timeout(std::time::Duration::from_millis(300)).send().await;
     assert!(gave_up.is_err(), "the first try's client gives up before the start");
     let retry = send().send().await.unwrap();
