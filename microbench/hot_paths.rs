@@ -220,6 +220,8 @@ async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>,
             replica_id: "bench".into(),
             max_running: None,
             idempotency_key: None,
+            queued: None,
+            going_seen: None,
         };
         store.start_run(&start).await.expect("run starts");
     }

@@ -77,6 +77,10 @@ impl App {
         );
         // Approvals expire on time whoever was running when they were asked (CONTRACT.md §15).
         chat::waits::spawn_expiry((*chat).clone(), shutdown.clone());
+        // Queued runs whose process stopped are taken up (CONTRACT.md §16): before the first
+        // request, so that a client that follows one finds it here.
+        chat.adopt_queued().await;
+        chat::queue::spawn_keeper((*chat).clone(), shutdown.clone());
         lifecycle::spawn_background(
             store.clone(),
             runs,

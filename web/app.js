@@ -685,7 +685,11 @@ function followRun(w, event) {
   if (event.message_id) view.node.dataset.messageId = event.message_id;
   // Opened while it ran: a stored copy of the answer (if any) gives way to the live one.
   const stored = event.message_id && $("messages").querySelector(`.msg.assistant[data-message-id="${event.message_id}"]`);
+  // Right after its question where that shows: a message queued behind this run follows it.
+  const question =
+    event.user_message_id && $("messages").querySelector(`.msg.user[data-message-id="${event.user_message_id}"]`);
   if (stored) stored.replaceWith(view.node);
+  else if (question) question.after(view.node);
   else addNode(view.node);
   const entry = { view, seq: -Infinity };
   w.runs.set(event.trace_id, entry);

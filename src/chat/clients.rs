@@ -12,7 +12,7 @@ use super::idempotency::IdempotencyKey;
 use super::request::{ChatError, ChatRequest, ClientIds, InteractionType, not_found};
 use super::runs::LiveRun;
 use super::service::{ChatService, Started};
-use crate::domain::{Conversation, Message, Role, branch};
+use crate::domain::{Conversation, Message, Role};
 use crate::ids::{ConversationId, TraceId, UserId};
 use crate::store::StoreError;
 
@@ -171,7 +171,7 @@ impl Core {
     ) -> Result<(Vec<Message>, Vec<Message>), StoreError> {
         let Some(conversation) = conversation else { return Ok((Vec::new(), Vec::new())) };
         let history = self.store.messages(user, conversation.id).await?;
-        let active = branch(&history, conversation.active_leaf_id);
+        let active = self.active_branch(user, conversation, &history).await?;
         Ok((history, active))
     }
 }

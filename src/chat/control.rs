@@ -28,7 +28,8 @@ pub enum CancelTarget {
     Message(MessageId),
     /// Both sides of an A/B comparison.
     Comparison(ComparisonId),
-    /// Every run of the conversation that is running (CONTRACT.md §17).
+    /// Every run of the conversation that is going: running, waiting or queued (CONTRACT.md
+    /// §17).
     Conversation(ConversationId),
 }
 
@@ -88,6 +89,12 @@ impl From<StoreError> for ControlError {
 
 const ENDED: &str = "The run has already ended";
 
+/// Whether a run in this state is stopped through the process that holds it: running, or
+/// queued (CONTRACT.md §16). A waiting run is held by none; it is claimed to be stopped.
+fn stoppable(status: TraceStatus) -> bool {
+    matches!(status, TraceStatus::Running | TraceStatus::Queued)
+}
+
 impl Core {
     /// Cancels what `target` names, wherever it runs, and waits (bounded) to learn how it
     /// ended: a run that completed first was not cancelled, so exactly one terminal event
@@ -136,7 +143,8 @@ impl Core {
     ) -> Result<Cancelled, ControlError> {
         self.store.get_conversation(user, conversation_id).await.map_err(ControlError::missing("Conversation"))?;
         let mut runs = Vec::new();
-        for trace in self.store.running_in_conversation(user, conversation_id).await? {
+        // Newest first: a queued run must not start while the run ahead of it is stopped.
+        for trace in self.store.running_in_conversation(user, conversation_id).await?.into_iter().rev() {
             match self.cancel_run(user, &trace).await {
                 Ok(()) => runs.push((trace.trace_id, trace.message_id)),
                 Err(ControlError::Store(e)) => return Err(ControlError::Store(e)),
@@ -173,7 +181,7 @@ impl Core {
                 // A decision claimed it first: it runs now, somewhere.
                 status = self.store.get_trace(user, trace.trace_id).await?.status;
             }
-            if status != TraceStatus::Running {
+            if !stoppable(status) {
                 return Err(ControlError::Ended(ENDED));
             }
             let mut here = self.runs.get(trace.trace_id);
@@ -220,14 +228,14 @@ impl Core {
         // A run of this process leaves the registry only once its end is stored: one that
         // ended (cancelled by another request, say) since this cancel read it is over, not
         // elsewhere.
-        if self.store.get_trace(user, trace_id).await?.status != TraceStatus::Running {
+        if !stoppable(self.store.get_trace(user, trace_id).await?.status) {
             return Err(ControlError::Ended(ENDED));
         }
         self.store.notify(Notice::Cancel(trace_id)).await?;
         let ended = async {
             loop {
                 let status = self.store.get_trace(user, trace_id).await?.status;
-                if status != TraceStatus::Running {
+                if !stoppable(status) {
                     return Ok::<_, StoreError>(status);
                 }
                 news.changed().await;

@@ -29,6 +29,8 @@ pub struct Core {
     pub(super) replica_id: String,
     /// Set when the server drains for shutdown: no new runs.
     pub(super) draining: Arc<AtomicBool>,
+    /// Cancelled when the server drains: queued runs leave this process (CONTRACT.md §16).
+    pub(super) drained: tokio_util::sync::CancellationToken,
     /// What other processes tell of their runs.
     pub(super) news: RunNews,
     /// Attachments' bytes (CONTRACT.md §14).
@@ -61,10 +63,37 @@ impl Core {
     /// Refuses new runs from now on (shutdown).
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        self.drained.cancel();
     }
 
     /// Whether the server is shutting down (readiness says no meanwhile).
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
+}
+
+/// Runs `job` every `period` until `shutdown`, on a clone of `core`; not while the server
+/// drains.
+pub(super) fn every<F, Fut>(
+    core: Core,
+    period: std::time::Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+    job: F,
+) where
+    F: Fn(Core) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if !core.is_draining() {
+                job(core.clone()).await;
+            }
+        }
+    });
 }

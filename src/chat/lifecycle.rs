@@ -154,15 +154,17 @@ pub fn spawn_background(
 
 /// Drains for shutdown: no new runs; running ones get up to `grace` to finish; the rest
 /// are cancelled (and persist their partial answers); returns once all have ended or a
-/// last bounded wait passed.
+/// last bounded wait passed. Queued runs stay queued, in the store, for another replica or
+/// the next start to take up (CONTRACT.md §16).
 pub async fn drain(runs: &Runs, grace: Duration) {
+    let running = || runs.all().into_iter().filter(|run| !run.is_queued());
     let all_done = async {
-        for run in runs.all() {
+        for run in running() {
             run.finished().await;
         }
     };
     if tokio::time::timeout(grace, all_done).await.is_err() {
-        let left = runs.all();
+        let left: Vec<_> = running().collect();
         tracing::warn!(runs = left.len(), "grace period over; cancelling the remaining runs");
         for run in &left {
             run.cancel.cancel();
@@ -175,6 +177,7 @@ pub async fn drain(runs: &Runs, grace: Duration) {
         let _ = tokio::time::timeout(Duration::from_secs(10), cancelled).await;
     }
     // Runs leave the registry once their log is written; give the last ones that moment.
+    // (Queued runs leave as the drain begins: their logs too.)
     let logged = async {
         for run in runs.all() {
             run.logged().await;

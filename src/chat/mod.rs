@@ -20,6 +20,7 @@ pub mod news;
 pub mod payloads;
 mod plan;
 pub mod prompt;
+pub mod queue;
 pub mod replay;
 pub mod request;
 pub mod runs;

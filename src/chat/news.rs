@@ -44,6 +44,28 @@ impl RunNews {
     }
 }
 
+impl RunNews {
+    /// Starts listening for news of any run, for a waiter that learns only later which runs
+    /// it waits on (a queued run, CONTRACT.md §16).
+    pub fn watch_all(&self) -> RunsWatch {
+        RunsWatch { receiver: self.sender.subscribe() }
+    }
+}
+
+/// News of whichever runs a waiter names.
+pub struct RunsWatch {
+    receiver: broadcast::Receiver<Notice>,
+}
+
+impl RunsWatch {
+    /// Returns once there is news of one of `runs`, or news may have been missed. Never
+    /// returns where no other process can tell anything.
+    pub async fn changed(&mut self, runs: &[TraceId]) {
+        next(&mut self.receiver, |notice| matches!(notice, Notice::Logged(id) if runs.contains(&id)).then_some(()))
+            .await;
+    }
+}
+
 /// News of the runs that start in one conversation.
 pub struct ConversationWatch {
     conversation_id: ConversationId,

@@ -16,8 +16,8 @@ use super::payloads::LlmPayloadType;
 use super::prompt::{self, PromptParts};
 use super::request::{ChatError, ChatRequest, ClientTool, Prepared, not_found};
 use crate::config::{PayloadSource, ProfileSettings, ProviderKind};
-use crate::domain::Trace;
-use crate::ids::{ComparisonId, UserId};
+use crate::domain::{Message, Trace};
+use crate::ids::{ComparisonId, ConversationId, UserId};
 use crate::pages::{Location, PageScope};
 use crate::providers::{InputMessage, ModelRequest, ToolSpec};
 
@@ -36,13 +36,44 @@ pub(super) struct Side {
     pub(super) plan: RunPlan,
 }
 
+/// What a run is asked, as planning reads it: from a request being started, or from a
+/// queued run whose turn came (CONTRACT.md §16).
+pub(super) struct Ask<'a> {
+    pub(super) conversation_id: ConversationId,
+    pub(super) new_conversation: bool,
+    pub(super) system_prompt: Option<&'a str>,
+    /// The branch up to the question.
+    pub(super) earlier: &'a [Message],
+    pub(super) user_message: &'a Message,
+    pub(super) action_result: Option<&'a str>,
+    pub(super) context: Option<&'a Value>,
+    pub(super) client_tools: &'a [ClientTool],
+    pub(super) diagnostics: bool,
+}
+
+impl Prepared {
+    /// What `request`, checked as this, asks.
+    pub(super) fn ask<'a>(&'a self, request: &'a ChatRequest) -> Ask<'a> {
+        Ask {
+            conversation_id: self.conversation_id,
+            new_conversation: self.new_conversation.is_some(),
+            system_prompt: self.system_prompt.as_deref(),
+            earlier: &self.earlier,
+            user_message: &self.user_message,
+            action_result: self.action_result.as_deref(),
+            context: request.context.as_ref(),
+            client_tools: &request.client_tools,
+            diagnostics: request.diagnostics,
+        }
+    }
+}
+
 impl Core {
     /// One side of a request: the trace and the run plan for `profile_name`.
     pub(super) fn plan(
         &self,
         user: &UserId,
-        request: &ChatRequest,
-        turn: &Prepared,
+        turn: &Ask<'_>,
         profile_name: &str,
         comparison: Option<(ComparisonId, &str)>,
     ) -> Result<Side, ChatError> {
@@ -62,25 +93,25 @@ impl Core {
         let trace = Trace {
             comparison_id: comparison.map(|(id, _)| id),
             variant: comparison.map(|(_, v)| v.to_owned()),
-            ..Trace::start(user, &turn.user_message, &profile.model, profile_name)
+            ..Trace::start(user, turn.user_message, &profile.model, profile_name)
         };
         let Equipment { scope, tools, specs, gates, payload_types } =
-            self.equip(profile, request.context.as_ref(), &request.client_tools)?;
+            self.equip(profile, turn.context, turn.client_tools)?;
         let mut system_prompt = prompt::system_prompt(&PromptParts {
-            base: turn.system_prompt.as_deref().or(profile.system_prompt.as_deref()),
+            base: turn.system_prompt.or(profile.system_prompt.as_deref()),
             scope: &scope,
-            context: request.context.as_ref(),
-            history: &turn.earlier,
+            context: turn.context,
+            history: turn.earlier,
             tools: &specs,
             payload_types: &payload_types,
             actions: &self.settings.actions,
         });
-        if let Some(outcome) = &turn.action_result {
+        if let Some(outcome) = turn.action_result {
             system_prompt.push_str(&format!("\n\n## Action result\n{outcome}"));
         }
         let messages: Vec<InputMessage> =
-            turn.earlier.iter().chain([&turn.user_message]).filter_map(InputMessage::of).collect();
-        let diagnostics = (request.diagnostics && self.settings.chat.allow_diagnostics).then(|| {
+            turn.earlier.iter().chain([turn.user_message]).filter_map(InputMessage::of).collect();
+        let diagnostics = (turn.diagnostics && self.settings.chat.allow_diagnostics).then(|| {
             Box::new(Diagnostics {
                 model: profile.model.clone(),
                 max_tokens: profile.max_tokens,
@@ -91,10 +122,10 @@ impl Core {
                 messages: turn
                     .earlier
                     .iter()
-                    .chain([&turn.user_message])
+                    .chain([turn.user_message])
                     .map(|m| DiagnosticMessage { role: m.role, content: m.content.clone() })
                     .collect(),
-                context: request.context.clone(),
+                context: turn.context.cloned(),
                 raw_llm_response: String::new(),
             })
         });
@@ -124,18 +155,13 @@ impl Core {
             diagnostics,
             comparison: comparison.map(|(id, variant)| (id, variant.to_owned())),
             context_limit: profile.context_limit,
-            context: ContextKeeper::new(
-                self.store.clone(),
-                user,
-                turn.conversation_id,
-                turn.new_conversation.is_some(),
-            ),
+            context: ContextKeeper::new(self.store.clone(), user, turn.conversation_id, turn.new_conversation),
             summarize_dropped: self.settings.chat.summarize_dropped,
             user_id: user.clone(),
             gates,
             approval_timeout: self.approval_timeout(),
-            context_value: request.context.clone(),
-            client_tools: request.client_tools.clone(),
+            context_value: turn.context.cloned(),
+            client_tools: turn.client_tools.to_vec(),
             files: FileReader::new(self.files.clone(), user, profile.modalities.clone(), kind),
         };
         Ok(Side { trace, plan })

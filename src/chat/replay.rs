@@ -177,7 +177,7 @@ impl Core {
                 let told = match trace.status {
                     // Its process (or whoever continues it) tells when the log grows; a
                     // process that dies is found, and its run marked interrupted and told.
-                    TraceStatus::Running if core.store.is_shared() => {
+                    TraceStatus::Running | TraceStatus::Queued if core.store.is_shared() => {
                         news.changed().await;
                         true
                     }
@@ -314,7 +314,7 @@ impl Core {
 
 /// Whether a run in this state will send more.
 fn going_on(status: TraceStatus) -> bool {
-    matches!(status, TraceStatus::Running | TraceStatus::Waiting)
+    matches!(status, TraceStatus::Running | TraceStatus::Waiting | TraceStatus::Queued)
 }
 
 /// The seq of the run's logged `done`, if it has one.

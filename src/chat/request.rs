@@ -14,7 +14,7 @@ use super::core::Core;
 use super::runs::Reservation;
 use super::titles::title_from;
 use crate::config::Multitask;
-use crate::domain::{Conversation, Message, Role, branch};
+use crate::domain::{Conversation, Message, Role, Trace, branch};
 use crate::store::StoreError;
 
 /// The body of `POST /api/chat/stream` (CONTRACT.md §4).
@@ -140,6 +140,12 @@ impl Core {
                 message: format!("Message is longer than {max} characters"),
             });
         }
+        // One new message of a conversation at a time here: the second sees the first's run
+        // (and the conversation as the first left it).
+        let conversation_turn = match request.conversation_id {
+            Some(id) => Some(self.conversation_turns.take(id).await),
+            None => None,
+        };
         let existing = match request.conversation_id {
             Some(id) => Some(self.store.get_conversation(user, id).await.map_err(|e| match e {
                 StoreError::NotFound => not_found("conversation_id", "Conversation not found"),
@@ -152,14 +158,13 @@ impl Core {
                 return Err(not_found("profile", "Profile not found: GET /api/profiles lists the configured ones"));
             }
         }
-        // One new message of a conversation at a time here: the second sees the first's run.
-        let conversation_turn = match &existing {
-            Some(conversation) => Some(self.conversation_turns.take(conversation.id).await),
-            None => None,
-        };
-        let existing = match existing {
-            Some(conversation) => Some(self.make_room(user, conversation, request).await?),
-            None => None,
+        // The runs still going after making room: those a queued message waits behind.
+        let (existing, going) = match existing {
+            Some(conversation) => {
+                let (conversation, going) = self.make_room(user, conversation, request).await?;
+                (Some(conversation), going)
+            }
+            None => (None, Vec::new()),
         };
         // After making room: a run that an interrupt cancelled no longer counts.
         let reservation = self.runs.reserve(user, runs, limit).map_err(busy)?;
@@ -171,7 +176,13 @@ impl Core {
         // message with its own text regenerates its answer (a sibling of the earlier ones),
         // with other text (or new attachments) it is an edit (a sibling of that message).
         let mut regenerate: Option<Message> = None;
+        // A message queued behind a run follows that run's answer, stored or not (its run
+        // asked the question the leaf is, or the request names that answer).
+        let pending = |id: Option<MessageId>| {
+            going.iter().find(|t| t.variant.as_deref() != Some("b") && Some(t.user_message_id) == id)
+        };
         let parent = match request.parent_message_id {
+            Some(id) if going.iter().any(|t| t.message_id == id) => Some(id),
             Some(id) => match history.iter().find(|m| m.id == id) {
                 // New attachments make it an edit.
                 Some(m) if m.role == Role::User && m.content == text && request.attachments.is_empty() => {
@@ -182,7 +193,10 @@ impl Core {
                 Some(m) => Some(m.id),
                 None => return Err(not_found("parent_message_id", "Parent message not found")),
             },
-            None => existing.as_ref().and_then(|c| c.active_leaf_id),
+            None => {
+                let leaf = existing.as_ref().and_then(|c| c.active_leaf_id);
+                pending(leaf).map_or(leaf, |run| Some(run.message_id))
+            }
         };
         let new_conversation = match &existing {
             Some(_) => None,
@@ -202,7 +216,17 @@ impl Core {
             }
             _ => None,
         };
+        let queue = (!going.is_empty()).then(|| super::queue::Queued {
+            context: request.context.clone(),
+            client_tools: request.client_tools.clone(),
+            diagnostics: request.diagnostics,
+            action_result: action_result.clone(),
+        });
         Ok(Prepared {
+            queue,
+            // Where other replicas start runs too, the start makes sure that none began since.
+            going_seen: (existing.is_some() && self.store.is_shared())
+                .then(|| going.iter().map(|t| t.trace_id).collect()),
             conversation_id: conversation.id,
             system_prompt: conversation.system_prompt.clone(),
             existing_profile: existing.as_ref().and_then(|c| c.profile.clone()),
@@ -247,20 +271,28 @@ pub(super) struct Prepared {
     pub(super) idempotency_key: Option<crate::domain::IdempotencyKey>,
     /// This request's turn among the new messages of its conversation, until its run starts.
     pub(super) conversation_turn: Option<super::turns::Turn<ConversationId>>,
+    /// Set when the request's runs start `queued`, behind the conversation's going runs
+    /// (CONTRACT.md §16): what they will need when their turn comes.
+    pub(super) queue: Option<super::queue::Queued>,
+    /// The conversation's runs going when the request looked (see [`RunStart::going_seen`]).
+    ///
+    /// [`RunStart::going_seen`]: crate::store::RunStart::going_seen
+    pub(super) going_seen: Option<Vec<crate::ids::TraceId>>,
 }
 
 impl Core {
     /// What a new message does to the runs of its conversation that are going (CONTRACT.md
-    /// §16): refuses itself (`reject`), or cancels them first (`interrupt`, keeping their
-    /// partial answers; `rollback`, deleting them). Returns the conversation as it is then.
+    /// §16): refuses itself (`reject`), queues behind them (`enqueue`), or cancels them
+    /// first (`interrupt`, keeping their partial answers; `rollback`, deleting them). Returns
+    /// the conversation as it is then, and the runs still going.
     async fn make_room(
         &self,
         user: &UserId,
         conversation: Conversation,
         request: &ChatRequest,
-    ) -> Result<Conversation, ChatError> {
+    ) -> Result<(Conversation, Vec<Trace>), ChatError> {
         let going = self.store.running_in_conversation(user, conversation.id).await?;
-        let Some(last) = going.last() else { return Ok(conversation) };
+        let Some(last) = going.last() else { return Ok((conversation, going)) };
         // A repeat of a request whose run is the one going (its first try's client left
         // before the answer; another replica): it gets that run, never refuses or stops it.
         if let Some(key) = &request.idempotency_key {
@@ -276,16 +308,12 @@ impl Core {
                     last.trace_id
                 )));
             }
-            Multitask::Enqueue => {
-                return Err(ChatError::Invalid {
-                    field: "multitask",
-                    message: "multitask \"enqueue\" is not built yet: use reject, interrupt or rollback".into(),
-                });
-            }
+            Multitask::Enqueue => return Ok((conversation, going)),
             Multitask::Interrupt => false,
             Multitask::Rollback => true,
         };
-        for trace in &going {
+        // Newest first: a queued run must not start while the run ahead of it is stopped.
+        for trace in going.iter().rev() {
             match self.cancel_run(user, trace).await {
                 Ok(()) => {}
                 // Ended meanwhile (completed, or stopped by another cancel): there is room
@@ -301,7 +329,7 @@ impl Core {
                 }
             }
         }
-        Ok(self.store.get_conversation(user, conversation.id).await?)
+        Ok((self.store.get_conversation(user, conversation.id).await?, Vec::new()))
     }
 }
 

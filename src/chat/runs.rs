@@ -76,6 +76,8 @@ pub struct LiveRun {
     cancel_claimed: AtomicBool,
     /// Set once the run's log is written and sealed (it then leaves the registry).
     logged: AtomicBool,
+    /// Set while the run waits its turn behind another of its conversation (CONTRACT.md §16).
+    queued: AtomicBool,
 }
 
 /// A run's frames and the listeners waiting for more, under one lock: a listener that finds
@@ -152,6 +154,15 @@ impl LiveRun {
     /// Whether the run stopped here to wait (CONTRACT.md §15).
     pub fn is_parked(&self) -> bool {
         self.parked.load(Ordering::Acquire)
+    }
+
+    /// Whether the run waits its turn behind another of its conversation (CONTRACT.md §16).
+    pub fn is_queued(&self) -> bool {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    pub(super) fn set_queued(&self, queued: bool) {
+        self.queued.store(queued, Ordering::Release);
     }
 
     /// The seq before this process's first frame of the run.
@@ -254,6 +265,7 @@ impl Runs {
             parked: AtomicBool::new(false),
             cancel_claimed: AtomicBool::new(false),
             logged: AtomicBool::new(false),
+            queued: AtomicBool::new(false),
         });
         // A run that goes on after a wait takes the place of its parked self.
         if self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone()).is_none() {

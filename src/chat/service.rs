@@ -20,7 +20,7 @@ use super::request::{ChatError, ChatRequest, Prepared, busy};
 use super::runs::{LiveRun, Runs};
 use super::starts::StartWriter;
 use crate::config::Settings;
-use crate::domain::{Comparison, Trace, now};
+use crate::domain::{Comparison, Trace, TraceStatus, now};
 use crate::files::Files;
 use crate::ids::{ComparisonId, UserId};
 use crate::providers::Providers;
@@ -34,6 +34,10 @@ pub enum Started<T> {
     /// The run its `Idempotency-Key` started before, to follow from its first event.
     Again(Box<Trace>),
 }
+
+/// How often a start looks again when other replicas keep starting runs of its conversation
+/// before it is written.
+const MOVED_TRIES: u32 = 5;
 
 /// A start's task that panicked (a bug): its request fails.
 fn gone(_: tokio::task::JoinError) -> ChatError {
@@ -91,6 +95,7 @@ impl ChatService {
                 http,
                 replica_id: uuid::Uuid::now_v7().to_string(),
                 draining: Arc::new(AtomicBool::new(false)),
+                drained: Default::default(),
                 news: RunNews::default(),
                 files,
                 key_turns: Default::default(),
@@ -147,14 +152,26 @@ impl ChatService {
     }
 
     async fn start_here(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
-        let turn = self.prepare(user, &request, 1).await?;
+        let mut tries = 0;
+        loop {
+            match self.try_start(user, &request).await {
+                // Another replica started a run of the conversation since this one looked:
+                // look again, to queue behind it (or refuse, or stop it).
+                Err(ChatError::Store(StoreError::Moved)) if tries < MOVED_TRIES => tries += 1,
+                started => return started,
+            }
+        }
+    }
+
+    async fn try_start(&self, user: &UserId, request: &ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
+        let turn = self.prepare(user, request, 1).await?;
         let stored = turn.stored_files.clone();
         let profile = request
             .profile
             .clone()
             .or_else(|| turn.existing_profile.clone())
             .unwrap_or_else(|| self.settings.chat.default_profile.clone());
-        let started = match self.plan(user, &request, &turn, &profile, None) {
+        let started = match self.plan(user, &turn.ask(request), &profile, None) {
             Ok(side) => self.launch(user, turn, vec![side], None).await,
             Err(e) => Err(e),
         };
@@ -181,13 +198,20 @@ impl ChatService {
         let (profile_a, profile_b) = (profile_a.to_owned(), profile_b.to_owned());
         // As in `start`: the start outlives a client that leaves.
         tokio::spawn(async move {
-            let turn = service.prepare(&user, &request, 2).await?;
-            let stored = turn.stored_files.clone();
-            let started = service.compare(&user, &request, turn, &profile_a, &profile_b).await;
-            if started.is_err() {
-                service.drop_files(&user, &stored).await;
+            let mut tries = 0;
+            loop {
+                let turn = service.prepare(&user, &request, 2).await?;
+                let stored = turn.stored_files.clone();
+                let started = service.compare(&user, &request, turn, &profile_a, &profile_b).await;
+                if started.is_err() {
+                    service.drop_files(&user, &stored).await;
+                }
+                match started {
+                    // As in `start_here`.
+                    Err(ChatError::Store(StoreError::Moved)) if tries < MOVED_TRIES => tries += 1,
+                    started => return started,
+                }
             }
-            started
         })
         .await
         .map_err(gone)?
@@ -202,8 +226,8 @@ impl ChatService {
         profile_b: &str,
     ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
         let comparison_id = ComparisonId::new();
-        let a = self.plan(user, request, &turn, profile_a, Some((comparison_id, "a")))?;
-        let b = self.plan(user, request, &turn, profile_b, Some((comparison_id, "b")))?;
+        let a = self.plan(user, &turn.ask(request), profile_a, Some((comparison_id, "a")))?;
+        let b = self.plan(user, &turn.ask(request), profile_b, Some((comparison_id, "b")))?;
         let comparison = Comparison {
             comparison_id,
             conversation_id: turn.conversation_id,
@@ -235,8 +259,15 @@ impl ChatService {
         sides: Vec<Side>,
         comparison: Option<Comparison>,
     ) -> Result<Vec<Arc<LiveRun>>, ChatError> {
-        let (traces, plans): (Vec<Trace>, Vec<RunPlan>) = sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
+        let (mut traces, plans): (Vec<Trace>, Vec<RunPlan>) = sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
+        if turn.queue.is_some() {
+            for trace in &mut traces {
+                trace.status = TraceStatus::Queued;
+            }
+        }
         let start = RunStart {
+            queued: turn.queue.as_ref().map(|q| serde_json::to_value(q).expect("plain data")),
+            going_seen: turn.going_seen,
             new_conversation: turn.new_conversation,
             user_message: turn.user_message,
             user_message_is_new: turn.user_message_is_new,
@@ -274,11 +305,17 @@ impl ChatService {
     /// Registers and spawns the runs of a start that is in the database.
     fn run_written(&self, user: &UserId, start: RunStart, plans: Vec<RunPlan>) -> Vec<Arc<LiveRun>> {
         let mut runs = Vec::new();
-        for plan in plans {
+        for (plan, trace) in plans.into_iter().zip(&start.traces) {
             let (run, mut emitter) =
                 self.runs.register(plan.trace_id, plan.message_id, plan.conversation_id, user, self.log.clone(), 0);
             agent::announce(&plan, &mut emitter);
-            tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone(), agent::Start::Fresh));
+            if trace.status == TraceStatus::Queued {
+                // Planned again when its turn comes, on the answers before it.
+                self.hold_queued(trace.clone(), emitter);
+            } else {
+                let (store, runs) = (self.store.clone(), self.runs.clone());
+                tokio::spawn(agent::supervise(plan, emitter, store, runs, agent::Start::Fresh));
+            }
             runs.push(run);
         }
         // Whoever follows the conversation (CONTRACT.md §16) looks again: here, and on the

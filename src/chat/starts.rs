@@ -109,6 +109,8 @@ mod tests {
             replica_id: "replica".into(),
             max_running: None,
             idempotency_key: None,
+            queued: None,
+            going_seen: None,
         }
     }
 

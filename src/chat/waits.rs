@@ -222,7 +222,8 @@ impl Core {
                 tracing::error!(trace_id = %trace.trace_id, error = %why, "a waiting run cannot go on");
                 let (store, runs) = (self.store.clone(), self.runs.clone());
                 tokio::spawn(async move {
-                    fail(&*store, &trace, &mut emitter, &why).await;
+                    let why = format!("The run could not go on after it waited: {why}");
+                    fail(&*store, &trace, &mut emitter, why).await;
                     let _ = emitter.seal().await;
                     runs.remove(emitter.run());
                 });
@@ -277,7 +278,7 @@ impl Core {
         })
     }
 
-    async fn last_seq(&self, trace_id: TraceId) -> u64 {
+    pub(super) async fn last_seq(&self, trace_id: TraceId) -> u64 {
         match self.store.trace_events(trace_id, 0).await {
             Ok(events) => events.last().map_or(0, |e| e.seq as u64),
             Err(_) => 0,
@@ -286,8 +287,12 @@ impl Core {
 }
 
 /// Ends a claimed run that cannot go on: an error and `done`, and its trace closed so.
-async fn fail(store: &dyn crate::store::Store, trace: &Trace, emitter: &mut super::runs::Emitter, why: &str) {
-    let message = format!("The run could not go on after it waited: {why}");
+pub(super) async fn fail(
+    store: &dyn crate::store::Store,
+    trace: &Trace,
+    emitter: &mut super::runs::Emitter,
+    message: String,
+) {
     let record = RunFinish {
         trace_id: trace.trace_id,
         status: TraceStatus::Error,
@@ -314,17 +319,8 @@ async fn fail(store: &dyn crate::store::Store, trace: &Trace, emitter: &mut supe
 /// Expires approvals nobody decided, until `shutdown`; on every replica (the store lets
 /// exactly one settle each), and after a restart as before it.
 pub fn spawn_expiry(core: Core, shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(expiry_sweep(core.settings.tools.approval_timeout_secs));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            if !core.is_draining() {
-                core.expire_approvals().await;
-            }
-        }
+    let period = expiry_sweep(core.settings.tools.approval_timeout_secs);
+    super::core::every(core, period, shutdown, |core| async move {
+        core.expire_approvals().await;
     });
 }

@@ -197,11 +197,6 @@ impl Settings {
                 "tools.approval_timeout_secs is {timeout}: give a number of seconds above 0 and at most 315576000 (ten years)"
             )));
         }
-        if self.chat.multitask == Multitask::Enqueue {
-            return Err(ConfigError::Invalid(
-                "chat.multitask = \"enqueue\" is not built yet: use reject, interrupt or rollback".into(),
-            ));
-        }
         if !self.files.url.starts_with("file://") && !self.files.url.starts_with("s3://") {
             return Err(ConfigError::Invalid(format!(
                 "files.url is '{}': give file://FOLDER or s3://BUCKET/PREFIX",

@@ -300,7 +300,8 @@ pub struct ChatSettings {
 pub enum Multitask {
     /// 409, naming the going run; the message is not stored.
     Reject,
-    /// The new run waits for the going one and starts on its answer. Not built yet: refused.
+    /// The new run is queued: its stream opens at once with `status` "Queued", and it starts
+    /// once the going runs (and those queued before it) have ended, on their answers.
     Enqueue,
     /// The going run is cancelled (its partial answer kept) and the new one starts on it.
     Interrupt,
@@ -309,7 +310,7 @@ pub enum Multitask {
 }
 
 pub(super) fn default_multitask() -> Multitask {
-    Multitask::Reject
+    Multitask::Enqueue
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]

@@ -60,8 +60,10 @@ string_enum!(
 );
 string_enum!(
     /// A run's state in its trace (CONTRACT.md §9); `waiting`: for an approval or a client
-    /// tool's result (§15).
+    /// tool's result (§15); `queued`: sent while another run of its conversation was going,
+    /// it starts once that one ends (§16).
     TraceStatus {
+        Queued = "queued",
         Running = "running",
         Waiting = "waiting",
         Completed = "completed",
@@ -374,16 +376,36 @@ impl Message {
 /// Returns the branch that ends at `leaf`, oldest first, from all of a conversation's
 /// messages. Messages not on that branch (other regenerations) are left out.
 pub fn branch(messages: &[Message], leaf: Option<MessageId>) -> Vec<Message> {
+    branch_through(messages, &[], leaf)
+}
+
+/// [`branch`], across the answers of runs still going: a message queued behind a run
+/// (CONTRACT.md §16) follows an answer that is not stored yet. `pending` holds, for each
+/// going run, its answer's id and its question's.
+pub fn branch_through(
+    messages: &[Message],
+    pending: &[(MessageId, MessageId)],
+    leaf: Option<MessageId>,
+) -> Vec<Message> {
     let by_id: std::collections::HashMap<MessageId, &Message> = messages.iter().map(|m| (m.id, m)).collect();
     let mut path = Vec::new();
     let mut next = leaf;
+    let mut steps = 0;
     while let Some(id) = next {
-        let Some(message) = by_id.get(&id) else { break };
-        path.push((*message).clone());
-        next = message.parent_id;
-        if path.len() > messages.len() {
+        steps += 1;
+        if steps > messages.len() + pending.len() + 1 {
             break; // a cycle would be a corrupt store; never loop forever on one
         }
+        next = match by_id.get(&id) {
+            Some(message) => {
+                path.push((*message).clone());
+                message.parent_id
+            }
+            None => match pending.iter().find(|(answer, _)| *answer == id) {
+                Some((_, question)) => Some(*question),
+                None => break,
+            },
+        };
     }
     path.reverse();
     path
@@ -439,5 +461,23 @@ mod tests {
         let ids: Vec<_> = branch(&all, Some(second.id)).iter().map(|m| m.id).collect();
         assert_eq!(ids, vec![root.id, second.id]);
         assert!(branch(&all, None).is_empty());
+    }
+
+    #[test]
+    fn branch_through_crosses_answers_still_being_written() {
+        let conversation = ConversationId::new();
+        let first = Message::new(conversation, None, Role::User, "q1".into());
+        // q2 was queued behind the answer to q1 (not stored yet), q3 behind q2's.
+        let (answer1, answer2) = (MessageId::new(), MessageId::new());
+        let second = Message::new(conversation, Some(answer1), Role::User, "q2".into());
+        let third = Message::new(conversation, Some(answer2), Role::User, "q3".into());
+        let all = vec![first.clone(), second.clone(), third.clone()];
+        let pending = [(answer1, first.id), (answer2, second.id)];
+        let ids: Vec<_> = branch_through(&all, &pending, Some(third.id)).iter().map(|m| m.id).collect();
+        assert_eq!(ids, vec![first.id, second.id, third.id]);
+        // Without them the branch stops at the first missing answer.
+        assert_eq!(branch(&all, Some(third.id)).len(), 1);
+        // A pending answer that names itself as its question never loops.
+        assert!(branch_through(&[], &[(answer1, answer1)], Some(answer1)).is_empty());
     }
 }

@@ -12,7 +12,7 @@ use super::AppState;
 use super::error::AppError;
 use super::extract::{AppJson, AppQuery, CurrentUser, IdPath};
 use super::views::*;
-use crate::domain::{Conversation, Feedback, Rating, branch, now};
+use crate::domain::{Conversation, Feedback, Rating, branch, branch_through, now};
 use crate::ids::{ConversationId, MessageId, UserId};
 use crate::store::{ConversationPatch, PageCursor};
 
@@ -117,9 +117,11 @@ async fn load(
     let conversation =
         state.store.get_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
     let messages = state.store.messages(&user, id).await?;
-    let messages = branch(&messages, conversation.active_leaf_id);
     let context_state = state.store.context_state(&user, id).await?;
     let active_runs = active_runs(&state, &user, id).await?;
+    // Across the answers still being written: a queued message follows one (CONTRACT.md §16).
+    let pending: Vec<_> = active_runs.iter().map(|r| (r.message_id, r.user_message_id)).collect();
+    let messages = branch_through(&messages, &pending, conversation.active_leaf_id);
     Ok(Json(ConversationView { conversation, messages, context_state, active_runs }))
 }
 
@@ -220,7 +222,9 @@ async fn activate(
     let conversation = state.store.get_conversation(&user, message.conversation_id).await?;
     let context_state = state.store.context_state(&user, conversation.id).await?;
     let active_runs = active_runs(&state, &user, conversation.id).await?;
-    Ok(Json(ConversationView { conversation, messages: branch(&all, Some(leaf)), context_state, active_runs }))
+    let pending: Vec<_> = active_runs.iter().map(|r| (r.message_id, r.user_message_id)).collect();
+    let messages = branch_through(&all, &pending, Some(leaf));
+    Ok(Json(ConversationView { conversation, messages, context_state, active_runs }))
 }
 
 /// The conversation's runs still going, as loading shows them (CONTRACT.md §16).
@@ -233,6 +237,7 @@ async fn active_runs(state: &AppState, user: &UserId, id: ConversationId) -> Res
         .map(|(trace, last_seq)| ActiveRun {
             trace_id: trace.trace_id,
             message_id: trace.message_id,
+            user_message_id: trace.user_message_id,
             status: trace.status,
             last_seq,
         })

@@ -16,7 +16,6 @@ use super::sse::{Legacy, sse};
 use super::views::*;
 use crate::chat::{ChatRequest, Started};
 use crate::config::AuthMode;
-use crate::domain::branch;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -56,7 +55,10 @@ async fn load(
         .await
         .map_err(AppError::missing("Conversation not found"))?;
     let all = state.store.messages(&user, conversation.id).await?;
-    let messages = branch(&all, conversation.active_leaf_id)
+    let messages = state
+        .chat
+        .active_branch(&user, &conversation, &all)
+        .await?
         .into_iter()
         .map(|m| LegacyMessage {
             message_id: m.id,

@@ -72,6 +72,10 @@ pub struct ActiveRun {
     pub trace_id: TraceId,
     /// The answer it is writing.
     pub message_id: MessageId,
+    /// The question it answers (a message queued behind a run follows that run's answer,
+    /// which is not among the messages until it ends).
+    pub user_message_id: MessageId,
+    /// `running`, `waiting` or `queued`.
     pub status: TraceStatus,
     /// The seq of its newest event so far.
     pub last_seq: u64,

@@ -56,6 +56,10 @@ pub enum StoreError {
     /// The start's idempotency key was recorded by another start meanwhile.
     #[error("the idempotency key was taken by another request")]
     KeyTaken,
+    /// A run of the start's conversation began (on another replica) after the start looked:
+    /// its message would not follow it. The start looks again.
+    #[error("a run of the conversation started meanwhile")]
+    Moved,
 }
 
 impl StoreError {
@@ -140,6 +144,25 @@ pub struct RunStart {
     pub max_running: Option<usize>,
     /// The request's `Idempotency-Key`, recorded with its first trace (CONTRACT.md §16).
     pub idempotency_key: Option<crate::domain::IdempotencyKey>,
+    /// For traces that start `queued` (CONTRACT.md §16): what their runs will need when their
+    /// turn comes, kept with them.
+    pub queued: Option<Value>,
+    /// The runs of the conversation that were going when the start looked. On a shared
+    /// store, a going run not among them fails the start with [`StoreError::Moved`] (another
+    /// replica started it meanwhile); `None`: not checked.
+    pub going_seen: Option<Vec<TraceId>>,
+}
+
+/// Where a queued run stands (CONTRACT.md §16).
+#[derive(Debug, Clone)]
+pub enum QueueTurn {
+    /// It was queued and is claimed for this replica now: it runs. Holds what it was
+    /// queued with.
+    Claimed(Option<Value>),
+    /// Runs of its conversation go before it (running, waiting, or queued earlier).
+    Behind(Vec<TraceId>),
+    /// It is not queued (it ended, or runs already).
+    Gone(TraceStatus),
 }
 
 /// What an idempotency key names: the request it came with (hashed) and the run it started.
@@ -262,7 +285,8 @@ pub trait Store: Send + Sync + 'static {
     async fn get_trace(&self, user: &UserId, trace_id: TraceId) -> Result<Trace, StoreError>;
     /// The trace whose run produced (or is producing) `message_id`.
     async fn trace_by_message(&self, user: &UserId, message_id: MessageId) -> Result<Trace, StoreError>;
-    /// The user's runs still going in a conversation (running or waiting), oldest first.
+    /// The user's runs still going in a conversation (running, waiting or queued), oldest
+    /// first.
     async fn running_in_conversation(
         &self,
         user: &UserId,
@@ -332,7 +356,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every run still marked running, of any user and any process.
     async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;
-    /// Refreshes the heartbeat of the runs this process is running.
+    /// Claims the queued run `trace_id` for `replica_id` if its turn has come: no run of its
+    /// conversation is running or waiting, and none was queued before it (the other side of
+    /// its comparison aside).
+    async fn claim_queued(&self, trace_id: TraceId, replica_id: &str) -> Result<QueueTurn, StoreError>;
+    /// Every queued run, of any user and any process.
+    async fn queued_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;
+    /// Takes a queued run over for `replica_id` if `from` still holds it (its process
+    /// stopped); false if another took it first, or it is no longer queued.
+    async fn adopt_queued(&self, trace_id: TraceId, from: Option<&str>, replica_id: &str) -> Result<bool, StoreError>;
+    /// Refreshes the heartbeat of the runs this process is running (or holds queued).
     async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
 
     /// Tells every chatd process on this database (Postgres NOTIFY; a no-op on SQLite, where

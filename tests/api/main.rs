@@ -19,6 +19,7 @@ mod mcp;
 mod multitask;
 mod openapi;
 mod providers;
+mod queue;
 mod readme;
 mod runs;
 mod s3;

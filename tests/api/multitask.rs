@@ -49,8 +49,9 @@ both_backends! {
         assert_eq!(active[0]["status"], "running");
         assert!(active[0]["last_seq"].as_u64().unwrap() >= 3, "{active:?}");
 
-        let (status, error) =
-            app.post("/api/chat/stream", "ann", json!({"message": "Me too", "conversation_id": conversation})).await;
+        let (status, error) = app
+            .post("/api/chat/stream", "ann", json!({"message": "Me too", "conversation_id": conversation, "multitask": "reject"}))
+            .await;
         assert_eq!(status, StatusCode::CONFLICT, "{error}");
         assert_eq!(error["code"], "CONFLICT");
         assert!(error["message"].as_str().unwrap().contains(&trace_id), "names the running trace: {error}");
@@ -123,7 +124,7 @@ both_backends! {
             .await;
         assert_eq!(status, StatusCode::CONFLICT);
         let (status, error) = app
-            .post("/api/chat/stream", "ann", json!({"message": "no", "conversation_id": conversation, "multitask": "enqueue"}))
+            .post("/api/chat/stream", "ann", json!({"message": "no", "conversation_id": conversation, "multitask": "later"}))
             .await;
         assert_eq!((status, error["field"].as_str()), (StatusCode::BAD_REQUEST, Some("multitask")), "{error}");
         drop(third);

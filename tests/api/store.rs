@@ -53,6 +53,8 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
         replica_id: "replica-a".into(),
         max_running: None,
         idempotency_key: None,
+        queued: None,
+        going_seen: None,
     }
 }
 
@@ -384,4 +386,103 @@ async fn an_unreachable_postgres_is_named_at_once() {
     assert!(error.contains("127.0.0.1:1"), "{error}");
     assert!(error.contains("\"chatd\""), "the database is named: {error}");
     assert!(error.contains("database.url"), "what to check: {error}");
+}
+
+/// A queued start of `conversation`: its message after `after` (an answer, stored or not).
+fn queued_start(conversation: &Conversation, after: chatd::ids::MessageId) -> RunStart {
+    let mut start = run_start(conversation, false);
+    start.user_message.parent_id = Some(after);
+    start.traces[0].status = TraceStatus::Queued;
+    start.queued = Some(json!({"context": null, "client_tools": [], "diagnostics": false, "action_result": null}));
+    start
+}
+
+fn ended(trace: &Trace, answer: Option<Message>) -> RunFinish {
+    RunFinish {
+        trace_id: trace.trace_id,
+        status: if answer.is_some() { TraceStatus::Completed } else { TraceStatus::Error },
+        ended_at: now(),
+        usage: Usage::default(),
+        error: None,
+        spans: Vec::new(),
+        assistant_message: answer,
+    }
+}
+
+both_backends! {
+    async fn a_queued_run_is_claimed_in_its_turn_and_its_message_follows_the_answer(backend: Backend) {
+        use chatd::store::QueueTurn;
+        let (store, _db) = open(backend).await;
+        let ann = user("ann");
+        let c = conversation("ann", "queue");
+        let first = run_start(&c, true);
+        store.start_run(&first).await.unwrap();
+        let running = &first.traces[0];
+        let second = queued_start(&c, running.message_id);
+        store.start_run(&second).await.unwrap();
+        let third = queued_start(&c, second.traces[0].message_id);
+        store.start_run(&third).await.unwrap();
+        let (q2, q3) = (&second.traces[0], &third.traces[0]);
+        let going: Vec<TraceId> =
+            store.running_in_conversation(&ann, c.id).await.unwrap().iter().map(|t| t.trace_id).collect();
+        assert_eq!(going, [running.trace_id, q2.trace_id, q3.trace_id]);
+        // Not before the runs ahead have ended, and in order.
+        assert!(matches!(store.claim_queued(q2.trace_id, "r").await.unwrap(), QueueTurn::Behind(a) if a == [running.trace_id]));
+        assert!(matches!(store.claim_queued(q3.trace_id, "r").await.unwrap(), QueueTurn::Behind(a) if a == [running.trace_id, q2.trace_id]));
+        // The answer ends; the leaf stays on the message queued behind it.
+        let mut answer = Message::new(c.id, Some(first.user_message.id), Role::Assistant, "one".into());
+        answer.id = running.message_id;
+        store.finish_run(&ended(running, Some(answer))).await.unwrap();
+        assert_eq!(store.get_conversation(&ann, c.id).await.unwrap().active_leaf_id, Some(third.user_message.id));
+        assert!(matches!(store.claim_queued(q3.trace_id, "r").await.unwrap(), QueueTurn::Behind(a) if a == [q2.trace_id]));
+        match store.claim_queued(q2.trace_id, "r").await.unwrap() {
+            QueueTurn::Claimed(Some(kept)) => assert_eq!(kept["diagnostics"], false),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(store.claim_queued(q2.trace_id, "r").await.unwrap(), QueueTurn::Gone(TraceStatus::Running)));
+        // A run that ends without an answer: the message queued behind it follows its question.
+        store.finish_run(&ended(q2, None)).await.unwrap();
+        let messages = store.messages(&ann, c.id).await.unwrap();
+        let moved = messages.iter().find(|m| m.id == third.user_message.id).unwrap();
+        assert_eq!(moved.parent_id, Some(second.user_message.id));
+        assert!(matches!(store.claim_queued(q3.trace_id, "r").await.unwrap(), QueueTurn::Claimed(_)));
+        let mut last = Message::new(c.id, Some(third.user_message.id), Role::Assistant, "three".into());
+        last.id = q3.message_id;
+        store.finish_run(&ended(q3, Some(last.clone()))).await.unwrap();
+        assert_eq!(store.get_conversation(&ann, c.id).await.unwrap().active_leaf_id, Some(last.id), "the last answer takes the leaf");
+    }
+
+    async fn a_queued_run_left_by_its_process_is_adopted_once(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let c = conversation("ann", "left");
+        let first = run_start(&c, true);
+        store.start_run(&first).await.unwrap();
+        let queued = queued_start(&c, first.traces[0].message_id);
+        store.start_run(&queued).await.unwrap();
+        let id = queued.traces[0].trace_id;
+        let left = store.queued_traces().await.unwrap();
+        assert_eq!(left.iter().map(|t| t.trace.trace_id).collect::<Vec<_>>(), [id]);
+        assert_eq!(left[0].replica_id.as_deref(), Some("replica-a"));
+        assert!(!store.adopt_queued(id, Some("someone else"), "b").await.unwrap(), "only from its holder");
+        assert!(store.adopt_queued(id, Some("replica-a"), "b").await.unwrap());
+        assert!(!store.adopt_queued(id, Some("replica-a"), "c").await.unwrap(), "once");
+        assert_eq!(store.queued_traces().await.unwrap()[0].replica_id.as_deref(), Some("b"));
+    }
+}
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_start_that_missed_a_run_of_its_conversation_is_refused_as_moved() {
+    let (store, _db) = open(Backend::Postgres).await;
+    let c = conversation("ann", "moved");
+    let first = run_start(&c, true);
+    store.start_run(&first).await.unwrap();
+    // Another replica's start saw nothing going: it would land beside the running run.
+    let mut beside = run_start(&c, false);
+    beside.going_seen = Some(Vec::new());
+    assert!(matches!(store.start_run(&beside).await, Err(StoreError::Moved)));
+    assert_eq!(store.messages(&user("ann"), c.id).await.unwrap().len(), 1, "nothing of it was written");
+    // Having seen it, it is written.
+    beside.going_seen = Some(vec![first.traces[0].trace_id]);
+    store.start_run(&beside).await.unwrap();
 }

@@ -17,7 +17,7 @@ fn of<'a>(frames: &'a [Frame], kind: &str) -> Vec<&'a Value> {
 
 /// Asserts what every stream promises, through a wait too: seqs 1, 2, 3… without a gap,
 /// exactly one terminal event, then `done`, last.
-fn assert_whole(frames: &[Frame]) {
+pub(crate) fn assert_whole(frames: &[Frame]) {
     let ids: Vec<u64> = frames.iter().map(|f| f.id).collect();
     let expected: Vec<u64> = (1..=frames.len() as u64).collect();
     assert_eq!(ids, expected, "seqs with a gap or a repeat");
@@ -27,7 +27,7 @@ fn assert_whole(frames: &[Frame]) {
     assert_eq!(frames.iter().filter(|f| f.kind() == "done").count(), 1);
 }
 
-async fn trace_status(app: &TestApp, trace_id: &str) -> String {
+pub(crate) async fn trace_status(app: &TestApp, trace_id: &str) -> String {
     let (status, trace) = app.get(&format!("/api/trace/{trace_id}"), "ann").await;
     assert_eq!(status, StatusCode::OK, "{trace}");
     trace["status"].as_str().unwrap().to_owned()

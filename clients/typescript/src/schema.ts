@@ -535,6 +535,13 @@ export interface components {
              * @description The answer it is writing.
              */
             message_id: string;
+            /**
+             * Format: uuid
+             * @description The question it answers (a message queued behind a run follows that run's answer,
+             *     which is not among the messages until it ends).
+             */
+            user_message_id: string;
+            /** @description `running`, `waiting` or `queued`. */
             status: components["schemas"]["TraceStatus"];
             /**
              * Format: int64
@@ -1505,10 +1512,11 @@ export interface components {
         };
         /**
          * @description A run's state in its trace (CONTRACT.md §9); `waiting`: for an approval or a client
-         *     tool's result (§15).
+         *     tool's result (§15); `queued`: sent while another run of its conversation was going,
+         *     it starts once that one ends (§16).
          * @enum {string}
          */
-        TraceStatus: "running" | "waiting" | "completed" | "cancelled" | "error" | "interrupted";
+        TraceStatus: "queued" | "running" | "waiting" | "completed" | "cancelled" | "error" | "interrupted";
         /** @description A trace with its timings and logged events (CONTRACT.md §9). */
         TraceView: components["schemas"]["Trace"] & {
             /** Format: int64 */

@@ -21,8 +21,8 @@ use uuid::Uuid;
 use self::runs::Rows;
 use super::rows::*;
 use super::{
-    Claim, ConversationPatch, KeyedRun, NewEvent, Notice, PageCursor, RunFinish, RunPark, RunStart, RunningTrace,
-    Settled, Settlement, Store, StoreError, WaitKey,
+    Claim, ConversationPatch, KeyedRun, NewEvent, Notice, PageCursor, QueueTurn, RunFinish, RunPark, RunStart,
+    RunningTrace, Settled, Settlement, Store, StoreError, WaitKey,
 };
 use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, StoredFile, Trace, now};
 use crate::events::LoggedEvent;
@@ -156,6 +156,9 @@ where
     for<'r> (i64,): FromRow<'r, Row<B>>,
     for<'r> (UserId,): FromRow<'r, Row<B>>,
     for<'r> (Json<Value>,): FromRow<'r, Row<B>>,
+    for<'r> (Option<Json<Value>>,): FromRow<'r, Row<B>>,
+    for<'r> (Uuid, Uuid, String, DateTime<Utc>): FromRow<'r, Row<B>>,
+    for<'r> (UserId, Uuid, Uuid): FromRow<'r, Row<B>>,
     for<'r> WaitRow: FromRow<'r, Row<B>>,
     for<'r> (Uuid,): FromRow<'r, Row<B>>,
     for<'r> (String,): FromRow<'r, Row<B>>,
@@ -442,7 +445,8 @@ where
         let sql = format!(
             "select {TRACE_COLUMNS} from traces where conversation_id = $1 and user_id = $2 \
              and status = 'running' union all select {TRACE_COLUMNS} from traces where conversation_id = $1 \
-             and user_id = $2 and status = 'waiting' order by started_at, id"
+             and user_id = $2 and status = 'waiting' union all select {TRACE_COLUMNS} from traces \
+             where conversation_id = $1 and user_id = $2 and status = 'queued' order by started_at, id"
         );
         let rows: Vec<TraceRow> = sqlx::query_as(&sql).bind(conversation_id).bind(user).fetch_all(self.pool()).await?;
         rows.into_iter().map(Trace::try_from).collect()
@@ -476,6 +480,12 @@ where
             .await?;
             let Some((conversation, parent)) = found else { return Err(StoreError::NotFound) };
             sqlx::query("delete from messages where id = $1").bind(id).execute(&mut *tx).await?;
+            // Messages queued behind it (CONTRACT.md §16) follow its question.
+            sqlx::query("update messages set parent_id = $2 where parent_id = $1")
+                .bind(id)
+                .bind(parent)
+                .execute(&mut *tx)
+                .await?;
             sqlx::query(
                 "update conversations set message_count = message_count - 1, \
                  active_leaf_id = case when active_leaf_id = $2 then $3 else active_leaf_id end where id = $1",
@@ -632,13 +642,31 @@ where
         rows.into_iter().map(RunningTrace::try_from).collect()
     }
 
+    async fn claim_queued(&self, trace_id: TraceId, replica_id: &str) -> Result<QueueTurn, StoreError> {
+        Rows::claim_queued(self, trace_id, replica_id).await
+    }
+
+    async fn queued_traces(&self) -> Result<Vec<RunningTrace>, StoreError> {
+        let sql = format!(
+            "select {TRACE_COLUMNS}, replica_id, heartbeat_at from traces where status = 'queued' order by started_at, id"
+        );
+        let rows: Vec<RunningRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
+        rows.into_iter().map(RunningTrace::try_from).collect()
+    }
+
+    async fn adopt_queued(&self, trace_id: TraceId, from: Option<&str>, replica_id: &str) -> Result<bool, StoreError> {
+        Rows::adopt_queued(self, trace_id, from, replica_id).await
+    }
+
     async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
         write(self, async |conn| {
-            sqlx::query("update traces set heartbeat_at = $2 where replica_id = $1 and status = 'running'")
-                .bind(replica_id)
-                .bind(at)
-                .execute(conn)
-                .await?;
+            sqlx::query(
+                "update traces set heartbeat_at = $2 where replica_id = $1 and status in ('running', 'queued')",
+            )
+            .bind(replica_id)
+            .bind(at)
+            .execute(conn)
+            .await?;
             Ok(())
         })
         .await

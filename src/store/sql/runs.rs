@@ -11,10 +11,13 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::{Backend, Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
+use crate::domain::TraceStatus;
 use crate::domain::{Comparison, Conversation, Message, Preference, Trace, Vote, now};
 use crate::ids::{ComparisonId, MessageId, TraceId, UserId};
 use crate::store::rows::*;
-use crate::store::{Claim, RunFinish, RunPark, RunStart, Settled, Settlement, StoreError, Wait, WaitKey, WaitKind};
+use crate::store::{
+    Claim, QueueTurn, RunFinish, RunPark, RunStart, Settled, Settlement, StoreError, Wait, WaitKey, WaitKind,
+};
 
 /// The run-writing statements of backend `B`.
 pub(super) struct Rows<B>(PhantomData<B>);
@@ -45,6 +48,9 @@ where
     for<'r> (i64,): FromRow<'r, Row<B>>,
     for<'r> (UserId,): FromRow<'r, Row<B>>,
     for<'r> (Json<Value>,): FromRow<'r, Row<B>>,
+    for<'r> (Option<Json<Value>>,): FromRow<'r, Row<B>>,
+    for<'r> (Uuid, Uuid, String, DateTime<Utc>): FromRow<'r, Row<B>>,
+    for<'r> (UserId, Uuid, Uuid): FromRow<'r, Row<B>>,
     for<'r> WaitRow: FromRow<'r, Row<B>>,
     for<'r> (Uuid,): FromRow<'r, Row<B>>,
     for<'r> (String,): FromRow<'r, Row<B>>,
@@ -72,7 +78,7 @@ where
             if start.user_message_is_new {
                 messages.push((&first.user_id, &start.user_message));
             }
-            traces.extend(start.traces.iter().map(|t| (t, start.replica_id.as_str())));
+            traces.extend(start.traces.iter().map(|t| (t, start.replica_id.as_str(), start.queued.as_ref())));
         }
         if B::MANY_STATEMENTS_PER_QUERY {
             return Rows::<B>::start_runs_in_one_query(backend, &conversations, &messages, starts, &traces).await;
@@ -81,6 +87,7 @@ where
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
             if B::SHARED {
                 Rows::<B>::check_running_limits(&mut *tx, starts).await?;
+                Rows::<B>::check_going(&mut *tx, starts).await?;
             }
             for rows in conversations.chunks(ROWS_PER_INSERT) {
                 Rows::<B>::insert_conversations(&mut *tx, rows).await?;
@@ -128,9 +135,9 @@ where
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
             // Only a running trace ends: if another process already closed it (marked it
             // interrupted), this result is refused whole instead of overwriting that.
-            let owner: Option<(UserId,)> = sqlx::query_as(
+            let owner: Option<(UserId, Uuid, Uuid)> = sqlx::query_as(
                 "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6 \
-                 where id = $1 and status = 'running' returning user_id",
+                 where id = $1 and status in ('running', 'queued') returning user_id, user_message_id, message_id",
             )
             .bind(finish.trace_id)
             .bind(finish.status.as_str())
@@ -140,11 +147,19 @@ where
             .bind(json(&finish.spans))
             .fetch_optional(&mut *tx)
             .await?;
-            let Some((user,)) = owner else {
+            let Some((user, question, answer)) = owner else {
                 return Err(StoreError::Conflict("the run has already ended".into()));
             };
-            if let Some(message) = &finish.assistant_message {
-                Rows::<B>::append_message(&mut *tx, &user, message).await?;
+            match &finish.assistant_message {
+                Some(message) => Rows::<B>::append_message(&mut *tx, &user, message).await?,
+                // Messages queued behind an answer that never came follow its question.
+                None => {
+                    sqlx::query("update messages set parent_id = $2 where parent_id = $1")
+                        .bind(answer)
+                        .bind(question)
+                        .execute(&mut *tx)
+                        .await?;
+                }
             }
             tx.commit().await?;
             Ok(())
@@ -385,6 +400,121 @@ where
         Ok(())
     }
 
+    /// Fails with [`StoreError::Moved`] where a run of a start's conversation is going that
+    /// the start did not see (another replica started it since): its message would not follow
+    /// that run. Starts into one conversation take turns here.
+    pub(super) async fn check_going(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<(), StoreError> {
+        let mut seen: Vec<(Uuid, &[TraceId])> =
+            starts.iter().filter_map(|s| Some((s.user_message.conversation_id.0, s.going_seen.as_deref()?))).collect();
+        seen.sort_unstable_by_key(|(conversation, _)| *conversation);
+        for (conversation, seen) in seen {
+            Rows::<B>::lock_conversation(conn, conversation).await?;
+            let going: Vec<(Uuid,)> = sqlx::query_as(
+                "select id from traces where conversation_id = $1 and status in ('running', 'waiting', 'queued')",
+            )
+            .bind(conversation)
+            .fetch_all(&mut *conn)
+            .await?;
+            if going.iter().any(|(id,)| !seen.iter().any(|s| s.0 == *id)) {
+                return Err(StoreError::Moved);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the conversation's lock until the transaction ends (shared stores only: SQLite
+    /// has one writer).
+    pub(super) async fn lock_conversation(conn: &mut Conn<B>, conversation: Uuid) -> Result<(), StoreError> {
+        if B::SHARED {
+            sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 8))")
+                .bind(conversation.to_string())
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Claims a queued run if its turn has come (see [`Store::claim_queued`]).
+    pub(super) async fn claim_queued(
+        backend: &B,
+        trace_id: TraceId,
+        replica_id: &str,
+    ) -> Result<QueueTurn, StoreError> {
+        write(backend, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+            let found: Option<(Uuid, Uuid, String, DateTime<Utc>)> =
+                sqlx::query_as("select conversation_id, user_message_id, status, started_at from traces where id = $1")
+                    .bind(trace_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let Some((conversation, question, _, _)) = found else { return Err(StoreError::NotFound) };
+            Rows::<B>::lock_conversation(&mut tx, conversation).await?;
+            // Read again under the lock.
+            let (_, _, status, started_at): (Uuid, Uuid, String, DateTime<Utc>) =
+                sqlx::query_as("select conversation_id, user_message_id, status, started_at from traces where id = $1")
+                    .bind(trace_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if status != "queued" {
+                let status = TraceStatus::parse(&status).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                return Ok(QueueTurn::Gone(status));
+            }
+            let ahead: Vec<(Uuid,)> = sqlx::query_as(
+                "select id from traces where conversation_id = $1 and user_message_id <> $2 \
+                 and (status in ('running', 'waiting') \
+                      or (status = 'queued' and (started_at < $3 or (started_at = $3 and id < $4)))) \
+                 order by started_at, id",
+            )
+            .bind(conversation)
+            .bind(question)
+            .bind(started_at)
+            .bind(trace_id)
+            .fetch_all(&mut *tx)
+            .await?;
+            if !ahead.is_empty() {
+                return Ok(QueueTurn::Behind(ahead.into_iter().map(|(id,)| TraceId(id)).collect()));
+            }
+            let (checkpoint,): (Option<Json<Value>>,) = sqlx::query_as(
+                "update traces set status = 'running', replica_id = $2, heartbeat_at = $3 \
+                 where id = $1 and status = 'queued' returning checkpoint",
+            )
+            .bind(trace_id)
+            .bind(replica_id)
+            .bind(now())
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(QueueTurn::Claimed(checkpoint.map(|c| c.0)))
+        })
+        .await
+    }
+
+    /// Takes a queued run over from the process `from` that held it (see
+    /// [`Store::adopt_queued`]).
+    pub(super) async fn adopt_queued(
+        backend: &B,
+        trace_id: TraceId,
+        from: Option<&str>,
+        replica_id: &str,
+    ) -> Result<bool, StoreError> {
+        write(backend, async |conn| {
+            let sql = format!(
+                "update traces set replica_id = $2, heartbeat_at = $3{} \
+                 where id = $1 and status = 'queued' and coalesce(replica_id, '') = $4",
+                B::CLAIM_LOG
+            );
+            let adopted = sqlx::query(&sql)
+                .bind(trace_id)
+                .bind(replica_id)
+                .bind(now())
+                .bind(from.unwrap_or(""))
+                .execute(conn)
+                .await?;
+            Ok(B::rows_affected(&adopted) == 1)
+        })
+        .await
+    }
+
     pub(super) async fn insert_conversation(conn: &mut Conn<B>, c: &Conversation) -> Result<(), StoreError> {
         Rows::<B>::insert_conversations(conn, std::slice::from_ref(c)).await
     }
@@ -516,12 +646,15 @@ where
         });
     }
 
-    pub(super) fn push_traces<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a Trace, &'a str)]) {
+    pub(super) fn push_traces<'a>(
+        query: &mut sqlx::QueryBuilder<'a, B::Db>,
+        rows: &'a [(&'a Trace, &'a str, Option<&'a Value>)],
+    ) {
         query.push(
             "insert into traces (id, conversation_id, user_id, user_message_id, message_id, status, \
-             model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at) ",
+             model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at, checkpoint) ",
         );
-        query.push_values(rows, |mut row, (t, replica_id)| {
+        query.push_values(rows, |mut row, (t, replica_id, queued)| {
             row.push_bind(t.trace_id)
                 .push_bind(t.conversation_id)
                 .push_bind(&t.user_id)
@@ -535,7 +668,8 @@ where
                 .push_bind(t.comparison_id)
                 .push_bind(t.variant.as_deref())
                 .push_bind(*replica_id)
-                .push_bind(t.started_at);
+                .push_bind(t.started_at)
+                .push_bind(queued.map(json));
         });
     }
 
@@ -550,7 +684,7 @@ where
         conversations: &[Conversation],
         messages: &[(&UserId, &Message)],
         starts: &[&RunStart],
-        traces: &[(&Trace, &str)],
+        traces: &[(&Trace, &str, Option<&Value>)],
     ) -> Result<(), StoreError> {
         let mut query = sqlx::QueryBuilder::<B::Db>::new(B::BEGIN_WRITE);
         for rows in conversations.chunks(ROWS_PER_INSERT) {
@@ -611,11 +745,13 @@ where
 
     /// The update of [`touch_conversation`](Rows::<B>::touch_conversation). The second answer
     /// of a comparison does not take over the branch: A stays active until a vote says
-    /// otherwise.
+    /// otherwise; nor does an answer that messages were queued behind while it ran.
     pub(super) fn push_touch<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, user: &'a UserId, m: &'a Message) {
         query.push("update conversations set active_leaf_id = case when ");
         query.push_bind(m.variant.as_deref() == Some("b"));
-        query.push(" then active_leaf_id else ").push_bind(m.id);
+        // An answer that messages were queued behind (CONTRACT.md §16) leaves the leaf on them.
+        query.push(" or exists (select 1 from messages x where x.parent_id = ").push_bind(m.id);
+        query.push(") then active_leaf_id else ").push_bind(m.id);
         query.push(" end, message_count = message_count + 1, last_message_at = ").push_bind(m.created_at);
         query.push(", updated_at = ").push_bind(m.created_at);
         query.push(" where id = ").push_bind(m.conversation_id);

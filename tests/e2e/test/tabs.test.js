@@ -107,3 +107,53 @@ test("a message sent in one tab streams into another tab showing the conversatio
       await tab2.context.close();
     }
   }));
+
+test("a message sent in another tab while an answer streams shows as queued, then answers after it", () =>
+  inPage(browser, chatd, "tabs-queued", async ({ page, user }) => {
+    await send(page, "hello");
+    await finished(page).waitFor();
+    const id = page.url().split("#/c/")[1];
+    const tab2 = await secondTab(user, `${chatd.base}/#/c/${id}`);
+    try {
+      const other = tab2.page;
+      await finished(other).waitFor();
+      await send(page, "a long one [mock:words=40] [mock:delay=40]");
+      await other.locator('.msg.assistant[data-trace-id][data-state="running"] .body').filter({ hasText: "alpha" }).waitFor();
+
+      // Tab 2 sends while tab 1's answer streams: its own answer shows as queued.
+      await send(other, "and then [mock:words=3]");
+      const queued = answers(other).nth(2);
+      await queued.locator(".status", { hasText: "Queued" }).waitFor();
+      assert.equal(await answers(page).nth(1).getAttribute("data-state"), "running", "tab 1's answer still streams");
+      // Tab 1 sees that question, queued, after its own answer.
+      await page.locator(".msg.user", { hasText: "and then" }).waitFor();
+      await page.locator(".msg.assistant[data-trace-id] .status", { hasText: "Queued" }).waitFor();
+
+      // Then both answers complete, in order, in both tabs.
+      for (const tab of [page, other]) {
+        await finished(tab).nth(2).waitFor();
+        const order = await tab.locator(".msg").evaluateAll((nodes) =>
+          nodes.map((n) => `${n.classList.contains("user") ? "user" : "assistant"}:${n.innerText.trim().split(/\s+/)[0]}`),
+        );
+        assert.deepEqual(
+          order.map((o) => o.split(":")[0]),
+          ["user", "assistant", "user", "assistant", "user", "assistant"],
+          order.join(" "),
+        );
+        assert.equal((await answers(tab).nth(2).locator(".body").innerText()).trim(), mockWords(3));
+        assert.equal((await answers(tab).nth(1).locator(".body").innerText()).trim(), mockWords(40));
+      }
+      const { body } = await chatd.api(`/api/conversations/${id}`, user);
+      assert.deepEqual(
+        body.messages.map((m) => m.role),
+        ["user", "assistant", "user", "assistant", "user", "assistant"],
+      );
+      assert.equal(body.messages[4].content, "and then [mock:words=3]");
+      assert.deepEqual(tab2.errors, [], "no uncaught errors in the second tab");
+    } catch (error) {
+      await screenshot(tab2.page, "tabs-queued-failed").catch(() => {});
+      throw error;
+    } finally {
+      await tab2.context.close();
+    }
+  }));

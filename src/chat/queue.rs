@@ -1,0 +1,303 @@
+//! Runs queued behind others of their conversation (CONTRACT.md §16, `multitask = "enqueue"`).
+//! A queued run's trace is `queued` in the store, with what it will need kept beside it; its
+//! user message is stored already, after the answer of the run it follows (not stored yet).
+//! The process that holds it streams its `start` and a `status` "Queued", then waits, woken
+//! when a run ahead of it ends (here, or told by another replica), and claims it from the
+//! store once no run of the conversation is going and none was queued before it. Then it is
+//! planned on the answers before it and runs in the same stream. A cancel ends it before it
+//! starts; a shutdown leaves it queued for another replica or the next start to adopt.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::agent::{self, RunPlan};
+use super::core::Core;
+use super::lifecycle::{HEARTBEAT, STALE_AFTER};
+use super::plan::Ask;
+use super::request::ClientTool;
+use super::runs::{Emitter, LiveRun};
+use crate::domain::{Conversation, Message, RunError, Trace, TraceStatus, Usage, branch, branch_through, now};
+use crate::events::{CancelledEvent, Event};
+use crate::ids::UserId;
+use crate::store::{Notice, QueueTurn, RunFinish, StoreError};
+
+/// The `status` a queued run's stream opens with.
+pub const QUEUED_STATUS: &str = "Queued";
+
+/// How long a queued run waits, at most, before it looks at the queue again unwoken (every
+/// end it waits for wakes it; this only bounds a notice lost with a connection).
+const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long a queued run waits before it looks again after the store failed to answer.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a queued run needs when its turn comes, kept with its trace: the request as it was
+/// (the history is read then).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Queued {
+    pub(super) context: Option<Value>,
+    pub(super) client_tools: Vec<ClientTool>,
+    pub(super) diagnostics: bool,
+    /// An executed action's outcome (it ran when the message was sent).
+    pub(super) action_result: Option<String>,
+}
+
+/// How a queued run's wait here ended.
+enum Waited {
+    /// Claimed: it runs here now, with what it was queued with.
+    Turn(Option<Value>),
+    /// Cancelled before its turn.
+    Cancelled,
+    /// Not this process's any more: the server drains, or another process has it.
+    Left,
+}
+
+impl Core {
+    /// Holds a queued run here until its turn comes (its `start` is emitted already), in a
+    /// task of its own.
+    pub(super) fn hold_queued(&self, trace: Trace, mut emitter: Emitter) {
+        emitter.run().set_queued(true);
+        emitter.emit(Event::Status { message: QUEUED_STATUS.to_owned() });
+        let core = self.clone();
+        tokio::spawn(async move { core.queued(trace, emitter).await });
+    }
+
+    async fn queued(self, trace: Trace, mut emitter: Emitter) {
+        let run = emitter.run().clone();
+        let waited = self.wait_turn(&trace, &run).await;
+        run.set_queued(false);
+        match waited {
+            Waited::Turn(queued) => {
+                let plan = match queued.map(serde_json::from_value::<Queued>) {
+                    Some(Ok(queued)) => self.plan_queued(&trace, &queued).await,
+                    Some(Err(e)) => Err(format!("what it was queued with does not read: {e}")),
+                    None => Err("nothing was kept of its request".to_owned()),
+                };
+                match plan {
+                    Ok(plan) => {
+                        let (store, runs) = (self.store.clone(), self.runs.clone());
+                        agent::supervise(plan, emitter, store, runs, agent::Start::Fresh).await;
+                        return;
+                    }
+                    Err(why) => {
+                        tracing::error!(trace_id = %trace.trace_id, error = %why, "a queued run cannot start");
+                        let why = format!("The queued run could not start: {why}");
+                        super::waits::fail(&*self.store, &trace, &mut emitter, why).await;
+                    }
+                }
+            }
+            Waited::Cancelled => self.cancel_queued(&trace, &mut emitter).await,
+            Waited::Left => {
+                // Its followers here read on from the log, wherever it goes on.
+                emitter.park();
+            }
+        }
+        if let Err(e) = emitter.seal().await {
+            tracing::error!(error = %e, trace_id = %trace.trace_id, "a queued run's events could not be logged");
+        }
+        self.runs.remove(emitter.run());
+        self.tell(Notice::Logged(trace.trace_id)).await;
+    }
+
+    /// Waits, woken by the end of each run ahead of it, until the run's turn comes (and claims
+    /// it), a cancel, or the drain.
+    async fn wait_turn(&self, trace: &Trace, run: &Arc<LiveRun>) -> Waited {
+        loop {
+            if run.cancel.is_cancelled() {
+                return Waited::Cancelled;
+            }
+            if self.is_draining() {
+                return self.release(trace).await;
+            }
+            // Looked at before the store: a run that ends in between is still waited for
+            // (its end is kept until it leaves the registry).
+            let mut news = self.news.watch_all();
+            let here: Vec<Arc<LiveRun>> = self
+                .runs
+                .all()
+                .into_iter()
+                .filter(|r| r.conversation_id == trace.conversation_id && r.trace_id != trace.trace_id)
+                .collect();
+            let ahead = match self.store.claim_queued(trace.trace_id, &self.replica_id).await {
+                Ok(QueueTurn::Claimed(queued)) => return Waited::Turn(queued),
+                Ok(QueueTurn::Behind(ahead)) => ahead,
+                Ok(QueueTurn::Gone(status)) => {
+                    tracing::warn!(trace_id = %trace.trace_id, ?status, "a queued run held here is no longer queued");
+                    return Waited::Left;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, trace_id = %trace.trace_id, "could not look at a queued run's turn");
+                    tokio::select! {
+                        () = run.cancel.cancelled() => return Waited::Cancelled,
+                        () = self.drained.cancelled() => return self.release(trace).await,
+                        () = tokio::time::sleep(RETRY_AFTER) => continue,
+                    }
+                }
+            };
+            // A run ahead held here (running, or queued itself) is waited for to its end;
+            // the others are told of (a waiting run's continuation tells as it goes on here).
+            let local = here.into_iter().find(|r| ahead.contains(&r.trace_id) && !r.is_parked());
+            let ended = async {
+                match local {
+                    Some(run) => run.logged().await,
+                    None => news.changed(&ahead).await,
+                }
+            };
+            tokio::select! {
+                () = run.cancel.cancelled() => return Waited::Cancelled,
+                () = self.drained.cancelled() => return self.release(trace).await,
+                () = ended => {}
+                () = tokio::time::sleep(LOOK_AGAIN) => {}
+            }
+        }
+    }
+
+    /// Leaves a queued run to whichever process adopts it first (the drain).
+    async fn release(&self, trace: &Trace) -> Waited {
+        if let Err(e) = self.store.adopt_queued(trace.trace_id, Some(&self.replica_id), "").await {
+            tracing::warn!(error = %e, trace_id = %trace.trace_id, "could not leave a queued run to the others");
+        }
+        Waited::Left
+    }
+
+    /// Ends a queued run that never started: `cancelled` with nothing said, no answer stored.
+    async fn cancel_queued(&self, trace: &Trace, emitter: &mut Emitter) {
+        let record = RunFinish {
+            trace_id: trace.trace_id,
+            status: TraceStatus::Cancelled,
+            ended_at: now(),
+            usage: Usage::default(),
+            error: Some(RunError::new("CANCELLED", "Cancelled before its turn came", None)),
+            spans: Vec::new(),
+            assistant_message: None,
+        };
+        if let Err(e) = self.store.finish_run(&record).await {
+            tracing::error!(error = %e, trace_id = %trace.trace_id, "could not close a cancelled queued run");
+        }
+        let Trace { trace_id, message_id, conversation_id, .. } = *trace;
+        emitter.emit(Event::Cancelled(Box::new(CancelledEvent {
+            partial_text: String::new(),
+            partial_thinking: None,
+            message_id,
+            trace_id,
+            model: trace.model.clone(),
+        })));
+        emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+    }
+
+    /// The run of a queued trace whose turn came: planned as its request was, on the branch
+    /// as it is now (the answers before it stored).
+    async fn plan_queued(&self, trace: &Trace, queued: &Queued) -> Result<RunPlan, String> {
+        let user = &trace.user_id;
+        let conversation = self.store.get_conversation(user, trace.conversation_id).await.map_err(|e| e.to_string())?;
+        let history = self.store.messages(user, trace.conversation_id).await.map_err(|e| e.to_string())?;
+        let question =
+            history.iter().find(|m| m.id == trace.user_message_id).ok_or_else(|| "its message is gone".to_owned())?;
+        let earlier = branch(&history, question.parent_id);
+        let ask = Ask {
+            conversation_id: trace.conversation_id,
+            new_conversation: false,
+            system_prompt: conversation.system_prompt.as_deref(),
+            earlier: &earlier,
+            user_message: question,
+            action_result: queued.action_result.as_deref(),
+            context: queued.context.as_ref(),
+            client_tools: &queued.client_tools,
+            diagnostics: queued.diagnostics,
+        };
+        let comparison = trace.comparison_id.zip(trace.variant.as_deref());
+        let mut side = self.plan(user, &ask, &trace.profile, comparison).map_err(|e| e.to_string())?;
+        // The trace it was queued with, not the new one planning drew.
+        side.plan.trace_id = trace.trace_id;
+        side.plan.message_id = trace.message_id;
+        Ok(side.plan)
+    }
+
+    /// Takes up queued runs that no live process holds: at start-up, those left by the
+    /// processes before (all of them on a store only this process uses); on a shared store,
+    /// those a replica left as it drained, or whose replica's heartbeat went stale. Returns
+    /// how many it took.
+    pub async fn adopt_queued(&self) -> usize {
+        let queued = match self.store.queued_traces().await {
+            Ok(queued) => queued,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not look for queued runs to take up");
+                return 0;
+            }
+        };
+        let stale = chrono::Duration::from_std(STALE_AFTER).expect("a small duration");
+        let mut adopted = 0;
+        for left in queued {
+            let id = left.trace.trace_id;
+            let held_elsewhere = self.store.is_shared()
+                && left.replica_id.as_deref().is_some_and(|r| !r.is_empty())
+                && left.heartbeat_at.is_some_and(|at| now() - at <= stale);
+            if self.runs.get(id).is_some() || held_elsewhere {
+                continue;
+            }
+            match self.store.adopt_queued(id, left.replica_id.as_deref(), &self.replica_id).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, trace_id = %id, "could not take up a queued run");
+                    continue;
+                }
+            }
+            let trace = left.trace;
+            let base = self.last_seq(id).await;
+            let (_, emitter) =
+                self.runs.register(id, trace.message_id, trace.conversation_id, &trace.user_id, self.log.clone(), base);
+            // Whoever follows it from the log (here or elsewhere) follows it live here now.
+            self.tell(Notice::Logged(id)).await;
+            let core = self.clone();
+            tokio::spawn(async move { core.queued(trace, emitter).await });
+            adopted += 1;
+        }
+        if adopted > 0 {
+            tracing::info!(runs = adopted, "took up queued runs");
+        }
+        adopted
+    }
+
+    /// Tells this process and the other replicas.
+    async fn tell(&self, notice: Notice) {
+        self.news.tell(notice);
+        if self.store.is_shared() {
+            if let Err(e) = self.store.notify(notice).await {
+                tracing::warn!(error = %e, "could not tell the other replicas of a queued run");
+            }
+        }
+    }
+
+    /// The active branch of a conversation, across the answers of its going runs (a message
+    /// queued behind a run follows an answer not stored yet).
+    pub async fn active_branch(
+        &self,
+        user: &UserId,
+        conversation: &Conversation,
+        history: &[Message],
+    ) -> Result<Vec<Message>, StoreError> {
+        let going = self.store.running_in_conversation(user, conversation.id).await?;
+        Ok(branch_through(history, &pending_answers(&going), conversation.active_leaf_id))
+    }
+}
+
+/// Each going run's answer id with its question's, for [`branch_through`].
+pub fn pending_answers(going: &[Trace]) -> Vec<(crate::ids::MessageId, crate::ids::MessageId)> {
+    going.iter().map(|t| (t.message_id, t.user_message_id)).collect()
+}
+
+/// Takes up queued runs that replicas leave (they drained, or their heartbeat went stale) at
+/// every heartbeat, until `shutdown`. (Those left before this process started are taken up
+/// by [`Core::adopt_queued`] at start-up; a store no other process uses has no others.)
+pub fn spawn_keeper(core: Core, shutdown: CancellationToken) {
+    if !core.store.is_shared() {
+        return;
+    }
+    super::core::every(core, HEARTBEAT, shutdown, |core| async move {
+        core.adopt_queued().await;
+    });
+}
