@@ -59,8 +59,14 @@ impl Core {
     /// Holds a queued run here until its turn comes (its `start` is emitted already), in a
     /// task of its own.
     pub(super) fn hold_queued(&self, trace: Trace, mut emitter: Emitter) {
-        emitter.run().set_queued(true);
         emitter.emit(Event::Status { message: QUEUED_STATUS.to_owned() });
+        self.wait_here(trace, emitter);
+    }
+
+    /// Waits for the queued run's turn in a task of its own, then runs it.
+    fn wait_here(&self, trace: Trace, emitter: Emitter) {
+        // Marked at once: a queued run does not count as running, nor does the drain wait for it.
+        emitter.run().set_queued(true);
         let core = self.clone();
         tokio::spawn(async move { core.queued(trace, emitter).await });
     }
@@ -252,8 +258,7 @@ impl Core {
                 self.runs.register(id, trace.message_id, trace.conversation_id, &trace.user_id, self.log.clone(), base);
             // Whoever follows it from the log (here or elsewhere) follows it live here now.
             self.tell(Notice::Logged(id)).await;
-            let core = self.clone();
-            tokio::spawn(async move { core.queued(trace, emitter).await });
+            self.wait_here(trace, emitter);
             adopted += 1;
         }
         if adopted > 0 {

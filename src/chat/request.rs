@@ -166,8 +166,10 @@ impl Core {
             }
             None => (None, Vec::new()),
         };
-        // After making room: a run that an interrupt cancelled no longer counts.
-        let reservation = self.runs.reserve(user, runs, limit).map_err(busy)?;
+        // After making room: a run that an interrupt cancelled no longer counts. Runs that
+        // start queued do not count either (until their turn comes, whatever the limit then).
+        let starting = if going.is_empty() { runs } else { 0 };
+        let reservation = self.runs.reserve(user, starting, limit).map_err(busy)?;
         let history = match &existing {
             Some(conversation) => self.store.messages(user, conversation.id).await?,
             None => Vec::new(),
@@ -242,7 +244,7 @@ impl Core {
             earlier: branch(&history, parent),
             new_conversation,
             action_result,
-            max_running: self.store.is_shared().then_some(limit),
+            max_running: (self.store.is_shared() && going.is_empty()).then_some(limit),
             reservation,
         })
     }

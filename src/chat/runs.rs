@@ -310,7 +310,10 @@ impl Runs {
     pub fn reserve(&self, user: &UserId, runs: usize, limit: usize) -> Result<Reservation, usize> {
         let mut registry = self.live.lock().expect("runs lock");
         let reserved = registry.reserved.get(user).copied().unwrap_or(0);
-        let running = registry.runs.values().filter(|r| r.user_id == *user && !r.is_finished()).count() + reserved;
+        // A queued run (CONTRACT.md §16) does not call the model until its turn: not counted.
+        let running =
+            registry.runs.values().filter(|r| r.user_id == *user && !r.is_finished() && !r.is_queued()).count()
+                + reserved;
         if running + runs > limit {
             return Err(running);
         }

@@ -269,7 +269,7 @@ both_backends! {
         for round in 0..5 {
             let chat = format!("twice-{round}");
             let post = |text: &'static str| {
-                // The second, finding the first running, interrupts it (rather than the default 409).
+                // The second, finding the first running, interrupts it (rather than queue behind it).
                 let body = json!({"id": chat, "messages": [user_message(text, text)], "multitask": "interrupt"});
                 ui_chat(&app, "ann", body)
             };

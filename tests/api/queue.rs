@@ -287,3 +287,79 @@ async fn messages_queued_on_two_replicas_keep_one_order_and_one_branch() {
     assert!(sent_to_model(later).contains(&answer(earlier)));
     assert_eq!(after["active_runs"], json!([]));
 }
+
+/// POSTs `body` to `path` as ann; the response once its stream opened.
+async fn open(app: &TestApp, path: &str, body: Value) -> reqwest::Response {
+    let response = app.client.post(app.url(path)).header("x-client-id", "ann").json(&body).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{path}");
+    response
+}
+
+/// The `data:` of every event of a response, to its end.
+async fn datas(response: reqwest::Response) -> Vec<String> {
+    use eventsource_stream::Eventsource;
+    use futures_util::StreamExt;
+    let mut events = response.bytes_stream().eventsource();
+    let mut all = Vec::new();
+    while let Some(event) = events.next().await {
+        all.push(event.expect("well-formed SSE").data);
+    }
+    all
+}
+
+both_backends! {
+    async fn every_endpoint_that_starts_a_run_queues_behind_the_going_one(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let conversation = conversation(&app).await;
+        let mut going = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
+        going.until("text_delta").await;
+        // Each opens at once (queued), one behind the other, in the order sent.
+        let legacy = open(&app, "/api/get_chat_response_stream", json!({"message": "legacy", "conversation_id": conversation})).await;
+        let ab = open(&app, "/api/ab/stream", json!({"message": "compare", "conversation_id": conversation, "profile_a": "default", "profile_b": "other"})).await;
+        let ui = open(&app, "/api/ui/chat", json!({"id": conversation, "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "ui"}]}]})).await;
+        let agui = open(&app, "/api/agui", json!({"threadId": conversation, "runId": "r1", "messages": [{"id": "g1", "role": "user", "content": "agui"}]})).await;
+        let (going, legacy, ab, ui, agui) = tokio::join!(going.rest(), datas(legacy), read_frames(ab), datas(ui), datas(agui));
+        assert_eq!(terminal_kinds(&going), ["complete"]);
+        assert!(legacy.last().unwrap().contains("\"done\""), "{legacy:?}");
+        for variant in ["a", "b"] {
+            let side: Vec<&Frame> = ab.iter().filter(|f| f.data["variant"] == variant).collect();
+            assert_eq!(side[1].data["message"], "Queued", "side {variant}: {side:?}");
+            assert!(side.iter().any(|f| f.kind() == "complete"), "side {variant}");
+        }
+        assert!(ui.iter().any(|d| d.contains(r#""type":"data-status","data":{"message":"Queued"}"#)), "{ui:?}");
+        assert!(ui.iter().any(|d| d.contains(r#""type":"finish""#)), "{ui:?}");
+        assert!(agui.iter().any(|d| d.contains(r#""name":"status","value":{"message":"Queued"}"#)), "{agui:?}");
+        assert!(agui.last().unwrap().contains("RUN_FINISHED"), "{agui:?}");
+
+        // One branch, in the order sent (the comparison's A answer on it).
+        let after = loaded(&app, &conversation).await;
+        let questions: Vec<String> =
+            branch_of(&after).into_iter().filter(|(r, _)| r == "user").map(|(_, t)| t).collect();
+        assert_eq!(questions, ["hello", SLOW, "legacy", "compare", "ui", "agui"], "{after}");
+        let roles: Vec<String> = branch_of(&after).into_iter().map(|(r, _)| r).collect();
+        assert_eq!(roles.len(), 12, "each question answered: {after}");
+        assert!(roles.chunks(2).all(|pair| pair == ["user", "assistant"]), "{roles:?}");
+    }
+}
+
+both_backends! {
+    async fn queued_runs_do_not_count_against_the_running_runs_limit(backend: Backend) {
+        let app = TestApp::spawn(backend, "[limits]\nmax_concurrent_runs_per_user = 1").await;
+        let conversation = conversation(&app).await;
+        let mut going = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
+        going.until("text_delta").await;
+        let queued: Vec<Live> = futures_util::future::join_all(
+            (0..3).map(|i| send(&app, json!({"message": format!("queued {i}"), "conversation_id": conversation}))),
+        )
+        .await;
+        // A run that would run now is still refused.
+        let (status, error) = app.post("/api/chat/stream", "ann", json!({"message": "a new chat"})).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{error}");
+        assert_eq!(terminal_kinds(&going.rest().await), ["complete"]);
+        for live in queued {
+            let frames = live.rest().await;
+            opens_queued(&frames);
+            assert_eq!(terminal_kinds(&frames), ["complete"]);
+        }
+    }
+}
