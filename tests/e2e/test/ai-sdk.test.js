@@ -297,6 +297,49 @@ for (const [name, ai] of Object.entries(versions)) {
       assert.equal(await transport(ai, user).reconnectToStream({ chatId }), null, "nothing runs: 204");
     });
 
+    test("a message sent from a second tab while the first's answer streams is queued, then answered after it", async () => {
+      const user = `ui-queue-${name}`;
+      const chatId = newChat(name);
+      const first = await send(ai, user, { chatId, messages: [userMessage("u1", "hello")] });
+      const history = [userMessage("u1", "hello"), first.message];
+      // Two tabs on one chat: the first sends a long question, the second sends while it streams.
+      const slow = transport(ai, user).sendMessages({
+        chatId,
+        messages: [...history, userMessage("u2", "a long one [mock:words=30] [mock:delay=20]")],
+        trigger: "submit-message",
+        abortSignal: undefined,
+      });
+      const long = await slow;
+      const reader = rebuild(ai, long);
+      const queued = await send(ai, user, {
+        chatId,
+        messages: [...history, userMessage("u3", "and then [mock:words=3]")],
+      });
+      const { message: longAnswer, errors } = await reader;
+      assert.deepEqual(errors, []);
+      assert.deepEqual(queued.errors, []);
+      assert.equal(textOf(queued.message), "alpha bravo charlie");
+      const conversation = await stored(user, first.message.metadata.conversation_id);
+      assert.deepEqual(
+        conversation.messages.map((m) => [m.role, m.client_id ?? m.id]),
+        [
+          ["user", "u1"],
+          ["assistant", first.message.id],
+          ["user", "u2"],
+          ["assistant", longAnswer.id],
+          ["user", "u3"],
+          ["assistant", queued.message.id],
+        ],
+        "one branch, in the order sent",
+      );
+      // It ran after the first had answered: its trace started running after that one ended.
+      const [longTrace, queuedTrace] = await Promise.all(
+        [longAnswer, queued.message].map(async (m) => (await chatd.api(`/api/trace/${m.metadata.trace_id}`, user)).body),
+      );
+      const firstCall = queuedTrace.spans.find((s) => s.kind === "llm");
+      assert.ok(new Date(firstCall.started_at) >= new Date(longTrace.ended_at), "its model call came after");
+    });
+
     test("regenerate and edit become the branches chatd stores", async () => {
       const user = `ui-branch-${name}`;
       const chatId = newChat(name);
