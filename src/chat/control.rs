@@ -190,6 +190,10 @@ impl Core {
                 let _ = tokio::time::timeout(HANDOVER_WAIT, parked.logged()).await;
                 here = self.runs.get(trace.trace_id).filter(|run| !run.is_parked());
             }
+            if here.is_none() && status == TraceStatus::Queued {
+                // Left by a replica that drained, and not taken up yet: taken up here, to stop.
+                here = self.take_up(trace.clone(), Some("")).await;
+            }
             let Some(run) = here else {
                 return self.cancel_elsewhere(user, trace.trace_id).await;
             };

@@ -158,9 +158,16 @@ pub fn spawn_background(
 /// the next start to take up (CONTRACT.md §16).
 pub async fn drain(runs: &Runs, grace: Duration) {
     let running = || runs.all().into_iter().filter(|run| !run.is_queued());
+    // Looked at again until none is left: a queued run whose turn came meanwhile runs too.
     let all_done = async {
-        for run in running() {
-            run.finished().await;
+        loop {
+            let left: Vec<_> = running().filter(|run| !run.is_finished() && !run.is_parked()).collect();
+            if left.is_empty() {
+                return;
+            }
+            for run in left {
+                run.finished().await;
+            }
         }
     };
     if tokio::time::timeout(grace, all_done).await.is_err() {

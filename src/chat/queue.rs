@@ -31,6 +31,9 @@ pub const QUEUED_STATUS: &str = "Queued";
 /// end it waits for wakes it; this only bounds a notice lost with a connection).
 const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How often the end of a cancelled queued run is tried before it is given up.
+const CLOSE_TRIES: u32 = 5;
+
 /// How long a queued run waits before it looks again after the store failed to answer.
 const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -53,6 +56,8 @@ enum Waited {
     Cancelled,
     /// Not this process's any more: the server drains, or another process has it.
     Left,
+    /// Its conversation was deleted.
+    Deleted,
 }
 
 impl Core {
@@ -96,6 +101,8 @@ impl Core {
                 }
             }
             Waited::Cancelled => self.cancel_queued(&trace, &mut emitter).await,
+            // Nothing of it is stored any more: its stream ends as cancelled.
+            Waited::Deleted => cancelled(&trace, &mut emitter),
             Waited::Left => {
                 // Its followers here read on from the log, wherever it goes on.
                 emitter.park();
@@ -134,6 +141,8 @@ impl Core {
                     tracing::warn!(trace_id = %trace.trace_id, ?status, "a queued run held here is no longer queued");
                     return Waited::Left;
                 }
+                // Its conversation was deleted (on another replica).
+                Err(StoreError::NotFound) => return Waited::Deleted,
                 Err(e) => {
                     tracing::warn!(error = %e, trace_id = %trace.trace_id, "could not look at a queued run's turn");
                     tokio::select! {
@@ -145,11 +154,20 @@ impl Core {
             };
             // A run ahead held here (running, or queued itself) is waited for to its end;
             // the others are told of (a waiting run's continuation tells as it goes on here).
+            // News of a run's log comes at every flush: the queue is claimed again only once
+            // one of the runs ahead has ended.
             let local = here.into_iter().find(|r| ahead.contains(&r.trace_id) && !r.is_parked());
             let ended = async {
                 match local {
                     Some(run) => run.logged().await,
-                    None => news.changed(&ahead).await,
+                    None => loop {
+                        news.changed(&ahead).await;
+                        // One went on here (a waiting run continued), or one ended: look again.
+                        let here = ahead.iter().any(|id| self.runs.get(*id).is_some_and(|r| !r.is_parked()));
+                        if here || !self.all_going(trace, &ahead).await {
+                            break;
+                        }
+                    },
                 }
             };
             tokio::select! {
@@ -158,6 +176,14 @@ impl Core {
                 () = ended => {}
                 () = tokio::time::sleep(LOOK_AGAIN) => {}
             }
+        }
+    }
+
+    /// Whether every run of `ahead` is still going (a failed read says no: look again).
+    async fn all_going(&self, trace: &Trace, ahead: &[crate::ids::TraceId]) -> bool {
+        match self.store.running_in_conversation(&trace.user_id, trace.conversation_id).await {
+            Ok(going) => ahead.iter().all(|id| going.iter().any(|t| t.trace_id == *id)),
+            Err(_) => false,
         }
     }
 
@@ -180,18 +206,18 @@ impl Core {
             spans: Vec::new(),
             assistant_message: None,
         };
-        if let Err(e) = self.store.finish_run(&record).await {
-            tracing::error!(error = %e, trace_id = %trace.trace_id, "could not close a cancelled queued run");
+        // Stored before it is said: a queued trace left behind would hold its conversation's
+        // queue. The database may be failing for a moment: tried again a few times.
+        for attempt in 1..=CLOSE_TRIES {
+            match self.store.finish_run(&record).await {
+                Ok(()) | Err(StoreError::NotFound | StoreError::Conflict(_)) => break,
+                Err(e) if attempt == CLOSE_TRIES => {
+                    tracing::error!(error = %e, trace_id = %trace.trace_id, "could not close a cancelled queued run");
+                }
+                Err(_) => tokio::time::sleep(RETRY_AFTER).await,
+            }
         }
-        let Trace { trace_id, message_id, conversation_id, .. } = *trace;
-        emitter.emit(Event::Cancelled(Box::new(CancelledEvent {
-            partial_text: String::new(),
-            partial_thinking: None,
-            message_id,
-            trace_id,
-            model: trace.model.clone(),
-        })));
-        emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+        cancelled(trace, emitter);
     }
 
     /// The run of a queued trace whose turn came: planned as its request was, on the branch
@@ -244,27 +270,35 @@ impl Core {
             if self.runs.get(id).is_some() || held_elsewhere {
                 continue;
             }
-            match self.store.adopt_queued(id, left.replica_id.as_deref(), &self.replica_id).await {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, trace_id = %id, "could not take up a queued run");
-                    continue;
-                }
+            if self.take_up(left.trace, left.replica_id.as_deref()).await.is_some() {
+                adopted += 1;
             }
-            let trace = left.trace;
-            let base = self.last_seq(id).await;
-            let (_, emitter) =
-                self.runs.register(id, trace.message_id, trace.conversation_id, &trace.user_id, self.log.clone(), base);
-            // Whoever follows it from the log (here or elsewhere) follows it live here now.
-            self.tell(Notice::Logged(id)).await;
-            self.wait_here(trace, emitter);
-            adopted += 1;
         }
         if adopted > 0 {
             tracing::info!(runs = adopted, "took up queued runs");
         }
         adopted
+    }
+
+    /// Takes a queued run over from the process `from` that held it (`Some("")`: one that
+    /// left it as it drained) and holds it here; `None` if another took it first.
+    pub(super) async fn take_up(&self, trace: Trace, from: Option<&str>) -> Option<Arc<LiveRun>> {
+        let id = trace.trace_id;
+        match self.store.adopt_queued(id, from, &self.replica_id).await {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, trace_id = %id, "could not take up a queued run");
+                return None;
+            }
+        }
+        let base = self.last_seq(id).await;
+        let (run, emitter) =
+            self.runs.register(id, trace.message_id, trace.conversation_id, &trace.user_id, self.log.clone(), base);
+        // Whoever follows it from the log (here or elsewhere) follows it live here now.
+        self.tell(Notice::Logged(id)).await;
+        self.wait_here(trace, emitter);
+        Some(run)
     }
 
     /// Tells this process and the other replicas.
@@ -288,6 +322,19 @@ impl Core {
         let going = self.store.running_in_conversation(user, conversation.id).await?;
         Ok(branch_through(history, &pending_answers(&going), conversation.active_leaf_id))
     }
+}
+
+/// A queued run's end before it started: `cancelled` with nothing said, then `done`.
+fn cancelled(trace: &Trace, emitter: &mut Emitter) {
+    let Trace { trace_id, message_id, conversation_id, .. } = *trace;
+    emitter.emit(Event::Cancelled(Box::new(CancelledEvent {
+        partial_text: String::new(),
+        partial_thinking: None,
+        message_id,
+        trace_id,
+        model: trace.model.clone(),
+    })));
+    emitter.emit(Event::Done { conversation_id, message_id, trace_id });
 }
 
 /// Each going run's answer id with its question's, for [`branch_through`].

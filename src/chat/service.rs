@@ -39,6 +39,11 @@ pub enum Started<T> {
 /// before it is written.
 const MOVED_TRIES: u32 = 5;
 
+/// A start that other replicas kept overtaking.
+fn moved() -> ChatError {
+    ChatError::Unavailable("Runs of this conversation keep starting on other replicas; try again".into())
+}
+
 /// A start's task that panicked (a bug): its request fails.
 fn gone(_: tokio::task::JoinError) -> ChatError {
     ChatError::Unavailable("the run could not start".into())
@@ -158,6 +163,7 @@ impl ChatService {
                 // Another replica started a run of the conversation since this one looked:
                 // look again, to queue behind it (or refuse, or stop it).
                 Err(ChatError::Store(StoreError::Moved)) if tries < MOVED_TRIES => tries += 1,
+                Err(ChatError::Store(StoreError::Moved)) => return Err(moved()),
                 started => return started,
             }
         }
@@ -209,6 +215,7 @@ impl ChatService {
                 match started {
                     // As in `start_here`.
                     Err(ChatError::Store(StoreError::Moved)) if tries < MOVED_TRIES => tries += 1,
+                    Err(ChatError::Store(StoreError::Moved)) => return Err(moved()),
                     started => return started,
                 }
             }

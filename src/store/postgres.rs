@@ -18,6 +18,9 @@ use crate::ids::{ConversationId, TraceId};
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// This store's mark on the starts it tells: the process that started a run has told
+    /// itself already, and must not hear of it a second time, late.
+    origin: String,
 }
 
 impl PostgresStore {
@@ -42,7 +45,7 @@ impl PostgresStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self { pool, origin: uuid::Uuid::new_v4().simple().to_string() })
     }
 }
 
@@ -150,7 +153,9 @@ impl Backend for PostgresStore {
         let (channel, id) = match notice {
             Notice::Cancel(trace_id) => (CANCEL_CHANNEL, trace_id.to_string()),
             Notice::Logged(trace_id) => (LOG_CHANNEL, trace_id.to_string()),
-            Notice::Started(conversation_id, trace_id) => (START_CHANNEL, format!("{conversation_id} {trace_id}")),
+            Notice::Started(conversation_id, trace_id) => {
+                (START_CHANNEL, format!("{conversation_id} {trace_id} {}", self.origin))
+            }
             Notice::Missed => return Ok(()),
         };
         sqlx::query("select pg_notify($1, $2)").bind(channel).bind(id).execute(&self.pool).await?;
@@ -163,22 +168,31 @@ impl Backend for PostgresStore {
     async fn listen(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL, START_CHANNEL]).await?;
-        let notices = listener.into_stream().filter_map(|notification| async move {
-            match notification {
-                Ok(n) => match n.channel() {
-                    CANCEL_CHANNEL => TraceId::parse(n.payload()).ok().map(Notice::Cancel),
-                    LOG_CHANNEL => TraceId::parse(n.payload()).ok().map(Notice::Logged),
-                    _ => {
-                        let (conversation_id, trace_id) = n.payload().split_once(' ')?;
-                        Some(Notice::Started(
-                            ConversationId::parse(conversation_id).ok()?,
-                            TraceId::parse(trace_id).ok()?,
-                        ))
+        let origin = self.origin.clone();
+        let notices = listener.into_stream().filter_map(move |notification| {
+            let origin = origin.clone();
+            async move {
+                match notification {
+                    Ok(n) => match n.channel() {
+                        CANCEL_CHANNEL => TraceId::parse(n.payload()).ok().map(Notice::Cancel),
+                        LOG_CHANNEL => TraceId::parse(n.payload()).ok().map(Notice::Logged),
+                        _ => {
+                            let mut fields = n.payload().split(' ');
+                            let (conversation_id, trace_id) = (fields.next()?, fields.next()?);
+                            // A start this process told itself of when it started it.
+                            if fields.next() == Some(origin.as_str()) {
+                                return None;
+                            }
+                            Some(Notice::Started(
+                                ConversationId::parse(conversation_id).ok()?,
+                                TraceId::parse(trace_id).ok()?,
+                            ))
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "notice listener lost its connection; reconnecting");
+                        Some(Notice::Missed)
                     }
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "notice listener lost its connection; reconnecting");
-                    Some(Notice::Missed)
                 }
             }
         });

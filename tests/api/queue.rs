@@ -363,3 +363,32 @@ both_backends! {
         }
     }
 }
+
+both_backends! {
+    async fn a_regenerate_sent_while_the_answer_streams_waits_for_it_and_becomes_the_branch(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let conversation = conversation(&app).await;
+        let mut going = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
+        going.until("text_delta").await;
+        let question = loaded(&app, &conversation).await["messages"][2]["id"].as_str().unwrap().to_owned();
+        let again = app
+            .chat("ann", json!({"message": SLOW, "conversation_id": conversation, "parent_message_id": question}))
+            .await;
+        let going = going.rest().await;
+        // It did not run beside the first: it waited, then answered the same question.
+        opens_queued(&again);
+        assert_eq!(terminal_kinds(&again), ["complete"]);
+        assert_eq!(terminal_kinds(&going), ["complete"]);
+        let (_, first_trace) = app.get(&format!("/api/trace/{}", id_of(&going, "trace_id")), "ann").await;
+        let (_, second_trace) = app.get(&format!("/api/trace/{}", id_of(&again, "trace_id")), "ann").await;
+        let first_call = second_trace["spans"].as_array().unwrap().iter().find(|s| s["kind"] == "llm").unwrap();
+        assert!(first_call["started_at"].as_str().unwrap() >= first_trace["ended_at"].as_str().unwrap());
+        // The regenerated answer is the branch's end; the first is its sibling.
+        let after = loaded(&app, &conversation).await;
+        let messages = after["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 4, "{after}");
+        assert_eq!(messages[3]["id"], id_of(&again, "message_id").as_str());
+        let (_, siblings) = app.get(&format!("/api/messages/{}/siblings", messages[3]["id"].as_str().unwrap()), "ann").await;
+        assert_eq!(siblings["siblings"].as_array().unwrap().len(), 2, "{siblings}");
+    }
+}

@@ -486,3 +486,26 @@ async fn a_start_that_missed_a_run_of_its_conversation_is_refused_as_moved() {
     beside.going_seen = Some(vec![first.traces[0].trace_id]);
     store.start_run(&beside).await.unwrap();
 }
+
+both_backends! {
+    async fn a_queued_message_whose_answer_will_never_come_follows_its_question(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let c = conversation("ann", "never");
+        let first = run_start(&c, true);
+        store.start_run(&first).await.unwrap();
+        // The run ahead ends without an answer before the queued start is written.
+        store.finish_run(&ended(&first.traces[0], None)).await.unwrap();
+        let late = queued_start(&c, first.traces[0].message_id);
+        store.start_run(&late).await.unwrap();
+        let messages = store.messages(&user("ann"), c.id).await.unwrap();
+        let stored = messages.iter().find(|m| m.id == late.user_message.id).unwrap();
+        assert_eq!(stored.parent_id, Some(first.user_message.id), "it follows the question, not a missing answer");
+        // A queued message after an answer still being written is left where it is.
+        let going = run_start(&c, false);
+        store.start_run(&going).await.unwrap();
+        let behind = queued_start(&c, going.traces[0].message_id);
+        store.start_run(&behind).await.unwrap();
+        let messages = store.messages(&user("ann"), c.id).await.unwrap();
+        assert_eq!(messages.iter().find(|m| m.id == behind.user_message.id).unwrap().parent_id, Some(going.traces[0].message_id));
+    }
+}

@@ -157,7 +157,8 @@ where
     for<'r> (UserId,): FromRow<'r, Row<B>>,
     for<'r> (Json<Value>,): FromRow<'r, Row<B>>,
     for<'r> (Option<Json<Value>>,): FromRow<'r, Row<B>>,
-    for<'r> (Uuid, Uuid, String, DateTime<Utc>): FromRow<'r, Row<B>>,
+    for<'r> (Uuid, Option<Uuid>, String, DateTime<Utc>): FromRow<'r, Row<B>>,
+    for<'r> (Uuid, DateTime<Utc>, String, Option<Uuid>): FromRow<'r, Row<B>>,
     for<'r> (UserId, Uuid, Uuid): FromRow<'r, Row<B>>,
     for<'r> WaitRow: FromRow<'r, Row<B>>,
     for<'r> (Uuid,): FromRow<'r, Row<B>>,
@@ -481,9 +482,10 @@ where
             let Some((conversation, parent)) = found else { return Err(StoreError::NotFound) };
             sqlx::query("delete from messages where id = $1").bind(id).execute(&mut *tx).await?;
             // Messages queued behind it (CONTRACT.md §16) follow its question.
-            sqlx::query("update messages set parent_id = $2 where parent_id = $1")
+            sqlx::query("update messages set parent_id = $2 where conversation_id = $3 and parent_id = $1")
                 .bind(id)
                 .bind(parent)
+                .bind(conversation)
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(

@@ -11,8 +11,8 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::{Backend, Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
-use crate::domain::TraceStatus;
 use crate::domain::{Comparison, Conversation, Message, Preference, Trace, Vote, now};
+use crate::domain::{Role, TraceStatus};
 use crate::ids::{ComparisonId, MessageId, TraceId, UserId};
 use crate::store::rows::*;
 use crate::store::{
@@ -49,7 +49,8 @@ where
     for<'r> (UserId,): FromRow<'r, Row<B>>,
     for<'r> (Json<Value>,): FromRow<'r, Row<B>>,
     for<'r> (Option<Json<Value>>,): FromRow<'r, Row<B>>,
-    for<'r> (Uuid, Uuid, String, DateTime<Utc>): FromRow<'r, Row<B>>,
+    for<'r> (Uuid, Option<Uuid>, String, DateTime<Utc>): FromRow<'r, Row<B>>,
+    for<'r> (Uuid, DateTime<Utc>, String, Option<Uuid>): FromRow<'r, Row<B>>,
     for<'r> (UserId, Uuid, Uuid): FromRow<'r, Row<B>>,
     for<'r> WaitRow: FromRow<'r, Row<B>>,
     for<'r> (Uuid,): FromRow<'r, Row<B>>,
@@ -85,10 +86,12 @@ where
         }
         write(backend, async |conn| {
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
-            if B::SHARED {
+            let lasts = if B::SHARED {
                 Rows::<B>::check_running_limits(&mut *tx, starts).await?;
-                Rows::<B>::check_going(&mut *tx, starts).await?;
-            }
+                Rows::<B>::check_going(&mut *tx, starts).await?
+            } else {
+                Vec::new()
+            };
             for rows in conversations.chunks(ROWS_PER_INSERT) {
                 Rows::<B>::insert_conversations(&mut *tx, rows).await?;
             }
@@ -109,6 +112,11 @@ where
                     let user = &start.traces[0].user_id;
                     Rows::<B>::touch_conversation(&mut *tx, user, &start.user_message).await?;
                 }
+                if Rows::<B>::settles(start) {
+                    let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+                    Rows::<B>::push_settle(&mut query, start);
+                    B::execute(&mut *tx, query).await?;
+                }
                 if let Some(c) = &start.comparison {
                     let mut query = sqlx::QueryBuilder::<B::Db>::new("");
                     Rows::<B>::push_comparison(&mut query, c);
@@ -120,6 +128,7 @@ where
                 Rows::<B>::push_traces(&mut query, rows);
                 B::execute(&mut *tx, query).await?;
             }
+            Rows::<B>::place_queued(&mut tx, starts, &lasts).await?;
             let mut query = sqlx::QueryBuilder::<B::Db>::new("");
             if Rows::<B>::push_keys(&mut query, starts) {
                 B::execute(&mut *tx, query).await.map_err(key_taken)?;
@@ -154,11 +163,14 @@ where
                 Some(message) => Rows::<B>::append_message(&mut *tx, &user, message).await?,
                 // Messages queued behind an answer that never came follow its question.
                 None => {
-                    sqlx::query("update messages set parent_id = $2 where parent_id = $1")
-                        .bind(answer)
-                        .bind(question)
-                        .execute(&mut *tx)
-                        .await?;
+                    sqlx::query(
+                        "update messages set parent_id = $2 where conversation_id = \
+                         (select conversation_id from messages where id = $2) and parent_id = $1",
+                    )
+                    .bind(answer)
+                    .bind(question)
+                    .execute(&mut *tx)
+                    .await?;
                 }
             }
             tx.commit().await?;
@@ -403,20 +415,46 @@ where
     /// Fails with [`StoreError::Moved`] where a run of a start's conversation is going that
     /// the start did not see (another replica started it since): its message would not follow
     /// that run. Starts into one conversation take turns here.
-    pub(super) async fn check_going(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<(), StoreError> {
+    pub(super) async fn check_going(
+        conn: &mut Conn<B>,
+        starts: &[&RunStart],
+    ) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
         let mut seen: Vec<(Uuid, &[TraceId])> =
             starts.iter().filter_map(|s| Some((s.user_message.conversation_id.0, s.going_seen.as_deref()?))).collect();
         seen.sort_unstable_by_key(|(conversation, _)| *conversation);
+        let mut lasts = Vec::new();
         for (conversation, seen) in seen {
             Rows::<B>::lock_conversation(conn, conversation).await?;
-            let going: Vec<(Uuid,)> = sqlx::query_as(
-                "select id from traces where conversation_id = $1 and status in ('running', 'waiting', 'queued')",
-            )
-            .bind(conversation)
-            .fetch_all(&mut *conn)
-            .await?;
-            if going.iter().any(|(id,)| !seen.iter().any(|s| s.0 == *id)) {
+            let going: Vec<(Uuid, DateTime<Utc>, String, Option<Uuid>)> =
+                sqlx::query_as(GOING_IN_CONVERSATION).bind(conversation).fetch_all(&mut *conn).await?;
+            if going.iter().any(|(id, ..)| !seen.iter().any(|s| s.0 == *id)) {
                 return Err(StoreError::Moved);
+            }
+            if let Some(last) = going.iter().map(|(_, at, ..)| *at).max() {
+                lasts.push((conversation, last));
+            }
+        }
+        Ok(lasts)
+    }
+
+    /// Places the queued traces of `starts` after the runs going in their conversations
+    /// (`lasts`: the latest `started_at` of those, from [`check_going`](Rows::<B>::check_going)):
+    /// the queue's order is the database's, not the clocks of the replicas that planned them.
+    pub(super) async fn place_queued(
+        conn: &mut Conn<B>,
+        starts: &[&RunStart],
+        lasts: &[(Uuid, DateTime<Utc>)],
+    ) -> Result<(), StoreError> {
+        for start in starts.iter().filter(|s| s.queued.is_some()) {
+            let conversation = start.user_message.conversation_id.0;
+            let Some((_, last)) = lasts.iter().find(|(c, _)| *c == conversation) else { continue };
+            for trace in &start.traces {
+                sqlx::query("update traces set started_at = $2 where id = $1 and started_at <= $3")
+                    .bind(trace.trace_id)
+                    .bind(*last + chrono::Duration::microseconds(1))
+                    .bind(*last)
+                    .execute(&mut *conn)
+                    .await?;
             }
         }
         Ok(())
@@ -442,37 +480,34 @@ where
     ) -> Result<QueueTurn, StoreError> {
         write(backend, async |conn| {
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
-            let found: Option<(Uuid, Uuid, String, DateTime<Utc>)> =
-                sqlx::query_as("select conversation_id, user_message_id, status, started_at from traces where id = $1")
-                    .bind(trace_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let Some((conversation, question, _, _)) = found else { return Err(StoreError::NotFound) };
+            const TRACE: &str = "select conversation_id, comparison_id, status, started_at from traces where id = $1";
+            let found: Option<(Uuid, Option<Uuid>, String, DateTime<Utc>)> =
+                sqlx::query_as(TRACE).bind(trace_id).fetch_optional(&mut *tx).await?;
+            let Some((conversation, ..)) = found else { return Err(StoreError::NotFound) };
             Rows::<B>::lock_conversation(&mut tx, conversation).await?;
             // Read again under the lock.
-            let (_, _, status, started_at): (Uuid, Uuid, String, DateTime<Utc>) =
-                sqlx::query_as("select conversation_id, user_message_id, status, started_at from traces where id = $1")
-                    .bind(trace_id)
-                    .fetch_one(&mut *tx)
-                    .await?;
+            let (_, comparison, status, started_at): (Uuid, Option<Uuid>, String, DateTime<Utc>) =
+                sqlx::query_as(TRACE).bind(trace_id).fetch_one(&mut *tx).await?;
             if status != "queued" {
                 let status = TraceStatus::parse(&status).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 return Ok(QueueTurn::Gone(status));
             }
-            let ahead: Vec<(Uuid,)> = sqlx::query_as(
-                "select id from traces where conversation_id = $1 and user_message_id <> $2 \
-                 and (status in ('running', 'waiting') \
-                      or (status = 'queued' and (started_at < $3 or (started_at = $3 and id < $4)))) \
-                 order by started_at, id",
-            )
-            .bind(conversation)
-            .bind(question)
-            .bind(started_at)
-            .bind(trace_id)
-            .fetch_all(&mut *tx)
-            .await?;
+            // Every run running or waiting, and every one queued before it, goes first (the
+            // other side of its comparison aside).
+            let going: Vec<(Uuid, DateTime<Utc>, String, Option<Uuid>)> =
+                sqlx::query_as(GOING_IN_CONVERSATION).bind(conversation).fetch_all(&mut *tx).await?;
+            let mut ahead: Vec<(DateTime<Utc>, Uuid)> = going
+                .into_iter()
+                .filter(|(id, at, status, side)| {
+                    *id != trace_id.0
+                        && (comparison.is_none() || *side != comparison)
+                        && (status != "queued" || (*at, *id) < (started_at, trace_id.0))
+                })
+                .map(|(id, at, ..)| (at, id))
+                .collect();
             if !ahead.is_empty() {
-                return Ok(QueueTurn::Behind(ahead.into_iter().map(|(id,)| TraceId(id)).collect()));
+                ahead.sort_unstable();
+                return Ok(QueueTurn::Behind(ahead.into_iter().map(|(_, id)| TraceId(id)).collect()));
             }
             let (checkpoint,): (Option<Json<Value>>,) = sqlx::query_as(
                 "update traces set status = 'running', replica_id = $2, heartbeat_at = $3 \
@@ -704,6 +739,10 @@ where
                 query.push("; ");
                 Rows::<B>::push_touch(&mut query, &start.traces[0].user_id, &start.user_message);
             }
+            if Rows::<B>::settles(start) {
+                query.push("; ");
+                Rows::<B>::push_settle(&mut query, start);
+            }
             if let Some(c) = &start.comparison {
                 query.push("; ");
                 Rows::<B>::push_comparison(&mut query, c);
@@ -743,21 +782,63 @@ where
         Ok(())
     }
 
-    /// The update of [`touch_conversation`](Rows::<B>::touch_conversation). The second answer
-    /// of a comparison does not take over the branch: A stays active until a vote says
-    /// otherwise; nor does an answer that messages were queued behind while it ran.
+    /// The update of [`touch_conversation`](Rows::<B>::touch_conversation). A new user message
+    /// becomes the leaf. An answer does where the leaf is its question, or another answer to
+    /// it (a regenerate): not where messages were queued behind it meanwhile (CONTRACT.md
+    /// §16), nor where the user went to another branch. The second answer of a comparison
+    /// does not take over the branch: A stays active until a vote says otherwise.
+    /// Whether a start needs [`push_settle`](Rows::<B>::push_settle).
+    pub(super) fn settles(start: &RunStart) -> bool {
+        let regenerate = !start.user_message_is_new && start.new_conversation.is_none();
+        let queued_after =
+            start.user_message_is_new && start.queued.is_some() && start.user_message.parent_id.is_some();
+        regenerate || queued_after
+    }
+
+    /// What a start settles besides its rows. A regenerate makes its question the leaf (its
+    /// answer takes it from there when it ends). A queued message whose answer-to-follow will
+    /// never come (its run ended without one since the start looked) follows that run's
+    /// question instead, as `finish_run` moves the messages already queued behind it.
+    pub(super) fn push_settle<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, start: &'a RunStart) {
+        let m = &start.user_message;
+        if !start.user_message_is_new {
+            query.push("update conversations set active_leaf_id = ").push_bind(m.id);
+            query.push(" where id = ").push_bind(m.conversation_id);
+            query.push(" and user_id = ").push_bind(&start.traces[0].user_id);
+            return;
+        }
+        const ENDED: &str = " and t.status not in ('running', 'waiting', 'queued')";
+        query.push("update messages set parent_id = (select t.user_message_id from traces t where t.message_id = ");
+        query.push_bind(m.parent_id).push(ENDED).push(" limit 1) where id = ").push_bind(m.id);
+        query.push(" and not exists (select 1 from messages p where p.id = ").push_bind(m.parent_id);
+        query.push(") and exists (select 1 from traces t where t.message_id = ").push_bind(m.parent_id).push(ENDED);
+        query.push(")");
+    }
+
     pub(super) fn push_touch<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, user: &'a UserId, m: &'a Message) {
         query.push("update conversations set active_leaf_id = case when ");
         query.push_bind(m.variant.as_deref() == Some("b"));
-        // An answer that messages were queued behind (CONTRACT.md §16) leaves the leaf on them.
-        query.push(" or exists (select 1 from messages x where x.parent_id = ").push_bind(m.id);
-        query.push(") then active_leaf_id else ").push_bind(m.id);
+        query.push(" then active_leaf_id");
+        if let (Role::Assistant, Some(question)) = (m.role, m.parent_id) {
+            query.push(" when active_leaf_id is not null and active_leaf_id <> ").push_bind(question);
+            query.push(" and not exists (select 1 from messages x where x.id = conversations.active_leaf_id");
+            query.push(" and x.parent_id = ").push_bind(question);
+            query.push(") then active_leaf_id");
+        }
+        query.push(" else ").push_bind(m.id);
         query.push(" end, message_count = message_count + 1, last_message_at = ").push_bind(m.created_at);
         query.push(", updated_at = ").push_bind(m.created_at);
         query.push(" where id = ").push_bind(m.conversation_id);
         query.push(" and user_id = ").push_bind(user);
     }
 }
+
+/// The runs of a conversation (`$1`) that are going, each with its `started_at`, status and
+/// comparison: one select per status, for their partial indexes.
+const GOING_IN_CONVERSATION: &str = "select id, started_at, status, comparison_id from traces \
+     where conversation_id = $1 and status = 'running' \
+     union all select id, started_at, status, comparison_id from traces where conversation_id = $1 and status = 'waiting' \
+     union all select id, started_at, status, comparison_id from traces where conversation_id = $1 and status = 'queued'";
 
 /// A unique violation of `idempotency_keys`: another start recorded the key first.
 fn key_taken(error: sqlx::Error) -> StoreError {
