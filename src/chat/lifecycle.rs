@@ -119,7 +119,9 @@ pub fn spawn_background(
             // A store only this process uses has nobody to tell (its orphans are recovered at
             // start-up, whatever their heartbeat).
             if beat_store.is_shared() && !beat_runs.is_empty() {
-                if let Err(e) = beat_store.heartbeat(&replica_id, now()).await {
+                let queued: Vec<_> =
+                    beat_runs.all().iter().filter(|run| run.is_queued()).map(|run| run.trace_id).collect();
+                if let Err(e) = beat_store.heartbeat(&replica_id, now(), &queued).await {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }
             }

@@ -114,12 +114,14 @@ pub enum ChatError {
 impl Core {
     /// Everything about a request that does not depend on the profile: the message checked,
     /// the conversation found (or made), the parent, the history, an executed action's result.
-    /// `runs`: how many runs the request will start (two for a comparison).
+    /// `runs`: how many runs the request will start (two for a comparison); `action`: the
+    /// executed action's outcome, if an earlier look ran it.
     pub(super) async fn prepare(
         &self,
         user: &UserId,
         request: &ChatRequest,
         runs: usize,
+        action: &ActionOutcome,
     ) -> Result<Prepared, ChatError> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(ChatError::Unavailable("The server is shutting down; try again shortly".into()));
@@ -212,12 +214,18 @@ impl Core {
         // Last of the checks that can fail: the files a request stores are deleted again if
         // it is refused after this (see `ChatService::start`).
         let resolved = self.attachments(user, &request.attachments).await?;
-        let action_result = match request.interaction_type {
-            InteractionType::ActionExecuted => {
-                Some(self.run_action(request.action.as_ref(), request.context.as_ref()).await)
-            }
-            _ => None,
-        };
+        // Once per request, however often its start looks again.
+        let action_result = action
+            .get_or_init(|| async {
+                match request.interaction_type {
+                    InteractionType::ActionExecuted => {
+                        Some(self.run_action(request.action.as_ref(), request.context.as_ref()).await)
+                    }
+                    _ => None,
+                }
+            })
+            .await
+            .clone();
         let queue = (!going.is_empty()).then(|| super::queue::Queued {
             context: request.context.clone(),
             client_tools: request.client_tools.clone(),
@@ -249,6 +257,10 @@ impl Core {
         })
     }
 }
+
+/// An executed action's outcome (CONTRACT.md §4), kept across the looks of one start (it
+/// runs once).
+pub(super) type ActionOutcome = tokio::sync::OnceCell<Option<String>>;
 
 /// The profile-independent part of a request, ready to persist.
 pub(super) struct Prepared {

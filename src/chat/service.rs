@@ -16,7 +16,7 @@ use super::idempotency::{self, IdempotencyKey};
 use super::log::EventLog;
 use super::news::RunNews;
 use super::plan::Side;
-use super::request::{ChatError, ChatRequest, Prepared, busy};
+use super::request::{ActionOutcome, ChatError, ChatRequest, Prepared, busy};
 use super::runs::{LiveRun, Runs};
 use super::starts::StartWriter;
 use crate::config::Settings;
@@ -157,9 +157,9 @@ impl ChatService {
     }
 
     async fn start_here(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
-        let mut tries = 0;
+        let (mut tries, action) = (0, ActionOutcome::new());
         loop {
-            match self.try_start(user, &request).await {
+            match self.try_start(user, &request, &action).await {
                 // Another replica started a run of the conversation since this one looked:
                 // look again, to queue behind it (or refuse, or stop it).
                 Err(ChatError::Store(StoreError::Moved)) if tries < MOVED_TRIES => tries += 1,
@@ -169,8 +169,13 @@ impl ChatService {
         }
     }
 
-    async fn try_start(&self, user: &UserId, request: &ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
-        let turn = self.prepare(user, request, 1).await?;
+    async fn try_start(
+        &self,
+        user: &UserId,
+        request: &ChatRequest,
+        action: &ActionOutcome,
+    ) -> Result<Arc<LiveRun>, ChatError> {
+        let turn = self.prepare(user, request, 1, action).await?;
         let stored = turn.stored_files.clone();
         let profile = request
             .profile
@@ -204,9 +209,9 @@ impl ChatService {
         let (profile_a, profile_b) = (profile_a.to_owned(), profile_b.to_owned());
         // As in `start`: the start outlives a client that leaves.
         tokio::spawn(async move {
-            let mut tries = 0;
+            let (mut tries, action) = (0, ActionOutcome::new());
             loop {
-                let turn = service.prepare(&user, &request, 2).await?;
+                let turn = service.prepare(&user, &request, 2, &action).await?;
                 let stored = turn.stored_files.clone();
                 let started = service.compare(&user, &request, turn, &profile_a, &profile_b).await;
                 if started.is_err() {

@@ -366,7 +366,9 @@ pub trait Store: Send + Sync + 'static {
     /// stopped); false if another took it first, or it is no longer queued.
     async fn adopt_queued(&self, trace_id: TraceId, from: Option<&str>, replica_id: &str) -> Result<bool, StoreError>;
     /// Refreshes the heartbeat of the runs this process is running (or holds queued).
-    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
+    /// (`queued`: the queued runs this process holds; a queued trace it no longer holds must
+    /// go stale, for another replica to take it up.)
+    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>, queued: &[TraceId]) -> Result<(), StoreError>;
 
     /// Tells every chatd process on this database (Postgres NOTIFY; a no-op on SQLite, where
     /// there is only one process). Appending a run's events tells [`Notice::Logged`] itself.

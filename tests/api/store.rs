@@ -240,9 +240,9 @@ both_backends! {
         assert_eq!(running[0].replica_id.as_deref(), Some("replica-a"));
         assert_eq!(running[0].heartbeat_at, Some(start.traces[0].started_at));
         let later = start.traces[0].started_at + chrono::Duration::seconds(7);
-        store.heartbeat("replica-b", later).await.unwrap();
+        store.heartbeat("replica-b", later, &[]).await.unwrap();
         assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(start.traces[0].started_at), "another replica's beat");
-        store.heartbeat("replica-a", later).await.unwrap();
+        store.heartbeat("replica-a", later, &[]).await.unwrap();
         assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(later));
         assert_eq!(store.is_shared(), backend == Backend::Postgres);
     }
@@ -467,6 +467,13 @@ both_backends! {
         assert!(store.adopt_queued(id, Some("replica-a"), "b").await.unwrap());
         assert!(!store.adopt_queued(id, Some("replica-a"), "c").await.unwrap(), "once");
         assert_eq!(store.queued_traces().await.unwrap()[0].replica_id.as_deref(), Some("b"));
+        // Its holder's heartbeat keeps it only while the holder names it.
+        let adopted_at = store.queued_traces().await.unwrap()[0].heartbeat_at.unwrap();
+        let later = adopted_at + chrono::Duration::seconds(7);
+        store.heartbeat("b", later, &[]).await.unwrap();
+        assert_eq!(store.queued_traces().await.unwrap()[0].heartbeat_at, Some(adopted_at), "not held any more");
+        store.heartbeat("b", later, &[id]).await.unwrap();
+        assert_eq!(store.queued_traces().await.unwrap()[0].heartbeat_at, Some(later));
     }
 }
 

@@ -660,15 +660,21 @@ where
         Rows::adopt_queued(self, trace_id, from, replica_id).await
     }
 
-    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>, queued: &[TraceId]) -> Result<(), StoreError> {
         write(self, async |conn| {
-            sqlx::query(
-                "update traces set heartbeat_at = $2 where replica_id = $1 and status in ('running', 'queued')",
-            )
-            .bind(replica_id)
-            .bind(at)
-            .execute(conn)
-            .await?;
+            let mut query = QueryBuilder::<B::Db>::new("update traces set heartbeat_at = ");
+            query.push_bind(at).push(" where replica_id = ").push_bind(replica_id);
+            query.push(" and (status = 'running'");
+            if !queued.is_empty() {
+                query.push(" or (status = 'queued' and id in (");
+                let mut ids = query.separated(", ");
+                for id in queued {
+                    ids.push_bind(*id);
+                }
+                query.push("))");
+            }
+            query.push(")");
+            B::execute(conn, query).await?;
             Ok(())
         })
         .await
