@@ -101,12 +101,9 @@ both_backends! {
     async fn loading_shows_a_queued_message_after_the_answer_being_written(backend: Backend) {
         let app = TestApp::spawn(backend, "").await;
         let conversation = conversation(&app).await;
-        let mut first = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
-        first.until("text_delta").await;
-        let mut second = start(&app, "ann", json!({"message": "Next", "conversation_id": conversation})).await;
-        second.until("status").await;
-        let mut third = start(&app, "ann", json!({"message": "And last", "conversation_id": conversation})).await;
-        third.until("status").await;
+        let first = slow_run(&app, &conversation).await;
+        let second = queue_behind(&app, &conversation, "Next").await;
+        let third = queue_behind(&app, &conversation, "And last").await;
 
         let during = loaded(&app, &conversation).await;
         let roles: Vec<(String, String)> = branch_of(&during);
@@ -136,10 +133,8 @@ both_backends! {
     async fn a_queued_run_can_be_cancelled_before_it_starts(backend: Backend) {
         let app = TestApp::spawn(backend, "").await;
         let conversation = conversation(&app).await;
-        let mut first = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
-        first.until("text_delta").await;
-        let mut queued = start(&app, "ann", json!({"message": "Never mind", "conversation_id": conversation})).await;
-        queued.until("status").await;
+        let first = slow_run(&app, &conversation).await;
+        let queued = queue_behind(&app, &conversation, "Never mind").await;
         let trace_id = queued.seen()[0].data["trace_id"].as_str().unwrap().to_owned();
         let (status, body) = app.post("/api/cancel_stream", "ann", json!({"trace_id": trace_id})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -162,10 +157,8 @@ both_backends! {
         assert_eq!(branch_of(&loaded(&app, &conversation).await).len(), 7);
 
         // Cancelling the conversation stops the running run and the queued ones, which never start.
-        let mut running = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
-        running.until("text_delta").await;
-        let mut waiting = start(&app, "ann", json!({"message": "Behind", "conversation_id": conversation})).await;
-        waiting.until("status").await;
+        let running = slow_run(&app, &conversation).await;
+        let waiting = queue_behind(&app, &conversation, "Behind").await;
         let (status, body) = app.post("/api/cancel_stream", "ann", json!({"conversation_id": conversation})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["trace_ids"].as_array().unwrap().len(), 2, "{body}");
@@ -178,8 +171,7 @@ both_backends! {
     async fn reject_and_interrupt_still_answer_when_a_request_asks_for_them(backend: Backend) {
         let app = TestApp::spawn(backend, "[chat]\nmultitask = \"reject\"").await;
         let conversation = conversation(&app).await;
-        let mut first = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
-        first.until("text_delta").await;
+        let first = slow_run(&app, &conversation).await;
         let (status, _) = app.post("/api/chat/stream", "ann", json!({"message": "no", "conversation_id": conversation})).await;
         assert_eq!(status, StatusCode::CONFLICT, "the configured reject");
         let queued = app
@@ -226,6 +218,20 @@ async fn send(app: &TestApp, body: Value) -> Live {
     start(app, "ann", body).await
 }
 
+/// A slow run of `conversation` on `app`, read until its answer streams.
+async fn slow_run(app: &TestApp, conversation: &str) -> Live {
+    let mut live = send(app, json!({"message": SLOW, "conversation_id": conversation})).await;
+    live.until("text_delta").await;
+    live
+}
+
+/// `text` sent to `conversation` on `app` behind its going run, read until its `status`.
+async fn queue_behind(app: &TestApp, conversation: &str, text: &str) -> Live {
+    let mut live = send(app, json!({"message": text, "conversation_id": conversation})).await;
+    live.until("status").await;
+    live
+}
+
 #[tokio::test]
 #[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
 async fn messages_queued_on_two_replicas_keep_one_order_and_one_branch() {
@@ -236,8 +242,7 @@ async fn messages_queued_on_two_replicas_keep_one_order_and_one_branch() {
     for round in 0..3 {
         // A run going on one replica; a message to the other queues behind it, and one
         // more to the first queues behind that.
-        let mut first = send(&a, json!({"message": SLOW, "conversation_id": conversation})).await;
-        first.until("text_delta").await;
+        let first = slow_run(&a, &conversation).await;
         let mut second = send(
             &b,
             json!({"message": format!("second {round}"), "conversation_id": conversation, "diagnostics": true}),
@@ -266,8 +271,7 @@ async fn messages_queued_on_two_replicas_keep_one_order_and_one_branch() {
     }
     // Two at once, one to each replica, while a run goes: both queue, one after the other,
     // on one branch.
-    let mut going = send(&a, json!({"message": SLOW, "conversation_id": conversation})).await;
-    going.until("text_delta").await;
+    let going = slow_run(&a, &conversation).await;
     let (x, y) = tokio::join!(
         send(&a, json!({"message": "to a", "conversation_id": conversation, "diagnostics": true})),
         send(&b, json!({"message": "to b", "conversation_id": conversation, "diagnostics": true}))
@@ -311,8 +315,7 @@ both_backends! {
     async fn every_endpoint_that_starts_a_run_queues_behind_the_going_one(backend: Backend) {
         let app = TestApp::spawn(backend, "").await;
         let conversation = conversation(&app).await;
-        let mut going = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
-        going.until("text_delta").await;
+        let going = slow_run(&app, &conversation).await;
         // Each opens at once (queued), one behind the other, in the order sent.
         let legacy = open(&app, "/api/get_chat_response_stream", json!({"message": "legacy", "conversation_id": conversation})).await;
         let ab = open(&app, "/api/ab/stream", json!({"message": "compare", "conversation_id": conversation, "profile_a": "default", "profile_b": "other"})).await;
@@ -346,8 +349,7 @@ both_backends! {
     async fn queued_runs_do_not_count_against_the_running_runs_limit(backend: Backend) {
         let app = TestApp::spawn(backend, "[limits]\nmax_concurrent_runs_per_user = 1").await;
         let conversation = conversation(&app).await;
-        let mut going = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
-        going.until("text_delta").await;
+        let going = slow_run(&app, &conversation).await;
         let queued: Vec<Live> = futures_util::future::join_all(
             (0..3).map(|i| send(&app, json!({"message": format!("queued {i}"), "conversation_id": conversation}))),
         )
@@ -368,8 +370,7 @@ both_backends! {
     async fn a_regenerate_sent_while_the_answer_streams_waits_for_it_and_becomes_the_branch(backend: Backend) {
         let app = TestApp::spawn(backend, "").await;
         let conversation = conversation(&app).await;
-        let mut going = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
-        going.until("text_delta").await;
+        let going = slow_run(&app, &conversation).await;
         let question = loaded(&app, &conversation).await["messages"][2]["id"].as_str().unwrap().to_owned();
         let again = app
             .chat("ann", json!({"message": SLOW, "conversation_id": conversation, "parent_message_id": question}))

@@ -159,7 +159,7 @@ where
     for<'r> (Option<Json<Value>>,): FromRow<'r, Row<B>>,
     for<'r> (Uuid, Option<Uuid>, String, DateTime<Utc>): FromRow<'r, Row<B>>,
     for<'r> (Uuid, DateTime<Utc>, String, Option<Uuid>): FromRow<'r, Row<B>>,
-    for<'r> (UserId, Uuid, Uuid): FromRow<'r, Row<B>>,
+    for<'r> (UserId, Uuid, Uuid, Uuid): FromRow<'r, Row<B>>,
     for<'r> WaitRow: FromRow<'r, Row<B>>,
     for<'r> (Uuid,): FromRow<'r, Row<B>>,
     for<'r> (String,): FromRow<'r, Row<B>>,
@@ -481,13 +481,7 @@ where
             .await?;
             let Some((conversation, parent)) = found else { return Err(StoreError::NotFound) };
             sqlx::query("delete from messages where id = $1").bind(id).execute(&mut *tx).await?;
-            // Messages queued behind it (CONTRACT.md §16) follow its question.
-            sqlx::query("update messages set parent_id = $2 where conversation_id = $3 and parent_id = $1")
-                .bind(id)
-                .bind(parent)
-                .bind(conversation)
-                .execute(&mut *tx)
-                .await?;
+            Rows::<B>::follow_question(&mut tx, conversation, id, parent.map(MessageId)).await?;
             sqlx::query(
                 "update conversations set message_count = message_count - 1, \
                  active_leaf_id = case when active_leaf_id = $2 then $3 else active_leaf_id end where id = $1",

@@ -51,7 +51,7 @@ where
     for<'r> (Option<Json<Value>>,): FromRow<'r, Row<B>>,
     for<'r> (Uuid, Option<Uuid>, String, DateTime<Utc>): FromRow<'r, Row<B>>,
     for<'r> (Uuid, DateTime<Utc>, String, Option<Uuid>): FromRow<'r, Row<B>>,
-    for<'r> (UserId, Uuid, Uuid): FromRow<'r, Row<B>>,
+    for<'r> (UserId, Uuid, Uuid, Uuid): FromRow<'r, Row<B>>,
     for<'r> WaitRow: FromRow<'r, Row<B>>,
     for<'r> (Uuid,): FromRow<'r, Row<B>>,
     for<'r> (String,): FromRow<'r, Row<B>>,
@@ -144,9 +144,10 @@ where
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
             // Only a running trace ends: if another process already closed it (marked it
             // interrupted), this result is refused whole instead of overwriting that.
-            let owner: Option<(UserId, Uuid, Uuid)> = sqlx::query_as(
+            let owner: Option<(UserId, Uuid, Uuid, Uuid)> = sqlx::query_as(
                 "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6 \
-                 where id = $1 and status in ('running', 'queued') returning user_id, user_message_id, message_id",
+                 where id = $1 and status in ('running', 'queued') \
+                 returning user_id, user_message_id, message_id, conversation_id",
             )
             .bind(finish.trace_id)
             .bind(finish.status.as_str())
@@ -156,21 +157,15 @@ where
             .bind(json(&finish.spans))
             .fetch_optional(&mut *tx)
             .await?;
-            let Some((user, question, answer)) = owner else {
+            let Some((user, question, answer, conversation)) = owner else {
                 return Err(StoreError::Conflict("the run has already ended".into()));
             };
             match &finish.assistant_message {
                 Some(message) => Rows::<B>::append_message(&mut *tx, &user, message).await?,
                 // Messages queued behind an answer that never came follow its question.
                 None => {
-                    sqlx::query(
-                        "update messages set parent_id = $2 where conversation_id = \
-                         (select conversation_id from messages where id = $2) and parent_id = $1",
-                    )
-                    .bind(answer)
-                    .bind(question)
-                    .execute(&mut *tx)
-                    .await?;
+                    let (answer, question) = (MessageId(answer), Some(MessageId(question)));
+                    Rows::<B>::follow_question(&mut tx, conversation, answer, question).await?;
                 }
             }
             tx.commit().await?;
@@ -764,6 +759,23 @@ where
             })
         })
         .await
+    }
+
+    /// Makes the messages that follow `answer` (queued behind it, CONTRACT.md §16) follow
+    /// `question` instead: the answer never came, or is deleted.
+    pub(super) async fn follow_question(
+        conn: &mut Conn<B>,
+        conversation: Uuid,
+        answer: MessageId,
+        question: Option<MessageId>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("update messages set parent_id = $3 where conversation_id = $1 and parent_id = $2")
+            .bind(conversation)
+            .bind(answer)
+            .bind(question)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
     }
 
     /// Inserts a message and makes it the conversation's active leaf.

@@ -5,6 +5,7 @@
 // conversations.
 
 import assert from "node:assert/strict";
+import { after, before } from "node:test";
 import { spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
@@ -131,6 +132,23 @@ export async function launchBrowser() {
       "--disable-component-update",
       "--disable-sync",
     ],
+  });
+}
+
+/**
+ * A chatd and a browser for a test file's tests: started before them and handed to `use`,
+ * stopped after them.
+ */
+export function withChatdAndBrowser(use) {
+  const started = {};
+  before(async () => {
+    started.chatd = await startChatd();
+    started.browser = await launchBrowser();
+    use(started);
+  });
+  after(async () => {
+    await started.browser?.close();
+    await started.chatd?.stop();
   });
 }
 

@@ -4,27 +4,18 @@
 // the page's credentials, again after a reload. The mock model says what it was sent
 // ("[1 image 64×48 png]"), so the answer shows the file reached it.
 
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { resolve } from "node:path";
-import { inPage, launchBrowser, screenshot, startChatd } from "../support/harness.js";
+import { inPage, screenshot, withChatdAndBrowser } from "../support/harness.js";
 
 const PNG = resolve(import.meta.dirname, "../../fixtures/files/small.png");
 const CSV = resolve(import.meta.dirname, "../../fixtures/files/cities.csv");
 
 let chatd;
 let browser;
-
-before(async () => {
-  chatd = await startChatd();
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  await browser?.close();
-  await chatd?.stop();
-});
+withChatdAndBrowser((started) => ({ chatd, browser } = started));
 
 /** Opens the page for one test and closes its context afterwards, failing on page errors. */
 const withPage = (t, name, body) => inPage(browser, chatd, name, body);

@@ -1,22 +1,13 @@
 // The API reference at /docs in headless Chromium, with every request that does not go to
 // chatd refused: it must render the whole document from this server alone, under its CSP.
 
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { launchBrowser, screenshot, startChatd } from "../support/harness.js";
+import { screenshot, withChatdAndBrowser } from "../support/harness.js";
 
 let chatd;
 let browser;
-
-before(async () => {
-  chatd = await startChatd();
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  await browser?.close();
-  await chatd?.stop();
-});
+withChatdAndBrowser((started) => ({ chatd, browser } = started));
 
 test("the API reference renders offline, from the binary, under its CSP", async () => {
   const context = await browser.newContext({ viewport: { width: 1200, height: 800 } });

@@ -2,22 +2,13 @@
 // built-in, a slow MCP tool that reports progress, two profiles for A/B). Every check is on
 // what a person would see: text, element states, what the server then stores.
 
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { MAX_MESSAGE_CHARS, inPage, launchBrowser, mockWords, openPage, screenshot, startChatd } from "../support/harness.js";
+import { inPage, MAX_MESSAGE_CHARS, mockWords, openPage, screenshot, startChatd, withChatdAndBrowser } from "../support/harness.js";
 
 let chatd;
 let browser;
-
-before(async () => {
-  chatd = await startChatd();
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  await browser?.close();
-  await chatd?.stop();
-});
+withChatdAndBrowser((started) => ({ chatd, browser } = started));
 
 /** Opens the page for one test and closes its context afterwards, failing on page errors. */
 const withPage = (t, name, body) => inPage(browser, chatd, name, body);

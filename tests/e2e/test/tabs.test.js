@@ -4,22 +4,13 @@
 // the answer filling in, then complete with the same text. The tabs are two browser contexts
 // (storage of their own) signed in as the same user.
 
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { inPage, launchBrowser, mockWords, screenshot, startChatd } from "../support/harness.js";
+import { inPage, mockWords, screenshot, withChatdAndBrowser } from "../support/harness.js";
 
 let chatd;
 let browser;
-
-before(async () => {
-  chatd = await startChatd();
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  await browser?.close();
-  await chatd?.stop();
-});
+withChatdAndBrowser((started) => ({ chatd, browser } = started));
 
 async function send(page, text) {
   await page.fill("#input", text);
