@@ -154,6 +154,33 @@ test("cancel by conversation: RUN_ERROR with code CANCELLED, every START ended, 
   assert.equal(answer.content, `${text}\n\n[cancelled]`);
 });
 
+test("a run sent on the thread while another streams is queued (CUSTOM status Queued), then answers after it", async () => {
+  const user = "agui-queue";
+  const threadId = newThread();
+  let second;
+  const first = await run(agent(user, threadId, "Long [mock:words=30] [mock:delay=20]"), {}, (event) => {
+    // Another client on the same thread sends while this answer streams.
+    if (event.type === "TEXT_MESSAGE_CONTENT" && !second) {
+      second = run(agent(user, threadId, "And then [mock:words=3]"), { runId: "run-queued" });
+    }
+  });
+  const queued = await second;
+  assert.equal(first.error, undefined, first.error?.stack);
+  assert.equal(queued.error, undefined, queued.error?.stack);
+  const statuses = queued.events.filter((e) => e.type === "CUSTOM" && e.name === "status").map((e) => e.value.message);
+  assert.equal(statuses[0], "Queued", "it opened queued");
+  assert.equal(queued.events.at(-1).type, "RUN_FINISHED");
+  const conversation = await conversationOf(user, threadId);
+  assert.deepEqual(
+    conversation.messages.map((m) => m.role),
+    ["user", "assistant", "user", "assistant"],
+    "one branch, the queued question after the first answer",
+  );
+  assert.equal(conversation.messages[1].id, first.result.message_id);
+  assert.equal(conversation.messages[3].id, queued.result.message_id);
+  assert.equal(queued.result.message, "alpha bravo charlie");
+});
+
 test("an image part (inline data source) is an attachment: the model gets the image, the question keeps it", async () => {
   const user = "agui-image";
   const threadId = newThread();
