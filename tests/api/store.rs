@@ -516,3 +516,27 @@ both_backends! {
         assert_eq!(messages.iter().find(|m| m.id == behind.user_message.id).unwrap().parent_id, Some(going.traces[0].message_id));
     }
 }
+
+/// A refusal is no storage fault (issue 34): a missing or another user's approval, call or
+/// answer is answered from inside a transaction, which is rolled back, and the one SQLite
+/// writer is kept (it was closed and opened anew for each, with an ERROR logged).
+#[tokio::test]
+async fn refusals_keep_the_sqlite_writer() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let sqlite = store::SqliteStore::connect(&db.url, 4).await.expect("store opens");
+    let ann = user("ann");
+    for _ in 0..20 {
+        let approval = store::WaitKey::Approval(uuid::Uuid::now_v7());
+        let refused = sqlite.settle_wait(approval, Some(&ann), &store::Settlement::Approved, "replica-a").await;
+        assert!(matches!(refused, Err(StoreError::NotFound)), "{refused:?}");
+        let call = store::WaitKey::Call(TraceId::new(), "call_1");
+        let refused = sqlite.settle_wait(call, Some(&ann), &store::Settlement::Approved, "replica-a").await;
+        assert!(matches!(refused, Err(StoreError::NotFound)), "{refused:?}");
+        let refused = sqlite.delete_answer(&ann, chatd::ids::MessageId::new()).await;
+        assert!(matches!(refused, Err(StoreError::NotFound)), "{refused:?}");
+    }
+    assert_eq!(sqlite.writers_reopened(), 0, "a refusal closed the writer");
+    // Writes still work on the writer kept.
+    let c = conversation("ann", "after refusals");
+    sqlite.start_run(&run_start(&c, true)).await.unwrap();
+}

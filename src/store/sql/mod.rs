@@ -124,6 +124,13 @@ pub(super) async fn write<B: Backend, T>(
 ) -> Result<T, StoreError> {
     let mut writer = backend.writer().await?;
     let result = f(&mut writer).await;
+    // A refusal (a missing row, a conflict) returned from inside a transaction drops it, and
+    // the rollback that asks for is only queued (SQLite's runs on the connection's thread):
+    // one round trip lets it finish, so that the writer is not taken for one a fault left
+    // mid-transaction and opened anew.
+    if result.is_err() && sqlx::Connection::is_in_transaction(&*writer) {
+        let _ = sqlx::Connection::ping(&mut *writer).await;
+    }
     backend.written(writer, &result);
     result
 }

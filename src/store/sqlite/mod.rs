@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +36,8 @@ pub struct SqliteStore {
     writer: tokio::sync::Mutex<Option<SqliteConnection>>,
     /// How the writer is opened again after a fault.
     options: SqliteConnectOptions,
+    /// Writers opened since the first: each one a write that failed for a fault.
+    reopened: AtomicU64,
     /// What tells whether writes work now, for readiness (shared with the checkpoint task).
     health: Arc<WriteHealth>,
     /// The ids of the chunks written for each run not sealed yet.
@@ -90,11 +92,19 @@ impl SqliteStore {
             pool,
             writer: tokio::sync::Mutex::new(Some(writer)),
             options,
+            reopened: AtomicU64::new(0),
             health,
             chunk_ids: Mutex::default(),
             next_chunk_id: AtomicI64::new(last_chunk_id + 1),
             _checkpoints: stop.drop_guard(),
         })
+    }
+
+    /// How many times the writer was opened anew after a write that failed for a fault of
+    /// the database (a refused request is no fault: its transaction is rolled back and the
+    /// writer kept).
+    pub fn writers_reopened(&self) -> u64 {
+        self.reopened.load(Ordering::Relaxed)
     }
 
     /// A write of 64 KiB, about what an answer and its log take: what readiness tries while
@@ -156,6 +166,7 @@ impl Backend for SqliteStore {
             match self.options.connect().await {
                 Ok(conn) => {
                     tracing::info!("opened a new SQLite writer connection");
+                    self.reopened.fetch_add(1, Ordering::Relaxed);
                     *slot = Some(conn);
                 }
                 Err(e) => {
