@@ -93,12 +93,12 @@ impl Core {
                 }
                 Ok((self.files.get(user, id).await.map_err(at)?, false))
             }
-            (None, Some(url)) if url.starts_with("data:") => {
+            (None, Some(url)) if scheme(url) == Some("data") => {
                 let (declared, bytes) = data_url(url).map_err(|why| invalid(format!("attachments[{i}]: {why}")))?;
                 let name = attachment.name.clone().unwrap_or_else(|| default_name(&declared));
                 Ok((self.files.store_bytes(user, &name, bytes).await.map_err(at)?, true))
             }
-            (None, Some(url)) if url.starts_with("http://") || url.starts_with("https://") => {
+            (None, Some(url)) if matches!(scheme(url), Some("http" | "https")) => {
                 Ok((self.files.fetch(user, url, attachment.name.as_deref()).await.map_err(at)?, true))
             }
             (None, Some(_)) => Err(invalid(format!("attachments[{i}]: the url must be a data: or http(s) URL"))),
@@ -185,8 +185,15 @@ fn file_error(error: FileError, i: usize) -> ChatError {
 }
 
 /// A `data:` URL's declared media type and its bytes (base64 only).
+/// A URL's scheme, lowercased: schemes are case-insensitive (RFC 3986 §3.1), so
+/// `HTTP://…` and `Data:…` are what they say.
+fn scheme(url: &str) -> Option<&'static str> {
+    let (scheme, _) = url.split_once(':')?;
+    ["data", "http", "https"].into_iter().find(|known| scheme.eq_ignore_ascii_case(known))
+}
+
 fn data_url(url: &str) -> Result<(String, Bytes), String> {
-    let rest = url.strip_prefix("data:").ok_or("not a data: URL")?;
+    let rest = url.get(5..).filter(|_| scheme(url) == Some("data")).ok_or("not a data: URL")?;
     let (header, data) = rest.split_once(',').ok_or("a data: URL needs a ',' before its data")?;
     let Some(declared) = header.strip_suffix(";base64") else {
         return Err("only base64 data: URLs are taken (data:<type>;base64,<data>)".into());
@@ -285,5 +292,16 @@ mod tests {
         assert!(data_url("data:text/plain,hello").unwrap_err().contains("only base64"));
         assert!(data_url("data:text/plain;base64").unwrap_err().contains("','"));
         assert_eq!(default_name("image/png"), "attachment.png");
+        let (declared, _) = data_url("DATA:text/plain;base64,aGVsbG8=").unwrap();
+        assert_eq!(declared, "text/plain", "schemes are case-insensitive");
+    }
+
+    #[test]
+    fn schemes_are_read_whatever_their_case() {
+        assert_eq!(scheme("HTTP://example.com/a.png"), Some("http"));
+        assert_eq!(scheme("Https://example.com/a.png"), Some("https"));
+        assert_eq!(scheme("Data:text/plain;base64,aA=="), Some("data"));
+        assert_eq!(scheme("ftp://example.com/a.png"), None);
+        assert_eq!(scheme("no scheme"), None);
     }
 }

@@ -24,6 +24,8 @@ pub enum RemoteError {
         "The attachment URL's host resolves to a private, loopback or link-local address, which chatd does not fetch"
     )]
     Private,
+    /// Why, in words safe to show the client (a transport error's own text is logged, not
+    /// shown: it can name chatd's network).
     #[error("The attachment URL could not be fetched: {0}")]
     Failed(String),
     #[error("The remote file is too large")]
@@ -47,27 +49,26 @@ pub fn is_public(ip: IpAddr) -> bool {
                 || a == 0)
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_public(IpAddr::V4(v4));
-            }
             let segments = v6.segments();
-            // IPv4 carried in IPv6: NAT64 (64:ff9b::/96) and 6to4 (2002::/16).
             let carried = |high: u16, low: u16| {
                 std::net::Ipv4Addr::new((high >> 8) as u8, high as u8, (low >> 8) as u8, low as u8)
             };
+            // IPv4 carried in IPv6 is judged as that IPv4 address: IPv4-mapped (::ffff:0:0/96),
+            // IPv4-compatible (::/96, deprecated, yet a host may still route it to IPv4),
+            // NAT64 (64:ff9b::/96) and 6to4 (2002::/16).
+            if segments[..5] == [0; 5] && (segments[5] == 0 || segments[5] == 0xffff) {
+                return is_public(IpAddr::V4(carried(segments[6], segments[7])));
+            }
             if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
                 return is_public(IpAddr::V4(carried(segments[6], segments[7])));
             }
             if segments[0] == 0x2002 {
                 return is_public(IpAddr::V4(carried(segments[1], segments[2])));
             }
-            let first = segments[0];
-            !(v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                // Unique local (fc00::/7) and link-local (fe80::/10).
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80)
+            // Otherwise only global unicast (2000::/3) is public: a list of what to refuse
+            // misses the next form; one of what to take does not. Within it, Teredo
+            // (2001::/32, an obfuscated IPv4 address) and documentation (2001:db8::/32).
+            (segments[0] & 0xe000) == 0x2000 && segments[..2] != [0x2001, 0] && segments[..2] != [0x2001, 0xdb8]
         }
     }
 }
@@ -93,7 +94,7 @@ pub async fn fetch(
         Err(_) => tokio::time::timeout(timeout, tokio::net::lookup_host((host.as_str(), port)))
             .await
             .map_err(|_| RemoteError::Failed("its host did not resolve in time".into()))?
-            .map_err(|e| RemoteError::Failed(format!("its host did not resolve ({e})")))?
+            .map_err(|_| RemoteError::Failed("its host did not resolve".into()))?
             .collect(),
     };
     if addresses.is_empty() || addresses.iter().any(|a| !is_public(a.ip())) {
@@ -106,8 +107,17 @@ pub async fn fetch(
         .timeout(timeout)
         .resolve_to_addrs(&host, &addresses)
         .build()
-        .map_err(|e| RemoteError::Failed(e.to_string()))?;
-    let response = client.get(parsed.clone()).send().await.map_err(|e| RemoteError::Failed(e.to_string()))?;
+        .map_err(|e| {
+            tracing::error!(error = %e, "cannot build the client for a remote attachment");
+            RemoteError::Failed("chatd could not make the request".into())
+        })?;
+    let response = client.get(parsed.clone()).send().await.map_err(|e| {
+        tracing::info!(error = %e, %host, "a remote attachment could not be fetched");
+        RemoteError::Failed(match e.is_timeout() {
+            true => "it did not answer within files.fetch_timeout_secs".into(),
+            false => "the connection to its host failed".into(),
+        })
+    })?;
     if !response.status().is_success() {
         return Err(RemoteError::Failed(format!("it answered HTTP {}", response.status().as_u16())));
     }
@@ -148,10 +158,23 @@ mod tests {
             "::ffff:127.0.0.1",
             "64:ff9b::7f00:1",
             "2002:a00:1::1",
+            // IPv4-compatible forms of loopback and private addresses.
+            "::127.0.0.1",
+            "::7f00:1",
+            "::10.0.0.1",
+            "::a9fe:a9fe",
+            // Outside global unicast, or inside it but not public.
+            "64:ff9b:1::7f00:1",
+            "100::1",
+            "2001::1",
+            "2001:db8::1",
+            "ff02::1",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private}");
         }
-        for public in ["93.184.216.34", "2606:2800:220:1::248", "8.8.8.8", "64:ff9b::808:808", "2002:808:808::1"] {
+        for public in
+            ["93.184.216.34", "2606:2800:220:1::248", "8.8.8.8", "64:ff9b::808:808", "2002:808:808::1", "::8.8.8.8"]
+        {
             assert!(is_public(public.parse().unwrap()), "{public}");
         }
     }

@@ -273,7 +273,10 @@ both_backends! {
 
     async fn remote_urls_are_fetched_only_when_allowed_and_never_from_private_addresses(backend: Backend) {
         let app = TestApp::spawn(backend, &format!("{TAKES_FILES}\n[files]\nfetch_remote = true\n")).await;
-        for url in ["http://127.0.0.1:9/cat.png", "http://localhost:9/cat.png", "http://169.254.169.254/latest", "http://[::1]/x.png", "http://10.0.0.1/x.png"] {
+        // Schemes are case-insensitive, and IPv4-compatible IPv6 carries the IPv4 address it
+        // names (issue 34).
+        for url in ["http://127.0.0.1:9/cat.png", "http://localhost:9/cat.png", "http://169.254.169.254/latest", "http://[::1]/x.png", "http://10.0.0.1/x.png",
+            "HTTP://127.0.0.1:9/cat.png", "Http://localhost:9/cat.png", "http://[::127.0.0.1]:9/x.png", "http://[::7f00:1]:9/x.png", "http://[::ffff:7f00:1]:9/x.png"] {
             let (status, error) = app.post("/api/chat/stream", "ann", json!({"message": "hi", "attachments": [{"url": url}]})).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{url}: {error}");
             assert!(error["message"].as_str().unwrap().contains("private"), "{url}: {error}");
