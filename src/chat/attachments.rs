@@ -17,7 +17,7 @@ use crate::config::{Modality, ProfileSettings, ProviderKind};
 use crate::domain::Attachment;
 use crate::files::{FileError, Files};
 use crate::ids::{FileId, UserId};
-use crate::providers::{FileContent, InputMessage, ModelRequest};
+use crate::providers::{FileContent, InputMessage, ModelRequest, ProviderError, ProviderErrorKind};
 
 /// An attachment as a request names it: a stored file, or a URL (`data:` or, where
 /// allowed, `http(s)`) to store first.
@@ -235,8 +235,10 @@ impl FileReader {
         Self { files, user: user.clone(), modalities, provider, read: Arc::default() }
     }
 
-    /// Fills in the content of every file of `request`.
-    pub async fn read(&self, request: &mut ModelRequest) {
+    /// Fills in the content of every file of `request`. A file whose row is there and whose
+    /// bytes cannot be read fails the model call: an answer that silently lacks a file the
+    /// user sent is worse than an error that says so.
+    pub async fn read(&self, request: &mut ModelRequest) -> Result<(), ProviderError> {
         for message in &mut request.messages {
             let InputMessage::User { files, .. } = message else { continue };
             for input in files.iter_mut().filter(|f| f.content == FileContent::Unread) {
@@ -244,7 +246,7 @@ impl FileReader {
                 let content = match known {
                     Some(content) => content,
                     None => {
-                        let content = self.content(&input.file).await;
+                        let content = self.content(&input.file).await?;
                         self.read.lock().expect("never poisoned").insert(input.file.file_id, content.clone());
                         content
                     }
@@ -252,31 +254,36 @@ impl FileReader {
                 input.content = content;
             }
         }
+        Ok(())
     }
 
-    async fn content(&self, file: &Attachment) -> FileContent {
+    async fn content(&self, file: &Attachment) -> Result<FileContent, ProviderError> {
         let needs = modality(file);
         if !self.modalities.contains(&needs) {
-            return FileContent::Left(format!("this model takes no {} files", modality_name(needs)));
+            return Ok(FileContent::Left(format!("this model takes no {} files", modality_name(needs))));
         }
         // A file sent with another profile may be too large for this one's provider.
         if let Some(max) = self.provider.max_inline_bytes(file.is_image()).filter(|max| file.size > *max) {
-            return FileContent::Left(format!("it is larger than this model's provider takes ({max} bytes)"));
+            return Ok(FileContent::Left(format!("it is larger than this model's provider takes ({max} bytes)")));
         }
         // A file its user deleted is not sent, even where other files share its bytes.
-        let found = match self.files.get(&self.user, file.file_id).await {
-            Ok(found) => self.files.bytes(&found.sha256).await,
-            Err(e) => Err(e),
+        let unreadable = |e: FileError| {
+            tracing::error!(error = %e, file_id = %file.file_id, sha256 = %file.sha256, "an attachment's bytes cannot be read");
+            ProviderError::new(
+                ProviderErrorKind::Unavailable,
+                format!("The attachment {} could not be read from the file storage", file.name),
+            )
         };
-        match found {
-            Ok(bytes) if needs == Modality::Text => FileContent::Text(String::from_utf8_lossy(&bytes).into_owned()),
-            Ok(bytes) => FileContent::Bytes(bytes),
-            Err(FileError::NotFound) => FileContent::Left("the file was deleted".into()),
-            Err(e) => {
-                tracing::warn!(error = %e, file_id = %file.file_id, "could not read an attachment for a model call");
-                FileContent::Left("it could not be read just now".into())
-            }
-        }
+        let found = match self.files.get(&self.user, file.file_id).await {
+            Ok(found) => found,
+            Err(FileError::NotFound) => return Ok(FileContent::Left("the file was deleted".into())),
+            Err(e) => return Err(unreadable(e)),
+        };
+        let bytes = self.files.bytes(&found.sha256).await.map_err(unreadable)?;
+        Ok(match needs {
+            Modality::Text => FileContent::Text(String::from_utf8_lossy(&bytes).into_owned()),
+            _ => FileContent::Bytes(bytes),
+        })
     }
 }
 

@@ -23,7 +23,7 @@ pub use self::remote::RemoteError;
 use crate::config::FileSettings;
 use crate::domain::{StoredFile, now};
 use crate::ids::{FileId, UserId};
-use crate::store::{Store, StoreError};
+use crate::store::{BytesLock, Store, StoreError};
 
 /// Why a file could not be stored, read or deleted.
 #[derive(Debug, thiserror::Error)]
@@ -147,19 +147,26 @@ impl Files {
     }
 
     /// Makes the temporary object the file's bytes (unless the same bytes are kept
-    /// already), then writes its row.
+    /// already), then writes its row: under the lock on these bytes, so that a deletion of
+    /// the last other file with them cannot take them between the look and the row.
     async fn keep(&self, temporary: &Path, file: &StoredFile) -> Result<(), FileError> {
-        let blob = blob_path(&file.sha256);
-        match self.objects.head(&blob).await {
-            Ok(_) => self.objects.delete(temporary).await?,
-            Err(object_store::Error::NotFound { .. }) => self.objects.rename(temporary, &blob).await?,
-            Err(e) => return Err(e.into()),
+        let mut lock = self.store.lock_bytes(&file.sha256).await?;
+        let kept = async {
+            let blob = blob_path(&file.sha256);
+            match self.objects.head(&blob).await {
+                Ok(_) => self.objects.delete(temporary).await?,
+                Err(object_store::Error::NotFound { .. }) => self.objects.rename(temporary, &blob).await?,
+                Err(e) => return Err(FileError::from(e)),
+            }
+            if let Err(e) = lock.insert_file(file).await {
+                self.delete_if_unused(&mut *lock, &file.sha256).await;
+                return Err(e.into());
+            }
+            Ok(())
         }
-        if let Err(e) = self.store.insert_file(file).await {
-            self.forget(std::slice::from_ref(&file.sha256)).await;
-            return Err(e.into());
-        }
-        Ok(())
+        .await;
+        lock.release().await;
+        kept
     }
 
     /// The user's file.
@@ -197,22 +204,34 @@ impl Files {
         Ok(())
     }
 
-    /// Deletes the bytes of these files where no file has them any more. A failure is
-    /// logged: the bytes stay, unreachable, and the caller's deletion stands.
+    /// Deletes the bytes of these files where no file has them any more, each under the
+    /// lock on its bytes (see [`keep`](Self::keep)). A failure is logged: the bytes stay,
+    /// unreachable, and the caller's deletion stands.
     pub async fn forget(&self, sha256s: &[String]) {
         for sha256 in sha256s {
-            match self.store.file_bytes_used(sha256).await {
-                Ok(false) => {}
-                Ok(true) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not tell whether a file's bytes are still used; they stay");
-                    continue;
+            match self.store.lock_bytes(sha256).await {
+                Ok(mut lock) => {
+                    self.delete_if_unused(&mut *lock, sha256).await;
+                    lock.release().await;
                 }
+                Err(e) => tracing::warn!(error = %e, sha256, "could not lock a file's bytes to delete them; they stay"),
             }
-            match self.objects.delete(&blob_path(sha256)).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => tracing::warn!(error = %e, sha256, "could not delete a file's bytes"),
+        }
+    }
+
+    /// Deletes the bytes if no file has them; `lock` is the lock on them.
+    async fn delete_if_unused(&self, lock: &mut dyn BytesLock, sha256: &str) {
+        match lock.used().await {
+            Ok(false) => {}
+            Ok(true) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not tell whether a file's bytes are still used; they stay");
+                return;
             }
+        }
+        match self.objects.delete(&blob_path(sha256)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => tracing::warn!(error = %e, sha256, "could not delete a file's bytes"),
         }
     }
 }

@@ -237,13 +237,13 @@ pub trait Store: Send + Sync + 'static {
     /// Returns the sha256 of each file deleted, whose bytes may now be unused.
     async fn delete_conversation(&self, user: &UserId, id: ConversationId) -> Result<Vec<String>, StoreError>;
 
-    /// Stores a file's row; its bytes are in the file storage already.
-    async fn insert_file(&self, file: &StoredFile) -> Result<(), StoreError>;
+    /// Takes the lock on the bytes with this sha256, held until
+    /// [`release`](BytesLock::release): whoever adds a file with these bytes and whoever
+    /// deletes them once unused take turns, in this process and across replicas.
+    async fn lock_bytes(&self, sha256: &str) -> Result<Box<dyn BytesLock + '_>, StoreError>;
     async fn get_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError>;
     /// Deletes the user's file. Messages that carried it keep what they showed of it.
     async fn delete_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError>;
-    /// Whether any file, of any user, has the bytes with this sha256.
-    async fn file_bytes_used(&self, sha256: &str) -> Result<bool, StoreError>;
 
     /// The run the user's idempotency key started, if it started one.
     async fn keyed_run(&self, user: &UserId, key: &str) -> Result<Option<KeyedRun>, StoreError>;
@@ -376,6 +376,19 @@ pub trait Store: Send + Sync + 'static {
     /// What processes tell each other, as it comes (`None` where there are no other
     /// processes).
     async fn notices(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError>;
+}
+
+/// The lock on one file's bytes (see [`Store::lock_bytes`]): files are kept once per
+/// content, so a new file's row and the deletion of bytes no row names any more must not
+/// interleave, or one user's deletion takes the bytes another's upload just counted on.
+#[async_trait]
+pub trait BytesLock: Send {
+    /// Writes a file's row; its bytes are in the file storage already.
+    async fn insert_file(&mut self, file: &StoredFile) -> Result<(), StoreError>;
+    /// Whether any file, of any user, has these bytes.
+    async fn used(&mut self) -> Result<bool, StoreError>;
+    /// Lets the next one in. A lock dropped without this is let go too, later.
+    async fn release(self: Box<Self>);
 }
 
 /// What one chatd process tells the others about a run.

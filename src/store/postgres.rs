@@ -11,8 +11,9 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions, PgQueryResult};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
-use super::sql::Backend;
-use super::{NewEvent, Notice, StoreError};
+use super::sql::{Backend, bytes_used, insert_file};
+use super::{BytesLock, NewEvent, Notice, StoreError};
+use crate::domain::StoredFile;
 use crate::events::LoggedEvent;
 use crate::ids::{ConversationId, TraceId};
 
@@ -165,6 +166,16 @@ impl Backend for PostgresStore {
     /// LISTENs on its own connection; sqlx reconnects it after a drop, and the notices sent
     /// meanwhile are lost: [`Notice::Missed`] says so (a cancel asked then is answered by
     /// the caller's timeout; a follower reads its log again).
+    async fn bytes_lock(&self, sha256: &str) -> Result<Box<dyn BytesLock + '_>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let lock = format!("select pg_advisory_lock({BYTES_LOCK})");
+        if let Err(e) = sqlx::query(&lock).bind(sha256).execute(&mut *conn).await {
+            conn.close_on_drop();
+            return Err(e.into());
+        }
+        Ok(Box::new(PgBytesLock { conn, sha256: sha256.to_owned(), released: false }))
+    }
+
     async fn listen(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL, START_CHANNEL]).await?;
@@ -197,6 +208,45 @@ impl Backend for PostgresStore {
             }
         });
         Ok(Some(notices.boxed()))
+    }
+}
+
+/// A lock on one file's bytes: a session advisory lock, held on a connection of its own
+/// that also does the lock's reads and writes (a second connection per holder could run the
+/// pool dry under many uploads at once).
+struct PgBytesLock {
+    conn: PoolConnection<Postgres>,
+    sha256: String,
+    released: bool,
+}
+
+/// The advisory lock's key: the sha256 hashed by Postgres (seed 9: other locks use others).
+const BYTES_LOCK: &str = "hashtextextended($1, 9)";
+
+#[async_trait::async_trait]
+impl BytesLock for PgBytesLock {
+    async fn insert_file(&mut self, file: &StoredFile) -> Result<(), StoreError> {
+        insert_file::<PostgresStore>(&mut self.conn, file).await
+    }
+
+    async fn used(&mut self) -> Result<bool, StoreError> {
+        bytes_used::<PostgresStore>(&mut self.conn, &self.sha256).await
+    }
+
+    async fn release(mut self: Box<Self>) {
+        let unlock = format!("select pg_advisory_unlock({BYTES_LOCK})");
+        if sqlx::query(&unlock).bind(&self.sha256).execute(&mut *self.conn).await.is_ok() {
+            self.released = true;
+        }
+    }
+}
+
+impl Drop for PgBytesLock {
+    /// A lock not let go (its holder failed or was dropped midway) goes with its connection.
+    fn drop(&mut self) {
+        if !self.released {
+            self.conn.close_on_drop();
+        }
     }
 }
 

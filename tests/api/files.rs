@@ -283,3 +283,63 @@ both_backends! {
         }
     }
 }
+
+/// Rounds of a race between two users over the same bytes (issue 34): Ann's file, then at
+/// once Ann deletes it and Bob uploads the same bytes. Bob's file must stay readable, whoever
+/// wins: before the bytes were locked, Ann's "are they still used?" could answer no just
+/// before Bob's row came, and her deletion then took his bytes (6 and 13 of 30 rounds).
+pub async fn race_over_shared_bytes(deleter: &TestApp, uploader: &TestApp, rounds: usize) {
+    for round in 0..rounds {
+        let bytes = format!("shared note {round} {}\n", uuid::Uuid::now_v7()).into_bytes();
+        let (status, anns) = upload(deleter, "ann", "note.txt", bytes.clone()).await;
+        assert_eq!(status, StatusCode::CREATED, "{anns}");
+        let path = format!("/api/files/{}", anns["id"].as_str().unwrap());
+        let (deleted, (status, bobs)) = tokio::join!(
+            deleter.call(reqwest::Method::DELETE, &path, "ann", None),
+            upload(uploader, "bob", "note.txt", bytes.clone())
+        );
+        assert_eq!(deleted.0, StatusCode::NO_CONTENT);
+        assert_eq!(status, StatusCode::CREATED, "{bobs}");
+        let bobs = format!("/api/files/{}", bobs["id"].as_str().unwrap());
+        let response = uploader.client.get(uploader.url(&bobs)).header("x-client-id", "bob").send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "round {round}: bob's fresh upload lost its bytes");
+        assert_eq!(response.bytes().await.unwrap().to_vec(), bytes, "round {round}");
+    }
+}
+
+both_backends! {
+    async fn a_deletion_never_takes_the_bytes_of_an_upload_racing_it(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        race_over_shared_bytes(&app, &app, 30).await;
+    }
+
+    async fn an_attachment_whose_bytes_are_gone_fails_its_run_loudly(backend: Backend) {
+        let app = TestApp::spawn(backend, TAKES_FILES).await;
+        let (status, file) = upload(&app, "ann", "photo.jpg", fixture("photo.jpg")).await;
+        assert_eq!(status, StatusCode::CREATED, "{file}");
+        // The row stays; the bytes go (a storage fault, or an operator's mistake).
+        for blob in stored_files(&app) {
+            std::fs::remove_file(blob).unwrap();
+        }
+        let frames = app.chat("ann", json!({"message": "What is this?", "attachments": [{"file_id": file["id"]}]})).await;
+        let error = frames.iter().find(|f| f.kind() == "error").unwrap_or_else(|| panic!("no error: {frames:?}"));
+        assert_eq!(error.data["code"], "SERVICE_UNAVAILABLE");
+        assert!(error.data["message"].as_str().unwrap().contains("photo.jpg could not be read"), "{error:?}");
+        assert_eq!(frames.last().unwrap().kind(), "done");
+        assert!(!joined(&frames, "text_delta").contains("left out"), "not answered without the file");
+        let (status, error) = app.get(&format!("/api/files/{}", file["id"].as_str().unwrap()), "ann").await;
+        assert_eq!((status, error["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("SERVICE_UNAVAILABLE")));
+    }
+}
+
+/// The same race across two replicas sharing one Postgres and one file storage: the lock on
+/// the bytes is the database's, not a process's.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_deletion_on_one_replica_never_takes_the_bytes_of_an_upload_on_another() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let files = tempfile::tempdir().unwrap();
+    let config = format!("[files]\nurl = \"file://{}\"\n", files.path().display());
+    let (a, b) = (TestApp::on(&db.url, &config).await, TestApp::on(&db.url, &config).await);
+    race_over_shared_bytes(&a, &b, 30).await;
+}

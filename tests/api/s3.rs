@@ -222,4 +222,7 @@ async fn attachments_live_in_a_real_s3_bucket() {
     assert_eq!(frames.last().unwrap().kind(), "done", "{frames:?}");
     let text = joined(&frames, "text_delta");
     assert!(text.contains("[1 image 640×480 jpeg]"), "{text}");
+
+    // A deletion racing an upload of the same bytes never takes the upload's blob (issue 34).
+    crate::files::race_over_shared_bytes(&app, &app, 15).await;
 }

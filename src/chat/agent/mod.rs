@@ -255,7 +255,9 @@ async fn call_model(
         plan.context.record(fitted.state.as_ref()).await;
     }
     // Only the files of the messages kept are read.
-    plan.files.read(&mut fitted.request).await;
+    if let Err(error) = plan.files.read(&mut fitted.request).await {
+        return Ending::Failed(error);
+    }
     output.thinking_calls.0 += 1;
     let mut turn = Turn::new(output.tool_history.len() as u32, markers);
     emitter.hold(true);

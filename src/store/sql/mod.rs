@@ -21,8 +21,8 @@ use uuid::Uuid;
 use self::runs::Rows;
 use super::rows::*;
 use super::{
-    Claim, ConversationPatch, KeyedRun, NewEvent, Notice, PageCursor, QueueTurn, RunFinish, RunPark, RunStart,
-    RunningTrace, Settled, Settlement, Store, StoreError, WaitKey,
+    BytesLock, Claim, ConversationPatch, KeyedRun, NewEvent, Notice, PageCursor, QueueTurn, RunFinish, RunPark,
+    RunStart, RunningTrace, Settled, Settlement, Store, StoreError, WaitKey,
 };
 use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, StoredFile, Trace, now};
 use crate::events::LoggedEvent;
@@ -97,6 +97,50 @@ pub(super) trait Backend: Send + Sync + 'static {
     /// See [`Store::notify`] and [`Store::notices`].
     fn tell(&self, notice: Notice) -> impl Future<Output = Result<(), StoreError>> + Send;
     fn listen(&self) -> impl Future<Output = Result<Option<BoxStream<'static, Notice>>, StoreError>> + Send;
+    /// See [`Store::lock_bytes`].
+    fn bytes_lock(&self, sha256: &str) -> impl Future<Output = Result<Box<dyn BytesLock + '_>, StoreError>> + Send;
+}
+
+/// Writes a file's row on `conn` (see [`BytesLock::insert_file`]).
+pub(super) async fn insert_file<B: Backend>(conn: &mut Conn<B>, file: &StoredFile) -> Result<(), StoreError>
+where
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+    for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> i64: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Option<i64>: Encode<'q, B::Db> + Type<B::Db>,
+{
+    sqlx::query(
+        "insert into files (id, user_id, name, media_type, size, sha256, width, height, created_at) \
+         values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(file.id.0)
+    .bind(file.user_id.as_str().to_owned())
+    .bind(file.name.clone())
+    .bind(file.media_type.clone())
+    .bind(file.size as i64)
+    .bind(file.sha256.clone())
+    .bind(file.width.map(i64::from))
+    .bind(file.height.map(i64::from))
+    .bind(file.created_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Whether any file has the bytes with this sha256, read on `conn`.
+pub(super) async fn bytes_used<B: Backend>(conn: &mut Conn<B>, sha256: &str) -> Result<bool, StoreError>
+where
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+    for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
+    for<'r> (i64,): FromRow<'r, Row<B>>,
+{
+    let row: Option<(i64,)> =
+        sqlx::query_as("select 1 from files where sha256 = $1 limit 1").bind(sha256).fetch_optional(conn).await?;
+    Ok(row.is_some())
 }
 
 /// Runs `query`, a whole transaction (`BEGIN …; …; COMMIT`) sent as one query, on `conn`;
@@ -300,26 +344,8 @@ where
         .await
     }
 
-    async fn insert_file(&self, file: &StoredFile) -> Result<(), StoreError> {
-        write(self, async |conn| {
-            sqlx::query(
-                "insert into files (id, user_id, name, media_type, size, sha256, width, height, created_at) \
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            )
-            .bind(file.id)
-            .bind(&file.user_id)
-            .bind(&file.name)
-            .bind(&file.media_type)
-            .bind(file.size as i64)
-            .bind(&file.sha256)
-            .bind(file.width.map(i64::from))
-            .bind(file.height.map(i64::from))
-            .bind(file.created_at)
-            .execute(conn)
-            .await?;
-            Ok(())
-        })
-        .await
+    async fn lock_bytes(&self, sha256: &str) -> Result<Box<dyn BytesLock + '_>, StoreError> {
+        self.bytes_lock(sha256).await
     }
 
     async fn get_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError> {
@@ -380,14 +406,6 @@ where
             Ok(())
         })
         .await
-    }
-
-    async fn file_bytes_used(&self, sha256: &str) -> Result<bool, StoreError> {
-        let row: Option<(i64,)> = sqlx::query_as("select 1 from files where sha256 = $1 limit 1")
-            .bind(sha256)
-            .fetch_optional(self.pool())
-            .await?;
-        Ok(row.is_some())
     }
 
     async fn messages(&self, user: &UserId, conversation_id: ConversationId) -> Result<Vec<Message>, StoreError> {

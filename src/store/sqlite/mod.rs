@@ -24,8 +24,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 mod log;
 
-use super::sql::{Backend, write};
-use super::{NewEvent, Notice, StoreError};
+use super::sql::{Backend, bytes_used, insert_file, write};
+use super::{BytesLock, NewEvent, Notice, StoreError};
+use crate::domain::StoredFile;
 use crate::events::LoggedEvent;
 use crate::ids::TraceId;
 
@@ -45,9 +46,16 @@ pub struct SqliteStore {
     /// The id the next chunk gets: above every id in the table, so a run's chunks are all
     /// after its `log_from` (taken only while holding the writer).
     next_chunk_id: AtomicI64,
+    /// The locks on files' bytes (see [`Store::lock_bytes`](super::Store::lock_bytes)),
+    /// one per stripe of sha256s: one process has the file, so a lock in memory is enough.
+    bytes_locks: Vec<Arc<tokio::sync::Mutex<()>>>,
     /// Stops the checkpoint task with the store.
     _checkpoints: DropGuard,
 }
+
+/// Stripes of [`SqliteStore::bytes_locks`]: sha256s that share one wait for each other,
+/// which costs only a short wait.
+const BYTES_LOCK_STRIPES: usize = 64;
 
 /// How often the WAL is copied back into the database file.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
@@ -96,6 +104,7 @@ impl SqliteStore {
             health,
             chunk_ids: Mutex::default(),
             next_chunk_id: AtomicI64::new(last_chunk_id + 1),
+            bytes_locks: (0..BYTES_LOCK_STRIPES).map(|_| Arc::default()).collect(),
             _checkpoints: stop.drop_guard(),
         })
     }
@@ -255,6 +264,12 @@ impl Backend for SqliteStore {
     async fn listen(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
         Ok(None)
     }
+
+    async fn bytes_lock(&self, sha256: &str) -> Result<Box<dyn BytesLock + '_>, StoreError> {
+        let stripe = sha256.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(usize::from(b)));
+        let guard = self.bytes_locks[stripe % BYTES_LOCK_STRIPES].clone().lock_owned().await;
+        Ok(Box::new(SqliteBytesLock { store: self, sha256: sha256.to_owned(), _guard: guard }))
+    }
 }
 
 /// Whether writes work, as the last one found, and the file they go to.
@@ -335,4 +350,25 @@ async fn checkpoints(pool: SqlitePool, health: Arc<WriteHealth>, stop: Cancellat
             tracing::warn!(error = %e, "WAL checkpoint failed");
         }
     }
+}
+
+/// A lock on one file's bytes, held in memory.
+struct SqliteBytesLock<'a> {
+    store: &'a SqliteStore,
+    sha256: String,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+#[async_trait::async_trait]
+impl BytesLock for SqliteBytesLock<'_> {
+    async fn insert_file(&mut self, file: &StoredFile) -> Result<(), StoreError> {
+        write(self.store, async |conn| insert_file::<SqliteStore>(conn, file).await).await
+    }
+
+    async fn used(&mut self) -> Result<bool, StoreError> {
+        let mut conn = self.store.pool.acquire().await?;
+        bytes_used::<SqliteStore>(&mut conn, &self.sha256).await
+    }
+
+    async fn release(self: Box<Self>) {}
 }
