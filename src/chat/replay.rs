@@ -229,7 +229,24 @@ impl Core {
             loop {
                 let looked_at = crate::domain::now();
                 let traces = match last_look {
-                    None => core.store.running_in_conversation(&user, conversation_id).await,
+                    // Runs that started within that second before the first look and have
+                    // ended are none of this stream's: known, so a later look passes them.
+                    None => match core.store.running_in_conversation(&user, conversation_id).await {
+                        Ok(going) => {
+                            let since = looked_at - chrono::Duration::seconds(1);
+                            match core.store.runs_started_since(&user, conversation_id, since).await {
+                                Ok(started) => {
+                                    let ended = started.iter().filter(|t| {
+                                        !going_on(t.status) && !going.iter().any(|g| g.trace_id == t.trace_id)
+                                    });
+                                    followed.extend(ended.map(|t| t.trace_id));
+                                    Ok(going)
+                                }
+                                Err(e) => Err(e),
+                            }
+                        }
+                        Err(e) => Err(e),
+                    },
                     Some(since) => match core.store.running_in_conversation(&user, conversation_id).await {
                         Ok(mut going) => core
                             .store

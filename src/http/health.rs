@@ -28,13 +28,20 @@ async fn metrics() -> String {
     crate::metrics::handle().render()
 }
 
-#[utoipa::path(get, operation_id = "readyz", path = "/readyz", tag = "health", responses((status = 200, description = "The database answers and takes writes", body = StatusBody), (status = 503, description = "It does not, or the server is shutting down", body = ErrorBody)))]
+#[utoipa::path(get, operation_id = "readyz", path = "/readyz", tag = "health", responses((status = 200, description = "The database answers and takes writes, and (on Postgres) the other replicas' notices are heard", body = StatusBody), (status = 503, description = "It does not, the notice listener is reconnecting, or the server is shutting down", body = ErrorBody)))]
 async fn ready(State(state): State<AppState>) -> Result<Json<StatusBody>, AppError> {
     if state.chat.is_draining() {
         return Err(AppError::Unavailable("Shutting down".into()));
     }
     if state.tools.mcp().starting() {
         return Err(AppError::Unavailable("MCP servers are starting".into()));
+    }
+    // Another replica's cancels, logs and starts would go unheard: its runs' streams here
+    // would stall until the listener is back.
+    if !state.store.hears_others() {
+        return Err(AppError::Unavailable(
+            "Not hearing the other replicas: the notice listener is reconnecting".into(),
+        ));
     }
     state.store.ping().await.map_err(|e| {
         tracing::warn!(error = %e, "readiness check failed");

@@ -214,6 +214,10 @@ pub trait Store: Send + Sync + 'static {
     /// Whether several chatd processes may share this store (Postgres), so that a running
     /// trace may belong to another live process.
     fn is_shared(&self) -> bool;
+    /// Whether this process hears the other replicas' notices now (for `/readyz`): false
+    /// while the listener's connection is lost and not yet made anew. Always true where
+    /// there are no others.
+    fn hears_others(&self) -> bool;
 
     async fn create_conversation(&self, conversation: &Conversation) -> Result<(), StoreError>;
     /// The user's conversations, newest `last_message_at` first, after `cursor`.
@@ -400,7 +404,8 @@ pub enum Notice {
     Logged(TraceId),
     /// A run of this conversation started: whoever follows the conversation follows it.
     Started(ConversationId, TraceId),
-    /// The listener lost its connection and may have missed notices: read again.
+    /// Notices may have been missed (the listener lost its connection, and is listening
+    /// again): whoever waits on one reads what it follows from the database again.
     Missed,
 }
 

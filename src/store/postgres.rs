@@ -3,12 +3,14 @@
 //! with NOTIFY.
 
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions, PgQueryResult};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgNotification, PgPoolOptions, PgQueryResult};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use super::sql::{Backend, bytes_used, insert_file};
@@ -22,6 +24,9 @@ pub struct PostgresStore {
     /// This store's mark on the starts it tells: the process that started a run has told
     /// itself already, and must not hear of it a second time, late.
     origin: String,
+    /// Whether the notice listener is connected (see [`Store::hears_others`]); true until
+    /// it is known not to be.
+    listening: Arc<AtomicBool>,
 }
 
 impl PostgresStore {
@@ -46,7 +51,7 @@ impl PostgresStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
-        Ok(Self { pool, origin: uuid::Uuid::new_v4().simple().to_string() })
+        Ok(Self { pool, origin: uuid::Uuid::new_v4().simple().to_string(), listening: Arc::new(AtomicBool::new(true)) })
     }
 }
 
@@ -163,9 +168,69 @@ impl Backend for PostgresStore {
         Ok(())
     }
 
-    /// LISTENs on its own connection; sqlx reconnects it after a drop, and the notices sent
-    /// meanwhile are lost: [`Notice::Missed`] says so (a cancel asked then is answered by
-    /// the caller's timeout; a follower reads its log again).
+    /// LISTENs on a connection of its own. When that connection is lost (a restart of the
+    /// server, a killed backend), it connects and LISTENs on every channel anew, again and
+    /// again with a growing pause, for as long as the store lives; notices sent meanwhile are
+    /// lost, so once it listens again it tells [`Notice::Missed`]: every follower then reads
+    /// the database again (a cancel asked meanwhile is answered by the caller's timeout).
+    async fn listen(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
+        let (pool, origin, listening) = (self.pool.clone(), self.origin.clone(), self.listening.clone());
+        let mut listener = match subscribe(&pool).await {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for the other replicas' notices; trying again");
+                listening.store(false, Ordering::Relaxed);
+                None
+            }
+        };
+        let notices = async_stream::stream! {
+            let mut pause = RELISTEN_FIRST;
+            loop {
+                let Some(connected) = listener.as_mut() else {
+                    tokio::time::sleep(pause).await;
+                    match subscribe(&pool).await {
+                        Ok(again) => {
+                            tracing::info!("notice listener connected again");
+                            listener = Some(again);
+                            listening.store(true, Ordering::Relaxed);
+                            pause = RELISTEN_FIRST;
+                            yield Notice::Missed;
+                        }
+                        Err(e) => {
+                            pause = (pause * 2).min(RELISTEN_MAX);
+                            tracing::warn!(error = %e, retry_in = ?pause, "notice listener cannot connect again yet");
+                        }
+                    }
+                    continue;
+                };
+                match connected.try_recv().await {
+                    Ok(Some(notification)) => {
+                        if let Some(notice) = notice(&notification, &origin) {
+                            yield notice;
+                        }
+                    }
+                    // `None`: the connection closed; an error: it broke. Either way a new
+                    // one, subscribed anew (sqlx's own reconnect does not outlive an error).
+                    lost => {
+                        match lost {
+                            Err(e) => tracing::warn!(error = %e, "notice listener lost its connection; reconnecting"),
+                            Ok(_) => tracing::warn!("notice listener's connection closed; reconnecting"),
+                        }
+                        // Followers read again once it listens again: now the database
+                        // may not answer.
+                        listening.store(false, Ordering::Relaxed);
+                        listener = None;
+                    }
+                }
+            }
+        };
+        Ok(Some(notices.boxed()))
+    }
+
+    fn listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+
     async fn bytes_lock(&self, sha256: &str) -> Result<Box<dyn BytesLock + '_>, StoreError> {
         let mut conn = self.pool.acquire().await?;
         let lock = format!("select pg_advisory_lock({BYTES_LOCK})");
@@ -175,39 +240,33 @@ impl Backend for PostgresStore {
         }
         Ok(Box::new(PgBytesLock { conn, sha256: sha256.to_owned(), released: false }))
     }
+}
 
-    async fn listen(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL, START_CHANNEL]).await?;
-        let origin = self.origin.clone();
-        let notices = listener.into_stream().filter_map(move |notification| {
-            let origin = origin.clone();
-            async move {
-                match notification {
-                    Ok(n) => match n.channel() {
-                        CANCEL_CHANNEL => TraceId::parse(n.payload()).ok().map(Notice::Cancel),
-                        LOG_CHANNEL => TraceId::parse(n.payload()).ok().map(Notice::Logged),
-                        _ => {
-                            let mut fields = n.payload().split(' ');
-                            let (conversation_id, trace_id) = (fields.next()?, fields.next()?);
-                            // A start this process told itself of when it started it.
-                            if fields.next() == Some(origin.as_str()) {
-                                return None;
-                            }
-                            Some(Notice::Started(
-                                ConversationId::parse(conversation_id).ok()?,
-                                TraceId::parse(trace_id).ok()?,
-                            ))
-                        }
-                    },
-                    Err(e) => {
-                        tracing::warn!(error = %e, "notice listener lost its connection; reconnecting");
-                        Some(Notice::Missed)
-                    }
-                }
+/// The first pause before the notice listener connects again, and the longest.
+const RELISTEN_FIRST: Duration = Duration::from_millis(100);
+const RELISTEN_MAX: Duration = Duration::from_secs(5);
+
+/// A listener on every channel replicas tell each other on.
+async fn subscribe(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL, START_CHANNEL]).await?;
+    Ok(listener)
+}
+
+/// What a notification tells, if it is one to hear: a start this process told itself of when
+/// it started the run is not heard again.
+fn notice(notification: &PgNotification, origin: &str) -> Option<Notice> {
+    match notification.channel() {
+        CANCEL_CHANNEL => TraceId::parse(notification.payload()).ok().map(Notice::Cancel),
+        LOG_CHANNEL => TraceId::parse(notification.payload()).ok().map(Notice::Logged),
+        _ => {
+            let mut fields = notification.payload().split(' ');
+            let (conversation_id, trace_id) = (fields.next()?, fields.next()?);
+            if fields.next() == Some(origin) {
+                return None;
             }
-        });
-        Ok(Some(notices.boxed()))
+            Some(Notice::Started(ConversationId::parse(conversation_id).ok()?, TraceId::parse(trace_id).ok()?))
+        }
     }
 }
 

@@ -288,3 +288,79 @@ async fn a_keyed_retry_sent_while_its_first_try_still_starts_is_the_same_run_nev
     assert_eq!(cancelled["status"], "cancelled");
     assert_eq!(terminal_kinds(&retry.rest().await), ["cancelled"]);
 }
+
+/// Issue 34: with the notice listener's connection killed, a replica heard the others once
+/// more and never again (the listener's stream ended at its first error), until a restart.
+/// Now it listens again every time, each follower reads the database again, and `/readyz`
+/// says when it cannot.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn replicas_hear_each_other_again_each_time_their_listeners_are_killed() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    let name = db.url.rsplit('/').next().unwrap().split('?').next().unwrap().to_owned();
+    let mut admin = sqlx::PgConnection::connect(&std::env::var("CHATD_TEST_POSTGRES_URL").unwrap()).await.unwrap();
+    let a = TestApp::on(&db.url, "[stream]\nflush_interval_ms = 20").await;
+    let b = TestApp::on(&db.url, "[stream]\nflush_interval_ms = 20").await;
+    let first = a.chat("ann", json!({"message": "hello"})).await;
+    let conversation = first[0].data["conversation_id"].as_str().unwrap().to_owned();
+    let mut tab = ConversationStream::open(&a, &conversation).await;
+    let listeners = "select pid from pg_stat_activity where datname = $1 and query like 'LISTEN%'";
+    let mut killed: Vec<i32> = Vec::new();
+    for round in 0..3 {
+        // Both replicas' listeners, as a killed backend or a restarted server would lose them.
+        let pids: Vec<(i32,)> = sqlx::query_as(listeners).bind(&name).fetch_all(&mut admin).await.unwrap();
+        assert_eq!(pids.len(), 2, "round {round}: one listener per replica");
+        for (pid,) in &pids {
+            sqlx::query("select pg_terminate_backend($1)").bind(pid).execute(&mut admin).await.unwrap();
+            killed.push(*pid);
+        }
+        // Both listen again, on new connections.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let now: Vec<(i32,)> = sqlx::query_as(listeners).bind(&name).fetch_all(&mut admin).await.unwrap();
+            if now.len() == 2 && now.iter().all(|(pid,)| !killed.contains(pid)) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "round {round}: the listeners did not come back: {now:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        // What one replica does, a stream on the other sees.
+        let sent = b
+            .chat("ann", json!({"message": format!("round {round} [mock:words=8]"), "conversation_id": conversation}))
+            .await;
+        assert_eq!(one_whole_run(&tab.next_run().await), sent[0].data["trace_id"].as_str().unwrap(), "round {round}");
+    }
+    // While the listener cannot connect again, the replica is not ready, and says why.
+    sqlx::query(&format!("alter database {name} with allow_connections false")).execute(&mut admin).await.unwrap();
+    sqlx::query("select pg_terminate_backend(pid) from pg_stat_activity where datname = $1")
+        .bind(&name)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let readiness = |app: &TestApp| {
+        let request = app.client.get(app.url("/readyz"));
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status(), response.text().await.unwrap())
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (status, body) = readiness(&a).await;
+        if status == StatusCode::SERVICE_UNAVAILABLE && body.contains("notice listener") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "/readyz did not report the listener down: {status} {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    sqlx::query(&format!("alter database {name} with allow_connections true")).execute(&mut admin).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while readiness(&a).await.0 != StatusCode::OK {
+        assert!(std::time::Instant::now() < deadline, "/readyz did not come back");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let sent =
+        b.chat("ann", json!({"message": "after the outage [mock:words=8]", "conversation_id": conversation})).await;
+    assert_eq!(one_whole_run(&tab.next_run().await), sent[0].data["trace_id"].as_str().unwrap());
+}

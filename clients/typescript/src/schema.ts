@@ -3668,7 +3668,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The database answers and takes writes */
+            /** @description The database answers and takes writes, and (on Postgres) the other replicas' notices are heard */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -3677,7 +3677,7 @@ export interface operations {
                     "application/json": components["schemas"]["StatusBody"];
                 };
             };
-            /** @description It does not, or the server is shutting down */
+            /** @description It does not, the notice listener is reconnecting, or the server is shutting down */
             503: {
                 headers: {
                     [name: string]: unknown;

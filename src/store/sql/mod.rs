@@ -97,6 +97,8 @@ pub(super) trait Backend: Send + Sync + 'static {
     /// See [`Store::notify`] and [`Store::notices`].
     fn tell(&self, notice: Notice) -> impl Future<Output = Result<(), StoreError>> + Send;
     fn listen(&self) -> impl Future<Output = Result<Option<BoxStream<'static, Notice>>, StoreError>> + Send;
+    /// See [`Store::hears_others`].
+    fn listening(&self) -> bool;
     /// See [`Store::lock_bytes`].
     fn bytes_lock(&self, sha256: &str) -> impl Future<Output = Result<Box<dyn BytesLock + '_>, StoreError>> + Send;
 }
@@ -221,6 +223,10 @@ where
 {
     fn is_shared(&self) -> bool {
         B::SHARED
+    }
+
+    fn hears_others(&self) -> bool {
+        self.listening()
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

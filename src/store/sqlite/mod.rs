@@ -265,6 +265,11 @@ impl Backend for SqliteStore {
         Ok(None)
     }
 
+    /// One process: nobody else to hear.
+    fn listening(&self) -> bool {
+        true
+    }
+
     async fn bytes_lock(&self, sha256: &str) -> Result<Box<dyn BytesLock + '_>, StoreError> {
         let stripe = sha256.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(usize::from(b)));
         let guard = self.bytes_locks[stripe % BYTES_LOCK_STRIPES].clone().lock_owned().await;
