@@ -72,16 +72,28 @@ pub struct ConversationWatch {
     receiver: broadcast::Receiver<Notice>,
 }
 
+/// What a [`ConversationWatch`] heard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConversationNews {
+    /// A run of the conversation started.
+    Started(TraceId),
+    /// The conversation was deleted.
+    Deleted,
+    /// News may have been missed: read the conversation's runs again.
+    Missed,
+}
+
 impl ConversationWatch {
-    /// Returns the run of the conversation that started, or `None` where news may have been
-    /// missed (read the conversation's runs again).
-    pub async fn changed(&mut self) -> Option<TraceId> {
+    /// The next news of the conversation.
+    pub async fn changed(&mut self) -> ConversationNews {
         let conversation_id = self.conversation_id;
         next(&mut self.receiver, |notice| match notice {
-            Notice::Started(id, trace_id) if id == conversation_id => Some(trace_id),
+            Notice::Started(id, trace_id) if id == conversation_id => Some(ConversationNews::Started(trace_id)),
+            Notice::Deleted(id) if id == conversation_id => Some(ConversationNews::Deleted),
             _ => None,
         })
         .await
+        .unwrap_or(ConversationNews::Missed)
     }
 }
 

@@ -11,6 +11,7 @@ use futures_util::{Stream, StreamExt};
 
 use super::control::ControlError;
 use super::core::Core;
+use super::news::ConversationNews;
 use super::runs::{Frame, LiveRun};
 use crate::domain::{Trace, TraceStatus};
 use crate::events::{ErrorEvent, Event};
@@ -228,6 +229,13 @@ impl Core {
             let mut last_look = None;
             loop {
                 let looked_at = crate::domain::now();
+                // A conversation deleted while news was missed: nothing more will come.
+                if let Err(e) = core.store.get_conversation(&user, conversation_id).await {
+                    if !matches!(e, crate::store::StoreError::NotFound) {
+                        tracing::warn!(error = %e, %conversation_id, "could not read a followed conversation");
+                    }
+                    return;
+                }
                 let traces = match last_look {
                     // Runs that started within that second before the first look and have
                     // ended are none of this stream's: known, so a later look passes them.
@@ -283,7 +291,7 @@ impl Core {
                         Ok(Some(item)) => yield item,
                         // Every run followed so far has ended: wait for the next.
                         Ok(None) => {}
-                        Err(Some(trace_id)) => {
+                        Err(ConversationNews::Started(trace_id)) => {
                             if followed.contains(&trace_id) {
                                 continue;
                             }
@@ -295,7 +303,16 @@ impl Core {
                                 Err(e) => tracing::warn!(error = %e, %trace_id, "could not read a started run's trace"),
                             }
                         }
-                        Err(None) => break,
+                        Err(ConversationNews::Missed) => break,
+                        // Its runs were stopped before it went: their last events, then the
+                        // stream's end.
+                        Err(ConversationNews::Deleted) => {
+                            let deadline = tokio::time::Instant::now() + DELETED_DRAIN;
+                            while let Ok(Some(item)) = tokio::time::timeout_at(deadline, runs.next()).await {
+                                yield item;
+                            }
+                            return;
+                        }
                     }
                 }
             }
@@ -328,6 +345,9 @@ impl Core {
         }
     }
 }
+
+/// How long a deleted conversation's stream still passes on its stopped runs' last events.
+const DELETED_DRAIN: Duration = Duration::from_secs(5);
 
 /// Whether a run in this state will send more.
 fn going_on(status: TraceStatus) -> bool {

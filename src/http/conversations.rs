@@ -157,6 +157,7 @@ async fn delete(
     state.chat.stop_runs_in(&user, id).await;
     let freed =
         state.store.delete_conversation(&user, id).await.map_err(AppError::missing("Conversation not found"))?;
+    state.chat.conversation_deleted(id).await;
     state.files.forget(&freed).await;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -244,7 +245,7 @@ async fn active_runs(state: &AppState, user: &UserId, id: ConversationId) -> Res
         .collect())
 }
 
-#[utoipa::path(get, operation_id = "conversation_stream", path = "/api/conversations/{id}/stream", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 200, description = "Every run of the conversation as SSE: the going ones from their first event, then each that starts, every event with its `trace_id` and `seq` (`id: <trace_id>:<seq>`), keep-alives between, until the client leaves", content_type = "text/event-stream", body = SseFrame), Refused, Missing))]
+#[utoipa::path(get, operation_id = "conversation_stream", path = "/api/conversations/{id}/stream", tag = "conversations", params(("id" = Uuid, Path, description = "Conversation id")), responses((status = 200, description = "Every run of the conversation as SSE: the going ones from their first event, then each that starts, every event with its `trace_id` and `seq` (`id: <trace_id>:<seq>`), keep-alives between, until the client leaves or the conversation is deleted", content_type = "text/event-stream", body = SseFrame), Refused, Missing))]
 async fn stream(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,

@@ -404,6 +404,8 @@ pub enum Notice {
     Logged(TraceId),
     /// A run of this conversation started: whoever follows the conversation follows it.
     Started(ConversationId, TraceId),
+    /// The conversation was deleted: whoever follows it stops.
+    Deleted(ConversationId),
     /// Notices may have been missed (the listener lost its connection, and is listening
     /// again): whoever waits on one reads what it follows from the database again.
     Missed,

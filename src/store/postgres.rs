@@ -65,6 +65,8 @@ const CANCEL_CHANNEL: &str = "chatd_cancel";
 const LOG_CHANNEL: &str = "chatd_log";
 /// A run started (CONTRACT.md §16): the payload is its conversation's id and its trace id.
 const START_CHANNEL: &str = "chatd_start";
+/// A conversation was deleted: the payload is its id.
+const DELETED_CHANNEL: &str = "chatd_deleted";
 
 impl Backend for PostgresStore {
     type Db = Postgres;
@@ -162,6 +164,7 @@ impl Backend for PostgresStore {
             Notice::Started(conversation_id, trace_id) => {
                 (START_CHANNEL, format!("{conversation_id} {trace_id} {}", self.origin))
             }
+            Notice::Deleted(conversation_id) => (DELETED_CHANNEL, conversation_id.to_string()),
             Notice::Missed => return Ok(()),
         };
         sqlx::query("select pg_notify($1, $2)").bind(channel).bind(id).execute(&self.pool).await?;
@@ -249,7 +252,7 @@ const RELISTEN_MAX: Duration = Duration::from_secs(5);
 /// A listener on every channel replicas tell each other on.
 async fn subscribe(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL, START_CHANNEL]).await?;
+    listener.listen_all([CANCEL_CHANNEL, LOG_CHANNEL, START_CHANNEL, DELETED_CHANNEL]).await?;
     Ok(listener)
 }
 
@@ -259,6 +262,7 @@ fn notice(notification: &PgNotification, origin: &str) -> Option<Notice> {
     match notification.channel() {
         CANCEL_CHANNEL => TraceId::parse(notification.payload()).ok().map(Notice::Cancel),
         LOG_CHANNEL => TraceId::parse(notification.payload()).ok().map(Notice::Logged),
+        DELETED_CHANNEL => ConversationId::parse(notification.payload()).ok().map(Notice::Deleted),
         _ => {
             let mut fields = notification.payload().split(' ');
             let (conversation_id, trace_id) = (fields.next()?, fields.next()?);

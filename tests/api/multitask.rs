@@ -174,6 +174,21 @@ impl ConversationStream {
     }
 }
 
+impl ConversationStream {
+    /// The events left, once the stream has ended (within 10 s).
+    async fn ended(mut self) -> Vec<Value> {
+        use futures_util::StreamExt;
+        let mut left = Vec::new();
+        let ends = async {
+            while let Some((_, event)) = self.events.next().await {
+                left.push(event);
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), ends).await.expect("the stream ends within 10 s");
+        left
+    }
+}
+
 /// Checks a run's events as the conversation stream gave them: one run, from its `start`
 /// (seq 1) to its `done`, numbered without a gap, each tagged with the run.
 fn one_whole_run(events: &[(String, Value)]) -> String {
@@ -363,4 +378,47 @@ async fn replicas_hear_each_other_again_each_time_their_listeners_are_killed() {
     let sent =
         b.chat("ann", json!({"message": "after the outage [mock:words=8]", "conversation_id": conversation})).await;
     assert_eq!(one_whole_run(&tab.next_run().await), sent[0].data["trace_id"].as_str().unwrap());
+}
+
+// Issue 34: after `DELETE`, a conversation's open streams went on with keep-alives for good.
+// They end: one following a run after that run's last events, an idle one at once.
+both_backends! {
+    async fn a_conversation_stream_ends_when_its_conversation_is_deleted(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let first = app.chat("ann", json!({"message": "hello"})).await;
+        let conversation = first[0].data["conversation_id"].as_str().unwrap().to_owned();
+        let tab = ConversationStream::open(&app, &conversation).await;
+        let mut busy = ConversationStream::open(&app, &conversation).await;
+        let mut going = start(&app, "ann", json!({"message": SLOW, "conversation_id": conversation})).await;
+        going.until("text_delta").await;
+        while futures_util::StreamExt::next(&mut busy.events).await.expect("the run's events").1["type"] != "text_delta" {}
+        let deleted = app.call(reqwest::Method::DELETE, &format!("/api/conversations/{conversation}"), "ann", None).await;
+        assert_eq!(deleted.0, StatusCode::NO_CONTENT);
+        for stream in [tab, busy] {
+            let last: Vec<String> = stream.ended().await.iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect();
+            assert_eq!(last.iter().rev().take(2).collect::<Vec<_>>(), ["done", "cancelled"], "{last:?}");
+        }
+        // A stream with nothing going ends at once.
+        let (_, other) = app.post("/api/conversations", "ann", json!({"title": "idle"})).await;
+        let other = other["id"].as_str().unwrap().to_owned();
+        let idle = ConversationStream::open(&app, &other).await;
+        app.call(reqwest::Method::DELETE, &format!("/api/conversations/{other}"), "ann", None).await;
+        assert_eq!(idle.ended().await, Vec::<Value>::new());
+        assert_eq!(terminal_kinds(&going.rest().await), ["cancelled"]);
+    }
+}
+
+/// The same across replicas: a stream on one ends when the other deletes its conversation.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_conversation_stream_ends_when_another_replica_deletes_its_conversation() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let a = TestApp::on(&db.url, "").await;
+    let b = TestApp::on(&db.url, "").await;
+    let first = a.chat("ann", json!({"message": "hello"})).await;
+    let conversation = first[0].data["conversation_id"].as_str().unwrap().to_owned();
+    let tab = ConversationStream::open(&a, &conversation).await;
+    let deleted = b.call(reqwest::Method::DELETE, &format!("/api/conversations/{conversation}"), "ann", None).await;
+    assert_eq!(deleted.0, StatusCode::NO_CONTENT);
+    assert_eq!(tab.ended().await, Vec::<Value>::new());
 }

@@ -2594,7 +2594,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Every run of the conversation as SSE: the going ones from their first event, then each that starts, every event with its `trace_id` and `seq` (`id: <trace_id>:<seq>`), keep-alives between, until the client leaves */
+            /** @description Every run of the conversation as SSE: the going ones from their first event, then each that starts, every event with its `trace_id` and `seq` (`id: <trace_id>:<seq>`), keep-alives between, until the client leaves or the conversation is deleted */
             200: {
                 headers: {
                     [name: string]: unknown;
