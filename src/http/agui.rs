@@ -14,7 +14,7 @@ use super::chat::until_done;
 use super::error::AppError;
 use super::extract::{CurrentUser, KeyedJson};
 use super::sse::{Agui, sse};
-use super::ui::last_user_message;
+use super::ui::{bounded, last_user_message};
 use super::views::*;
 use crate::chat::request::ClientTool;
 use crate::chat::waits::{WaitAnswer, output_text};
@@ -103,6 +103,29 @@ pub struct AguiContext {
 }
 
 impl RunAgentInput {
+    /// Refuses an id or name past [`MAX_ID_CHARS`](super::ui::MAX_ID_CHARS), before
+    /// anything reads them.
+    fn check_ids(&self) -> Result<(), AppError> {
+        bounded("threadId", &self.thread_id)?;
+        bounded("runId", &self.run_id)?;
+        for message in &self.messages {
+            bounded("messages", &message.id)?;
+            if let Some(call) = &message.tool_call_id {
+                bounded("messages", call)?;
+            }
+        }
+        for tool in &self.tools {
+            bounded("tools", &tool.name)?;
+        }
+        for entry in self.resume.iter().flatten() {
+            bounded("resume", &entry.interrupt_id)?;
+        }
+        if let Some(Value::String(profile)) = self.forwarded_props.as_ref().and_then(|props| props.get("profile")) {
+            bounded("forwardedProps", profile)?;
+        }
+        Ok(())
+    }
+
     fn into_turn(self) -> Result<(ClientTurn, String), AppError> {
         if self.thread_id.trim().is_empty() {
             return Err(AppError::validation("threadId", "threadId cannot be empty"));
@@ -204,6 +227,7 @@ async fn run(
     CurrentUser(user): CurrentUser,
     KeyedJson(key, input): KeyedJson<RunAgentInput>,
 ) -> Result<Response, AppError> {
+    input.check_ids()?;
     if let Some(continued) = continuation(&state, &user, &input).await? {
         return Ok(continued);
     }

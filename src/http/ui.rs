@@ -92,7 +92,38 @@ pub enum UiPart {
     Other,
 }
 
+/// The longest id or name a client library sends (a chat, thread, run, message or tool call
+/// id; a profile or tool name), in characters. The libraries' own ids are far shorter; a
+/// longer one would be stored and listed back with every conversation.
+pub const MAX_ID_CHARS: usize = 256;
+
+/// `value`, if it is no longer than [`MAX_ID_CHARS`]; else a 400 naming `field`.
+pub(super) fn bounded<'a>(field: &str, value: &'a str) -> Result<&'a str, AppError> {
+    match value.chars().nth(MAX_ID_CHARS) {
+        None => Ok(value),
+        Some(_) => Err(AppError::validation(field, format!("{field} is longer than {MAX_ID_CHARS} characters"))),
+    }
+}
+
 impl UiChatBody {
+    /// Refuses an id or name past [`MAX_ID_CHARS`], before anything reads them.
+    fn check_ids(&self) -> Result<(), AppError> {
+        bounded("id", &self.id)?;
+        if let Some(id) = &self.message_id {
+            bounded("messageId", id)?;
+        }
+        if let Some(profile) = &self.profile {
+            bounded("profile", profile)?;
+        }
+        for message in &self.messages {
+            bounded("messages", &message.id)?;
+        }
+        for tool in &self.client_tools {
+            bounded("client_tools", &tool.name)?;
+        }
+        Ok(())
+    }
+
     fn into_turn(self) -> Result<ClientTurn, AppError> {
         if self.id.trim().is_empty() {
             return Err(AppError::validation("id", "id (the chat's id) cannot be empty"));
@@ -144,6 +175,7 @@ async fn chat(
     CurrentUser(user): CurrentUser,
     KeyedJson(key, body): KeyedJson<UiChatBody>,
 ) -> Result<Response, AppError> {
+    body.check_ids()?;
     if let Some(continued) = continuation(&state, &user, &body).await? {
         return Ok(continued);
     }
@@ -180,7 +212,7 @@ fn wait_answer(part: &Value) -> Option<WaitAnswer> {
     if !(kind.starts_with("tool-") || kind == "dynamic-tool") {
         return None;
     }
-    let tool_call_id = part.get("toolCallId")?.as_str()?.to_owned();
+    let tool_call_id = bounded("messages", part.get("toolCallId")?.as_str()?).ok()?.to_owned();
     match part.get("state")?.as_str()? {
         "approval-responded" => {
             let approval = part.get("approval")?;

@@ -340,3 +340,50 @@ async fn ag_ui_context_entries_reach_the_system_prompt() {
     let with = input_tokens(json!([{"description": "current_page", "value": page}])).await;
     assert!(with > without + 300, "the context entry was in the prompt: {with} vs {without} tokens");
 }
+
+both_backends! {
+    /// Issue 34: a 20 MB chat id, a 10 MB thread id and a 100 KB message id were stored as
+    /// they came (and listed back with every conversation). Every id and name a client library
+    /// sends is bounded: a 400 names the field, and nothing is stored.
+    async fn ids_and_names_past_the_bound_are_refused_naming_the_field(backend: Backend) {
+        let app = TestApp::spawn(backend, "").await;
+        let long = "x".repeat(257);
+        let at_bound = "y".repeat(256);
+        let ui = |body: Value| {
+            let request = app.client.post(app.url("/api/ui/chat")).header("x-client-id", "ann").json(&body);
+            async move {
+                let response = request.send().await.unwrap();
+                (response.status(), response.json::<Value>().await.unwrap_or(Value::Null))
+            }
+        };
+        for (body, field) in [
+            (json!({"id": long, "messages": [user_message("m1", "Hello")]}), "id"),
+            (json!({"id": "chat", "messages": [user_message(&long, "Hello")]}), "messages"),
+            (json!({"id": "chat", "messageId": long, "messages": [user_message("m1", "Hello")]}), "messageId"),
+            (json!({"id": "chat", "profile": long, "messages": [user_message("m1", "Hello")]}), "profile"),
+            (json!({"id": "chat", "client_tools": [{"name": long}], "messages": [user_message("m1", "Hello")]}), "client_tools"),
+        ] {
+            let (status, error) = ui(body).await;
+            assert_eq!((status, error["code"].as_str(), error["field"].as_str()), (StatusCode::BAD_REQUEST, Some("VALIDATION_ERROR"), Some(field)), "{error}");
+            assert!(error["message"].as_str().unwrap().contains("longer than 256 characters"), "{error}");
+        }
+        let agui = |input: Value| app.post("/api/agui", "ann", input);
+        let message = json!({"id": "m1", "role": "user", "content": "Hello"});
+        for (input, field) in [
+            (json!({"threadId": long, "runId": "r", "messages": [message]}), "threadId"),
+            (json!({"threadId": "t", "runId": long, "messages": [message]}), "runId"),
+            (json!({"threadId": "t", "runId": "r", "messages": [{"id": long, "role": "user", "content": "Hello"}]}), "messages"),
+            (json!({"threadId": "t", "runId": "r", "messages": [message], "tools": [{"name": long}]}), "tools"),
+            (json!({"threadId": "t", "runId": "r", "messages": [message], "forwardedProps": {"profile": long}}), "forwardedProps"),
+            (json!({"threadId": "t", "runId": "r", "messages": [message], "resume": [{"interruptId": long, "status": "resolved"}]}), "resume"),
+        ] {
+            let (status, error) = agui(input).await;
+            assert_eq!((status, error["field"].as_str()), (StatusCode::BAD_REQUEST, Some(field)), "{error}");
+        }
+        let (_, listed) = app.get("/api/conversations", "ann").await;
+        assert_eq!(listed["conversations"], json!([]), "nothing was stored");
+        // At the bound, an id is taken as it is.
+        let chunks = ui_chat(&app, "ann", json!({"id": at_bound, "messages": [user_message(&at_bound, "Hello")]})).await;
+        assert_eq!(conversation_of(&app, "ann", &chunks).await["external_id"], at_bound.as_str());
+    }
+}

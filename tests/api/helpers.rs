@@ -223,8 +223,9 @@ pub fn joined(frames: &[Frame], kind: &str) -> String {
 /// Declares an async test once per backend: `name::sqlite` and `name::postgres`. The
 /// Postgres one is reported ignored unless `CHATD_TEST_POSTGRES_URL` was set at build time.
 macro_rules! both_backends {
-    ($(async fn $name:ident($backend:ident: Backend) $body:block)+) => {
+    ($($(#[$meta:meta])* async fn $name:ident($backend:ident: Backend) $body:block)+) => {
         $(
+            $(#[$meta])*
             mod $name {
                 #[allow(unused_imports)]
                 use super::*;
