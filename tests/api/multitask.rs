@@ -380,9 +380,9 @@ async fn replicas_hear_each_other_again_each_time_their_listeners_are_killed() {
     assert_eq!(one_whole_run(&tab.next_run().await), sent[0].data["trace_id"].as_str().unwrap());
 }
 
-// Issue 34: after `DELETE`, a conversation's open streams went on with keep-alives for good.
-// They end: one following a run after that run's last events, an idle one at once.
 both_backends! {
+    /// Issue 34: after `DELETE`, a conversation's open streams went on with keep-alives for
+    /// good. They end: one following a run after that run's last events, an idle one at once.
     async fn a_conversation_stream_ends_when_its_conversation_is_deleted(backend: Backend) {
         let app = TestApp::spawn(backend, "").await;
         let first = app.chat("ann", json!({"message": "hello"})).await;
