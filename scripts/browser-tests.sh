@@ -25,5 +25,6 @@ fi
 cargo build --quiet --bin chatd
 rm -rf target/e2e-screenshots
 cd tests/e2e
+echo "installing the browser tests' npm packages (npm ci in tests/e2e)" >&2
 npm ci --loglevel=error --no-audit --no-fund --no-update-notifier >/dev/null
 CHATD_BIN="$(pwd)/../../target/debug/chatd" CHROMIUM_BIN="$chromium" npm test --silent

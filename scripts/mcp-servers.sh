@@ -4,7 +4,7 @@
 #   target/mcp/node  @modelcontextprotocol/server-everything from npm
 # Pinned versions, so every machine tests against the same servers. Safe to run again: an
 # install that is complete (its marker written last) is left alone, so a second run needs
-# no network. Prints nothing but errors.
+# no network. Prints a line for each install it makes, and errors (on stderr).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +19,7 @@ installed() { [ "$(cat "$1/.chatd-installed" 2>/dev/null)" = "$2" ]; }
 
 venv=$root/venv
 if ! installed "$venv" "$TIME_VERSION"; then
+  echo "installing mcp-server-time $TIME_VERSION (PyPI) under $venv" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
@@ -28,6 +29,7 @@ fi
 
 node=$root/node
 if ! installed "$node" "$EVERYTHING_VERSION"; then
+  echo "installing @modelcontextprotocol/server-everything $EVERYTHING_VERSION (npm) under $node" >&2
   rm -rf "$node"
   mkdir -p "$node"
   npm install --prefix "$node" --loglevel=error --no-audit --no-fund --no-update-notifier \

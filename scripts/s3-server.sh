@@ -5,7 +5,7 @@
 # A pinned version, so every machine tests against the same server. It only installs: the test
 # (tests/api/s3.rs) starts and stops its own moto_server. Safe to run again: an install that is
 # complete (its marker written last) is left alone, so a second run needs no network. Prints
-# nothing but errors.
+# a line when it installs (about 320 MB), and errors (on stderr).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +19,7 @@ installed() { [ "$(cat "$1/.chatd-installed" 2>/dev/null)" = "$2" ]; }
 
 venv=$root/venv
 if ! installed "$venv" "$MOTO_VERSION"; then
+  echo "installing moto[server] $MOTO_VERSION (PyPI, the S3 server of the attachment tests, ~320 MB) under $venv" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 version=7.13.0
 tools=target/ts-tools
 if [ "$(cat "$tools/.installed" 2>/dev/null)" != "$version" ]; then
+  echo "installing openapi-typescript $version (npm) under $tools" >&2
   rm -rf "$tools" && mkdir -p "$tools"
   npm install --prefix "$tools" --loglevel=error --no-audit --no-fund --no-update-notifier \
     "openapi-typescript@$version" >/dev/null

@@ -13,6 +13,8 @@ import { AnswerView, describeFile, el, traceView, userBubble } from "./render.js
 
 const $ = (id) => document.getElementById(id);
 const RUN_KEY = "chatd.run";
+/** The profile last chosen, kept across reloads while the server still lists it. */
+const PROFILE_KEY = "chatd.profile";
 
 const page = {
   conversationId: null,
@@ -518,6 +520,9 @@ async function stream(run, events, refusal) {
       // Refused before the stream opened: nothing was stored; give the text and files back.
       giveBackMessage(refusal);
       run.view.node.remove();
+      // A profile the server no longer has (it was configured otherwise since the list was
+      // read): read the list again, so the choice shown is one that exists.
+      if (error.field?.startsWith("profile")) loadProfiles();
     } else {
       run.view.apply({ type: "error", message: error.message });
     }
@@ -829,15 +834,32 @@ async function showTrace(view) {
 
 // ---- start -----------------------------------------------------------------------------
 
+/**
+ * Fills the profile lists from GET /api/profiles, each profile once. The first choice of
+ * #profile sends no profile (the conversation's own, else the server's default) and is
+ * labelled with the server's default profile, which is therefore not listed again. A profile
+ * chosen before is chosen again if the server still has it, else forgotten (the browser's own
+ * restoring of the list is off: it would bring back one the server no longer has).
+ */
 async function loadProfiles() {
-  let profiles = [];
+  let listed;
   try {
-    ({ profiles } = await api.profiles());
+    listed = await api.profiles();
   } catch (error) {
     return showError(error);
   }
-  const options = () => profiles.map((p) => el("option", { value: p.id }, `${p.id} (${p.model})`));
-  $("profile").replaceChildren(el("option", { value: "" }, "default"), ...options());
+  const { profiles, default_profile: fallback } = listed;
+  const label = (p) => `${p.id} (${p.model})`;
+  const first = profiles.find((p) => p.id === fallback);
+  const others = profiles.filter((p) => p !== first);
+  $("profile").replaceChildren(
+    el("option", { value: "" }, first ? label(first) : "default"),
+    ...others.map((p) => el("option", { value: p.id }, label(p))),
+  );
+  const remembered = localStorage.getItem(PROFILE_KEY);
+  if (remembered && others.some((p) => p.id === remembered)) $("profile").value = remembered;
+  else localStorage.removeItem(PROFILE_KEY);
+  const options = () => profiles.map((p) => el("option", { value: p.id }, label(p)));
   $("profile-a").replaceChildren(...options());
   $("profile-b").replaceChildren(...options());
   if (profiles.length > 1) $("profile-b").selectedIndex = 1;
@@ -883,6 +905,10 @@ function wire() {
   });
   $("banner-close").addEventListener("click", clearError);
   $("trace-close").addEventListener("click", () => $("trace-dialog").close());
+  $("profile").addEventListener("change", () => {
+    if ($("profile").value) localStorage.setItem(PROFILE_KEY, $("profile").value);
+    else localStorage.removeItem(PROFILE_KEY);
+  });
   $("ab-mode").addEventListener("change", () => {
     $("ab-profiles").hidden = !$("ab-mode").checked;
   });
@@ -904,7 +930,10 @@ function wire() {
   });
   window.addEventListener("pageshow", (event) => {
     page.leaving = false; // back from the back/forward cache
-    if (event.persisted) watch(page.conversationId);
+    if (event.persisted) {
+      watch(page.conversationId);
+      loadProfiles(); // the server may have been configured otherwise meanwhile
+    }
   });
 }
 

@@ -13,6 +13,24 @@ function el(tag, attributes = {}, ...children) {
   return node;
 }
 
+/**
+ * A description with its inline Markdown shown: `code` spans and **bold** become elements,
+ * the rest stays text. Built from text nodes, so nothing in a description is ever parsed as
+ * HTML.
+ */
+function prose(text) {
+  if (!text) return "";
+  const nodes = [];
+  let at = 0;
+  for (const match of text.matchAll(/`([^`]+)`|\*\*(?=\S)(.+?)\*\*/g)) {
+    if (match.index > at) nodes.push(text.slice(at, match.index));
+    nodes.push(match[1] !== undefined ? el("code", {}, match[1]) : el("strong", {}, match[2]));
+    at = match.index + match[0].length;
+  }
+  if (at < text.length) nodes.push(text.slice(at));
+  return nodes;
+}
+
 const schemaName = (ref) => ref.split("/").pop();
 const anchor = (name) => `schema-${name}`;
 
@@ -43,7 +61,7 @@ function fields(schema) {
     properties.map(([name, field]) => el("tr", {},
       el("td", {}, el("code", {}, name), required.has(name) ? el("span", { class: "required" }, " required") : null),
       el("td", {}, type(field)),
-      el("td", {}, field.description ?? ""))));
+      el("td", {}, prose(field.description)))));
 }
 
 function operation(path, method, op) {
@@ -52,19 +70,19 @@ function operation(path, method, op) {
   const body = op.requestBody?.content;
   return el("section", { class: "operation", id },
     el("h3", {}, el("span", { class: `method ${method}` }, method), el("code", {}, path)),
-    op.summary ? el("p", {}, op.summary) : null,
-    op.description ? el("p", { class: "muted" }, op.description) : null,
+    op.summary ? el("p", {}, prose(op.summary)) : null,
+    op.description ? el("p", { class: "muted" }, prose(op.description)) : null,
     parameters.length ? el("table", {},
       el("tr", {}, el("th", {}, "parameter"), el("th", {}, "in"), el("th", {}, "type"), el("th", {}, "meaning")),
       parameters.map((p) => el("tr", {},
         el("td", {}, el("code", {}, p.name), p.required ? el("span", { class: "required" }, " required") : null),
-        el("td", {}, p.in), el("td", {}, type(p.schema)), el("td", {}, p.description ?? "")))) : null,
+        el("td", {}, p.in), el("td", {}, type(p.schema)), el("td", {}, prose(p.description))))) : null,
     body ? el("p", {}, "Body: ", Object.entries(body).flatMap(([media, c], i) => [i ? ", " : "", type(c.schema), ` (${media})`])) : null,
     el("table", {},
       el("tr", {}, el("th", {}, "answer"), el("th", {}, "meaning"), el("th", {}, "body")),
       Object.entries(op.responses ?? {}).map(([status, r]) => el("tr", {},
         el("td", {}, el("code", {}, status)),
-        el("td", {}, r.description ?? ""),
+        el("td", {}, prose(r.description)),
         el("td", {}, Object.entries(r.content ?? {}).flatMap(([media, c], i) => [i ? ", " : "", type(c.schema), ` (${media})`]))))));
 }
 
@@ -73,7 +91,7 @@ function render(doc) {
   const toc = document.getElementById("toc");
   main.replaceChildren(
     el("h1", {}, `${doc.info.title} API`, el("span", { class: "muted" }, ` ${doc.info.version}`)),
-    el("p", {}, doc.info.description ?? ""),
+    el("p", { id: "about" }, prose(doc.info.description)),
     el("p", { class: "muted" }, "The whole document: ", el("a", { href: "/openapi.json" }, "/openapi.json"), "."));
   const byTag = new Map();
   for (const [path, item] of Object.entries(doc.paths ?? {})) {
@@ -87,7 +105,7 @@ function render(doc) {
   }
   const tags = new Map((doc.tags ?? []).map((t) => [t.name, t.description]));
   for (const [tag, sections] of byTag) {
-    const about = tags.get(tag) ? el("p", { class: "muted" }, tags.get(tag)) : "";
+    const about = tags.get(tag) ? el("p", { class: "muted" }, prose(tags.get(tag))) : "";
     main.append(el("h2", { id: `tag-${tag}` }, tag), about, ...sections);
     toc.append(el("h2", {}, tag), ...sections.map((s) => el("a", { href: `#${s.id}` }, s.querySelector("h3").textContent.replace(/^(\w+)/, "$1 "))));
   }
@@ -97,7 +115,7 @@ function render(doc) {
   for (const [name, schema] of schemas) {
     main.append(el("section", { class: "schema", id: anchor(name) },
       el("h3", {}, el("code", {}, name)),
-      schema.description ? el("p", {}, schema.description) : null,
+      schema.description ? el("p", {}, prose(schema.description)) : null,
       fields(schema) ?? el("p", {}, type({ ...schema, description: undefined }))));
     toc.append(el("a", { href: `#${anchor(name)}` }, name));
   }

@@ -86,7 +86,7 @@ impl Core {
             .settings
             .profiles
             .get(profile_name)
-            .ok_or_else(|| not_found(field, "Profile not found: GET /api/profiles lists the configured ones"))?;
+            .ok_or_else(|| not_found(field, &super::request::unknown_profile(profile_name)))?;
         let provider = self.providers.get(&profile.provider).ok_or_else(|| not_found(field, "Profile not found"))?;
         let kind = self.settings.providers.get(&profile.provider).map_or(ProviderKind::Mock, |p| p.kind);
         super::attachments::check_modalities(&turn.user_message.attachments, profile_name, profile, kind)?;

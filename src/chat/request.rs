@@ -136,10 +136,12 @@ impl Core {
         self.tools.mcp().wait_started().await;
         let limit = self.settings.limits.max_concurrent_runs_per_user;
         let max = self.settings.limits.max_message_chars;
-        if text.chars().count() > max {
+        let chars = text.chars().count();
+        if chars > max {
+            // Named with its setting: whoever runs the server may raise it.
             return Err(ChatError::TooLarge {
                 field: "message",
-                message: format!("Message is longer than {max} characters"),
+                message: format!("Message is {chars} characters, longer than limits.max_message_chars ({max})"),
             });
         }
         // One new message of a conversation at a time here: the second sees the first's run
@@ -157,7 +159,7 @@ impl Core {
         };
         for profile in request.profile.iter() {
             if !self.settings.profiles.contains_key(profile) {
-                return Err(not_found("profile", "Profile not found: GET /api/profiles lists the configured ones"));
+                return Err(not_found("profile", &unknown_profile(profile)));
             }
         }
         // The runs still going after making room: those a queued message waits behind.
@@ -354,6 +356,20 @@ pub(super) fn busy(running: usize) -> ChatError {
         retry_after: Duration::from_secs(1),
     }
 }
+
+/// The 404 message for a profile name that no profile has. It names the name that was asked
+/// for (a client that sends a name from an example gets told which one), cut to
+/// [`ECHOED_NAME_CHARS`] characters: a request must not make the answer as long as itself.
+pub fn unknown_profile(name: &str) -> String {
+    let shown: String = match name.char_indices().nth(ECHOED_NAME_CHARS) {
+        Some((end, _)) => format!("{}…", &name[..end]),
+        None => name.to_owned(),
+    };
+    format!("Profile '{shown}' not found: GET /api/profiles lists the configured ones")
+}
+
+/// How much of an unknown name an error message repeats.
+const ECHOED_NAME_CHARS: usize = 100;
 
 pub(super) fn not_found(field: &'static str, message: &str) -> ChatError {
     ChatError::NotFound { field, message: message.to_owned() }

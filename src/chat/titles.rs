@@ -45,10 +45,7 @@ impl Core {
                 tools: Vec::new(),
             };
             let Some(text) = super::turn::complete_text(&*provider, &request).await else { return };
-            let title: String = text.trim_matches('"').chars().take(settings.chat.title_max_chars).collect();
-            if title.is_empty() {
-                return;
-            }
+            let Some(title) = model_title(&text, settings.chat.title_max_chars) else { return };
             let unchanged = store
                 .get_conversation(&user, conversation_id)
                 .await
@@ -76,9 +73,28 @@ pub fn title_from(message: &str, max: usize) -> String {
     format!("{}…", cut.trim_end())
 }
 
+/// A title as a model wrote it, made one line: every run of whitespace (a newline too) is one
+/// space, the quotes it was asked to leave out are dropped, and it is cut to `max` characters.
+/// `None` when nothing is left.
+fn model_title(text: &str, max: usize) -> Option<String> {
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let title: String = collapsed.trim_matches('"').trim().chars().take(max).collect();
+    let title = title.trim_end().to_owned();
+    (!title.is_empty()).then_some(title)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_written_title_is_one_line() {
+        assert_eq!(model_title("Planning a\n  Trip\tto\r\nOslo\n", 60).as_deref(), Some("Planning a Trip to Oslo"));
+        assert_eq!(model_title("  \"Oslo in spring\"\n\n", 60).as_deref(), Some("Oslo in spring"));
+        assert_eq!(model_title("\" Two words \"", 60).as_deref(), Some("Two words"));
+        assert_eq!(model_title("abc def", 4).as_deref(), Some("abc"), "no space left at the cut");
+        assert_eq!(model_title(" \n\"\" \n", 60), None);
+    }
 
     #[test]
     fn titles_come_from_the_first_line() {

@@ -101,14 +101,18 @@ impl Settings {
             if !file.exists() {
                 return Err(ConfigError::Invalid(format!("config file {} does not exist", file.display())));
             }
-            figment = figment.merge(Toml::file(file));
+            // By its whole path, so an error names the file whatever folder chatd was started
+            // from; and exactly that file (figment's `file` would look for a relative path in
+            // the parent folders too).
+            let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+            figment = figment.merge(Toml::file_exact(file));
         }
         Self::from_figment(figment.merge(environment()))
     }
 
     /// Builds settings from a figment (tests layer their own values this way).
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
-        let mut settings: Settings = figment.extract().map_err(|e| unknown_key(&figment, e))?;
+        let mut settings: Settings = figment.extract().map_err(|e| readable(&figment, e))?;
         settings.resolve()?;
         Ok(settings)
     }
@@ -299,19 +303,52 @@ const SECTIONS: [&str; 14] = [
     "actions",
 ];
 
-/// A figment error made into a message for a person: for a key no section has, the key, the
-/// file or variable it came from and the nearest valid key.
-fn unknown_key(figment: &Figment, error: figment::Error) -> ConfigError {
-    let figment::error::Kind::UnknownField(field, expected) = &error.kind else {
-        return ConfigError::Parse(Box::new(error));
-    };
-    // figment's path ends with the unknown key itself.
-    let mut path = error.path.clone();
-    if path.last() != Some(field) {
-        path.push(field.clone());
+/// A figment error made into a message for a person, in the words of the configuration: the
+/// key as it is written (figment's own message prefixes its profile, `default.`), the file or
+/// variable it came from, and what would be valid. A key no section has gets the nearest
+/// valid key; a value none of a key's choices is gets the choices.
+fn readable(figment: &Figment, error: figment::Error) -> ConfigError {
+    match &error.kind {
+        figment::error::Kind::UnknownField(field, expected) => {
+            // figment's path ends with the unknown key itself.
+            let mut path = error.path.clone();
+            if path.last() != Some(field) {
+                path.push(field.clone());
+            }
+            let key = path.join(".");
+            let from = source(figment, &key);
+            let parent = &key[..key.len() - field.len()];
+            let hint = match nearest(field, expected) {
+                Some(candidate) => format!("did you mean `{parent}{candidate}`?"),
+                None => format!("the keys here are: {}", expected.join(", ")),
+            };
+            ConfigError::Invalid(format!(
+                "unknown key `{key}`{from}: {hint} (fix or remove it; docs/configuration.md lists every key)"
+            ))
+        }
+        figment::error::Kind::UnknownVariant(value, expected) => {
+            let key = error.path.join(".");
+            let from = source(figment, &key);
+            let hint = match nearest(value, expected) {
+                Some(candidate) => format!(" (did you mean \"{candidate}\"?)"),
+                None => String::new(),
+            };
+            ConfigError::Invalid(format!("{key} = \"{value}\"{from} is not one of: {}{hint}", expected.join(", ")))
+        }
+        // Any other value that does not fit its key: figment's words for the value, with the
+        // key and its source as above.
+        kind if !error.path.is_empty() => {
+            let key = error.path.join(".");
+            ConfigError::Invalid(format!("{key}{}: {kind}", source(figment, &key)))
+        }
+        _ => ConfigError::Parse(Box::new(error)),
     }
-    let key = path.join(".");
-    let from = match figment.find_metadata(&key) {
+}
+
+/// Where `key` was set: ` in FILE` (as given, made absolute by [`Settings::load`]), ` from
+/// the environment variable CHATD_…`, or nothing when figment cannot tell.
+fn source(figment: &Figment, key: &str) -> String {
+    match figment.find_metadata(key) {
         Some(metadata) => match &metadata.source {
             Some(figment::Source::File(path)) => format!(" in {}", path.display()),
             _ if metadata.name.contains("environment") => {
@@ -320,20 +357,17 @@ fn unknown_key(figment: &Figment, error: figment::Error) -> ConfigError {
             _ => format!(" in {}", metadata.name),
         },
         None => String::new(),
-    };
-    let nearest = expected
+    }
+}
+
+/// The candidate closest to `written`, if it is close enough to be what was meant.
+fn nearest<'a>(written: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
         .iter()
-        .map(|candidate| (strsim::damerau_levenshtein(field, candidate), *candidate))
-        .filter(|(distance, candidate)| *distance <= candidate.len().max(field.len()) / 2)
-        .min();
-    let parent = &key[..key.len() - field.len()];
-    let hint = match nearest {
-        Some((_, candidate)) => format!("did you mean `{parent}{candidate}`?"),
-        None => format!("the keys here are: {}", expected.join(", ")),
-    };
-    ConfigError::Invalid(format!(
-        "unknown key `{key}`{from}: {hint} (fix or remove it; docs/configuration.md lists every key)"
-    ))
+        .map(|candidate| (strsim::damerau_levenshtein(written, candidate), *candidate))
+        .filter(|(distance, candidate)| *distance <= candidate.len().max(written.len()) / 2)
+        .min()
+        .map(|(_, candidate)| candidate)
 }
 
 fn read_api_key(id: &str, provider: &ProviderSettings) -> Result<Option<Secret>, ConfigError> {
@@ -384,6 +418,26 @@ mod tests {
                 .chunk_chars,
             3
         );
+    }
+
+    #[test]
+    fn a_value_none_of_the_choices_names_the_key_and_the_choices() {
+        let refused = |toml: &str| Settings::with_overrides(toml).expect_err(toml).to_string();
+        let kind = refused("[providers.vllm]\nkind = \"openai-compatible\"");
+        assert!(
+            kind.starts_with(
+                "config: providers.vllm.kind = \"openai-compatible\" in TOML source string is not one of: \
+                 anthropic, openai, google, openai_compatible, mock"
+            ),
+            "{kind}"
+        );
+        assert!(kind.ends_with("(did you mean \"openai_compatible\"?)"), "{kind}");
+        assert!(!kind.contains("default.") && !kind.contains('`'), "no figment profile, no nested quotes: {kind}");
+        let far = refused("[stream]\non_disconnect = \"zzzzzzzzzzzz\"");
+        assert!(far.ends_with("is not one of: continue, cancel"), "{far}");
+        let wrong_type = refused("[server]\nport = \"eighty\"");
+        assert!(wrong_type.starts_with("config: server.port in TOML source string: "), "{wrong_type}");
+        assert!(!wrong_type.contains("default."), "{wrong_type}");
     }
 
     #[test]

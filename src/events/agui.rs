@@ -205,6 +205,8 @@ impl ToAgui {
                 out.push(AguiEvent::Custom { name: "status", value: CustomValue::Status(StatusData { message }) });
             }
             Event::ThinkingDelta { text } => {
+                // A reasoning message per model call, as the UI stream's parts.
+                let Some(text) = super::ui::part_delta(&self.open, text) else { return };
                 let message_id = self.open_reasoning(out);
                 out.push(AguiEvent::ReasoningMessageContent { message_id, delta: text });
             }
@@ -410,7 +412,7 @@ mod tests {
             assert!(matches!(last, "RUN_FINISHED" | "RUN_ERROR"), "{last}");
             let (mut texts, mut reasonings, mut calls) = (HashSet::new(), HashSet::new(), HashSet::new());
             let (mut step, mut reasoning_open) = (None::<String>, false);
-            let (mut text, mut thinking) = (String::new(), String::new());
+            let (mut text, mut thinking) = (String::new(), Vec::<String>::new());
             let mut ended_calls = HashSet::new();
             for (i, event) in out.iter().enumerate() {
                 let kind = event["type"].as_str().unwrap();
@@ -428,8 +430,8 @@ mod tests {
                     "TEXT_MESSAGE_CONTENT" => { assert!(texts.contains(&id("messageId"))); text.push_str(event["delta"].as_str().unwrap()); }
                     "TEXT_MESSAGE_END" => { assert!(texts.remove(&id("messageId"))); }
                     "REASONING_START" => { assert!(!reasoning_open); reasoning_open = true; }
-                    "REASONING_MESSAGE_START" => { assert!(reasoning_open && reasonings.insert(id("messageId"))); }
-                    "REASONING_MESSAGE_CONTENT" => { assert!(reasonings.contains(&id("messageId"))); thinking.push_str(event["delta"].as_str().unwrap()); }
+                    "REASONING_MESSAGE_START" => { assert!(reasoning_open && reasonings.insert(id("messageId"))); thinking.push(String::new()); }
+                    "REASONING_MESSAGE_CONTENT" => { assert!(reasonings.contains(&id("messageId"))); thinking.last_mut().unwrap().push_str(event["delta"].as_str().unwrap()); }
                     "REASONING_MESSAGE_END" => { assert!(reasonings.remove(&id("messageId"))); }
                     "REASONING_END" => { assert!(reasoning_open && reasonings.is_empty()); reasoning_open = false; }
                     "TOOL_CALL_START" => { assert!(calls.insert(id("toolCallId"))); }
@@ -444,7 +446,7 @@ mod tests {
             }
             let (sent_text, sent_thinking) = text_and_thinking(&events);
             assert_eq!(text, sent_text);
-            assert_eq!(thinking, sent_thinking);
+            crate::events::arbitrary::assert_parts_of(&thinking, &sent_thinking);
         }
     }
 }

@@ -186,3 +186,16 @@ pub fn text_and_thinking(events: &[Event]) -> (String, String) {
     }
     (text, thinking)
 }
+
+/// Checks reasoning as a vocabulary with a part per model call carries it (`parts`, in
+/// order) against the thinking the events sent: each part is what was sent from its first
+/// line on, none is empty, and only newlines before a part's first line are left out.
+pub fn assert_parts_of(parts: &[String], sent: &str) {
+    let mut rest = sent;
+    for part in parts {
+        assert!(!part.is_empty() && !part.starts_with(['\n', '\r']), "{part:?} of {sent:?}");
+        rest = rest.trim_start_matches(['\n', '\r']);
+        rest = rest.strip_prefix(part.as_str()).unwrap_or_else(|| panic!("{part:?} is not next in {rest:?}"));
+    }
+    assert!(rest.trim_start_matches(['\n', '\r']).is_empty(), "{rest:?} of {sent:?} was not sent");
+}

@@ -176,6 +176,7 @@ impl ToUi {
                 out.push(UiChunk::DataStatus { data: StatusData { message }, transient: true });
             }
             Event::ThinkingDelta { text } => {
+                let Some(text) = part_delta(&self.open, text) else { return };
                 let id = self.open_reasoning(out);
                 out.push(UiChunk::ReasoningDelta { id, delta: text });
             }
@@ -341,6 +342,18 @@ impl ToUi {
     }
 }
 
+/// A thinking delta as a vocabulary with a reasoning part per model call carries it. The
+/// native stream's thinking is one string, where the agent starts a later call's thinking
+/// with a blank line; here that call's thinking is a part of its own, which the blank line
+/// would open. So a part starts at its first line; `None` when the delta leaves nothing.
+pub(super) fn part_delta<'a>(open: &Open, text: &'a str) -> Option<&'a str> {
+    let text = match open {
+        Open::Reasoning(_) => text,
+        _ => text.trim_start_matches(['\n', '\r']),
+    };
+    (!text.is_empty()).then_some(text)
+}
+
 /// Whether a text delta is only the `[[tool:N]]` marker the agent writes after a tool call
 /// (with the blank line before it).
 pub fn is_tool_marker(text: &str) -> bool {
@@ -436,6 +449,34 @@ mod tests {
     }
 
     #[test]
+    fn a_later_model_calls_reasoning_part_starts_at_its_first_line() {
+        let start = StartEvent {
+            conversation_id: ConversationId::new(),
+            user_message_id: MessageId::new(),
+            message_id: MessageId::new(),
+            trace_id: TraceId::new(),
+            model: "m".into(),
+            profile: "p".into(),
+        };
+        // As the agent emits two model calls' thinking: the second after a blank line.
+        let events = [
+            Event::Start(Box::new(start)),
+            Event::Status { message: THINKING_STATUS.into() },
+            Event::ThinkingDelta { text: "First.".into() },
+            Event::TextDelta { text: "One".into() },
+            Event::Status { message: THINKING_STATUS.into() },
+            Event::ThinkingDelta { text: "\n\n".into() },
+            Event::ThinkingDelta { text: "\nSecond,\n\nthen".into() },
+            Event::ThinkingDelta { text: "\n\nmore.".into() },
+        ];
+        let deltas: Vec<Value> = chunks(&events).into_iter().filter(|c| c["type"] == "reasoning-delta").collect();
+        let texts: Vec<&str> = deltas.iter().map(|c| c["delta"].as_str().unwrap()).collect();
+        assert_eq!(texts, ["First.", "Second,\n\nthen", "\n\nmore."], "blank lines inside a part stay");
+        assert_eq!(deltas[1]["id"], deltas[2]["id"]);
+        assert_ne!(deltas[0]["id"], deltas[1]["id"]);
+    }
+
+    #[test]
     fn only_a_whole_marker_is_a_marker() {
         for marker in ["[[tool:0]]", "\n\n[[tool:12]]"] {
             assert!(is_tool_marker(marker), "{marker:?}");
@@ -471,7 +512,7 @@ mod tests {
             let chunks = chunks(&events);
             assert_eq!(chunks[0]["type"], "start");
             let (mut open, mut step, mut ended) = (None::<String>, false, false);
-            let (mut text, mut reasoning) = (String::new(), String::new());
+            let (mut text, mut reasoning) = (String::new(), Vec::<String>::new());
             let mut tools = std::collections::HashSet::new();
             for chunk in &chunks {
                 let kind = chunk["type"].as_str().unwrap();
@@ -484,10 +525,16 @@ mod tests {
                 match kind {
                     "start-step" => { assert!(!step); step = true; }
                     "finish-step" => { assert!(step && open.is_none()); step = false; }
-                    "text-start" | "reasoning-start" => { assert!(step && open.is_none()); open = id; }
+                    "text-start" | "reasoning-start" => {
+                        assert!(step && open.is_none());
+                        if kind == "reasoning-start" {
+                            reasoning.push(String::new());
+                        }
+                        open = id;
+                    }
                     "text-end" | "reasoning-end" => { assert_eq!(open.take(), id); }
                     "text-delta" => { assert_eq!(open, id); text.push_str(chunk["delta"].as_str().unwrap()); }
-                    "reasoning-delta" => { assert_eq!(open, id); reasoning.push_str(chunk["delta"].as_str().unwrap()); }
+                    "reasoning-delta" => { assert_eq!(open, id); reasoning.last_mut().unwrap().push_str(chunk["delta"].as_str().unwrap()); }
                     "tool-input-start" | "tool-input-available" => {
                         assert!(step && open.is_none());
                         tools.insert(chunk["toolCallId"].as_str().unwrap().to_owned());
@@ -502,7 +549,7 @@ mod tests {
             assert!(ended, "a terminal chunk");
             let (sent_text, sent_thinking) = crate::events::arbitrary::text_and_thinking(&events);
             assert_eq!(text, sent_text);
-            assert_eq!(reasoning, sent_thinking);
+            crate::events::arbitrary::assert_parts_of(&reasoning, &sent_thinking);
         }
     }
 }

@@ -77,7 +77,7 @@ impl ConversationBody {
             if !state.settings.profiles.contains_key(profile) {
                 return Err(AppError::NotFound {
                     field: Some("profile".into()),
-                    message: "Profile not found: GET /api/profiles lists the configured ones".into(),
+                    message: crate::chat::request::unknown_profile(profile),
                 });
             }
         }

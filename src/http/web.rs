@@ -47,6 +47,9 @@ const fn fnv1a(bytes: &[u8]) -> u64 {
 
 const INDEX: Asset = asset!("index.html", "text/html; charset=utf-8");
 const DOCS: Asset = asset!("docs.html", "text/html; charset=utf-8");
+/// The pages link it as `/favicon.svg`; `/favicon.ico`, which browsers and tools ask for by
+/// habit, is the same icon rather than a 404.
+const FAVICON: Asset = asset!("favicon.svg", "image/svg+xml");
 
 /// What `/assets/{file}` serves; any other name is a 404 in the contract's envelope.
 const ASSETS: &[Asset] = &[
@@ -64,7 +67,12 @@ const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/", get(index)).route("/docs", get(docs)).route("/assets/{file}", get(asset))
+    Router::new()
+        .route("/", get(index))
+        .route("/docs", get(docs))
+        .route("/assets/{file}", get(asset))
+        .route("/favicon.svg", get(favicon))
+        .route("/favicon.ico", get(favicon))
 }
 
 async fn index(headers: HeaderMap) -> Response {
@@ -73,6 +81,10 @@ async fn index(headers: HeaderMap) -> Response {
 
 async fn docs(headers: HeaderMap) -> Response {
     serve(&DOCS, &headers)
+}
+
+async fn favicon(headers: HeaderMap) -> Response {
+    serve(&FAVICON, &headers)
 }
 
 async fn asset(Path(file): Path<String>, headers: HeaderMap) -> Response {
@@ -96,7 +108,8 @@ fn serve(asset: &Asset, request: &HeaderMap) -> Response {
         headers.insert(header::ETAG, etag);
     }
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    if asset.content_type.starts_with("text/html") {
+    // An SVG opened by itself is a document too: the same policy keeps it inert.
+    if asset.content_type.starts_with("text/html") || asset.content_type.starts_with("image/svg") {
         headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
         headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
     }

@@ -235,12 +235,15 @@ where
                     }
                     let waited = if last_frame.is_some() { idle } else { first_byte };
                     tracing::warn!(after_ms = waited.as_millis() as u64, "provider stream stalled");
-                    yield Err(network_error());
+                    yield Err(if last_frame.is_some() { stalled_error() } else { network_error() });
                     return;
                 }
             };
             let now = tokio::time::Instant::now();
-            if last_frame.replace(now).is_none() {
+            // Whether a frame came before this one: a stream that breaks after one was cut off
+            // mid-answer; one that breaks before it never answered.
+            let begun = last_frame.replace(now).is_some();
+            if !begun {
                 stall.as_mut().reset(later(now, idle));
             }
             match next {
@@ -261,7 +264,7 @@ where
                 // broken answer, not a broken connection: trying again would not mend them.
                 Some(Err(EventStreamError::Transport(Cut::Transport(e)))) => {
                     tracing::warn!(error = %e, "provider stream broke");
-                    yield Err(network_error());
+                    yield Err(if begun { cut_off_error() } else { network_error() });
                     return;
                 }
                 Some(Err(e)) => {
@@ -271,7 +274,7 @@ where
                 }
                 None => {
                     tracing::warn!("provider stream ended before its terminal frame");
-                    yield Err(network_error());
+                    yield Err(if begun { cut_off_error() } else { network_error() });
                     return;
                 }
             }
@@ -285,10 +288,28 @@ fn later(at: tokio::time::Instant, wait: Duration) -> tokio::time::Instant {
     at.checked_add(wait).unwrap_or_else(|| at + Duration::from_secs(365 * 24 * 3600))
 }
 
+/// No answer at all: the connection failed, or the server sent nothing in time.
 pub fn network_error() -> ProviderError {
     ProviderError::new(
         ProviderErrorKind::Network,
         "Connection failed: the model's server did not answer; try again (the server's log names the provider)",
+    )
+}
+
+/// The server answered, then its stream broke or ended before its last frame: the same code
+/// (a connection that failed), told as what the user saw, an answer that stopped.
+pub fn cut_off_error() -> ProviderError {
+    ProviderError::new(
+        ProviderErrorKind::Network,
+        "Connection failed: the model's server cut the answer off mid-stream; try again (the server's log names the provider)",
+    )
+}
+
+/// The server answered, then sent nothing for the provider's `idle_timeout_secs`.
+pub fn stalled_error() -> ProviderError {
+    ProviderError::new(
+        ProviderErrorKind::Network,
+        "Connection failed: the model's server stopped sending mid-stream; try again (the server's log names the provider)",
     )
 }
 

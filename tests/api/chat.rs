@@ -185,6 +185,9 @@ both_backends! {
             assert_eq!(error["field"].as_str(), field, "{body}: {error}");
             assert!(!error["message"].as_str().unwrap().is_empty());
         }
+        // The 413 names the setting to raise, and its value.
+        let (_, error) = app.post("/api/chat/stream", "ann", json!({"message": "x".repeat(51)})).await;
+        assert_eq!(error["message"], "Message is 51 characters, longer than limits.max_message_chars (50)");
         let response = app
             .client
             .post(app.url("/api/chat/stream"))
@@ -300,10 +303,93 @@ async fn the_mock_echo_keeps_its_lines_and_a_title_leaves_out_its_directives() {
 }
 
 #[tokio::test]
-async fn an_unknown_profile_says_where_the_known_ones_are() {
+async fn an_unknown_profile_is_named_and_says_where_the_known_ones_are() {
+    // A profile name from another configuration (an example's), which this one lacks.
     let app = TestApp::spawn(Backend::Sqlite, "").await;
-    let (status, error) = app.post("/api/chat/stream", "ann", json!({"message": "hi", "profile": "nope"})).await;
+    let (status, error) = app.post("/api/chat/stream", "ann", json!({"message": "hi", "profile": "sonnet"})).await;
     assert_eq!(status, 404);
+    assert_eq!(error["code"], "NOT_FOUND");
     assert_eq!(error["field"], "profile");
-    assert!(error["message"].as_str().unwrap().contains("GET /api/profiles"), "{error}");
+    assert_eq!(error["message"], "Profile 'sonnet' not found: GET /api/profiles lists the configured ones");
+
+    // AG-UI's forwardedProps.profile, as a client copied from a snippet sends it.
+    let agui = json!({"threadId": "t1", "runId": "r1", "messages": [{"id": "m1", "role": "user", "content": "Hello"}],
+        "forwardedProps": {"profile": "sonnet"}});
+    let (status, error) = app.post("/api/agui", "ann", agui).await;
+    assert_eq!((status.as_u16(), error["field"].as_str()), (404, Some("profile")));
+    assert!(error["message"].as_str().unwrap().starts_with("Profile 'sonnet' not found"), "{error}");
+
+    // A/B sides and the tools of a profile name theirs too.
+    let (status, error) =
+        app.post("/api/ab/stream", "ann", json!({"message": "x", "profile_a": "default", "profile_b": "nope"})).await;
+    assert_eq!((status.as_u16(), error["field"].as_str()), (404, Some("profile_b")));
+    assert!(error["message"].as_str().unwrap().starts_with("Profile 'nope' not found"), "{error}");
+    let (status, error) = app.get("/api/tools?profile=gone", "ann").await;
+    assert_eq!(status, 404);
+    assert!(error["message"].as_str().unwrap().starts_with("Profile 'gone' not found"), "{error}");
+
+    // A long name is echoed only in part: the answer stays short whatever was sent.
+    let long = format!("{}{}", "p".repeat(100), "q".repeat(10_000));
+    let (status, error) = app.post("/api/chat/stream", "ann", json!({"message": "hi", "profile": long})).await;
+    assert_eq!(status, 404);
+    let message = error["message"].as_str().unwrap();
+    assert!(message.starts_with(&format!("Profile '{}…' not found", "p".repeat(100))), "{message}");
+    assert!(!message.contains('q'), "{message}");
+}
+
+/// The JSON `data:` of a whole SSE answer (a client library's stream; `[DONE]` left out).
+async fn sse_data(app: &TestApp, path: &str, body: serde_json::Value) -> Vec<serde_json::Value> {
+    let response = app.client.post(app.url(path)).header("x-client-id", "ann").json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200, "{path}");
+    let text = response.text().await.unwrap();
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_later_model_calls_reasoning_starts_at_its_first_line_in_client_libraries_streams() {
+    // Two model calls (a tool call, then the answer), each thinking: the native stream joins
+    // their thinking by a blank line; useChat and AG-UI get a reasoning part per call.
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let message = r#"Add [mock:tool=calculator {"expression": "2 + 3"}]"#;
+    let ui = sse_data(
+        &app,
+        "/api/ui/chat",
+        json!({"id": "chat-1", "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": message}]}]}),
+    )
+    .await;
+    let mut parts: Vec<String> = Vec::new();
+    for chunk in &ui {
+        match chunk["type"].as_str().unwrap() {
+            "reasoning-start" => parts.push(String::new()),
+            "reasoning-delta" => parts.last_mut().unwrap().push_str(chunk["delta"].as_str().unwrap()),
+            _ => {}
+        }
+    }
+    let conversation = ui.iter().find_map(|c| c["messageMetadata"]["conversation_id"].as_str()).unwrap();
+    let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
+    let thinking = loaded["messages"][1]["thinking"].as_str().unwrap();
+    assert_eq!(parts.len(), 2, "{ui:?}");
+    assert!(parts.iter().all(|p| !p.is_empty() && !p.starts_with('\n')), "{parts:?}");
+    assert_eq!(parts.join("\n\n"), thinking);
+
+    let agui = sse_data(
+        &app,
+        "/api/agui",
+        json!({"threadId": "t1", "runId": "r1", "messages": [{"id": "m1", "role": "user", "content": message}]}),
+    )
+    .await;
+    let mut reasonings: Vec<(String, String)> = Vec::new();
+    for event in agui.iter().filter(|e| e["type"] == "REASONING_MESSAGE_CONTENT") {
+        let id = event["messageId"].as_str().unwrap();
+        match reasonings.last_mut() {
+            Some((last, text)) if last == id => text.push_str(event["delta"].as_str().unwrap()),
+            _ => reasonings.push((id.to_owned(), event["delta"].as_str().unwrap().to_owned())),
+        }
+    }
+    assert_eq!(reasonings.len(), 2, "{agui:?}");
+    assert!(reasonings.iter().all(|(_, text)| !text.starts_with('\n')), "{reasonings:?}");
 }

@@ -182,11 +182,40 @@ fn check_config_refuses_a_typo_naming_the_key_where_it_came_from_and_the_nearest
 }
 
 #[test]
+fn check_config_names_a_bad_choice_with_its_key_the_whole_path_and_the_choices() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("cfg")).unwrap();
+    std::fs::create_dir(dir.path().join("run")).unwrap();
+    let file = dir.path().join("cfg/typo3.toml");
+    std::fs::write(&file, "[providers.vllm]\nkind = \"openai-compatible\"\nbase_url = \"http://127.0.0.1:8000/v1\"\n")
+        .unwrap();
+    // Given relative to where chatd runs, as a user types it.
+    let output = Command::new(env!("CARGO_BIN_EXE_chatd"))
+        .current_dir(dir.path().join("run"))
+        .args(["--config", "../cfg/typo3.toml", "check-config"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{said}");
+    let absolute = std::fs::canonicalize(&file).unwrap();
+    assert!(
+        said.contains(&format!(
+            "config: providers.vllm.kind = \"openai-compatible\" in {} is not one of: \
+             anthropic, openai, google, openai_compatible, mock (did you mean \"openai_compatible\"?)",
+            absolute.display()
+        )),
+        "{said}"
+    );
+    assert!(!said.contains("default.") && !said.contains('`'), "{said}");
+}
+
+#[test]
 fn every_example_config_passes_check_config() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples");
     let mut examples: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     examples.sort();
-    assert!(examples.len() >= 7, "ollama, openai, anthropic, gemini, openrouter, vllm/llama.cpp, a/b");
+    assert!(examples.len() >= 8, "ollama, openai, anthropic, gemini, openrouter, vllm, llama.cpp, a/b");
     for example in examples {
         let output = Command::new(env!("CARGO_BIN_EXE_chatd"))
             .args(["--config", example.to_str().unwrap(), "check-config"])
@@ -200,6 +229,13 @@ fn every_example_config_passes_check_config() {
         let profiles = effective["profiles"].as_object().unwrap();
         assert!(profiles.contains_key(default), "{name}: its default profile is one of its profiles");
         assert!(profiles.values().all(|p| p["provider"] != "mock" || example.ends_with("ab.toml")), "{name}");
+        // A model on the user's own machine is bounded: a small one left free rambles on.
+        for (id, profile) in profiles {
+            let base_url = effective["providers"][profile["provider"].as_str().unwrap()]["base_url"].as_str();
+            if base_url.is_some_and(|url| url.contains("://127.0.0.1") || url.contains("://localhost")) {
+                assert!(profile["max_tokens"].as_u64().is_some(), "{name}: the local profile {id} sets max_tokens");
+            }
+        }
         assert_eq!(effective["providers"]["mock"]["kind"], "mock", "{name}: the mock stays");
         let text = std::fs::read_to_string(&example).unwrap();
         assert!(

@@ -328,7 +328,15 @@ async fn the_legacy_api_carries_the_same_run() {
 
 #[tokio::test]
 async fn titles_can_be_refined_in_the_background() {
-    let app = TestApp::spawn(Backend::Sqlite, "[chat]\nrefine_titles = true\n[[providers.mock.rules]]\nwhen = \"trip to Oslo\"\ntext = \"Planning a Trip to Oslo\"\nthinking = \"t\"").await;
+    // The model's title comes quoted and over two lines: a title is one line.
+    let rule = r#"text = "\"Planning a\n  Trip to Oslo\"\n""#;
+    let app = TestApp::spawn(
+        Backend::Sqlite,
+        &format!(
+            "[chat]\nrefine_titles = true\n[[providers.mock.rules]]\nwhen = \"trip to Oslo\"\n{rule}\nthinking = \"t\""
+        ),
+    )
+    .await;
     let frames = app.chat("ann", json!({"message": "I want to plan a trip to Oslo next spring with my family"})).await;
     let conversation = frames[0].data["conversation_id"].as_str().unwrap().to_owned();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

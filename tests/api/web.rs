@@ -38,6 +38,24 @@ async fn the_page_and_its_assets_are_served() {
 }
 
 #[tokio::test]
+async fn the_icon_is_served_where_pages_and_browsers_ask_for_it() {
+    // In token mode too: a browser asks for it without the page's credentials.
+    let app = TestApp::spawn(Backend::Sqlite, "[auth]\nmode = \"token\"\n[auth.tokens]\n\"tok-web\" = \"ann\"\n").await;
+    let on_disk = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/web/favicon.svg")).unwrap();
+    for path in ["/favicon.ico", "/favicon.svg"] {
+        let icon = app.client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(icon.status(), StatusCode::OK, "{path}");
+        assert_eq!(icon.headers()[CONTENT_TYPE], "image/svg+xml", "{path}");
+        assert!(icon.headers()[CONTENT_SECURITY_POLICY].to_str().unwrap().contains("script-src 'self'"), "{path}");
+        assert_eq!(icon.bytes().await.unwrap(), on_disk, "{path}");
+    }
+    for page in ["/", "/docs"] {
+        let html = app.client.get(app.url(page)).send().await.unwrap().text().await.unwrap();
+        assert!(html.contains(r#"<link rel="icon" href="/favicon.svg" type="image/svg+xml">"#), "{page}");
+    }
+}
+
+#[tokio::test]
 async fn an_unchanged_asset_is_revalidated_with_a_304() {
     let app = TestApp::spawn(Backend::Sqlite, "").await;
     let first = app.client.get(app.url("/assets/app.js")).send().await.unwrap();

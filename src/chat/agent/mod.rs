@@ -404,7 +404,7 @@ async fn stream_turn(
     }
     // Adapters end their streams with an error when the terminal frame is missing; a
     // provider that simply stops is one more case of the same.
-    Ending::Failed(transport::network_error())
+    Ending::Failed(transport::cut_off_error())
 }
 
 /// The provider's next event. What the turn emitted from what already arrived goes out

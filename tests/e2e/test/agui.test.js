@@ -88,11 +88,15 @@ test("a tool call with thinking: the agent's messages and result are chatd's sto
   const [toolMessage] = a.messages.filter((m) => m.role === "tool");
   assert.equal(toolMessage.toolCallId, calls[0].id);
   assert.equal(toolMessage.content, answer.tool_history[0].output);
-  const reasoning = events
-    .filter((e) => e.type === "REASONING_MESSAGE_CONTENT")
-    .map((e) => e.delta)
-    .join("");
-  assert.equal(reasoning, answer.thinking);
+  // A reasoning message per model call, each from its first line; the stored answer joins
+  // them by a blank line.
+  const reasonings = new Map();
+  for (const e of events.filter((e) => e.type === "REASONING_MESSAGE_CONTENT")) {
+    reasonings.set(e.messageId, (reasonings.get(e.messageId) ?? "") + e.delta);
+  }
+  assert.equal(reasonings.size, 2);
+  for (const text of reasonings.values()) assert.ok(!text.startsWith("\n"), JSON.stringify(text));
+  assert.equal([...reasonings.values()].join("\n\n"), answer.thinking);
   const usage = events.filter((e) => e.type === "CUSTOM" && e.name === "usage");
   assert.ok(usage.length >= 1, "usage as a CUSTOM event");
 });

@@ -103,11 +103,12 @@ const textOf = (message) =>
     .filter((p) => p.type === "text")
     .map((p) => p.text)
     .join("");
+/** The reasoning parts (one per model call) as the stored answer joins them: by a blank line. */
 const reasoningOf = (message) =>
   message.parts
     .filter((p) => p.type === "reasoning")
     .map((p) => p.text)
-    .join("");
+    .join("\n\n");
 /** The stored answer's text as the UI stream carries it: no `[[tool:N]]` markers. */
 const withoutMarkers = (content) => content.replace(/(\n\n)?\[\[tool:\d+\]\]/g, "");
 
@@ -129,6 +130,9 @@ for (const [name, ai] of Object.entries(versions)) {
       assert.equal(textOf(message), withoutMarkers(answer.content));
       assert.ok(textOf(message).includes("5"), textOf(message));
       assert.equal(reasoningOf(message), answer.thinking);
+      const reasonings = message.parts.filter((p) => p.type === "reasoning");
+      assert.equal(reasonings.length, 2, "a reasoning part per model call");
+      for (const part of reasonings) assert.ok(!part.text.startsWith("\n"), JSON.stringify(part.text));
       const tools = message.parts.filter((p) => p.type === "tool-calculator");
       assert.equal(tools.length, 1);
       assert.equal(tools[0].state, "output-available");

@@ -34,6 +34,20 @@ test("the API reference renders offline, from the binary, under its CSP", async 
     assert.ok(await request.isVisible());
     assert.ok((await request.locator("td code").allInnerTexts()).includes("message"));
     assert.ok((await page.locator("section.operation").count()) >= 20, "every operation is listed");
+    // Descriptions' inline Markdown: a `code` span is a <code> element, never literal
+    // backticks, and what it holds stays text (`data: <event>` makes no element).
+    const about = page.locator("#about");
+    assert.deepEqual(await about.locator("code").allInnerTexts(), ["ErrorBody", "Event"]);
+    assert.ok(!(await page.locator("#reference").innerText()).includes("`"), "no backtick is left in the page");
+    assert.ok((await page.locator("#reference p code, #reference td code").allInnerTexts()).includes("data: <event>"));
+    assert.equal(await page.locator("#reference event").count(), 0);
+    // The icon the page links, and the one browsers ask for by habit.
+    assert.equal(await page.locator('link[rel="icon"]').getAttribute("href"), "/favicon.svg");
+    for (const path of ["/favicon.svg", "/favicon.ico"]) {
+      const icon = await page.request.get(`${chatd.base}${path}`);
+      assert.equal(icon.status(), 200, path);
+      assert.equal(icon.headers()["content-type"], "image/svg+xml", path);
+    }
     assert.deepEqual(elsewhere, [], "nothing was asked of another host");
     assert.deepEqual(problems, [], "no errors, no CSP violations");
     await screenshot(page, "docs");

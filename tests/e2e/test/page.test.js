@@ -280,6 +280,48 @@ test("errors show in the banner with the contract's messages", (t) =>
     await screenshot(page, "error-refused");
   }));
 
+test("each profile is listed once; a remembered one the server no longer has is dropped", (t) =>
+  withPage(t, "profiles", async ({ page }) => {
+    const profiles = page.locator("#profile option");
+    const listed = async () => {
+      await page.locator('#profile option[value="vetted"]').waitFor({ state: "attached" });
+      return profiles.allInnerTexts();
+    };
+    // The first choice sends no profile: it is the server's default, not listed again.
+    assert.deepEqual(await listed(), ["default (mock-1)", "other (mock-2)", "vetted (mock-3)"]);
+    assert.equal(await profiles.first().getAttribute("value"), "");
+    assert.equal(await page.inputValue("#profile"), "");
+
+    // A choice is kept across a reload…
+    await page.selectOption("#profile", "vetted");
+    await page.reload();
+    await listed();
+    assert.equal(await page.inputValue("#profile"), "vetted");
+    // …while the server lists it: one it no longer has is forgotten.
+    await page.evaluate(() => localStorage.setItem("chatd.profile", "retired"));
+    await page.reload();
+    await listed();
+    assert.equal(await page.inputValue("#profile"), "");
+    assert.equal(await page.evaluate(() => localStorage.getItem("chatd.profile")), null);
+
+    // A list read before the server's configuration changed: the refusal names the profile,
+    // and the list is read again.
+    await page.evaluate(() => {
+      const stale = Object.assign(document.createElement("option"), { value: "retired", textContent: "retired (old)" });
+      document.getElementById("profile").append(stale);
+      document.getElementById("profile").value = "retired";
+    });
+    await send(page, "Hello");
+    await page.locator("#banner").waitFor();
+    assert.equal(
+      await page.locator("#banner-text").innerText(),
+      "Profile 'retired' not found: GET /api/profiles lists the configured ones",
+    );
+    await page.locator('#profile option[value="retired"]').waitFor({ state: "detached" });
+    assert.deepEqual(await listed(), ["default (mock-1)", "other (mock-2)", "vetted (mock-3)"]);
+    assert.equal(await page.inputValue("#input"), "Hello", "the text is back in the composer");
+  }));
+
 test("suggested values send their value; a server action goes back as action_executed", (t) =>
   withPage(t, "suggestions", async ({ page }) => {
     const sent = [];
