@@ -48,6 +48,31 @@ pub enum Intent {
     Regenerate(Option<String>),
 }
 
+/// The longest id or name a client library sends (a chat, thread, run, message or tool call
+/// id; a profile or tool name), in characters. The libraries' own ids are far shorter; a
+/// longer one would be stored and listed back with every conversation.
+pub const MAX_ID_CHARS: usize = 256;
+
+/// `value`, if it is no longer than [`MAX_ID_CHARS`]; else a 400 naming `field`.
+pub fn bounded<'a>(field: &'static str, value: &'a str) -> Result<&'a str, ChatError> {
+    match value.chars().nth(MAX_ID_CHARS) {
+        None => Ok(value),
+        Some(_) => {
+            Err(ChatError::Invalid { field, message: format!("{field} is longer than {MAX_ID_CHARS} characters") })
+        }
+    }
+}
+
+/// The last of a client's messages whose role is `user`: the one it sends (both client
+/// libraries send the whole thread).
+pub fn last_user_message<M>(messages: Vec<M>, role: impl Fn(&M) -> &str) -> Result<M, ChatError> {
+    messages
+        .into_iter()
+        .rev()
+        .find(|m| role(m) == "user")
+        .ok_or_else(|| ChatError::Invalid { field: "messages", message: "messages holds no user message".into() })
+}
+
 impl ChatService {
     /// Starts the run a client's turn asks for. Two first messages of one new chat sent at
     /// once (two tabs, a retry) both land in the one conversation the first of them made.

@@ -33,7 +33,7 @@ mod turns;
 pub mod waits;
 
 pub use attachments::AttachmentRef;
-pub use clients::{ClientTurn, Intent};
+pub use clients::{ClientTurn, Intent, bounded, last_user_message};
 pub use control::{CancelTarget, Cancelled, ControlError};
 pub use log::EventLog;
 pub use replay::Resumed;

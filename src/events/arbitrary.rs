@@ -179,7 +179,7 @@ pub fn text_and_thinking(events: &[Event]) -> (String, String) {
     let (mut text, mut thinking) = (String::new(), String::new());
     for event in events {
         match event {
-            Event::TextDelta { text: delta } if !super::ui::is_tool_marker(delta) => text.push_str(delta),
+            Event::TextDelta { text: delta } if !super::parts::is_tool_marker(delta) => text.push_str(delta),
             Event::ThinkingDelta { text: delta } => thinking.push_str(delta),
             _ => {}
         }

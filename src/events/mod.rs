@@ -1,14 +1,14 @@
 //! The wire events of CONTRACT.md §5: one enum, serde-tagged by `"type"`. Everything a run
 //! tells a client goes through [`Event`]; the other vocabularies a stream can speak are
-//! functions of it: the legacy one (`legacy`, §11), the A/B stream's (`comparison`, §10),
-//! the AI SDK's UI message stream (`ui`, §13.1) and AG-UI's (`agui`, §13.2).
+//! functions of it: the legacy one (`legacy`, §11) and the A/B stream's (`comparison`,
+//! §10) here; the client libraries' (the AI SDK's UI message stream §13.1, AG-UI's §13.2)
+//! each in its folder of `http`, over what they share (`parts`).
 
-pub mod agui;
 #[cfg(test)]
-mod arbitrary;
+pub(crate) mod arbitrary;
 pub mod comparison;
 pub mod legacy;
-pub mod ui;
+pub mod parts;
 
 use crate::ids::{ConversationId, MessageId, TraceId};
 use chrono::{DateTime, Utc};

@@ -3,6 +3,7 @@
 
 mod ab;
 mod agui;
+mod ai_sdk;
 pub mod auth;
 mod chat;
 mod conversations;
@@ -16,7 +17,6 @@ pub mod server;
 mod sse;
 mod tools;
 mod traces;
-mod ui;
 pub mod views;
 mod waits;
 mod web;
@@ -93,7 +93,7 @@ pub fn router(state: AppState) -> Router {
         .merge(chat::routes())
         .merge(ab::routes())
         .merge(legacy::routes())
-        .merge(ui::routes())
+        .merge(ai_sdk::routes())
         .merge(agui::routes())
         .layer(DefaultBodyLimit::max(body_limit.saturating_add(inline_file)));
     Router::new()

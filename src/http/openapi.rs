@@ -20,7 +20,7 @@ use super::views::{ErrorBody, Event, LegacyEvent};
         super::legacy::stream, super::legacy::load, super::legacy::list,
         super::health::healthz, super::health::ready, super::health::metrics, super::health::profiles,
         super::tools::list,
-        super::ui::chat, super::ui::resume, super::agui::run,
+        super::ai_sdk::chat, super::ai_sdk::resume, super::agui::run,
         super::waits::decide, super::waits::tool_result,
         super::files::upload, super::files::download, super::files::delete,
     ),

@@ -1,6 +1,7 @@
 //! Streams as Server-Sent Events. A run's frames, live or replayed from its log, reach the
 //! wire through an [`Encoder`]: one small type per vocabulary a client may speak (`Native`,
-//! `Legacy`, `Comparisons`, `UiMessages`, `Agui`), each a function of the typed events.
+//! `Conversational`, `Legacy`, `Comparisons` here; the client libraries' in their folders),
+//! each a function of the typed events.
 
 use crate::ids::MessageId;
 use std::convert::Infallible;
@@ -15,11 +16,8 @@ use serde::Serialize;
 use super::AppState;
 use crate::chat::Frame;
 use crate::domain::Comparison;
-use crate::events::Event;
-use crate::events::agui::ToAgui;
 use crate::events::comparison::{ComparisonEvent, Tagged, Variant};
 use crate::events::legacy::ToLegacy;
-use crate::events::ui::ToUi;
 use crate::wake::when_woken;
 
 /// Turns the items of a stream into SSE text.
@@ -108,114 +106,10 @@ impl Encoder for Legacy {
 }
 
 /// Appends one SSE frame with no `id:` line.
-fn push_data(out: &mut String, data: &str) {
+pub(super) fn push_data(out: &mut String, data: &str) {
     out.push_str("data: ");
     out.push_str(data);
     out.push_str("\n\n");
-}
-
-/// The AI SDK's UI message stream (CONTRACT.md §13.1): a `data:` frame per chunk, and
-/// `data: [DONE]` after the run's `done`. A client resumes it from its first chunk, so the
-/// frames carry no ids.
-#[derive(Default)]
-pub struct UiMessages {
-    to_ui: ToUi,
-    /// The `start` of a stream that continues a message, sent before its first chunk.
-    start: Option<String>,
-}
-
-impl UiMessages {
-    /// A run's stream from its `start` event.
-    pub fn new() -> Self {
-        Self { to_ui: ToUi::default(), start: None }
-    }
-
-    /// The stream of message `message_id`'s answer going on after its run waited.
-    pub fn continuing(message_id: MessageId) -> Self {
-        Self { to_ui: ToUi::continuing(), start: Some(message_id.to_string()) }
-    }
-
-    fn open(&mut self, out: &mut String) {
-        if let Some(message_id) = self.start.take() {
-            push_data(out, &serde_json::to_string(&ToUi::start(message_id)).expect("chunks serialize"));
-        }
-    }
-}
-
-impl Encoder for UiMessages {
-    type Item = Frame;
-
-    fn end(&mut self, out: &mut String) {
-        self.open(out);
-        let mut chunks = Vec::new();
-        self.to_ui.end(&mut chunks);
-        if !chunks.is_empty() {
-            for chunk in &chunks {
-                push_data(out, &serde_json::to_string(chunk).expect("chunks serialize"));
-            }
-            push_data(out, "[DONE]");
-        }
-    }
-
-    fn encode(&mut self, frame: &Frame, out: &mut String) {
-        self.open(out);
-        let Some(event) = frame.event.as_deref() else { return };
-        let mut chunks = Vec::new();
-        self.to_ui.translate(event, &mut chunks);
-        for chunk in &chunks {
-            push_data(out, &serde_json::to_string(chunk).expect("chunks serialize"));
-        }
-        if matches!(event, Event::Done { .. }) {
-            push_data(out, "[DONE]");
-        }
-    }
-}
-
-/// AG-UI's events (CONTRACT.md §13.2): a `data:` frame per event, no `[DONE]`.
-pub struct Agui {
-    to_agui: ToAgui,
-    /// A run that goes on after a wait: its `RUN_STARTED` goes first.
-    started: bool,
-}
-
-impl Agui {
-    pub fn new(to_agui: ToAgui) -> Self {
-        Self { to_agui, started: true }
-    }
-
-    /// A stream that does not begin with its run's `start` (a run going on after a wait).
-    pub fn continuing(to_agui: ToAgui) -> Self {
-        Self { to_agui, started: false }
-    }
-
-    fn open(&mut self, out: &mut String) {
-        if !std::mem::replace(&mut self.started, true) {
-            push_data(out, &serde_json::to_string(&self.to_agui.run_started()).expect("events serialize"));
-        }
-    }
-}
-
-impl Encoder for Agui {
-    type Item = Frame;
-
-    fn encode(&mut self, frame: &Frame, out: &mut String) {
-        self.open(out);
-        let Some(event) = frame.event.as_deref() else { return };
-        let mut events = Vec::new();
-        self.to_agui.translate(event, &mut events);
-        for event in &events {
-            push_data(out, &serde_json::to_string(event).expect("events serialize"));
-        }
-    }
-
-    fn end(&mut self, out: &mut String) {
-        self.open(out);
-        let mut events = Vec::new();
-        self.to_agui.end(&mut events);
-        for event in &events {
-            push_data(out, &serde_json::to_string(event).expect("events serialize"));
-        }
-    }
 }
 
 /// What an A/B stream is made of: its opening, both runs' events, its closing.

@@ -6,9 +6,11 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 
-use super::ui::{Open, StatusData};
-use super::{CompletePayload, Event, THINKING_STATUS, ToolCompleteEvent, ToolProgressEvent};
+use crate::chat::Frame;
 use crate::domain::Usage;
+use crate::events::parts::{Open, StatusData, is_tool_marker, part_delta};
+use crate::events::{CompletePayload, Event, THINKING_STATUS, ToolCompleteEvent, ToolProgressEvent};
+use crate::http::sse::{Encoder, push_data};
 
 /// One AG-UI event.
 #[derive(Debug, PartialEq, Serialize)]
@@ -206,12 +208,12 @@ impl ToAgui {
             }
             Event::ThinkingDelta { text } => {
                 // A reasoning message per model call, as the UI stream's parts.
-                let Some(text) = super::ui::part_delta(&self.open, text) else { return };
+                let Some(text) = part_delta(&self.open, text) else { return };
                 let message_id = self.open_reasoning(out);
                 out.push(AguiEvent::ReasoningMessageContent { message_id, delta: text });
             }
             Event::TextDelta { text } => {
-                if super::ui::is_tool_marker(text) {
+                if is_tool_marker(text) {
                     return;
                 }
                 let message_id = self.open_text(out);
@@ -378,6 +380,53 @@ impl ToAgui {
 
 fn step_name(step: u32) -> String {
     format!("model_call_{step}")
+}
+
+/// AG-UI's events (CONTRACT.md §13.2): a `data:` frame per event, no `[DONE]`.
+pub struct Agui {
+    to_agui: ToAgui,
+    /// A run that goes on after a wait: its `RUN_STARTED` goes first.
+    started: bool,
+}
+
+impl Agui {
+    pub fn new(to_agui: ToAgui) -> Self {
+        Self { to_agui, started: true }
+    }
+
+    /// A stream that does not begin with its run's `start` (a run going on after a wait).
+    pub fn continuing(to_agui: ToAgui) -> Self {
+        Self { to_agui, started: false }
+    }
+
+    fn open(&mut self, out: &mut String) {
+        if !std::mem::replace(&mut self.started, true) {
+            push_data(out, &serde_json::to_string(&self.to_agui.run_started()).expect("events serialize"));
+        }
+    }
+}
+
+impl Encoder for Agui {
+    type Item = Frame;
+
+    fn encode(&mut self, frame: &Frame, out: &mut String) {
+        self.open(out);
+        let Some(event) = frame.event.as_deref() else { return };
+        let mut events = Vec::new();
+        self.to_agui.translate(event, &mut events);
+        for event in &events {
+            push_data(out, &serde_json::to_string(event).expect("events serialize"));
+        }
+    }
+
+    fn end(&mut self, out: &mut String) {
+        self.open(out);
+        let mut events = Vec::new();
+        self.to_agui.end(&mut events);
+        for event in &events {
+            push_data(out, &serde_json::to_string(event).expect("events serialize"));
+        }
+    }
 }
 
 #[cfg(test)]

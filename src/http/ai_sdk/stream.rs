@@ -8,8 +8,12 @@ use std::collections::HashMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{Event, THINKING_STATUS, ToolProgressEvent, ToolStatus};
+use crate::chat::Frame;
 use crate::domain::{SuggestedAction, SuggestedValue, Usage};
+use crate::events::parts::{Open, StatusData, is_tool_marker, part_delta};
+use crate::events::{Event, THINKING_STATUS, ToolProgressEvent, ToolStatus};
+use crate::http::sse::{Encoder, push_data};
+use crate::ids::MessageId;
 use crate::ids::{ConversationId, TraceId};
 
 /// One chunk of the stream.
@@ -94,12 +98,6 @@ pub enum UiChunk<'a> {
     },
 }
 
-/// A `data-status` chunk's data.
-#[derive(Debug, PartialEq, Serialize)]
-pub struct StatusData<'a> {
-    pub message: &'a str,
-}
-
 /// What `message-metadata` chunks tell of the answer: at `start` where it comes from, after
 /// each model call its usage so far, at the end the complete payload's fields. The client
 /// merges them into the message's `metadata`.
@@ -123,15 +121,6 @@ pub struct Metadata<'a> {
     pub finish_reason: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<&'a Usage>,
-}
-
-/// The part of the message being streamed now (a text or reasoning part, by its id).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(super) enum Open {
-    #[default]
-    Nothing,
-    Text(String),
-    Reasoning(String),
 }
 
 /// Translates one run's events, in order, into chunks.
@@ -342,26 +331,61 @@ impl ToUi {
     }
 }
 
-/// A thinking delta as a vocabulary with a reasoning part per model call carries it. The
-/// native stream's thinking is one string, where the agent starts a later call's thinking
-/// with a blank line; here that call's thinking is a part of its own, which the blank line
-/// would open. So a part starts at its first line; `None` when the delta leaves nothing.
-pub(super) fn part_delta<'a>(open: &Open, text: &'a str) -> Option<&'a str> {
-    let text = match open {
-        Open::Reasoning(_) => text,
-        _ => text.trim_start_matches(['\n', '\r']),
-    };
-    (!text.is_empty()).then_some(text)
+/// The AI SDK's UI message stream (CONTRACT.md §13.1): a `data:` frame per chunk, and
+/// `data: [DONE]` after the run's `done`. A client resumes it from its first chunk, so the
+/// frames carry no ids.
+#[derive(Default)]
+pub struct UiMessages {
+    to_ui: ToUi,
+    /// The `start` of a stream that continues a message, sent before its first chunk.
+    start: Option<String>,
 }
 
-/// Whether a text delta is only the `[[tool:N]]` marker the agent writes after a tool call
-/// (with the blank line before it).
-pub fn is_tool_marker(text: &str) -> bool {
-    let marker = text.trim_start_matches('\n');
-    marker
-        .strip_prefix("[[tool:")
-        .and_then(|rest| rest.strip_suffix("]]"))
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+impl UiMessages {
+    /// A run's stream from its `start` event.
+    pub fn new() -> Self {
+        Self { to_ui: ToUi::default(), start: None }
+    }
+
+    /// The stream of message `message_id`'s answer going on after its run waited.
+    pub fn continuing(message_id: MessageId) -> Self {
+        Self { to_ui: ToUi::continuing(), start: Some(message_id.to_string()) }
+    }
+
+    fn open(&mut self, out: &mut String) {
+        if let Some(message_id) = self.start.take() {
+            push_data(out, &serde_json::to_string(&ToUi::start(message_id)).expect("chunks serialize"));
+        }
+    }
+}
+
+impl Encoder for UiMessages {
+    type Item = Frame;
+
+    fn end(&mut self, out: &mut String) {
+        self.open(out);
+        let mut chunks = Vec::new();
+        self.to_ui.end(&mut chunks);
+        if !chunks.is_empty() {
+            for chunk in &chunks {
+                push_data(out, &serde_json::to_string(chunk).expect("chunks serialize"));
+            }
+            push_data(out, "[DONE]");
+        }
+    }
+
+    fn encode(&mut self, frame: &Frame, out: &mut String) {
+        self.open(out);
+        let Some(event) = frame.event.as_deref() else { return };
+        let mut chunks = Vec::new();
+        self.to_ui.translate(event, &mut chunks);
+        for chunk in &chunks {
+            push_data(out, &serde_json::to_string(chunk).expect("chunks serialize"));
+        }
+        if matches!(event, Event::Done { .. }) {
+            push_data(out, "[DONE]");
+        }
+    }
 }
 
 #[cfg(test)]
