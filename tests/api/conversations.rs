@@ -122,3 +122,31 @@ both_backends! {
         assert_eq!(loaded["messages"].as_array().unwrap().len(), 2);
     }
 }
+
+#[tokio::test]
+async fn titles_can_be_refined_in_the_background() {
+    // The model's title comes quoted and over two lines: a title is one line.
+    let rule = r#"text = "\"Planning a\n  Trip to Oslo\"\n""#;
+    let app = TestApp::spawn(
+        Backend::Sqlite,
+        &format!(
+            "[chat]\nrefine_titles = true\n[[providers.mock.rules]]\nwhen = \"trip to Oslo\"\n{rule}\nthinking = \"t\""
+        ),
+    )
+    .await;
+    let frames = app.chat("ann", json!({"message": "I want to plan a trip to Oslo next spring with my family"})).await;
+    let conversation = frames[0].data["conversation_id"].as_str().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, loaded) = app.get(&format!("/api/conversations/{conversation}"), "ann").await;
+        if loaded["title"] == "Planning a Trip to Oslo" {
+            break;
+        }
+        assert_eq!(
+            loaded["title"], "I want to plan a trip to Oslo next spring with my family",
+            "until then, the first line"
+        );
+        assert!(std::time::Instant::now() < deadline, "the title was never refined");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

@@ -3,18 +3,21 @@
 mod fixture;
 mod helpers;
 
+mod ab;
 mod auth;
+mod branching;
 mod chat;
 mod chunking;
 mod clients;
 mod compat;
 mod connections;
+mod context;
 mod conversations;
 mod deploy;
 mod faults;
-mod features;
 mod files;
 mod idempotency;
+mod legacy;
 mod mcp;
 mod multitask;
 mod openapi;
