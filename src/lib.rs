@@ -64,7 +64,7 @@ impl App {
         let runs = Runs::default();
         // Before this process starts runs of its own: whatever is left `running` here lost
         // its process (on a shared store, only those whose heartbeat went stale).
-        lifecycle::recover_orphans(&*store, &runs).await;
+        lifecycle::recover_orphans(&store, &runs).await;
         let files = files::Files::open(&settings.files, store.clone()).map_err(anyhow::Error::msg)?;
         let chat = ChatService::new(
             settings.clone(),

@@ -5,7 +5,15 @@
 //! after a few events). It samples chatd's RSS (`--pid`) as it goes. At the end it checks
 //! every run: its trace is not `running`, and its logged stream, replayed from the start,
 //! holds exactly one terminal event (`complete`, `cancelled` or `error`) and ends with
-//! `done`. Prints one JSON line; exits 1 if any run breaks that.
+//! `done`.
+//!
+//! Beside the runs, two users race over shared files for as long as the runs go: one
+//! uploads bytes, then deletes her file while the other uploads the same bytes; his file
+//! must read back whole, and a run that attaches it must answer with it. With
+//! `--kill-postgres ADMIN_URL --database NAME`, every 15–45 s every connection chatd holds to
+//! its database is killed (its pool and its notice listener), as a failover would.
+//!
+//! Prints one JSON line; exits 1 if any run breaks its rules or any file is lost.
 //!
 //! `soak --base http://127.0.0.1:8080 --runs 1000 --minutes 10 --pid 1234`
 
@@ -36,6 +44,128 @@ struct Args {
     /// A name for this run in the output.
     #[arg(long, default_value = "soak")]
     label: String,
+    /// An admin URL of the Postgres server chatd uses: its connections there are killed now
+    /// and then (with `--database`).
+    #[arg(long, requires = "database")]
+    kill_postgres: Option<String>,
+    /// chatd's database on that server.
+    #[arg(long)]
+    database: Option<String>,
+}
+
+/// What the shared-file race saw.
+#[derive(Default)]
+struct FileRounds {
+    rounds: usize,
+    /// Files whose upload was answered 201 and that did not read back whole.
+    lost: Vec<String>,
+    /// Runs that attached a file and did not answer with it.
+    unread: Vec<String>,
+    /// Requests that failed otherwise (a 503 while the database's connections were killed).
+    refused: usize,
+}
+
+/// Rounds of the shared-file race until `stop`: Ann's file of fresh bytes; then at once Ann
+/// deletes it and Bob uploads the same bytes; Bob's must read back whole; every fifth round
+/// a run attaches it; then Bob deletes it.
+async fn race_files(http: reqwest::Client, base: Arc<str>, stop: tokio_util::sync::CancellationToken) -> FileRounds {
+    let mut seen = FileRounds::default();
+    // The body a browser's form sends (one part), written out: the bins have no multipart
+    // client.
+    let upload = |user: &'static str, bytes: Vec<u8>| {
+        let mut body =
+            b"--soak-boundary\r\ncontent-disposition: form-data; name=\"file\"; filename=\"shared.txt\"\r\n\r\n"
+                .to_vec();
+        body.extend_from_slice(&bytes);
+        body.extend_from_slice(b"\r\n--soak-boundary--\r\n");
+        http.post(format!("{base}/api/files"))
+            .header("x-client-id", user)
+            .header("content-type", "multipart/form-data; boundary=soak-boundary")
+            .body(body)
+            .send()
+    };
+    while !stop.is_cancelled() {
+        seen.rounds += 1;
+        let bytes = format!("shared note {} {}\n", seen.rounds, fastrand::u64(..)).into_bytes();
+        let anns = match upload("soak-ann", bytes.clone()).await {
+            Ok(r) if r.status() == reqwest::StatusCode::CREATED => r.json::<Value>().await.unwrap_or(Value::Null),
+            _ => {
+                seen.refused += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let delete = http
+            .delete(format!("{base}/api/files/{}", anns["id"].as_str().unwrap_or_default()))
+            .header("x-client-id", "soak-ann")
+            .send();
+        let (_, bobs) = tokio::join!(delete, upload("soak-bob", bytes.clone()));
+        let bobs = match bobs {
+            Ok(r) if r.status() == reqwest::StatusCode::CREATED => r.json::<Value>().await.unwrap_or(Value::Null),
+            _ => {
+                seen.refused += 1;
+                continue;
+            }
+        };
+        let id = bobs["id"].as_str().unwrap_or_default().to_owned();
+        let read = http.get(format!("{base}/api/files/{id}")).header("x-client-id", "soak-bob").send().await;
+        match read {
+            Ok(r) if r.status().is_success() => {
+                if r.bytes().await.ok().as_deref() != Some(&bytes[..]) {
+                    seen.lost.push(id.clone());
+                }
+            }
+            Ok(r) if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                // A database blip, or lost bytes: tell them apart once it is over.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let again = http.get(format!("{base}/api/files/{id}")).header("x-client-id", "soak-bob").send().await;
+                if !again.is_ok_and(|r| r.status().is_success()) {
+                    seen.lost.push(id.clone());
+                }
+            }
+            Ok(_) => seen.lost.push(id.clone()),
+            Err(_) => seen.refused += 1,
+        }
+        if seen.rounds % 5 == 0 {
+            let body = json!({"message": "What is in the file? [mock:words=5]", "attachments": [{"file_id": id}]});
+            let answer =
+                http.post(format!("{base}/api/chat/stream")).header("x-client-id", "soak-bob").json(&body).send().await;
+            if let Ok(answer) = answer.and_then(reqwest::Response::error_for_status) {
+                let text = answer.text().await.unwrap_or_default();
+                if !text.contains("[1 text file shared.txt") && !text.contains("\"type\":\"error\"") {
+                    seen.unread.push(id.clone());
+                }
+            }
+        }
+        let _ = http.delete(format!("{base}/api/files/{id}")).header("x-client-id", "soak-bob").send().await;
+    }
+    seen
+}
+
+/// Kills every connection chatd holds to `database` every 15–45 s until `stop`; how many
+/// times, and how many connections in all.
+async fn kill_connections(admin: String, database: String, stop: tokio_util::sync::CancellationToken) -> (usize, u64) {
+    use sqlx::Connection;
+    let (mut times, mut killed) = (0, 0);
+    loop {
+        let pause = Duration::from_secs(fastrand::u64(15..45));
+        tokio::select! {
+            () = stop.cancelled() => return (times, killed),
+            () = tokio::time::sleep(pause) => {}
+        }
+        let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await else { continue };
+        let gone: Result<Vec<(bool,)>, _> = sqlx::query_as(
+            "select pg_terminate_backend(pid) from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()",
+        )
+        .bind(&database)
+        .fetch_all(&mut conn)
+        .await;
+        if let Ok(gone) = gone {
+            times += 1;
+            killed += gone.len() as u64;
+        }
+        let _ = conn.close().await;
+    }
 }
 
 /// What the model is asked to do.
@@ -217,6 +347,13 @@ async fn main() {
         })
     });
 
+    let stop = tokio_util::sync::CancellationToken::new();
+    let files = tokio::spawn(race_files(http.clone(), base.clone(), stop.clone()));
+    let kills = match (args.kill_postgres.clone(), args.database.clone()) {
+        (Some(admin), Some(database)) => Some(tokio::spawn(kill_connections(admin, database, stop.clone()))),
+        _ => None,
+    };
+
     let mut pace = tokio::time::interval(spacing.max(Duration::from_millis(1)));
     let mut tasks = Vec::with_capacity(args.runs);
     for i in 0..args.runs {
@@ -234,6 +371,12 @@ async fn main() {
         outcomes.push(task.await.expect("run task"));
     }
     let driven = started.elapsed();
+    stop.cancel();
+    let files = files.await.expect("file race task");
+    let kills = match kills {
+        Some(kills) => Some(kills.await.expect("kill task")),
+        None => None,
+    };
 
     let mut violations = Vec::new();
     let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
@@ -278,6 +421,14 @@ async fn main() {
         "statuses": statuses,
         "violations": violations.len(),
         "first_violations": violations.iter().take(5).collect::<Vec<_>>(),
+        "shared_files": {
+            "rounds": files.rounds,
+            "lost": files.lost.len(),
+            "first_lost": files.lost.iter().take(5).collect::<Vec<_>>(),
+            "runs_without_their_file": files.unread.len(),
+            "refused": files.refused,
+        },
+        "postgres_kills": kills.map(|(times, connections)| json!({"times": times, "connections": connections})),
         "rss_kib": {
             "first_minute_median": minute(0, 60),
             "last_minute_median": minute(end.saturating_sub(60), end + 1),
@@ -286,7 +437,8 @@ async fn main() {
         },
     });
     println!("{summary}");
-    if !violations.is_empty() || statuses.contains_key("running") {
+    if !violations.is_empty() || statuses.contains_key("running") || !files.lost.is_empty() || !files.unread.is_empty()
+    {
         std::process::exit(1);
     }
 }

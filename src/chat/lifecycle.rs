@@ -22,7 +22,7 @@ pub const STALE_AFTER: Duration = Duration::from_secs(30);
 /// Marks runs whose process is gone as `interrupted`, keeping what they had logged as a
 /// partial assistant message. On a store only this process uses (SQLite) that is every run
 /// still `running` at start-up; on a shared one, those whose heartbeat went stale.
-pub async fn recover_orphans(store: &dyn Store, runs: &Runs) -> usize {
+pub async fn recover_orphans(store: &Arc<dyn Store>, runs: &Runs) -> usize {
     let running = match store.running_traces().await {
         Ok(running) => running,
         Err(e) => {
@@ -50,7 +50,7 @@ pub async fn recover_orphans(store: &dyn Store, runs: &Runs) -> usize {
     recovered
 }
 
-async fn interrupt(store: &dyn Store, orphan: &RunningTrace) -> Result<(), crate::store::StoreError> {
+async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<(), crate::store::StoreError> {
     let trace = &orphan.trace;
     let events = store.trace_events(trace.trace_id, 0).await?;
     let (mut text, mut thinking) = (String::new(), String::new());
@@ -68,17 +68,19 @@ async fn interrupt(store: &dyn Store, orphan: &RunningTrace) -> Result<(), crate
     message.cancelled = true;
     message.model = Some(trace.model.clone());
     message.trace_id = Some(trace.trace_id);
-    store
-        .finish_run(&RunFinish {
-            trace_id: trace.trace_id,
-            status: TraceStatus::Interrupted,
-            ended_at: now(),
-            usage: trace.usage.unwrap_or_default(),
-            error: Some(RunError::new("INTERRUPTED", "The server stopped during the run", Some(text))),
-            spans: trace.spans.clone(),
-            assistant_message: Some(message),
-        })
-        .await?;
+    // Nobody hears it live: a replay of its log adds the ending it never sent.
+    let record = RunFinish {
+        trace_id: trace.trace_id,
+        status: TraceStatus::Interrupted,
+        ended_at: now(),
+        usage: trace.usage.unwrap_or_default(),
+        error: Some(RunError::new("INTERRUPTED", "The server stopped during the run", Some(text))),
+        spans: trace.spans.clone(),
+        assistant_message: Some(message),
+    };
+    if !super::ending::save(store, record).await {
+        return Err(crate::store::StoreError::Unavailable("its end was not saved".into()));
+    }
     // Whoever follows or cancels it from another process learns that it ended.
     store.notify(Notice::Logged(trace.trace_id)).await
 }
@@ -126,7 +128,7 @@ pub fn spawn_background(
                 }
             }
             if beat_store.is_shared() {
-                recover_orphans(&*beat_store, &beat_runs).await;
+                recover_orphans(&beat_store, &beat_runs).await;
             }
         }
     });

@@ -12,6 +12,7 @@ pub mod clients;
 pub mod context;
 pub mod control;
 mod core;
+pub mod ending;
 pub mod idempotency;
 pub mod lifecycle;
 pub mod log;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::{self, RunPlan};
 use super::core::Core;
+use super::ending::{self, End};
 use super::lifecycle::{HEARTBEAT, STALE_AFTER};
 use super::plan::Ask;
 use super::request::ClientTool;
@@ -30,9 +31,6 @@ pub const QUEUED_STATUS: &str = "Queued";
 /// How long a queued run waits, at most, before it looks at the queue again unwoken (every
 /// end it waits for wakes it; this only bounds a notice lost with a connection).
 const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// How often the end of a cancelled queued run is tried before it is given up.
-const CLOSE_TRIES: u32 = 5;
 
 /// How long a queued run waits before it looks again after the store failed to answer.
 const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -96,20 +94,22 @@ impl Core {
                     Err(why) => {
                         tracing::error!(trace_id = %trace.trace_id, error = %why, "a queued run cannot start");
                         let why = format!("The queued run could not start: {why}");
-                        super::waits::fail(&*self.store, &trace, &mut emitter, why).await;
+                        super::waits::fail(&self.store, &trace, &mut emitter, why).await;
                     }
                 }
             }
             Waited::Cancelled => self.cancel_queued(&trace, &mut emitter).await,
             // Nothing of it is stored any more: its stream ends as cancelled.
-            Waited::Deleted => cancelled(&trace, &mut emitter),
+            Waited::Deleted => {
+                ending::end(&self.store, &mut emitter, End { record: None, terminal: cancelled(&trace) }).await;
+            }
             Waited::Left => {
                 // Its followers here read on from the log, wherever it goes on.
                 emitter.park();
+                if let Err(e) = emitter.seal().await {
+                    tracing::error!(error = %e, trace_id = %trace.trace_id, "a queued run's events could not be logged");
+                }
             }
-        }
-        if let Err(e) = emitter.seal().await {
-            tracing::error!(error = %e, trace_id = %trace.trace_id, "a queued run's events could not be logged");
         }
         self.runs.remove(emitter.run());
         self.tell(Notice::Logged(trace.trace_id)).await;
@@ -195,7 +195,9 @@ impl Core {
         Waited::Left
     }
 
-    /// Ends a queued run that never started: `cancelled` with nothing said, no answer stored.
+    /// Ends a queued run that never started: `cancelled` with nothing said, no answer stored
+    /// (stored before it is said: a queued trace left behind would hold its conversation's
+    /// queue).
     async fn cancel_queued(&self, trace: &Trace, emitter: &mut Emitter) {
         let record = RunFinish {
             trace_id: trace.trace_id,
@@ -206,18 +208,7 @@ impl Core {
             spans: Vec::new(),
             assistant_message: None,
         };
-        // Stored before it is said: a queued trace left behind would hold its conversation's
-        // queue. The database may be failing for a moment: tried again a few times.
-        for attempt in 1..=CLOSE_TRIES {
-            match self.store.finish_run(&record).await {
-                Ok(()) | Err(StoreError::NotFound | StoreError::Conflict(_)) => break,
-                Err(e) if attempt == CLOSE_TRIES => {
-                    tracing::error!(error = %e, trace_id = %trace.trace_id, "could not close a cancelled queued run");
-                }
-                Err(_) => tokio::time::sleep(RETRY_AFTER).await,
-            }
-        }
-        cancelled(trace, emitter);
+        ending::end(&self.store, emitter, End { record: Some(record), terminal: cancelled(trace) }).await;
     }
 
     /// The run of a queued trace whose turn came: planned as its request was, on the branch
@@ -324,17 +315,15 @@ impl Core {
     }
 }
 
-/// A queued run's end before it started: `cancelled` with nothing said, then `done`.
-fn cancelled(trace: &Trace, emitter: &mut Emitter) {
-    let Trace { trace_id, message_id, conversation_id, .. } = *trace;
-    emitter.emit(Event::Cancelled(Box::new(CancelledEvent {
+/// A queued run's ending before it started: `cancelled` with nothing said.
+fn cancelled(trace: &Trace) -> Event {
+    Event::Cancelled(Box::new(CancelledEvent {
         partial_text: String::new(),
         partial_thinking: None,
-        message_id,
-        trace_id,
+        message_id: trace.message_id,
+        trace_id: trace.trace_id,
         model: trace.model.clone(),
-    })));
-    emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+    }))
 }
 
 /// Each going run's answer id with its question's, for [`branch_through`].

@@ -19,7 +19,7 @@ use super::runs::LiveRun;
 use crate::domain::{RunError, Trace, TraceStatus, now};
 use crate::events::{ErrorEvent, Event};
 use crate::ids::{TraceId, UserId};
-use crate::store::{Claim, Notice, RunFinish, Settled, Settlement, StoreError, WaitKey};
+use crate::store::{Claim, Notice, RunFinish, Settled, Settlement, Store, StoreError, WaitKey};
 
 /// How often each replica looks for approvals whose time is up: a tenth of their timeout,
 /// between a second and a minute (an approval expires that much after its time at most).
@@ -223,8 +223,7 @@ impl Core {
                 let (store, runs) = (self.store.clone(), self.runs.clone());
                 tokio::spawn(async move {
                     let why = format!("The run could not go on after it waited: {why}");
-                    fail(&*store, &trace, &mut emitter, why).await;
-                    let _ = emitter.seal().await;
+                    fail(&store, &trace, &mut emitter, why).await;
                     runs.remove(emitter.run());
                 });
             }
@@ -287,12 +286,7 @@ impl Core {
 }
 
 /// Ends a claimed run that cannot go on: an error and `done`, and its trace closed so.
-pub(super) async fn fail(
-    store: &dyn crate::store::Store,
-    trace: &Trace,
-    emitter: &mut super::runs::Emitter,
-    message: String,
-) {
+pub(super) async fn fail(store: &Arc<dyn Store>, trace: &Trace, emitter: &mut super::runs::Emitter, message: String) {
     let record = RunFinish {
         trace_id: trace.trace_id,
         status: TraceStatus::Error,
@@ -302,18 +296,14 @@ pub(super) async fn fail(
         spans: trace.spans.clone(),
         assistant_message: None,
     };
-    if let Err(e) = store.finish_run(&record).await {
-        tracing::error!(error = %e, trace_id = %trace.trace_id, "could not close the trace of a run that cannot go on");
-    }
-    let Trace { trace_id, message_id, conversation_id, .. } = *trace;
-    emitter.emit(Event::Error(Box::new(ErrorEvent {
+    let terminal = Event::Error(Box::new(ErrorEvent {
         code: "INTERNAL".into(),
         message,
         retryable: false,
-        message_id,
-        trace_id,
-    })));
-    emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+        message_id: trace.message_id,
+        trace_id: trace.trace_id,
+    }));
+    super::ending::end(store, emitter, super::ending::End { record: Some(record), terminal }).await;
 }
 
 /// Expires approvals nobody decided, until `shutdown`; on every replica (the store lets

@@ -1,9 +1,9 @@
-//! The end of a run: its result persisted (retried while the database is unavailable, else
-//! closed later), then exactly one terminal event and `done`.
+//! The end of a run the agent loop ran: its answer, trace and terminal event made of what
+//! the loop produced, then ended as every run is (`chat::ending`).
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use crate::chat::ending::End;
 use crate::chat::payloads;
 use crate::chat::runs::Emitter;
 use crate::domain::{Message, Role, RunError, Span, TraceStatus, now};
@@ -137,73 +137,7 @@ pub(super) async fn finish(
         spans: output.spans,
         assistant_message: assistant,
     };
-    // The answer is stored before the client hears `complete`, so a load right after sees it.
-    let terminal = match retry_while_unavailable(&**store, &record, SAVE_FOR).await {
-        Ok(()) => terminal,
-        Err(e) => {
-            tracing::error!(error = %e, "could not persist the run's result");
-            if e.is_unavailable() {
-                save_later(store, unsaved(record));
-            }
-            error_event(plan, "SERVICE_UNAVAILABLE", "The answer could not be saved", true)
-        }
-    };
-    emitter.emit(terminal);
-    emitter.emit(Event::Done {
-        conversation_id: plan.conversation_id,
-        message_id: plan.message_id,
-        trace_id: plan.trace_id,
-    });
-}
-
-/// How long a run's end keeps trying to save its result while the database cannot take
-/// writes: a short fault (a disk full for a moment) costs the client a wait, not its answer.
-const SAVE_FOR: Duration = Duration::from_secs(5);
-/// How long the record of a run whose result could not be saved is tried again, after its
-/// client heard so: its trace must not stay `running` once the database is back.
-const SAVE_LATER_FOR: Duration = Duration::from_secs(3600);
-
-/// Saves a run's result, trying again (with backoff) for up to `within` while the database
-/// is unavailable. Other errors (the run was ended elsewhere) are final.
-pub(super) async fn retry_while_unavailable(
-    store: &dyn Store,
-    record: &RunFinish,
-    within: Duration,
-) -> Result<(), crate::store::StoreError> {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut pause = Duration::from_millis(50);
-    loop {
-        match store.finish_run(record).await {
-            Err(e) if e.is_unavailable() && tokio::time::Instant::now() + pause < deadline => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
-            result => return result,
-        }
-    }
-}
-
-/// What is recorded of a run whose client was told its answer could not be saved: an error
-/// with what it had said so far, and no assistant message, as that client saw it.
-pub(super) fn unsaved(mut record: RunFinish) -> RunFinish {
-    let partial_text = record.assistant_message.take().map(|m| m.content).unwrap_or_default();
-    record.status = TraceStatus::Error;
-    record.error = Some(RunError::new("SERVICE_UNAVAILABLE", "The answer could not be saved", Some(partial_text)));
-    record
-}
-
-/// Keeps trying to close the trace of a run whose result could not be saved, in the
-/// background, until the database takes it (or `SAVE_LATER_FOR` passed: then the trace is
-/// closed as interrupted at the next start).
-pub(super) fn save_later(store: &Arc<dyn Store>, record: RunFinish) {
-    let store = store.clone();
-    tokio::spawn(async move {
-        let trace_id = record.trace_id;
-        match retry_while_unavailable(&*store, &record, SAVE_LATER_FOR).await {
-            Ok(()) => tracing::info!(%trace_id, "closed the trace of a run whose answer could not be saved"),
-            Err(e) => tracing::error!(%trace_id, error = %e, "gave up closing the trace of a run"),
-        }
-    });
+    crate::chat::ending::end(store, emitter, End { record: Some(record), terminal }).await;
 }
 
 pub(super) fn error_event(plan: &RunPlan, code: &str, message: &str, retryable: bool) -> Event {

@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{self, ContextKeeper};
+use super::ending::{self, End};
 use super::markers::Captured;
 use super::payloads::{self, LlmPayloadType};
 use super::runs::{Emitter, Runs};
@@ -135,35 +136,35 @@ pub fn announce(plan: &RunPlan, emitter: &mut Emitter) {
 /// run panics: the trace is closed as an error and every listener still gets `error` then
 /// `done`.
 pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs, start: Start) {
-    let (trace_id, conversation_id, message_id) = (plan.trace_id, plan.conversation_id, plan.message_id);
+    let (trace_id, message_id) = (plan.trace_id, plan.message_id);
     let run = AssertUnwindSafe(execute(plan, &mut emitter, &store, start)).catch_unwind().await;
     if run.is_err() {
         tracing::error!(%trace_id, "run panicked");
-        let failed = RunFinish {
-            trace_id,
-            status: TraceStatus::Error,
-            ended_at: now(),
-            usage: Usage::default(),
-            error: Some(RunError::new("INTERNAL", "Internal error", None)),
-            spans: Vec::new(),
-            assistant_message: None,
-        };
-        if let Err(e) = store.finish_run(&failed).await {
-            tracing::error!(error = %e, %trace_id, "could not close the failed run's trace");
-        }
         if !emitter.run().is_finished() {
-            emitter.emit(Event::Error(Box::new(ErrorEvent {
+            let record = RunFinish {
+                trace_id,
+                status: TraceStatus::Error,
+                ended_at: now(),
+                usage: Usage::default(),
+                error: Some(RunError::new("INTERNAL", "Internal error", None)),
+                spans: Vec::new(),
+                assistant_message: None,
+            };
+            let terminal = Event::Error(Box::new(ErrorEvent {
                 code: "INTERNAL".into(),
                 message: "Internal error".into(),
                 retryable: true,
                 message_id,
                 trace_id,
-            })));
-            emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+            }));
+            ending::end(&store, &mut emitter, End { record: Some(record), terminal }).await;
         }
     }
-    if let Err(e) = emitter.seal().await {
-        tracing::error!(error = %e, %trace_id, "the run's last events could not be logged");
+    // A run that ended has sealed its log; one that parks to wait seals what it logged.
+    if !emitter.run().is_finished() {
+        if let Err(e) = emitter.seal().await {
+            tracing::error!(error = %e, %trace_id, "the run's last events could not be logged");
+        }
     }
     runs.remove(emitter.run());
 }
