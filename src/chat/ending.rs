@@ -34,6 +34,7 @@ const SAVE_LATER_FOR: Duration = Duration::from_secs(3600);
 /// as what the client saw.
 pub async fn end(store: &Arc<dyn Store>, emitter: &mut Emitter, end: End) {
     let run = emitter.run().clone();
+    run.set_ending();
     let saved = match end.record {
         Some(record) => save(store, record).await,
         None => true,

@@ -4,11 +4,11 @@
 
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
 use futures_util::Stream;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::log::EventLog;
@@ -58,6 +58,39 @@ impl Frame {
     }
 }
 
+/// Where a run is in its life here. It moves forward only, and only through the methods of
+/// [`LiveRun`] and its [`Emitter`]; whoever needs to know watches [`LiveRun::state`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting its turn behind another run of its conversation (CONTRACT.md §16).
+    Queued,
+    Running,
+    /// Stopped here to wait for its calls (CONTRACT.md §15): in the store from now on, and
+    /// its frames here end without `done`.
+    Waiting,
+    /// Its ending is decided and being saved (`chat::ending`).
+    Ending,
+    /// Its `done` is sent.
+    Ended,
+}
+
+/// A run's state: its phase, whether a cancel was asked of it, and whether its log is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunState {
+    pub phase: Phase,
+    /// Set by the first cancel asked of this run.
+    pub cancel_asked: bool,
+    /// Its log is written and sealed (it then leaves the registry): the store has all of it.
+    pub logged: bool,
+}
+
+impl RunState {
+    /// Whether the run will send no more frames here: it ended, or waits in the store.
+    pub fn settled(&self) -> bool {
+        matches!(self.phase, Phase::Ended | Phase::Waiting)
+    }
+}
+
 pub struct LiveRun {
     pub trace_id: TraceId,
     pub message_id: MessageId,
@@ -68,16 +101,9 @@ pub struct LiveRun {
     /// goes on (CONTRACT.md §15); the frames before are in the log.
     base: u64,
     frames: Mutex<Frames>,
-    /// Set once `done` is among the frames: read without the frames' lock.
-    finished: AtomicBool,
-    /// Set once the run waits (in the store, not here): its frames end without `done`.
-    parked: AtomicBool,
-    /// Set by the first cancel asked of this run.
-    cancel_claimed: AtomicBool,
-    /// Set once the run's log is written and sealed (it then leaves the registry).
-    logged: AtomicBool,
-    /// Set while the run waits its turn behind another of its conversation (CONTRACT.md §16).
-    queued: AtomicBool,
+    /// The run's state: changed with the frames' lock held where frames go with it (`done`,
+    /// a park), so that a listener that reads both under that lock sees them agree.
+    state: watch::Sender<RunState>,
 }
 
 /// A run's frames and the listeners waiting for more, under one lock: a listener that finds
@@ -109,7 +135,7 @@ impl LiveRun {
                     let mut frames = self.frames.lock().expect("frames lock");
                     // Set under this lock with `done` (or the park): read here, it agrees with
                     // the frames.
-                    let finished = self.is_finished() || self.parked.load(Ordering::Acquire);
+                    let finished = self.state.borrow().settled();
                     match frames.sent.get(next..) {
                         Some(batch) if !batch.is_empty() => Poll::Ready((batch.to_vec(), finished)),
                         // A listener that asked for more than a finished run sent has
@@ -133,36 +159,55 @@ impl LiveRun {
         }
     }
 
+    /// The run's state, to watch.
+    pub fn state(&self) -> watch::Receiver<RunState> {
+        self.state.subscribe()
+    }
+
     /// Waits until the run has sent `done`, or parked to wait (then it is in the store, not
     /// here).
     pub async fn finished(&self) {
-        std::future::poll_fn(|cx| {
-            let mut frames = self.frames.lock().expect("frames lock");
-            if self.is_finished() || self.is_parked() {
-                return Poll::Ready(());
-            }
-            frames.wait(cx.waker());
-            Poll::Pending
-        })
-        .await;
+        let _ = self.state.subscribe().wait_for(RunState::settled).await;
     }
 
     pub fn is_finished(&self) -> bool {
-        self.finished.load(Ordering::Acquire)
+        self.state.borrow().phase == Phase::Ended
     }
 
     /// Whether the run stopped here to wait (CONTRACT.md §15).
     pub fn is_parked(&self) -> bool {
-        self.parked.load(Ordering::Acquire)
+        self.state.borrow().phase == Phase::Waiting
     }
 
     /// Whether the run waits its turn behind another of its conversation (CONTRACT.md §16).
     pub fn is_queued(&self) -> bool {
-        self.queued.load(Ordering::Acquire)
+        self.state.borrow().phase == Phase::Queued
     }
 
+    /// A queued run waits its turn (`true`), or its turn came (`false`).
     pub(super) fn set_queued(&self, queued: bool) {
-        self.queued.store(queued, Ordering::Release);
+        self.state.send_if_modified(|state| match (queued, state.phase) {
+            (true, Phase::Running) => {
+                state.phase = Phase::Queued;
+                true
+            }
+            (false, Phase::Queued) => {
+                state.phase = Phase::Running;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// The run's ending is decided: it is being saved, then said.
+    pub(super) fn set_ending(&self) {
+        self.state.send_if_modified(|state| {
+            let going = matches!(state.phase, Phase::Queued | Phase::Running);
+            if going {
+                state.phase = Phase::Ending;
+            }
+            going
+        });
     }
 
     /// The seq before this process's first frame of the run.
@@ -172,15 +217,7 @@ impl LiveRun {
 
     /// Waits until the run's log is written and sealed: from then on the store has all of it.
     pub async fn logged(&self) {
-        std::future::poll_fn(|cx| {
-            let mut frames = self.frames.lock().expect("frames lock");
-            if self.logged.load(Ordering::Acquire) {
-                return Poll::Ready(());
-            }
-            frames.wait(cx.waker());
-            Poll::Pending
-        })
-        .await;
+        let _ = self.state.subscribe().wait_for(|state| state.logged).await;
     }
 
     /// The event that ended the run (`complete`, `cancelled` or `error`), once it has.
@@ -192,7 +229,12 @@ impl LiveRun {
 
     /// True for the first cancel asked of this run only.
     pub fn claim_cancel(&self) -> bool {
-        !self.cancel_claimed.swap(true, Ordering::AcqRel)
+        let mut first = false;
+        self.state.send_if_modified(|state| {
+            first = !std::mem::replace(&mut state.cancel_asked, true);
+            first
+        });
+        first
     }
 
     /// The seq of the run's newest frame so far.
@@ -261,11 +303,7 @@ impl Runs {
             cancel: CancellationToken::new(),
             base,
             frames: Mutex::default(),
-            finished: AtomicBool::new(false),
-            parked: AtomicBool::new(false),
-            cancel_claimed: AtomicBool::new(false),
-            logged: AtomicBool::new(false),
-            queued: AtomicBool::new(false),
+            state: watch::Sender::new(RunState { phase: Phase::Running, cancel_asked: false, logged: false }),
         });
         // A run that goes on after a wait takes the place of its parked self.
         if self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone()).is_none() {
@@ -289,12 +327,7 @@ impl Runs {
                 metrics::gauge!("chatd_active_runs").decrement(1.0);
             }
         }
-        let waiting = {
-            let mut frames = run.frames.lock().expect("frames lock");
-            run.logged.store(true, Ordering::Release);
-            std::mem::take(&mut frames.waiting)
-        };
-        waiting.into_iter().for_each(Waker::wake);
+        run.state.send_modify(|state| state.logged = true);
     }
 
     pub fn len(&self) -> usize {
@@ -368,7 +401,7 @@ impl Emitter {
             let mut frames = self.run.frames.lock().expect("frames lock");
             frames.sent.push(frame);
             if last {
-                self.run.finished.store(true, Ordering::Release);
+                self.run.state.send_modify(|state| state.phase = Phase::Ended);
             }
         }
         self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at: now(), kind, data });
@@ -391,7 +424,7 @@ impl Emitter {
         self.publish();
         {
             let _frames = self.run.frames.lock().expect("frames lock");
-            self.run.parked.store(true, Ordering::Release);
+            self.run.state.send_modify(|state| state.phase = Phase::Waiting);
         }
         self.wake();
     }
@@ -454,5 +487,43 @@ pub fn strip_nul(value: &mut serde_json::Value) {
         serde_json::Value::Array(items) => items.iter_mut().for_each(strip_nul),
         serde_json::Value::Object(map) => map.values_mut().for_each(strip_nul),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_run_moves_forward_through_its_phases_and_tells_its_watchers() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::connect(&format!("sqlite://{}/runs.db", dir.path().display()), 2).await.unwrap();
+        let log = EventLog::start(store, Duration::from_millis(5), 100);
+        let runs = Runs::default();
+        let (trace_id, message_id, conversation_id) = (TraceId::new(), MessageId::new(), ConversationId::new());
+        let (run, mut emitter) = runs.register(trace_id, message_id, conversation_id, &UserId::new("ann"), log, 0);
+        let mut watched = run.state();
+        assert_eq!(watched.borrow_and_update().phase, Phase::Running);
+        run.set_queued(true);
+        assert!(run.is_queued() && watched.has_changed().unwrap());
+        run.set_queued(false);
+        assert_eq!(watched.borrow_and_update().phase, Phase::Running);
+        assert!(run.claim_cancel(), "the first cancel");
+        assert!(!run.claim_cancel(), "not a second time");
+        run.set_ending();
+        run.set_queued(true);
+        assert_eq!(run.state().borrow().phase, Phase::Ending, "an ending run does not go back");
+        let finished = tokio::spawn({
+            let run = run.clone();
+            async move { run.finished().await }
+        });
+        emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+        tokio::time::timeout(Duration::from_secs(5), finished).await.expect("woken by done").unwrap();
+        assert!(run.is_finished() && !run.state().borrow().logged);
+        runs.remove(&run);
+        tokio::time::timeout(Duration::from_secs(5), run.logged()).await.expect("woken once logged");
+        assert!(runs.get(trace_id).is_none());
     }
 }
