@@ -540,3 +540,38 @@ async fn refusals_keep_the_sqlite_writer() {
     let c = conversation("ann", "after refusals");
     sqlite.start_run(&run_start(&c, true)).await.unwrap();
 }
+
+both_backends! {
+    /// The lock on a file's bytes writes its row and tells whether any row names them (on
+    /// Postgres a bare `select 1` is an int4, which its first version failed to read).
+    async fn the_bytes_lock_writes_rows_and_tells_whether_bytes_are_used(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let sha256 = "ab".repeat(32);
+        let file = |name: &str| chatd::domain::StoredFile {
+            id: chatd::ids::FileId::new(),
+            user_id: user("ann"),
+            name: name.into(),
+            media_type: "text/plain".into(),
+            size: 5,
+            sha256: sha256.clone(),
+            width: None,
+            height: None,
+            created_at: now(),
+        };
+        let mut lock = store.lock_bytes(&sha256).await.unwrap();
+        assert!(!lock.used().await.unwrap(), "no row names them yet");
+        let (first, second) = (file("a.txt"), file("b.txt"));
+        lock.insert_file(&first).await.unwrap();
+        lock.insert_file(&second).await.unwrap();
+        assert!(lock.used().await.unwrap());
+        lock.release().await;
+        store.delete_file(&user("ann"), first.id).await.unwrap();
+        let mut lock = store.lock_bytes(&sha256).await.unwrap();
+        assert!(lock.used().await.unwrap(), "the second file still has them");
+        lock.release().await;
+        store.delete_file(&user("ann"), second.id).await.unwrap();
+        let mut lock = store.lock_bytes(&sha256).await.unwrap();
+        assert!(!lock.used().await.unwrap(), "the last row is gone");
+        lock.release().await;
+    }
+}

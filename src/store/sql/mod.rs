@@ -138,11 +138,12 @@ where
     for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
     for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
-    for<'r> (i64,): FromRow<'r, Row<B>>,
+    for<'r> (bool,): FromRow<'r, Row<B>>,
 {
-    let row: Option<(i64,)> =
-        sqlx::query_as("select 1 from files where sha256 = $1 limit 1").bind(sha256).fetch_optional(conn).await?;
-    Ok(row.is_some())
+    // `exists` is a boolean on both backends (a bare `select 1` is an int4 on Postgres).
+    let (used,): (bool,) =
+        sqlx::query_as("select exists (select 1 from files where sha256 = $1)").bind(sha256).fetch_one(conn).await?;
+    Ok(used)
 }
 
 /// Runs `query`, a whole transaction (`BEGIN …; …; COMMIT`) sent as one query, on `conn`;
