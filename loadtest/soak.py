@@ -2,7 +2,9 @@
 """chatd's soak: a release chatd on the mock model, driven by the `soak` binary for a while
 with random provider faults, client disconnects, resumes and cancels; then every run is
 checked (its trace is not `running`; its replayed stream has exactly one terminal event and
-ends with `done`) and chatd's RSS over time is reported. Exits non-zero on any violation.
+ends with `done`) and chatd's RSS over time is reported. Beside the runs, two users race over
+shared files (uploads and deletes of the same bytes); none may be lost. On Postgres, every
+connection chatd holds is killed every 15-45 s. Exits non-zero on any violation.
 
   loadtest/soak.py [--minutes 10] [--runs 1000] [--postgres postgres://user@host:5432/db]
 
@@ -50,20 +52,29 @@ chunk_chars = 8
 [profiles.default]
 provider = "mock"
 model = "mock-1"
+[files]
+url = "file://{work}/files"
+# The soak is about what breaks under faults, not about the rate limit: its two file users
+# send tens of requests a second.
+[limits]
+requests_per_minute = 100000
 """)
     log = open(os.path.join(work, "chatd.log"), "w")
-    chatd = start([os.path.join(REL, "chatd"), "--config", config], env={"RUST_LOG": "warn"}, log=log)
+    chatd = start([os.path.join(REL, "chatd"), "--config", config], env={"RUST_LOG": "warn,chatd::store::postgres=info"}, log=log)
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz")
         label = "postgres" if args.postgres else "sqlite"
+        kill = ["--kill-postgres", args.postgres, "--database", database] if args.postgres else []
         soak = subprocess.run([os.path.join(REL, "soak"), "--base", f"http://127.0.0.1:{port}", "--runs", str(args.runs),
                                "--minutes", str(args.minutes), "--concurrency", str(args.concurrency),
-                               "--pid", str(chatd.pid), "--label", label], capture_output=True, text=True)
+                               "--pid", str(chatd.pid), "--label", label] + kill, capture_output=True, text=True)
         sys.stderr.write(soak.stderr)
         summary = json.loads(soak.stdout.strip().splitlines()[-1])
         print(json.dumps(summary, indent=2))
         alive = chatd.poll() is None
-        print(f"chatd still running: {alive}; its log: {log.name}")
+        log.flush()
+        relistened = open(log.name).read().count("notice listener connected again")
+        print(f"chatd still running: {alive}; its notice listener connected again {relistened} times; its log: {log.name}")
         return 0 if soak.returncode == 0 and alive else 1
     finally:
         stop(chatd)

@@ -119,10 +119,18 @@ async fn race_files(http: reqwest::Client, base: Arc<str>, stop: tokio_util::syn
                 // A database blip, or lost bytes: tell them apart once it is over.
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let again = http.get(format!("{base}/api/files/{id}")).header("x-client-id", "soak-bob").send().await;
-                if !again.is_ok_and(|r| r.status().is_success()) {
-                    seen.lost.push(id.clone());
+                match again {
+                    Ok(r) if r.status().is_success() => {
+                        if r.bytes().await.ok().as_deref() != Some(&bytes[..]) {
+                            seen.lost.push(id.clone());
+                        }
+                    }
+                    Ok(r) if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => seen.lost.push(id.clone()),
+                    _ => seen.refused += 1,
                 }
             }
+            // Refused for the rate (a 429), or another answer than the bytes: say which.
+            Ok(r) if r.status() == reqwest::StatusCode::TOO_MANY_REQUESTS => seen.refused += 1,
             Ok(_) => seen.lost.push(id.clone()),
             Err(_) => seen.refused += 1,
         }
