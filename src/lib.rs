@@ -62,9 +62,6 @@ impl App {
         let mcp = McpManager::start(&settings.mcp_servers, mcp_wait, shutdown.clone());
         let tools = Arc::new(Registry::new(&settings, mcp).map_err(anyhow::Error::msg)?);
         let runs = Runs::default();
-        // Before this process starts runs of its own: whatever is left `running` here lost
-        // its process (on a shared store, only those whose heartbeat went stale).
-        lifecycle::recover_orphans(&store, &runs).await;
         let files = files::Files::open(&settings.files, store.clone()).map_err(anyhow::Error::msg)?;
         let chat = ChatService::new(
             settings.clone(),
@@ -75,6 +72,9 @@ impl App {
             log,
             files.clone(),
         );
+        // Before this process starts runs of its own: whatever is left `running` here lost
+        // its process (on a shared store, only those whose heartbeat went stale).
+        lifecycle::recover_orphans(&store, &**chat.cluster(), &runs).await;
         // Approvals expire on time whoever was running when they were asked (CONTRACT.md §15).
         chat::waits::spawn_expiry((*chat).clone(), shutdown.clone());
         // Queued runs whose process stopped are taken up (CONTRACT.md §16): before the first
@@ -83,6 +83,7 @@ impl App {
         chat::queue::spawn_keeper((*chat).clone(), shutdown.clone());
         lifecycle::spawn_background(
             store.clone(),
+            chat.cluster().clone(),
             runs,
             chat.news().clone(),
             chat.replica_id().to_owned(),

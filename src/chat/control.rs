@@ -278,12 +278,6 @@ impl Core {
     /// Tells whoever follows a conversation, here and on the other replicas, that it was
     /// deleted: their streams end.
     pub async fn conversation_deleted(&self, conversation_id: ConversationId) {
-        let deleted = Notice::Deleted(conversation_id);
-        self.news.tell(deleted);
-        if self.store.is_shared() {
-            if let Err(e) = self.store.notify(deleted).await {
-                tracing::warn!(error = %e, %conversation_id, "could not tell the other replicas that a conversation was deleted");
-            }
-        }
+        self.cluster.tell(Notice::Deleted(conversation_id)).await;
     }
 }

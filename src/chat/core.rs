@@ -33,6 +33,8 @@ pub struct Core {
     pub(super) drained: tokio_util::sync::CancellationToken,
     /// What other processes tell of their runs.
     pub(super) news: RunNews,
+    /// Whether, and how, other processes share the store.
+    pub(super) cluster: Arc<dyn super::cluster::Cluster>,
     /// Attachments' bytes (CONTRACT.md §14).
     pub(super) files: crate::files::Files,
     /// Requests with the same `Idempotency-Key` take turns (CONTRACT.md §16).
@@ -58,6 +60,11 @@ impl Core {
 
     pub fn replica_id(&self) -> &str {
         &self.replica_id
+    }
+
+    /// The processes that share the store.
+    pub fn cluster(&self) -> &Arc<dyn super::cluster::Cluster> {
+        &self.cluster
     }
 
     /// Refuses new runs from now on (shutdown).

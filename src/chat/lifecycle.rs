@@ -8,21 +8,19 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::cluster::Cluster;
 use super::news::RunNews;
 use super::runs::Runs;
 use crate::domain::{Message, Role, RunError, TraceStatus, now};
 use crate::events::Event;
 use crate::store::{Notice, RunFinish, RunningTrace, Store};
 
-/// How often this process says its runs are alive.
-pub const HEARTBEAT: Duration = Duration::from_secs(5);
-/// A shared store's running trace whose heartbeat is older than this has lost its process.
-pub const STALE_AFTER: Duration = Duration::from_secs(30);
+pub use super::cluster::{HEARTBEAT, STALE_AFTER};
 
 /// Marks runs whose process is gone as `interrupted`, keeping what they had logged as a
 /// partial assistant message. On a store only this process uses (SQLite) that is every run
 /// still `running` at start-up; on a shared one, those whose heartbeat went stale.
-pub async fn recover_orphans(store: &Arc<dyn Store>, runs: &Runs) -> usize {
+pub async fn recover_orphans(store: &Arc<dyn Store>, cluster: &dyn Cluster, runs: &Runs) -> usize {
     let running = match store.running_traces().await {
         Ok(running) => running,
         Err(e) => {
@@ -30,11 +28,7 @@ pub async fn recover_orphans(store: &Arc<dyn Store>, runs: &Runs) -> usize {
             return 0;
         }
     };
-    let stale = chrono::Duration::from_std(STALE_AFTER).expect("a small duration");
-    let orphans = running.into_iter().filter(|r| {
-        runs.get(r.trace.trace_id).is_none()
-            && (!store.is_shared() || r.heartbeat_at.is_none_or(|at| now() - at > stale))
-    });
+    let orphans = running.into_iter().filter(|r| runs.get(r.trace.trace_id).is_none() && !cluster.held_alive(r));
     let mut recovered = 0;
     for orphan in orphans {
         match interrupt(store, &orphan).await {
@@ -90,6 +84,7 @@ async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<(), 
 /// their news on to whoever waits here; until `shutdown`.
 pub fn spawn_background(
     store: Arc<dyn Store>,
+    cluster: Arc<dyn Cluster>,
     runs: Runs,
     news: RunNews,
     replica_id: String,
@@ -112,24 +107,19 @@ pub fn spawn_background(
     });
     let (beat_store, beat_runs, beat_stop) = (store.clone(), runs.clone(), shutdown.clone());
     tokio::spawn(async move {
+        // Alone on its store, a process has nobody to tell and no orphan to find but those
+        // recovered at start-up.
+        if !cluster.others_leave_runs() {
+            return;
+        }
         let mut tick = tokio::time::interval(HEARTBEAT);
         loop {
             tokio::select! {
                 () = beat_stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            // A store only this process uses has nobody to tell (its orphans are recovered at
-            // start-up, whatever their heartbeat).
-            if beat_store.is_shared() && !beat_runs.is_empty() {
-                let queued: Vec<_> =
-                    beat_runs.all().iter().filter(|run| run.is_queued()).map(|run| run.trace_id).collect();
-                if let Err(e) = beat_store.heartbeat(&replica_id, now(), &queued).await {
-                    tracing::warn!(error = %e, "heartbeat failed");
-                }
-            }
-            if beat_store.is_shared() {
-                recover_orphans(&beat_store, &beat_runs).await;
-            }
+            cluster.heartbeat(&replica_id, &beat_runs).await;
+            recover_orphans(&beat_store, &*cluster, &beat_runs).await;
         }
     });
     tokio::spawn(async move {

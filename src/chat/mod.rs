@@ -9,6 +9,7 @@ pub mod arena;
 pub mod attachments;
 pub mod clean;
 pub mod clients;
+pub mod cluster;
 pub mod context;
 pub mod control;
 mod core;

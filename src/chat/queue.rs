@@ -14,9 +14,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::agent::{self, RunPlan};
+use super::cluster::HEARTBEAT;
 use super::core::Core;
 use super::ending::{self, End};
-use super::lifecycle::{HEARTBEAT, STALE_AFTER};
 use super::plan::Ask;
 use super::request::ClientTool;
 use super::runs::{Emitter, LiveRun};
@@ -251,14 +251,10 @@ impl Core {
                 return 0;
             }
         };
-        let stale = chrono::Duration::from_std(STALE_AFTER).expect("a small duration");
         let mut adopted = 0;
         for left in queued {
             let id = left.trace.trace_id;
-            let held_elsewhere = self.store.is_shared()
-                && left.replica_id.as_deref().is_some_and(|r| !r.is_empty())
-                && left.heartbeat_at.is_some_and(|at| now() - at <= stale);
-            if self.runs.get(id).is_some() || held_elsewhere {
+            if self.runs.get(id).is_some() || self.cluster.held_alive(&left) {
                 continue;
             }
             if self.take_up(left.trace, left.replica_id.as_deref()).await.is_some() {
@@ -294,12 +290,7 @@ impl Core {
 
     /// Tells this process and the other replicas.
     async fn tell(&self, notice: Notice) {
-        self.news.tell(notice);
-        if self.store.is_shared() {
-            if let Err(e) = self.store.notify(notice).await {
-                tracing::warn!(error = %e, "could not tell the other replicas of a queued run");
-            }
-        }
+        self.cluster.tell(notice).await;
     }
 
     /// The active branch of a conversation, across the answers of its going runs (a message
@@ -335,7 +326,7 @@ pub fn pending_answers(going: &[Trace]) -> Vec<(crate::ids::MessageId, crate::id
 /// every heartbeat, until `shutdown`. (Those left before this process started are taken up
 /// by [`Core::adopt_queued`] at start-up; a store no other process uses has no others.)
 pub fn spawn_keeper(core: Core, shutdown: CancellationToken) {
-    if !core.store.is_shared() {
+    if !core.cluster.others_leave_runs() {
         return;
     }
     super::core::every(core, HEARTBEAT, shutdown, |core| async move {

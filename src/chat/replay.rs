@@ -178,7 +178,7 @@ impl Core {
                 let told = match trace.status {
                     // Its process (or whoever continues it) tells when the log grows; a
                     // process that dies is found, and its run marked interrupted and told.
-                    TraceStatus::Running | TraceStatus::Queued if core.store.is_shared() => {
+                    TraceStatus::Running | TraceStatus::Queued if core.cluster.runs_elsewhere() => {
                         news.changed().await;
                         true
                     }

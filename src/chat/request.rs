@@ -234,11 +234,11 @@ impl Core {
             diagnostics: request.diagnostics,
             action_result: action_result.clone(),
         });
+        let (going_seen, max_running) = self.cluster.start_checks(existing.is_some(), &going, limit);
         Ok(Prepared {
             queue,
             // Where other replicas start runs too, the start makes sure that none began since.
-            going_seen: (existing.is_some() && self.store.is_shared())
-                .then(|| going.iter().map(|t| t.trace_id).collect()),
+            going_seen,
             conversation_id: conversation.id,
             system_prompt: conversation.system_prompt.clone(),
             existing_profile: existing.as_ref().and_then(|c| c.profile.clone()),
@@ -254,7 +254,7 @@ impl Core {
             earlier: branch(&history, parent),
             new_conversation,
             action_result,
-            max_running: (self.store.is_shared() && going.is_empty()).then_some(limit),
+            max_running,
             reservation,
         })
     }

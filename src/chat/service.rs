@@ -88,9 +88,11 @@ impl ChatService {
             .timeout(Duration::from_secs_f64(settings.tools.timeout_secs.max(0.001)))
             .build()
             .expect("the TLS backend initialises");
+        let news = RunNews::default();
         Self {
             core: Core {
                 starts: StartWriter::start(store.clone()),
+                cluster: super::cluster::for_store(store.clone(), news.clone()),
                 settings,
                 store,
                 providers,
@@ -101,7 +103,7 @@ impl ChatService {
                 replica_id: uuid::Uuid::now_v7().to_string(),
                 draining: Arc::new(AtomicBool::new(false)),
                 drained: Default::default(),
-                news: RunNews::default(),
+                news,
                 files,
                 key_turns: Default::default(),
                 conversation_turns: Default::default(),
@@ -334,16 +336,7 @@ impl ChatService {
         // other replicas.
         let conversation_id = start.user_message.conversation_id;
         for run in &runs {
-            let started = Notice::Started(conversation_id, run.trace_id);
-            self.news.tell(started);
-            if self.store.is_shared() {
-                let store = self.store.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = store.notify(started).await {
-                        tracing::warn!(error = %e, "could not tell the other replicas that a run started");
-                    }
-                });
-            }
+            self.cluster.tell_soon(Notice::Started(conversation_id, run.trace_id));
         }
         if start.new_conversation.is_some() && self.settings.chat.refine_titles {
             if let Some(run) = runs.first() {
