@@ -441,6 +441,7 @@ async fn main() {
             "first_minute_median": minute(0, 60),
             "last_minute_median": minute(end.saturating_sub(60), end + 1),
             "max": rss.iter().map(|(_, k)| *k).max(),
+            "median_by_minute": (0..end.div_ceil(60)).filter_map(|m| minute(m * 60, m * 60 + 60)).collect::<Vec<_>>(),
             "samples": rss.len(),
         },
     });
