@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use super::core::Core;
 use super::idempotency::IdempotencyKey;
+use super::idempotency::Started;
 use super::request::{ChatError, ChatRequest, ClientIds, InteractionType, not_found};
 use super::runs::LiveRun;
-use super::service::{ChatService, Started};
+use super::service::ChatService;
 use crate::domain::{Conversation, Message, Role};
 use crate::ids::{ConversationId, TraceId, UserId};
 use crate::store::StoreError;

@@ -3,16 +3,28 @@
 //! never a second run. The key and a hash of the request are written in the start's own
 //! transaction, so the database decides between replicas; within one process, requests with
 //! the same key take turns, so repeats wait for the first instead of racing it (and never
-//! count against the user's limit of running runs).
+//! count against the user's limit of running runs). The whole flow is here: the key of a
+//! request, the start run once per key, a repeat found while its run is going, and the
+//! hourly sweep of expired keys; the store only records and reads them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
 
 use super::request::ChatError;
 use crate::domain::{Trace, now};
 use crate::ids::UserId;
 use crate::store::{Store, StoreError};
+
+/// What a request that may repeat an earlier one started.
+pub enum Started<T> {
+    /// A new run (or comparison).
+    New(T),
+    /// The run its `Idempotency-Key` started before, to follow from its first event.
+    Again(Box<Trace>),
+}
 
 /// How long a key names its run.
 pub const KEY_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
@@ -63,6 +75,65 @@ pub async fn keyed_run(store: &dyn Store, user: &UserId, key: &IdempotencyKey) -
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Runs `start` unless `key` names a run already (then that run); requests with one key
+/// take turns, and a start that loses the key to another replica (or finds that its key's
+/// run is the one going, [`repeat_of_going_run`]) gets the winner's run.
+pub async fn once<T>(
+    store: &dyn Store,
+    turns: &KeyTurns,
+    user: &UserId,
+    key: Option<IdempotencyKey>,
+    start: impl Future<Output = Result<T, ChatError>>,
+) -> Result<Started<T>, ChatError> {
+    let Some(key) = key else { return start.await.map(Started::New) };
+    let _turn = turns.take((user.clone(), key.key.clone())).await;
+    if let Some(trace) = keyed_run(store, user, &key).await? {
+        return Ok(Started::Again(Box::new(trace)));
+    }
+    match start.await {
+        Err(ChatError::Store(StoreError::KeyTaken)) => match keyed_run(store, user, &key).await? {
+            Some(trace) => Ok(Started::Again(Box::new(trace))),
+            None => Err(ChatError::Unavailable(
+                "The request with this Idempotency-Key ended meanwhile; send it again".into(),
+            )),
+        },
+        started => started.map(Started::New),
+    }
+}
+
+/// For a start that finds runs of its conversation going: a repeat of the request whose run
+/// is one of them (its first try's client left before the answer; it went to another
+/// replica) is that run, never a second message that would refuse or stop it: the start
+/// ends here, and [`once`] answers with the run.
+pub async fn repeat_of_going_run(
+    store: &dyn Store,
+    user: &UserId,
+    key: Option<&IdempotencyKey>,
+) -> Result<(), ChatError> {
+    match key {
+        Some(key) if keyed_run(store, user, key).await?.is_some() => Err(ChatError::Store(StoreError::KeyTaken)),
+        _ => Ok(()),
+    }
+}
+
+/// Forgets keys past [`KEY_LIFETIME`] every hour, until `shutdown` (a key is also forgotten
+/// when it is next used after it expired).
+pub fn spawn_expiry(store: Arc<dyn Store>, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let lifetime = chrono::Duration::from_std(KEY_LIFETIME).expect("a day");
+            if let Err(e) = store.forget_keys_before(now() - lifetime).await {
+                tracing::warn!(error = %e, "could not forget expired idempotency keys");
+            }
+        }
+    });
 }
 
 #[cfg(test)]

@@ -91,20 +91,7 @@ pub fn spawn_background(
     shutdown: CancellationToken,
 ) {
     // Idempotency keys name their runs for a day (CONTRACT.md §16); older ones go hourly.
-    let (keys_store, keys_stop) = (store.clone(), shutdown.clone());
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(3600));
-        loop {
-            tokio::select! {
-                () = keys_stop.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            let lifetime = chrono::Duration::from_std(super::idempotency::KEY_LIFETIME).expect("a day");
-            if let Err(e) = keys_store.forget_keys_before(now() - lifetime).await {
-                tracing::warn!(error = %e, "could not forget expired idempotency keys");
-            }
-        }
-    });
+    super::idempotency::spawn_expiry(store.clone(), shutdown.clone());
     let (beat_store, beat_runs, beat_stop) = (store.clone(), runs.clone(), shutdown.clone());
     tokio::spawn(async move {
         // Alone on its store, a process has nobody to tell and no orphan to find but those

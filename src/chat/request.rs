@@ -311,11 +311,7 @@ impl Core {
         let Some(last) = going.last() else { return Ok((conversation, going)) };
         // A repeat of a request whose run is the one going (its first try's client left
         // before the answer; another replica): it gets that run, never refuses or stops it.
-        if let Some(key) = &request.idempotency_key {
-            if super::idempotency::keyed_run(&*self.store, user, key).await?.is_some() {
-                return Err(ChatError::Store(StoreError::KeyTaken));
-            }
-        }
+        super::idempotency::repeat_of_going_run(&*self.store, user, request.idempotency_key.as_ref()).await?;
         let rollback = match request.multitask.unwrap_or(self.settings.chat.multitask) {
             Multitask::Reject => {
                 return Err(ChatError::Conflict(format!(

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::agent::{self, RunPlan};
 use super::core::Core;
-use super::idempotency::{self, IdempotencyKey};
+use super::idempotency::{self, IdempotencyKey, Started};
 use super::log::EventLog;
 use super::news::RunNews;
 use super::plan::Side;
@@ -27,14 +27,6 @@ use crate::providers::Providers;
 use crate::store::{Notice, RunStart, Store, StoreError};
 use crate::tools::Registry;
 
-/// What a request that may repeat an earlier one started.
-pub enum Started<T> {
-    /// A new run (or comparison).
-    New(T),
-    /// The run its `Idempotency-Key` started before, to follow from its first event.
-    Again(Box<Trace>),
-}
-
 /// How often a start looks again when other replicas keep starting runs of its conversation
 /// before it is written.
 const MOVED_TRIES: u32 = 5;
@@ -47,16 +39,6 @@ fn moved() -> ChatError {
 /// A start's task that panicked (a bug): its request fails.
 fn gone(_: tokio::task::JoinError) -> ChatError {
     ChatError::Unavailable("the run could not start".into())
-}
-
-/// The run another start with the same key recorded first (on another replica).
-async fn again<T>(core: &Core, user: &UserId, key: &IdempotencyKey) -> Result<Started<T>, ChatError> {
-    match idempotency::keyed_run(&*core.store, user, key).await? {
-        Some(trace) => Ok(Started::Again(Box::new(trace))),
-        None => {
-            Err(ChatError::Unavailable("The request with this Idempotency-Key ended meanwhile; send it again".into()))
-        }
-    }
 }
 
 /// Starts, follows and stops runs (its parts: `Core`, and the rooms named above).
@@ -131,23 +113,14 @@ impl ChatService {
         self.once(user, key, self.start_comparison(user, request, profile_a, profile_b)).await
     }
 
-    /// Runs `start` unless `key` names a run already (then that run); requests with one key
-    /// take turns, and a start that loses the key to another replica gets the winner's run.
+    /// Runs `start` once per `Idempotency-Key` (see [`idempotency::once`]).
     async fn once<T>(
         &self,
         user: &UserId,
         key: Option<IdempotencyKey>,
         start: impl Future<Output = Result<T, ChatError>>,
     ) -> Result<Started<T>, ChatError> {
-        let Some(key) = key else { return start.await.map(Started::New) };
-        let _turn = self.key_turns.take((user.clone(), key.key.clone())).await;
-        if let Some(trace) = idempotency::keyed_run(&*self.store, user, &key).await? {
-            return Ok(Started::Again(Box::new(trace)));
-        }
-        match start.await {
-            Err(ChatError::Store(StoreError::KeyTaken)) => again(self, user, &key).await,
-            started => started.map(Started::New),
-        }
+        idempotency::once(&*self.store, &self.key_turns, user, key, start).await
     }
 
     /// Validates and persists the request, then starts its run; returns the live run to follow.
