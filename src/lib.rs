@@ -57,6 +57,7 @@ impl App {
             );
         }
         let shutdown = CancellationToken::new();
+        crate::metrics::spawn_upkeep(shutdown.clone());
         let mcp_wait =
             Duration::try_from_secs_f64(settings.tools.mcp_start_wait_secs.max(0.0)).unwrap_or(Duration::MAX);
         let mcp = McpManager::start(&settings.mcp_servers, mcp_wait, shutdown.clone());

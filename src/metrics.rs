@@ -25,6 +25,25 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
+/// How often histogram samples are folded into their summaries.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Folds the histograms' raw samples into their summaries every few seconds, until
+/// `shutdown`. The recorder keeps every sample until then: without it, a server nobody
+/// scrapes grew by every request's and every flush's timing (about 250 KB a minute under the
+/// soak).
+pub fn spawn_upkeep(shutdown: tokio_util::sync::CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(UPKEEP_EVERY);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => handle().run_upkeep(),
+            }
+        }
+    });
+}
+
 /// Counts every request by method, route template and status.
 pub async fn track(request: Request, next: Next) -> Response {
     let method = request.method().to_string();
