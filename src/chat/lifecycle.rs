@@ -32,7 +32,9 @@ pub async fn recover_orphans(store: &Arc<dyn Store>, cluster: &dyn Cluster, runs
     let mut recovered = 0;
     for orphan in orphans {
         match interrupt(store, &orphan).await {
-            Ok(()) => recovered += 1,
+            Ok(true) => recovered += 1,
+            // Not saved: `ending::save` said why (another replica may have recovered it first).
+            Ok(false) => {}
             Err(e) => {
                 tracing::error!(error = %e, trace_id = %orphan.trace.trace_id, "could not mark a run interrupted")
             }
@@ -44,7 +46,8 @@ pub async fn recover_orphans(store: &Arc<dyn Store>, cluster: &dyn Cluster, runs
     recovered
 }
 
-async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<(), crate::store::StoreError> {
+/// Closes an orphan as `interrupted`; whether its end was saved.
+async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool, crate::store::StoreError> {
     let trace = &orphan.trace;
     let events = store.trace_events(trace.trace_id, 0).await?;
     let (mut text, mut thinking) = (String::new(), String::new());
@@ -73,10 +76,11 @@ async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<(), 
         assistant_message: Some(message),
     };
     if !super::ending::save(store, record).await {
-        return Err(crate::store::StoreError::Unavailable("its end was not saved".into()));
+        return Ok(false);
     }
     // Whoever follows or cancels it from another process learns that it ended.
-    store.notify(Notice::Logged(trace.trace_id)).await
+    store.notify(Notice::Logged(trace.trace_id)).await?;
+    Ok(true)
 }
 
 /// Keeps this process's runs alive in the store, recovers other processes' orphans (shared
