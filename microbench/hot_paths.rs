@@ -18,7 +18,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use chatd::chat::turn::Turn;
+use chatd::chat::run::turn::Turn;
 use chatd::domain::{Conversation, Message, Role, Trace, now};
 use chatd::events::Event;
 use chatd::providers::{ProviderEvent, WireFormat, decode_sse};

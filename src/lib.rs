@@ -22,7 +22,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::chat::{ChatService, EventLog, Runs, lifecycle};
+use crate::chat::control::lifecycle;
+use crate::chat::{ChatService, EventLog, Runs};
 use crate::config::{MOCK_ID, ProviderKind, Settings};
 use crate::http::AppState;
 use crate::http::auth::Authenticator;
@@ -77,11 +78,11 @@ impl App {
         // its process (on a shared store, only those whose heartbeat went stale).
         lifecycle::recover_orphans(&store, &**chat.cluster(), &runs).await;
         // Approvals expire on time whoever was running when they were asked (CONTRACT.md §15).
-        chat::waits::spawn_expiry((*chat).clone(), shutdown.clone());
+        chat.spawn_expiry(shutdown.clone());
         // Queued runs whose process stopped are taken up (CONTRACT.md §16): before the first
         // request, so that a client that follows one finds it here.
         chat.adopt_queued().await;
-        chat::queue::spawn_keeper((*chat).clone(), shutdown.clone());
+        chat.spawn_keeper(shutdown.clone());
         lifecycle::spawn_background(
             store.clone(),
             chat.cluster().clone(),

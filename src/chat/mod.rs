@@ -1,45 +1,27 @@
-//! A chat run: validating and starting it (`service`; a client library's turn: `clients`), the model loop (`agent`), live runs
-//! and their fan-out (`runs`), following a run from a seq (`replay`), cancelling runs
-//! (`control`), other processes' news of their runs (`news`), the batched event log (`log`)
-//! and run starts written in groups (`starts`).
+//! A chat run, in folders by job: starting it (`start`), running it (`run`: the plan and the
+//! model loop), the run while it lives (`live`: its state, its end, its log, following it,
+//! the cluster seam) and controlling it from outside (`control`: cancel, queue, waits, the
+//! process's life). `service` composes the rooms, each built from the `shared` parts;
+//! `request` and `errors` are what a start reads and how it is refused; `arena` ranks the
+//! profiles of A/B comparisons.
 
-mod actions;
-pub mod agent;
 pub mod arena;
-pub mod attachments;
-pub mod clean;
-pub mod clients;
-pub mod cluster;
-pub mod context;
 pub mod control;
-mod core;
-pub mod ending;
-pub mod idempotency;
-pub mod lifecycle;
-pub mod log;
-pub mod markers;
-pub mod news;
-pub mod payloads;
-mod plan;
-pub mod prompt;
-pub mod queue;
-pub mod replay;
+pub mod errors;
+pub mod live;
 pub mod request;
-pub mod runs;
-mod scan;
+pub mod run;
 pub mod service;
-mod starts;
-mod titles;
-pub mod turn;
-mod turns;
-pub mod waits;
+mod shared;
+pub mod start;
 
-pub use attachments::AttachmentRef;
-pub use clients::{ClientTurn, Intent, bounded, last_user_message};
-pub use control::{CancelTarget, Cancelled, ControlError};
-pub use idempotency::Started;
-pub use log::EventLog;
-pub use replay::Resumed;
-pub use request::{ChatError, ChatRequest, InteractionType};
-pub use runs::{Frame, LiveRun, Runs};
+pub use control::cancel::{CancelTarget, Cancelled};
+pub use errors::{ChatError, ControlError};
+pub use live::log::EventLog;
+pub use live::replay::Resumed;
+pub use live::runs::{Frame, LiveRun, Runs};
+pub use request::{ChatRequest, InteractionType};
+pub use run::attachments::AttachmentRef;
 pub use service::ChatService;
+pub use start::clients::{ClientTurn, Intent, bounded, last_user_message};
+pub use start::idempotency::Started;

@@ -1,58 +1,45 @@
-//! The chat service and starting runs: a request is checked (`request`: everything that can
-//! fail with a status code fails there, before any stream opens) and planned (`plan`), the
-//! user's message and the traces are persisted, then each run goes to a task of its own so
-//! it outlives the request that started it. Following runs is `replay`, stopping them
-//! `control`, titles `titles`, executed actions `actions`.
+//! The chat service: what the http layer and the server's start-up call. It holds the rooms,
+//! each built once from the [`Shared`] parts, and hands each call to the room whose job it is:
+//! starting runs ([`Starter`]), following them ([`Follower`]), stopping them
+//! ([`Canceller`]), settling their waits ([`Waits`]) and taking up queued ones ([`Queue`]).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use futures_util::Stream;
+use tokio_util::sync::CancellationToken;
 
-use super::agent::{self, RunPlan};
-use super::core::Core;
-use super::idempotency::{self, IdempotencyKey, Started};
-use super::log::EventLog;
-use super::news::RunNews;
-use super::plan::Side;
-use super::request::{ActionOutcome, ChatError, ChatRequest, Prepared, busy};
-use super::runs::{LiveRun, Runs};
-use super::starts::StartWriter;
+use super::control::cancel::{CancelTarget, Cancelled, Canceller};
+use super::control::queue::Queue;
+use super::control::waits::{Answered, WaitAnswer, Waits};
+use super::errors::{ChatError, ControlError};
+use super::live::cluster::{self, Cluster};
+use super::live::log::EventLog;
+use super::live::news::RunNews;
+use super::live::replay::{Follower, Resumed};
+use super::live::runs::{Frame, LiveRun, Runs};
+use super::request::ChatRequest;
+use super::shared::Shared;
+use super::start::idempotency::Started;
+use super::start::starter::Starter;
+use super::start::starts::StartWriter;
 use crate::config::Settings;
-use crate::domain::{Comparison, Trace, TraceStatus, now};
+use crate::domain::{Comparison, Conversation, Trace};
 use crate::files::Files;
-use crate::ids::{ComparisonId, UserId};
+use crate::ids::{ConversationId, TraceId, UserId};
 use crate::providers::Providers;
-use crate::store::{Notice, RunStart, Store, StoreError};
+use crate::store::{Settled, Store, StoreError};
 use crate::tools::Registry;
 
-/// How often a start looks again when other replicas keep starting runs of its conversation
-/// before it is written.
-const MOVED_TRIES: u32 = 5;
-
-/// A start that other replicas kept overtaking.
-fn moved() -> ChatError {
-    ChatError::Unavailable("Runs of this conversation keep starting on other replicas; try again".into())
-}
-
-/// A start's task that panicked (a bug): its request fails.
-fn gone(_: tokio::task::JoinError) -> ChatError {
-    ChatError::Unavailable("the run could not start".into())
-}
-
-/// Starts, follows and stops runs (its parts: `Core`, and the rooms named above).
+/// Starts, follows and stops runs.
 #[derive(Clone)]
 pub struct ChatService {
-    core: Core,
-}
-
-impl std::ops::Deref for ChatService {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
+    shared: Shared,
+    pub(in crate::chat) starter: Starter,
+    follower: Follower,
+    canceller: Canceller,
+    waits: Waits,
+    queue: Queue,
 }
 
 impl ChatService {
@@ -71,37 +58,45 @@ impl ChatService {
             .build()
             .expect("the TLS backend initialises");
         let news = RunNews::default();
+        let shared = Shared {
+            starts: StartWriter::start(store.clone()),
+            cluster: cluster::for_store(store.clone(), news.clone()),
+            settings,
+            store,
+            providers,
+            tools,
+            runs,
+            log,
+            http,
+            replica_id: uuid::Uuid::now_v7().to_string(),
+            drain: Default::default(),
+            news,
+            files,
+            key_turns: Default::default(),
+            conversation_turns: Default::default(),
+        };
         Self {
-            core: Core {
-                starts: StartWriter::start(store.clone()),
-                cluster: super::cluster::for_store(store.clone(), news.clone()),
-                settings,
-                store,
-                providers,
-                tools,
-                runs,
-                log,
-                http,
-                replica_id: uuid::Uuid::now_v7().to_string(),
-                draining: Arc::new(AtomicBool::new(false)),
-                drained: Default::default(),
-                news,
-                files,
-                key_turns: Default::default(),
-                conversation_turns: Default::default(),
-            },
+            starter: Starter::new(&shared),
+            follower: Follower::new(&shared),
+            canceller: Canceller::new(&shared),
+            waits: Waits::new(&shared),
+            queue: Queue::new(&shared),
+            shared,
         }
     }
+}
 
-    /// [`start`](Self::start), once per `Idempotency-Key` (CONTRACT.md §16): a request whose
-    /// key started a run already gets that run's trace, to follow from its first event.
+/// Starting runs (see [`Starter`]).
+impl ChatService {
+    /// Validates and persists the request, then starts its run, once per `Idempotency-Key`
+    /// (CONTRACT.md §16): a request whose key started a run already gets that run's trace, to
+    /// follow from its first event.
     pub async fn start_once(&self, user: &UserId, request: ChatRequest) -> Result<Started<Arc<LiveRun>>, ChatError> {
-        let key = request.idempotency_key.clone();
-        self.once(user, key, self.start(user, request)).await
+        self.starter.start_once(user, request).await
     }
 
-    /// [`start_comparison`](Self::start_comparison), once per `Idempotency-Key`: a repeat
-    /// gets the comparison's first trace.
+    /// One message answered by two profiles side by side (CONTRACT.md §10), once per
+    /// `Idempotency-Key`: a repeat gets the comparison's first trace.
     pub async fn start_comparison_once(
         &self,
         user: &UserId,
@@ -109,213 +104,194 @@ impl ChatService {
         profile_a: &str,
         profile_b: &str,
     ) -> Result<Started<(Comparison, Arc<LiveRun>, Arc<LiveRun>)>, ChatError> {
-        let key = request.idempotency_key.clone();
-        self.once(user, key, self.start_comparison(user, request, profile_a, profile_b)).await
+        self.starter.start_comparison_once(user, request, profile_a, profile_b).await
     }
 
-    /// Runs `start` once per `Idempotency-Key` (see [`idempotency::once`]).
-    async fn once<T>(
+    /// Starts the run a client library's turn asks for (CONTRACT.md §13), once per
+    /// `Idempotency-Key`.
+    pub async fn start_for_client(
         &self,
         user: &UserId,
-        key: Option<IdempotencyKey>,
-        start: impl Future<Output = Result<T, ChatError>>,
-    ) -> Result<Started<T>, ChatError> {
-        idempotency::once(&*self.store, &self.key_turns, user, key, start).await
+        turn: super::start::clients::ClientTurn,
+        key: Option<super::start::idempotency::IdempotencyKey>,
+    ) -> Result<Started<Arc<LiveRun>>, ChatError> {
+        self.starter.start_for_client(user, turn, key).await
     }
 
-    /// Validates and persists the request, then starts its run; returns the live run to follow.
-    pub async fn start(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
-        // A client that leaves while its request is checked must not leave the files it sent
-        // behind: the start goes on (or cleans up) in a task of its own.
-        let (service, user) = (self.clone(), user.clone());
-        tokio::spawn(async move { service.start_here(&user, request).await }).await.map_err(gone)?
+    /// The conversation a client library's chat id names, if it is one.
+    pub async fn find_chat(&self, user: &UserId, chat_id: &str) -> Result<Option<Conversation>, StoreError> {
+        self.starter.find_chat(user, chat_id).await
     }
 
-    async fn start_here(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
-        let (mut tries, action) = (0, ActionOutcome::new());
-        loop {
-            match self.try_start(user, &request, &action).await {
-                // Another replica started a run of the conversation since this one looked:
-                // look again, to queue behind it (or refuse, or stop it).
-                Err(ChatError::Store(StoreError::Moved)) if tries < MOVED_TRIES => tries += 1,
-                Err(ChatError::Store(StoreError::Moved)) => return Err(moved()),
-                started => return started,
-            }
-        }
+    /// The run going in the conversation a client library's chat id names.
+    pub async fn running_in_chat(&self, user: &UserId, chat_id: &str) -> Result<Option<TraceId>, StoreError> {
+        self.starter.running_in_chat(user, chat_id).await
     }
+}
 
-    async fn try_start(
+/// Following runs (see [`Follower`]).
+impl ChatService {
+    /// A run to follow after `after`, live or from its log (`Last-Event-ID`).
+    pub async fn resume(
         &self,
         user: &UserId,
-        request: &ChatRequest,
-        action: &ActionOutcome,
-    ) -> Result<Arc<LiveRun>, ChatError> {
-        let turn = self.prepare(user, request, 1, action).await?;
-        let stored = turn.stored_files.clone();
-        let profile = request
-            .profile
-            .clone()
-            .or_else(|| turn.existing_profile.clone())
-            .unwrap_or_else(|| self.settings.chat.default_profile.clone());
-        let started = match self.plan(user, &turn.ask(request), &profile, None) {
-            Ok(side) => self.launch(user, turn, vec![side], None).await,
-            Err(e) => Err(e),
-        };
-        match started {
-            Ok(mut runs) => Ok(runs.remove(0)),
-            Err(e) => {
-                // Nothing of a refused request stays: not the files it stored either.
-                self.drop_files(user, &stored).await;
-                Err(e)
-            }
-        }
+        trace_id: TraceId,
+        after: u64,
+        through_waits: bool,
+    ) -> Result<Resumed, ControlError> {
+        self.follower.resume(user, trace_id, after, through_waits).await
     }
 
-    /// Starts one message answered by two profiles side by side (CONTRACT.md §10): two full
-    /// runs, two traces, one comparison; both answers become siblings under the message.
-    pub async fn start_comparison(
+    /// A run just started, from its first event; `cancel_on_drop`: a client that leaves
+    /// cancels it.
+    pub fn follow_from_the_start(
+        &self,
+        run: Arc<LiveRun>,
+        cancel_on_drop: bool,
+        through_waits: bool,
+    ) -> impl Stream<Item = Frame> + Send + 'static {
+        self.follower.follow_from_the_start(run, cancel_on_drop, through_waits)
+    }
+
+    /// A run after `after`, live or from its log.
+    pub fn follow(&self, trace: Trace, after: u64, through_waits: bool) -> impl Stream<Item = Frame> + Send + 'static {
+        self.follower.follow(trace, after, through_waits)
+    }
+
+    /// Every run of a conversation as it happens (CONTRACT.md §16).
+    pub fn follow_conversation(
         &self,
         user: &UserId,
-        request: &ChatRequest,
-        profile_a: &str,
-        profile_b: &str,
-    ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
-        let (service, user, request) = (self.clone(), user.clone(), request.clone());
-        let (profile_a, profile_b) = (profile_a.to_owned(), profile_b.to_owned());
-        // As in `start`: the start outlives a client that leaves.
-        tokio::spawn(async move {
-            let (mut tries, action) = (0, ActionOutcome::new());
-            loop {
-                let turn = service.prepare(&user, &request, 2, &action).await?;
-                let stored = turn.stored_files.clone();
-                let started = service.compare(&user, &request, turn, &profile_a, &profile_b).await;
-                if started.is_err() {
-                    service.drop_files(&user, &stored).await;
-                }
-                match started {
-                    // As in `start_here`.
-                    Err(ChatError::Store(StoreError::Moved)) if tries < MOVED_TRIES => tries += 1,
-                    Err(ChatError::Store(StoreError::Moved)) => return Err(moved()),
-                    started => return started,
-                }
-            }
-        })
-        .await
-        .map_err(gone)?
+        conversation_id: ConversationId,
+    ) -> impl Stream<Item = (TraceId, Frame)> + Send + 'static {
+        self.follower.follow_conversation(user, conversation_id)
     }
 
-    async fn compare(
+    /// A conversation's going runs, each with its last seq.
+    pub async fn active_runs(
         &self,
         user: &UserId,
-        request: &ChatRequest,
-        turn: Prepared,
-        profile_a: &str,
-        profile_b: &str,
-    ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
-        let comparison_id = ComparisonId::new();
-        let a = self.plan(user, &turn.ask(request), profile_a, Some((comparison_id, "a")))?;
-        let b = self.plan(user, &turn.ask(request), profile_b, Some((comparison_id, "b")))?;
-        let comparison = Comparison {
-            comparison_id,
-            conversation_id: turn.conversation_id,
-            user_id: user.to_owned(),
-            user_message_id: turn.user_message.id,
-            trace_a: a.trace.trace_id,
-            trace_b: b.trace.trace_id,
-            profile_a: profile_a.to_owned(),
-            profile_b: profile_b.to_owned(),
-            model_a: a.trace.model.clone(),
-            model_b: b.trace.model.clone(),
-            preference: None,
-            voted_at: None,
-            vote_history: Vec::new(),
-            created_at: now(),
-        };
-        let mut runs = self.launch(user, turn, vec![a, b], Some(comparison.clone())).await?;
-        let run_b = runs.pop().expect("two runs");
-        let run_a = runs.pop().expect("two runs");
-        Ok((comparison, run_a, run_b))
+        conversation_id: ConversationId,
+    ) -> Result<Vec<(Trace, u64)>, StoreError> {
+        self.follower.active_runs(user, conversation_id).await
     }
 
-    /// Persists the message and the traces in one transaction, then starts each run in a
-    /// task of its own.
-    async fn launch(
+    /// Waits until a run's log is written whole.
+    pub async fn logged(&self, trace_id: TraceId) {
+        self.follower.logged(trace_id).await
+    }
+
+    /// The active branch of a conversation, across the answers of its going runs.
+    pub async fn active_branch(
         &self,
         user: &UserId,
-        turn: Prepared,
-        sides: Vec<Side>,
-        comparison: Option<Comparison>,
-    ) -> Result<Vec<Arc<LiveRun>>, ChatError> {
-        let (mut traces, plans): (Vec<Trace>, Vec<RunPlan>) = sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
-        if turn.queue.is_some() {
-            for trace in &mut traces {
-                trace.status = TraceStatus::Queued;
-            }
-        }
-        let start = RunStart {
-            queued: turn.queue.as_ref().map(|q| serde_json::to_value(q).expect("plain data")),
-            going_seen: turn.going_seen,
-            new_conversation: turn.new_conversation,
-            user_message: turn.user_message,
-            user_message_is_new: turn.user_message_is_new,
-            traces,
-            comparison,
-            replica_id: self.replica_id.clone(),
-            max_running: turn.max_running,
-            idempotency_key: turn.idempotency_key,
-        };
-        let reservation = turn.reservation;
-        // Until the runs are started, the conversation's next message waits.
-        let _conversation_turn = turn.conversation_turn;
-        // The start writer launches the runs right after the commit, whether or not this
-        // request is still waiting: a client that leaves meanwhile must not leave a run
-        // persisted as running that nobody runs.
-        let (done, launched) = oneshot::channel();
-        let service = self.clone();
-        let user = user.to_owned();
-        self.starts.write(start, move |written| {
-            let runs = written
-                .map_err(|e| match e {
-                    // Other replicas' runs filled the user's limit meanwhile.
-                    StoreError::TooManyRuns(running) => busy(running),
-                    e => e.into(),
-                })
-                .map(|start| service.run_written(&user, start, plans));
-            // The runs are registered now (or will never be): they count themselves, and
-            // must not be counted twice by a start that checks meanwhile.
-            drop(reservation);
-            let _ = done.send(runs);
-        });
-        launched.await.map_err(|_| ChatError::Unavailable("the run could not start".into()))?
+        conversation: &Conversation,
+        history: &[crate::domain::Message],
+    ) -> Result<Vec<crate::domain::Message>, StoreError> {
+        super::control::queue::active_branch(&*self.shared.store, user, conversation, history).await
+    }
+}
+
+/// Controlling runs (see [`Canceller`], [`Waits`], [`Queue`]).
+impl ChatService {
+    /// Cancels what `target` names, wherever it runs, and waits (bounded) to learn how it
+    /// ended.
+    pub async fn cancel(&self, user: &UserId, target: CancelTarget) -> Result<Cancelled, ControlError> {
+        self.canceller.cancel(user, target).await
     }
 
-    /// Registers and spawns the runs of a start that is in the database.
-    fn run_written(&self, user: &UserId, start: RunStart, plans: Vec<RunPlan>) -> Vec<Arc<LiveRun>> {
-        let mut runs = Vec::new();
-        for (plan, trace) in plans.into_iter().zip(&start.traces) {
-            let (run, mut emitter) =
-                self.runs.register(plan.trace_id, plan.message_id, plan.conversation_id, user, self.log.clone(), 0);
-            agent::announce(&plan, &mut emitter);
-            if trace.status == TraceStatus::Queued {
-                // Planned again when its turn comes, on the answers before it.
-                self.hold_queued(trace.clone(), emitter);
-            } else {
-                let (store, runs) = (self.store.clone(), self.runs.clone());
-                tokio::spawn(agent::supervise(plan, emitter, store, runs, agent::Start::Fresh));
-            }
-            runs.push(run);
-        }
-        // Whoever follows the conversation (CONTRACT.md §16) looks again: here, and on the
-        // other replicas.
-        let conversation_id = start.user_message.conversation_id;
-        for run in &runs {
-            self.cluster.tell_soon(Notice::Started(conversation_id, run.trace_id));
-        }
-        if start.new_conversation.is_some() && self.settings.chat.refine_titles {
-            if let Some(run) = runs.first() {
-                self.refine_title(user, start.user_message.conversation_id, &start.user_message.content, run.clone());
-            }
-        }
-        runs
+    /// Stops a conversation's runs before it is deleted.
+    pub async fn stop_runs_in(&self, user: &UserId, conversation_id: ConversationId) {
+        self.canceller.stop_runs_in(user, conversation_id).await
+    }
+
+    /// Tells whoever follows a conversation, here and on the other replicas, that it was
+    /// deleted: their streams end.
+    pub async fn conversation_deleted(&self, conversation_id: ConversationId) {
+        self.canceller.conversation_deleted(conversation_id).await
+    }
+
+    /// Answers the waits of a message's run (the client libraries' decisions and results).
+    pub async fn answer_waits(
+        &self,
+        user: &UserId,
+        message_id: crate::ids::MessageId,
+        answers: Vec<WaitAnswer>,
+    ) -> Result<Option<Answered>, ControlError> {
+        self.waits.answer_waits(user, message_id, answers).await
+    }
+
+    /// Decides an approval (CONTRACT.md §15).
+    pub async fn decide(
+        &self,
+        user: &UserId,
+        approval_id: uuid::Uuid,
+        approved: bool,
+        reason: Option<String>,
+    ) -> Result<Settled, ControlError> {
+        self.waits.decide(user, approval_id, approved, reason).await
+    }
+
+    /// Gives a client tool's result (CONTRACT.md §15).
+    pub async fn tool_result(
+        &self,
+        user: &UserId,
+        trace_id: TraceId,
+        tool_call_id: &str,
+        output: String,
+        is_error: bool,
+    ) -> Result<Settled, ControlError> {
+        self.waits.tool_result(user, trace_id, tool_call_id, output, is_error).await
+    }
+
+    /// Takes up the queued runs whose process stopped; how many.
+    pub async fn adopt_queued(&self) -> usize {
+        self.queue.adopt_queued().await
+    }
+
+    /// Approvals expire on time whoever was running when they were asked (CONTRACT.md §15).
+    pub fn spawn_expiry(&self, shutdown: CancellationToken) {
+        super::control::waits::spawn_expiry(self.waits.clone(), shutdown);
+    }
+
+    /// Queued runs whose process stopped are taken up, and this process's beat.
+    pub fn spawn_keeper(&self, shutdown: CancellationToken) {
+        super::control::queue::spawn_keeper(self.queue.clone(), shutdown);
+    }
+}
+
+/// The shared parts the server's start-up and health read.
+impl ChatService {
+    pub fn runs(&self) -> &Runs {
+        &self.shared.runs
+    }
+
+    /// The event log writer (its batch count shows how often runs write).
+    pub fn event_log(&self) -> &EventLog {
+        &self.shared.log
+    }
+
+    /// Where this process hears what the others tell of their runs.
+    pub fn news(&self) -> &RunNews {
+        &self.shared.news
+    }
+
+    pub fn replica_id(&self) -> &str {
+        &self.shared.replica_id
+    }
+
+    /// The processes that share the store.
+    pub fn cluster(&self) -> &Arc<dyn Cluster> {
+        &self.shared.cluster
+    }
+
+    /// Refuses new runs from now on (shutdown).
+    pub fn start_draining(&self) {
+        self.shared.drain.start();
+    }
+
+    /// Whether the server is shutting down (readiness says no meanwhile).
+    pub fn is_draining(&self) -> bool {
+        self.shared.drain.is_on()
     }
 }

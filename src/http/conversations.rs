@@ -77,7 +77,7 @@ impl ConversationBody {
             if !state.settings.profiles.contains_key(profile) {
                 return Err(AppError::NotFound {
                     field: Some("profile".into()),
-                    message: crate::chat::request::unknown_profile(profile),
+                    message: crate::chat::errors::unknown_profile(profile),
                 });
             }
         }

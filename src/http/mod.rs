@@ -4,22 +4,22 @@
 mod ab;
 mod agui;
 mod ai_sdk;
-pub mod auth;
 mod chat;
 mod conversations;
-pub mod error;
-pub mod extract;
+mod docs;
+mod edge;
 mod files;
 mod health;
 mod legacy;
-pub mod openapi;
 pub mod server;
 mod sse;
 mod tools;
 mod traces;
-pub mod views;
 mod waits;
-mod web;
+
+use docs::web;
+pub use docs::{openapi, views};
+pub use edge::{auth, error, extract};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -51,7 +51,7 @@ async fn list(
         let profile_name = scope.profile.as_deref().unwrap_or(&state.settings.chat.default_profile);
         let profile = state.settings.profiles.get(profile_name).ok_or_else(|| AppError::NotFound {
             field: Some("profile".into()),
-            message: crate::chat::request::unknown_profile(profile_name),
+            message: crate::chat::errors::unknown_profile(profile_name),
         })?;
         let location =
             Location { page: scope.page.as_deref(), tab: scope.tab.as_deref(), subtab: scope.subtab.as_deref() };

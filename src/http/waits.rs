@@ -14,7 +14,7 @@ use super::AppState;
 use super::error::AppError;
 use super::extract::{AppJson, CurrentUser, IdPath};
 use super::views::*;
-use crate::chat::waits::output_text;
+use crate::chat::control::waits::output_text;
 use crate::ids::TraceId;
 use crate::store::Settlement;
 

@@ -3,7 +3,7 @@
 //! calls, and the turn ends with the same payload.
 
 use bytes::Bytes;
-use chatd::chat::turn::{Turn, TurnOutput};
+use chatd::chat::run::turn::{Turn, TurnOutput};
 use chatd::domain::ThinkingBlock;
 use chatd::events::Event;
 use chatd::providers::{WireFormat, decode_sse};

@@ -6,8 +6,8 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::chat::control::waits::{WaitAnswer, output_text};
 use crate::chat::request::ClientTool;
-use crate::chat::waits::{WaitAnswer, output_text};
 use crate::chat::{AttachmentRef, ChatError, ClientTurn, Intent, bounded, last_user_message};
 use crate::ids::FileId;
 

@@ -1,6 +1,6 @@
 //! AG-UI's endpoint (CONTRACT.md §13.2): what `@ag-ui/client`'s `HttpAgent` (and CopilotKit
 //! through it) posts, a `RunAgentInput` (`input`), answered with AG-UI events as SSE
-//! (`stream`). The thread is a conversation as the AI SDK's chat is (`chat::clients`).
+//! (`stream`). The thread is a conversation as the AI SDK's chat is (`chat::start::clients`).
 
 mod input;
 mod stream;

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::chat::waits::{WaitAnswer, output_text};
+use crate::chat::control::waits::{WaitAnswer, output_text};
 use crate::chat::{AttachmentRef, ChatError, ClientTurn, Intent, bounded, last_user_message};
 
 /// The body `DefaultChatTransport` sends (and fields `useChat`'s `body` adds).

@@ -8,69 +8,73 @@ use serde_json::Value;
 
 use crate::events::{DiagnosticMessage, Diagnostics};
 
-use super::agent::{Gate, RunPlan, ToolLimits};
 use super::attachments::FileReader;
-use super::context::ContextKeeper;
-use super::core::Core;
-use super::payloads::LlmPayloadType;
-use super::prompt::{self, PromptParts};
-use super::request::{ChatError, ChatRequest, ClientTool, Prepared, not_found};
+use crate::chat::errors::{ChatError, not_found, unknown_profile};
+use crate::chat::request::ClientTool;
+use crate::chat::run::agent::{Gate, RunPlan, ToolLimits};
+use crate::chat::run::context::ContextKeeper;
+use crate::chat::run::payloads::LlmPayloadType;
+use crate::chat::run::prompt::{self, PromptParts};
+use crate::chat::shared::Shared;
 use crate::config::{PayloadSource, ProfileSettings, ProviderKind};
 use crate::domain::{Message, Trace};
 use crate::ids::{ComparisonId, ConversationId, UserId};
 use crate::pages::{Location, PageScope};
 use crate::providers::{InputMessage, ModelRequest, ToolSpec};
 
-/// What a run may use (see [`Core::equip`]).
-pub(super) struct Equipment {
-    pub(super) scope: PageScope,
-    pub(super) tools: Vec<std::sync::Arc<dyn crate::tools::Tool>>,
-    pub(super) specs: Vec<ToolSpec>,
-    pub(super) gates: HashMap<String, Gate>,
-    pub(super) payload_types: Vec<LlmPayloadType>,
+/// What a run may use (see [`Planner::equip`]).
+pub(in crate::chat) struct Equipment {
+    pub(in crate::chat) scope: PageScope,
+    pub(in crate::chat) tools: Vec<std::sync::Arc<dyn crate::tools::Tool>>,
+    pub(in crate::chat) specs: Vec<ToolSpec>,
+    pub(in crate::chat) gates: HashMap<String, Gate>,
+    pub(in crate::chat) payload_types: Vec<LlmPayloadType>,
 }
 
 /// One run of a request (a comparison has two).
-pub(super) struct Side {
-    pub(super) trace: Trace,
-    pub(super) plan: RunPlan,
+pub(in crate::chat) struct Side {
+    pub(in crate::chat) trace: Trace,
+    pub(in crate::chat) plan: RunPlan,
 }
 
 /// What a run is asked, as planning reads it: from a request being started, or from a
 /// queued run whose turn came (CONTRACT.md §16).
-pub(super) struct Ask<'a> {
-    pub(super) conversation_id: ConversationId,
-    pub(super) new_conversation: bool,
-    pub(super) system_prompt: Option<&'a str>,
+pub(in crate::chat) struct Ask<'a> {
+    pub(in crate::chat) conversation_id: ConversationId,
+    pub(in crate::chat) new_conversation: bool,
+    pub(in crate::chat) system_prompt: Option<&'a str>,
     /// The branch up to the question.
-    pub(super) earlier: &'a [Message],
-    pub(super) user_message: &'a Message,
-    pub(super) action_result: Option<&'a str>,
-    pub(super) context: Option<&'a Value>,
-    pub(super) client_tools: &'a [ClientTool],
-    pub(super) diagnostics: bool,
+    pub(in crate::chat) earlier: &'a [Message],
+    pub(in crate::chat) user_message: &'a Message,
+    pub(in crate::chat) action_result: Option<&'a str>,
+    pub(in crate::chat) context: Option<&'a Value>,
+    pub(in crate::chat) client_tools: &'a [ClientTool],
+    pub(in crate::chat) diagnostics: bool,
 }
 
-impl Prepared {
-    /// What `request`, checked as this, asks.
-    pub(super) fn ask<'a>(&'a self, request: &'a ChatRequest) -> Ask<'a> {
-        Ask {
-            conversation_id: self.conversation_id,
-            new_conversation: self.new_conversation.is_some(),
-            system_prompt: self.system_prompt.as_deref(),
-            earlier: &self.earlier,
-            user_message: &self.user_message,
-            action_result: self.action_result.as_deref(),
-            context: request.context.as_ref(),
-            client_tools: &request.client_tools,
-            diagnostics: request.diagnostics,
+/// Plans runs: the model, tools, prompt and context a run will use.
+#[derive(Clone)]
+pub(in crate::chat) struct Planner {
+    settings: std::sync::Arc<crate::config::Settings>,
+    providers: crate::providers::Providers,
+    tools: std::sync::Arc<crate::tools::Registry>,
+    store: std::sync::Arc<dyn crate::store::Store>,
+    files: crate::files::Files,
+}
+
+impl Planner {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self {
+            settings: shared.settings.clone(),
+            providers: shared.providers.clone(),
+            tools: shared.tools.clone(),
+            store: shared.store.clone(),
+            files: shared.files.clone(),
         }
     }
-}
 
-impl Core {
     /// One side of a request: the trace and the run plan for `profile_name`.
-    pub(super) fn plan(
+    pub(in crate::chat) fn plan(
         &self,
         user: &UserId,
         turn: &Ask<'_>,
@@ -82,11 +86,8 @@ impl Core {
             Some(_) => "profile_b",
             None => "profile",
         };
-        let profile = self
-            .settings
-            .profiles
-            .get(profile_name)
-            .ok_or_else(|| not_found(field, &super::request::unknown_profile(profile_name)))?;
+        let profile =
+            self.settings.profiles.get(profile_name).ok_or_else(|| not_found(field, &unknown_profile(profile_name)))?;
         let provider = self.providers.get(&profile.provider).ok_or_else(|| not_found(field, "Profile not found"))?;
         let kind = self.settings.providers.get(&profile.provider).map_or(ProviderKind::Mock, |p| p.kind);
         super::attachments::check_modalities(&turn.user_message.attachments, profile_name, profile, kind)?;
@@ -170,7 +171,7 @@ impl Core {
     /// What a run of `profile` may use, for a request with this context and client tools:
     /// the page's scope, the tools (and their specs for the model, client tools last), which
     /// calls wait (CONTRACT.md §15), and the payload types.
-    pub(super) fn equip(
+    pub(in crate::chat) fn equip(
         &self,
         profile: &ProfileSettings,
         context: Option<&Value>,
@@ -196,11 +197,11 @@ impl Core {
     }
 
     /// How long an approval may wait (checked at load: finite, above 0).
-    pub(super) fn approval_timeout(&self) -> Duration {
+    pub(in crate::chat) fn approval_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.settings.tools.approval_timeout_secs)
     }
 
-    pub(super) fn tool_limits(&self) -> ToolLimits {
+    pub(in crate::chat) fn tool_limits(&self) -> ToolLimits {
         let limits = &self.settings.tools;
         ToolLimits {
             timeout: Duration::from_secs_f64(limits.timeout_secs.max(0.001)),
@@ -255,5 +256,57 @@ impl Core {
                 Some(LlmPayloadType { name: name.clone(), marker, settings: t.clone() })
             })
             .collect()
+    }
+}
+
+impl Planner {
+    /// The run's plan again, for its continuation: its profile's model and tools as config
+    /// has them now, the request as it was.
+    pub(in crate::chat) fn replan(
+        &self,
+        trace: &Trace,
+        checkpoint: &super::agent::Checkpoint,
+    ) -> Result<RunPlan, String> {
+        let profile = self
+            .settings
+            .profiles
+            .get(&trace.profile)
+            .ok_or_else(|| format!("its profile '{}' is no longer configured", trace.profile))?;
+        let provider = self
+            .providers
+            .get(&profile.provider)
+            .ok_or_else(|| format!("its provider '{}' is gone", profile.provider))?;
+        let Equipment { tools, gates, payload_types, .. } =
+            self.equip(profile, checkpoint.context.as_ref(), &checkpoint.client_tools).map_err(|e| e.to_string())?;
+        Ok(RunPlan {
+            conversation_id: trace.conversation_id,
+            user_message_id: trace.user_message_id,
+            message_id: trace.message_id,
+            trace_id: trace.trace_id,
+            profile: trace.profile.clone(),
+            provider_id: profile.provider.clone(),
+            provider,
+            request: checkpoint.request(),
+            tools,
+            max_iterations: profile.max_iterations,
+            payload_types,
+            limits: self.tool_limits(),
+            diagnostics: None,
+            comparison: trace.comparison_id.zip(trace.variant.clone()),
+            context_limit: profile.context_limit,
+            context: ContextKeeper::new(self.store.clone(), &trace.user_id, trace.conversation_id, false),
+            summarize_dropped: self.settings.chat.summarize_dropped,
+            user_id: trace.user_id.clone(),
+            gates,
+            approval_timeout: self.approval_timeout(),
+            context_value: checkpoint.context.clone(),
+            client_tools: checkpoint.client_tools.clone(),
+            files: crate::chat::run::attachments::FileReader::new(
+                self.files.clone(),
+                &trace.user_id,
+                profile.modalities.clone(),
+                self.settings.providers.get(&profile.provider).map_or(crate::config::ProviderKind::Mock, |p| p.kind),
+            ),
+        })
     }
 }

@@ -10,11 +10,11 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use crate::chat::idempotency::{IdempotencyKey, request_key};
+use crate::chat::start::idempotency::{IdempotencyKey, request_key};
 use crate::ids::UserId;
 
-use super::AppState;
-use super::error::AppError;
+use crate::http::AppState;
+use crate::http::error::AppError;
 
 /// A JSON body parsed into `T`, refused with the contract's envelope.
 pub struct AppJson<T>(pub T);

@@ -9,10 +9,10 @@ use std::time::Duration;
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
 
-use super::control::ControlError;
-use super::core::Core;
 use super::news::ConversationNews;
 use super::runs::{Frame, LiveRun};
+use crate::chat::errors::ControlError;
+use crate::chat::shared::Shared;
 use crate::domain::{Trace, TraceStatus};
 use crate::events::{ErrorEvent, Event};
 use crate::store::Store;
@@ -32,7 +32,25 @@ pub enum Resumed {
     Frames(BoxStream<'static, Frame>),
 }
 
-impl Core {
+/// Follows runs (live or from their logs) and conversations.
+#[derive(Clone)]
+pub(in crate::chat) struct Follower {
+    store: std::sync::Arc<dyn crate::store::Store>,
+    runs: crate::chat::live::runs::Runs,
+    news: crate::chat::live::news::RunNews,
+    cluster: std::sync::Arc<dyn crate::chat::live::cluster::Cluster>,
+}
+
+impl Follower {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self {
+            store: shared.store.clone(),
+            runs: shared.runs.clone(),
+            news: shared.news.clone(),
+            cluster: shared.cluster.clone(),
+        }
+    }
+
     /// Follows the user's run `trace_id` from the event after `after` (and, with
     /// `through_waits`, on through its waits; else it stops where the run waits).
     pub async fn resume(

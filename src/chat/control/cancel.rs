@@ -3,10 +3,11 @@
 //! says how it ended by its last event; a run on another replica is asked by a notice, and
 //! the cancel waits, woken by that run's news, to learn how it ended.
 
+use crate::chat::errors::ControlError;
 use crate::ids::{ComparisonId, ConversationId, MessageId, TraceId, UserId};
 use std::time::Duration;
 
-use super::core::Core;
+use crate::chat::shared::Shared;
 use crate::domain::{Trace, TraceStatus};
 use crate::events::Event;
 use crate::store::{Notice, StoreError};
@@ -52,41 +53,6 @@ pub enum Cancelled {
     },
 }
 
-/// Why nothing was cancelled.
-#[derive(Debug, thiserror::Error)]
-pub enum ControlError {
-    /// No such run or comparison of this user's ("Trace", "Comparison").
-    #[error("{0} not found")]
-    Missing(&'static str),
-    /// The run ended first, or another cancel is stopping it.
-    #[error("{0}")]
-    Ended(&'static str),
-    /// Decided already, expired, or its run ended (a waiting call, CONTRACT.md §15).
-    #[error("{0}")]
-    Conflict(String),
-    /// The process running it did not answer in time.
-    #[error("The run did not answer the cancel; try again")]
-    NoAnswer,
-    #[error(transparent)]
-    Store(StoreError),
-}
-
-impl ControlError {
-    /// Maps a store error, naming what was missing when it was `NotFound`.
-    pub fn missing(what: &'static str) -> impl FnOnce(StoreError) -> ControlError {
-        move |error| match error {
-            StoreError::NotFound => ControlError::Missing(what),
-            error => ControlError::Store(error),
-        }
-    }
-}
-
-impl From<StoreError> for ControlError {
-    fn from(error: StoreError) -> Self {
-        ControlError::Store(error)
-    }
-}
-
 const ENDED: &str = "The run has already ended";
 
 /// Whether a run in this state is stopped through the process that holds it: running, or
@@ -95,7 +61,31 @@ fn stoppable(status: TraceStatus) -> bool {
     matches!(status, TraceStatus::Running | TraceStatus::Queued)
 }
 
-impl Core {
+/// Stops runs, here or through the process that holds them.
+#[derive(Clone)]
+pub(in crate::chat) struct Canceller {
+    store: std::sync::Arc<dyn crate::store::Store>,
+    runs: crate::chat::live::runs::Runs,
+    cluster: std::sync::Arc<dyn crate::chat::live::cluster::Cluster>,
+    news: crate::chat::live::news::RunNews,
+    replica_id: String,
+    queue: super::queue::Queue,
+    waits: super::waits::Waits,
+}
+
+impl Canceller {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self {
+            store: shared.store.clone(),
+            runs: shared.runs.clone(),
+            cluster: shared.cluster.clone(),
+            news: shared.news.clone(),
+            replica_id: shared.replica_id.clone(),
+            queue: super::queue::Queue::new(shared),
+            waits: super::waits::Waits::new(shared),
+        }
+    }
+
     /// Cancels what `target` names, wherever it runs, and waits (bounded) to learn how it
     /// ended: a run that completed first was not cancelled, so exactly one terminal event
     /// is sent.
@@ -157,7 +147,7 @@ impl Core {
         Ok(Cancelled::Conversation { conversation_id, runs })
     }
 
-    pub(super) async fn cancel_run(&self, user: &UserId, trace: &Trace) -> Result<(), ControlError> {
+    pub(in crate::chat) async fn cancel_run(&self, user: &UserId, trace: &Trace) -> Result<(), ControlError> {
         let mut status = trace.status;
         // A run may park while it is being cancelled, or a decision claim it meanwhile: look
         // again, a few times.
@@ -170,7 +160,7 @@ impl Core {
                 let claimed = tokio::spawn(async move {
                     let claim = core.store.claim_waiting(trace_id, &core.replica_id).await?;
                     Ok::<_, StoreError>(match claim {
-                        Some(claim) => Some(core.go_on(claim, true).await),
+                        Some(claim) => Some(core.waits.go_on(claim, true).await),
                         None => None,
                     })
                 });
@@ -192,7 +182,7 @@ impl Core {
             }
             if here.is_none() && status == TraceStatus::Queued {
                 // Left by a replica that drained, and not taken up yet: taken up here, to stop.
-                here = self.take_up(trace.clone(), Some("")).await;
+                here = self.queue.take_up(trace.clone(), Some("")).await;
             }
             let Some(run) = here else {
                 return self.cancel_elsewhere(user, trace.trace_id).await;
@@ -208,7 +198,10 @@ impl Core {
 
     /// Cancels a run of this process and learns how it ended; `None` if it parked to wait
     /// instead (for the first cancel asked of it).
-    async fn cancelled_here(&self, run: std::sync::Arc<super::runs::LiveRun>) -> Option<Result<(), ControlError>> {
+    async fn cancelled_here(
+        &self,
+        run: std::sync::Arc<crate::chat::live::runs::LiveRun>,
+    ) -> Option<Result<(), ControlError>> {
         // Exactly one of simultaneous cancels is the one that cancelled.
         let first = run.claim_cancel();
         run.cancel.cancel();
@@ -274,7 +267,7 @@ impl Core {
     }
 }
 
-impl Core {
+impl Canceller {
     /// Tells whoever follows a conversation, here and on the other replicas, that it was
     /// deleted: their streams end.
     pub async fn conversation_deleted(&self, conversation_id: ConversationId) {

@@ -185,7 +185,7 @@ impl LiveRun {
     }
 
     /// A queued run waits its turn (`true`), or its turn came (`false`).
-    pub(super) fn set_queued(&self, queued: bool) {
+    pub(in crate::chat) fn set_queued(&self, queued: bool) {
         self.state.send_if_modified(|state| match (queued, state.phase) {
             (true, Phase::Running) => {
                 state.phase = Phase::Queued;
@@ -200,7 +200,7 @@ impl LiveRun {
     }
 
     /// The run's ending is decided: it is being saved, then said.
-    pub(super) fn set_ending(&self) {
+    pub(in crate::chat) fn set_ending(&self) {
         self.state.send_if_modified(|state| {
             let going = matches!(state.phase, Phase::Queued | Phase::Running);
             if going {

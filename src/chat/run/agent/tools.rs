@@ -12,8 +12,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::chat::payloads;
-use crate::chat::runs::Emitter;
+use crate::chat::live::runs::Emitter;
+use crate::chat::run::payloads;
 use crate::domain::{Span, SpanTiming, ToolAttributes, ToolCall, ToolRecord, ToolResult, now};
 use crate::events::{Event, ToolCompleteEvent, ToolProgressEvent, ToolStartEvent, ToolStatus};
 use crate::tools::{Tool, ToolCallContext, ToolError, ToolProgress};
@@ -248,9 +248,9 @@ async fn call_tool(
             Ok(Ok(mut output)) => {
                 // Tool output is text for a person and a model, cleaned as the model's text is:
                 // no control characters (terminal escapes, NUL, which Postgres cannot store).
-                output.text.retain(crate::chat::clean::visible);
+                output.text.retain(crate::chat::run::clean::visible);
                 if let Some(payload) = &mut output.payload {
-                    crate::chat::runs::strip_nul(payload);
+                    crate::chat::live::runs::strip_nul(payload);
                 }
                 return (ToolStatus::Success, output.text, output.payload);
             }
@@ -260,7 +260,7 @@ async fn call_tool(
                 tokio::time::sleep(Duration::from_millis(100 * 2u64.pow(attempt))).await;
             }
             Ok(Err(mut error)) => {
-                error.message.retain(crate::chat::clean::visible);
+                error.message.retain(crate::chat::run::clean::visible);
                 return (ToolStatus::Error, error.message, None);
             }
             Err(None) => return (ToolStatus::Cancelled, "cancelled".to_owned(), None),

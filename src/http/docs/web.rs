@@ -12,8 +12,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use super::AppState;
-use super::error::AppError;
+use crate::http::AppState;
+use crate::http::error::AppError;
 
 struct Asset {
     name: &'static str,
@@ -28,8 +28,8 @@ macro_rules! asset {
         Asset {
             name: $name,
             content_type: $content_type,
-            body: include_bytes!(concat!("../../web/", $name)),
-            hash: fnv1a(include_bytes!(concat!("../../web/", $name))),
+            body: include_bytes!(concat!("../../../web/", $name)),
+            hash: fnv1a(include_bytes!(concat!("../../../web/", $name))),
         }
     };
 }

@@ -1,28 +1,28 @@
 //! The OpenAPI 3.1 document of the whole API (`GET /openapi.json`, also printed by
 //! `chatd openapi`); `/docs` renders it (see `web.rs`). The handlers carry their own
-//! `#[utoipa::path]`; the bodies they answer with are in [`views`](super::views).
+//! `#[utoipa::path]`; the bodies they answer with are in [`views`](crate::http::views).
 
 use utoipa::OpenApi;
 
-use super::views::{ErrorBody, Event, LegacyEvent};
+use crate::http::views::{ErrorBody, Event, LegacyEvent};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "chatd", description = "A chat backend for LLM apps: streamed, persisted, resumable runs. \
         Errors outside a stream are `ErrorBody`; streams are Server-Sent Events whose data is an `Event`."),
     paths(
-        super::chat::stream, super::chat::resume, super::chat::cancel,
-        super::conversations::list, super::conversations::create, super::conversations::load,
-        super::conversations::patch, super::conversations::delete, super::conversations::feedback,
-        super::conversations::siblings, super::conversations::activate, super::conversations::stream,
-        super::traces::by_id, super::traces::by_message,
-        super::ab::stream, super::ab::show, super::ab::vote, super::ab::change_vote, super::ab::leaderboard,
-        super::legacy::stream, super::legacy::load, super::legacy::list,
-        super::health::healthz, super::health::ready, super::health::metrics, super::health::profiles,
-        super::tools::list,
-        super::ai_sdk::chat, super::ai_sdk::resume, super::agui::run,
-        super::waits::decide, super::waits::tool_result,
-        super::files::upload, super::files::download, super::files::delete,
+        crate::http::chat::stream, crate::http::chat::resume, crate::http::chat::cancel,
+        crate::http::conversations::list, crate::http::conversations::create, crate::http::conversations::load,
+        crate::http::conversations::patch, crate::http::conversations::delete, crate::http::conversations::feedback,
+        crate::http::conversations::siblings, crate::http::conversations::activate, crate::http::conversations::stream,
+        crate::http::traces::by_id, crate::http::traces::by_message,
+        crate::http::ab::stream, crate::http::ab::show, crate::http::ab::vote, crate::http::ab::change_vote, crate::http::ab::leaderboard,
+        crate::http::legacy::stream, crate::http::legacy::load, crate::http::legacy::list,
+        crate::http::health::healthz, crate::http::health::ready, crate::http::health::metrics, crate::http::health::profiles,
+        crate::http::tools::list,
+        crate::http::ai_sdk::chat, crate::http::ai_sdk::resume, crate::http::agui::run,
+        crate::http::waits::decide, crate::http::waits::tool_result,
+        crate::http::files::upload, crate::http::files::download, crate::http::files::delete,
     ),
     components(schemas(Event, ErrorBody, LegacyEvent)),
     tags(

@@ -4,13 +4,25 @@
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::core::Core;
+use crate::chat::shared::Shared;
 use crate::tools::ToolCallContext;
 
-impl Core {
+/// Runs the server handlers of executed actions.
+#[derive(Clone)]
+pub(in crate::chat) struct Actions {
+    settings: std::sync::Arc<crate::config::Settings>,
+    tools: std::sync::Arc<crate::tools::Registry>,
+    http: reqwest::Client,
+}
+
+impl Actions {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self { settings: shared.settings.clone(), tools: shared.tools.clone(), http: shared.http.clone() }
+    }
+
     /// Runs the server handler of an executed action (an HTTP URL or a tool) and describes
     /// the outcome for the model. A failure is described, not raised: the turn goes on.
-    pub(super) async fn run_action(&self, action: Option<&Value>, context: Option<&Value>) -> String {
+    pub(in crate::chat) async fn run_action(&self, action: Option<&Value>, context: Option<&Value>) -> String {
         let name = action.and_then(|a| a.get("action")).and_then(Value::as_str).unwrap_or_default();
         let data = action.and_then(|a| a.get("data")).cloned().unwrap_or(Value::Null);
         let Some(handler) = self.settings.actions.get(name) else {

@@ -34,7 +34,7 @@ pub enum AppError {
 
 /// The contract's error body, as it is written (see `views::ErrorBody` for its schema).
 #[derive(Serialize)]
-pub(super) struct Envelope<'a> {
+pub(crate) struct Envelope<'a> {
     pub code: &'static str,
     pub message: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]

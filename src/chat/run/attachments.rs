@@ -11,8 +11,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::core::Core;
-use super::request::ChatError;
+use crate::chat::errors::ChatError;
+use crate::chat::shared::Shared;
 use crate::config::{Modality, ProfileSettings, ProviderKind};
 use crate::domain::Attachment;
 use crate::files::{FileError, Files};
@@ -47,15 +47,25 @@ impl AttachmentRef {
 /// A request's attachments, ready to store with its message; `stored` are the files this
 /// request stored itself, deleted again if the request is refused after all.
 #[derive(Debug, Default)]
-pub(super) struct Resolved {
-    pub(super) attachments: Vec<Attachment>,
-    pub(super) stored: Vec<FileId>,
+pub(in crate::chat) struct Resolved {
+    pub(in crate::chat) attachments: Vec<Attachment>,
+    pub(in crate::chat) stored: Vec<FileId>,
 }
 
-impl Core {
+/// Checks, stores and drops the files requests attach.
+#[derive(Clone)]
+pub(in crate::chat) struct Attachments {
+    files: crate::files::Files,
+}
+
+impl Attachments {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self { files: shared.files.clone() }
+    }
+
     /// Checks and stores what a request attaches. Files it stored are deleted again when
     /// a later attachment is refused.
-    pub(super) async fn attachments(&self, user: &UserId, refs: &[AttachmentRef]) -> Result<Resolved, ChatError> {
+    pub(in crate::chat) async fn resolve(&self, user: &UserId, refs: &[AttachmentRef]) -> Result<Resolved, ChatError> {
         let max = self.files.settings().max_per_message;
         if refs.len() > max {
             return Err(invalid(format!("A message carries at most {max} attachments (files.max_per_message)")));
@@ -107,7 +117,7 @@ impl Core {
     }
 
     /// Deletes files a refused request stored.
-    pub(super) async fn drop_files(&self, user: &UserId, ids: &[FileId]) {
+    pub(in crate::chat) async fn drop_files(&self, user: &UserId, ids: &[FileId]) {
         for id in ids {
             if let Err(e) = self.files.delete(user, *id).await {
                 tracing::warn!(error = %e, file_id = %id, "could not delete a refused request's file");
@@ -117,7 +127,7 @@ impl Core {
 }
 
 /// Refuses an attachment the profile cannot take, naming it.
-pub(super) fn check_modalities(
+pub(in crate::chat) fn check_modalities(
     attachments: &[Attachment],
     profile_name: &str,
     profile: &ProfileSettings,

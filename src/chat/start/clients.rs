@@ -7,12 +7,12 @@ use serde_json::Value;
 
 use std::sync::Arc;
 
-use super::core::Core;
 use super::idempotency::IdempotencyKey;
 use super::idempotency::Started;
-use super::request::{ChatError, ChatRequest, ClientIds, InteractionType, not_found};
-use super::runs::LiveRun;
-use super::service::ChatService;
+use super::starter::Starter;
+use crate::chat::errors::{ChatError, not_found};
+use crate::chat::live::runs::LiveRun;
+use crate::chat::request::{ChatRequest, ClientIds, InteractionType};
 use crate::domain::{Conversation, Message, Role};
 use crate::ids::{ConversationId, TraceId, UserId};
 use crate::store::StoreError;
@@ -32,7 +32,7 @@ pub struct ClientTurn {
     /// Tools the client runs (CONTRACT.md §15).
     pub client_tools: Vec<crate::chat::request::ClientTool>,
     /// The files of the last user message (CONTRACT.md §14).
-    pub attachments: Vec<super::attachments::AttachmentRef>,
+    pub attachments: Vec<crate::chat::run::attachments::AttachmentRef>,
     /// What the message does while a run of the chat is going (CONTRACT.md §16).
     pub multitask: Option<crate::config::Multitask>,
 }
@@ -74,10 +74,10 @@ pub fn last_user_message<M>(messages: Vec<M>, role: impl Fn(&M) -> &str) -> Resu
         .ok_or_else(|| ChatError::Invalid { field: "messages", message: "messages holds no user message".into() })
 }
 
-impl ChatService {
+impl Starter {
     /// Starts the run a client's turn asks for. Two first messages of one new chat sent at
     /// once (two tabs, a retry) both land in the one conversation the first of them made.
-    pub async fn start_for_client(
+    pub(in crate::chat) async fn start_for_client(
         &self,
         user: &UserId,
         turn: ClientTurn,
@@ -92,9 +92,7 @@ impl ChatService {
             started => started,
         }
     }
-}
 
-impl Core {
     /// The user's conversation a client's chat id names: its own id, else its external id.
     /// Another user's conversation is never found (its id becomes this user's external id).
     pub async fn find_chat(&self, user: &UserId, chat_id: &str) -> Result<Option<Conversation>, StoreError> {
@@ -197,7 +195,7 @@ impl Core {
     ) -> Result<(Vec<Message>, Vec<Message>), StoreError> {
         let Some(conversation) = conversation else { return Ok((Vec::new(), Vec::new())) };
         let history = self.store.messages(user, conversation.id).await?;
-        let active = self.active_branch(user, conversation, &history).await?;
+        let active = crate::chat::control::queue::active_branch(&*self.store, user, conversation, &history).await?;
         Ok((history, active))
     }
 }

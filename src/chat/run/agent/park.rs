@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Output, RunPlan};
+use crate::chat::live::runs::Emitter;
 use crate::chat::request::ClientTool;
-use crate::chat::runs::Emitter;
 use crate::domain::{ToolCall, ToolResult, now};
 use crate::events::{Event, ToolApprovalRequestEvent, ToolResultRequestEvent};
 use crate::providers::ModelRequest;

@@ -108,7 +108,7 @@ impl Turn {
                         match serde_json::from_str::<Value>(&call.arguments) {
                             Ok(mut input) => {
                                 // NUL cannot be stored (Postgres) and means nothing to a tool.
-                                super::runs::strip_nul(&mut input);
+                                crate::chat::live::runs::strip_nul(&mut input);
                                 input
                             }
                             // A model's slip, not a broken response: the model hears it as

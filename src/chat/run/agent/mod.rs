@@ -13,11 +13,11 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{self, ContextKeeper};
-use super::ending::{self, End};
 use super::markers::Captured;
 use super::payloads::{self, LlmPayloadType};
-use super::runs::{Emitter, Runs};
 use super::turn::{Turn, TurnOutput};
+use crate::chat::live::ending::{self, End};
+use crate::chat::live::runs::{Emitter, Runs};
 use crate::domain::{
     AssistantTurn, CallStatus, ContextStrategy, LlmAttributes, RunError, Span, SpanTiming, ToolRecord, TraceStatus,
     Usage, now,
@@ -70,7 +70,7 @@ pub struct RunPlan {
     pub context_value: Option<Value>,
     pub client_tools: Vec<crate::chat::request::ClientTool>,
     /// Reads the request's attachments before each model call (CONTRACT.md §14).
-    pub files: crate::chat::attachments::FileReader,
+    pub files: crate::chat::run::attachments::FileReader,
 }
 
 #[derive(Debug, Clone, Copy)]

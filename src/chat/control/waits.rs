@@ -10,12 +10,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::agent::{self, Checkpoint, RunPlan, Start};
-use super::context::ContextKeeper;
-use super::control::ControlError;
-use super::core::Core;
-use super::plan::Equipment;
-use super::runs::LiveRun;
+use crate::chat::errors::ControlError;
+use crate::chat::live::runs::LiveRun;
+use crate::chat::run::agent::{self, Start};
+use crate::chat::shared::Shared;
 use crate::domain::{RunError, Trace, TraceStatus, now};
 use crate::events::{ErrorEvent, Event};
 use crate::ids::{TraceId, UserId};
@@ -49,7 +47,7 @@ pub fn output_text(value: &serde_json::Value) -> String {
 /// Text from a client as a model and a page may take it: no control characters (as tool
 /// output and the model's text are cleaned).
 fn cleaned(mut text: String) -> String {
-    text.retain(super::clean::visible);
+    text.retain(crate::chat::run::clean::visible);
     text
 }
 
@@ -61,7 +59,33 @@ pub struct Answered {
     pub waited_to: u64,
 }
 
-impl Core {
+/// Settles waits (approvals, client tools) and continues their runs.
+#[derive(Clone)]
+pub(in crate::chat) struct Waits {
+    settings: std::sync::Arc<crate::config::Settings>,
+    store: std::sync::Arc<dyn crate::store::Store>,
+    runs: crate::chat::live::runs::Runs,
+    log: crate::chat::live::log::EventLog,
+    news: crate::chat::live::news::RunNews,
+    replica_id: String,
+    drain: crate::chat::shared::Drain,
+    planner: crate::chat::run::plan::Planner,
+}
+
+impl Waits {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self {
+            settings: shared.settings.clone(),
+            store: shared.store.clone(),
+            runs: shared.runs.clone(),
+            log: shared.log.clone(),
+            news: shared.news.clone(),
+            replica_id: shared.replica_id.clone(),
+            drain: shared.drain.clone(),
+            planner: crate::chat::run::plan::Planner::new(shared),
+        }
+    }
+
     /// Settles what a client's request answers of the waiting run that produces
     /// `message_id` (what it settled already, or does not wait on, is passed over); `None`
     /// when no run of that message waits.
@@ -186,7 +210,7 @@ impl Core {
 
     /// Continues a claimed run here, from its checkpoint (or, `cancelled`, ends it at once
     /// as cancelled). Returns the live run.
-    pub(super) async fn go_on(&self, claim: Claim, cancelled: bool) -> Arc<LiveRun> {
+    pub(in crate::chat) async fn go_on(&self, claim: Claim, cancelled: bool) -> Arc<LiveRun> {
         let Claim { trace, checkpoint, waits } = claim;
         // The process that parked it here may still be sealing its log: the run is one
         // entry of the registry at a time.
@@ -197,7 +221,7 @@ impl Core {
             agent::Resumption::of(checkpoint, waits).map_err(|e| format!("its checkpoint does not read: {e}"));
         let base = match &resumption {
             Ok(r) => r.checkpoint.seq,
-            Err(_) => self.last_seq(trace.trace_id).await,
+            Err(_) => last_seq(&*self.store, trace.trace_id).await,
         };
         let (run, mut emitter) = self.runs.register(
             trace.trace_id,
@@ -212,7 +236,7 @@ impl Core {
         }
         // Whoever follows it here from the log follows it live from now on.
         self.news.tell(Notice::Logged(trace.trace_id));
-        let plan = resumption.as_ref().map_err(Clone::clone).and_then(|r| self.replan(&trace, &r.checkpoint));
+        let plan = resumption.as_ref().map_err(Clone::clone).and_then(|r| self.planner.replan(&trace, &r.checkpoint));
         match (plan, resumption) {
             (Ok(plan), Ok(resumption)) => {
                 let start = Start::Resumed(Box::new(resumption));
@@ -230,63 +254,22 @@ impl Core {
         }
         run
     }
+}
 
-    /// The run's plan again, for its continuation: its profile's model and tools as config
-    /// has them now, the request as it was.
-    fn replan(&self, trace: &Trace, checkpoint: &Checkpoint) -> Result<RunPlan, String> {
-        let profile = self
-            .settings
-            .profiles
-            .get(&trace.profile)
-            .ok_or_else(|| format!("its profile '{}' is no longer configured", trace.profile))?;
-        let provider = self
-            .providers
-            .get(&profile.provider)
-            .ok_or_else(|| format!("its provider '{}' is gone", profile.provider))?;
-        let Equipment { tools, gates, payload_types, .. } =
-            self.equip(profile, checkpoint.context.as_ref(), &checkpoint.client_tools).map_err(|e| e.to_string())?;
-        Ok(RunPlan {
-            conversation_id: trace.conversation_id,
-            user_message_id: trace.user_message_id,
-            message_id: trace.message_id,
-            trace_id: trace.trace_id,
-            profile: trace.profile.clone(),
-            provider_id: profile.provider.clone(),
-            provider,
-            request: checkpoint.request(),
-            tools,
-            max_iterations: profile.max_iterations,
-            payload_types,
-            limits: self.tool_limits(),
-            diagnostics: None,
-            comparison: trace.comparison_id.zip(trace.variant.clone()),
-            context_limit: profile.context_limit,
-            context: ContextKeeper::new(self.store.clone(), &trace.user_id, trace.conversation_id, false),
-            summarize_dropped: self.settings.chat.summarize_dropped,
-            user_id: trace.user_id.clone(),
-            gates,
-            approval_timeout: self.approval_timeout(),
-            context_value: checkpoint.context.clone(),
-            client_tools: checkpoint.client_tools.clone(),
-            files: super::attachments::FileReader::new(
-                self.files.clone(),
-                &trace.user_id,
-                profile.modalities.clone(),
-                self.settings.providers.get(&profile.provider).map_or(crate::config::ProviderKind::Mock, |p| p.kind),
-            ),
-        })
-    }
-
-    pub(super) async fn last_seq(&self, trace_id: TraceId) -> u64 {
-        match self.store.trace_events(trace_id, 0).await {
-            Ok(events) => events.last().map_or(0, |e| e.seq as u64),
-            Err(_) => 0,
-        }
+pub(in crate::chat) async fn last_seq(store: &dyn Store, trace_id: TraceId) -> u64 {
+    match store.trace_events(trace_id, 0).await {
+        Ok(events) => events.last().map_or(0, |e| e.seq as u64),
+        Err(_) => 0,
     }
 }
 
 /// Ends a claimed run that cannot go on: an error and `done`, and its trace closed so.
-pub(super) async fn fail(store: &Arc<dyn Store>, trace: &Trace, emitter: &mut super::runs::Emitter, message: String) {
+pub(in crate::chat) async fn fail(
+    store: &Arc<dyn Store>,
+    trace: &Trace,
+    emitter: &mut crate::chat::live::runs::Emitter,
+    message: String,
+) {
     let record = RunFinish {
         trace_id: trace.trace_id,
         status: TraceStatus::Error,
@@ -303,14 +286,16 @@ pub(super) async fn fail(store: &Arc<dyn Store>, trace: &Trace, emitter: &mut su
         message_id: trace.message_id,
         trace_id: trace.trace_id,
     }));
-    super::ending::end(store, emitter, super::ending::End { record: Some(record), terminal }).await;
+    crate::chat::live::ending::end(store, emitter, crate::chat::live::ending::End { record: Some(record), terminal })
+        .await;
 }
 
 /// Expires approvals nobody decided, until `shutdown`; on every replica (the store lets
 /// exactly one settle each), and after a restart as before it.
-pub fn spawn_expiry(core: Core, shutdown: CancellationToken) {
-    let period = expiry_sweep(core.settings.tools.approval_timeout_secs);
-    super::core::every(core, period, shutdown, |core| async move {
-        core.expire_approvals().await;
+pub(in crate::chat) fn spawn_expiry(waits: Waits, shutdown: CancellationToken) {
+    let period = expiry_sweep(waits.settings.tools.approval_timeout_secs);
+    let drain = waits.drain.clone();
+    crate::chat::shared::every(waits, drain, period, shutdown, |waits| async move {
+        waits.expire_approvals().await;
     });
 }

@@ -8,14 +8,14 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::cluster::Cluster;
-use super::news::RunNews;
-use super::runs::Runs;
+use crate::chat::live::cluster::Cluster;
+use crate::chat::live::news::RunNews;
+use crate::chat::live::runs::Runs;
 use crate::domain::{Message, Role, RunError, TraceStatus, now};
 use crate::events::Event;
 use crate::store::{Notice, RunFinish, RunningTrace, Store};
 
-pub use super::cluster::{HEARTBEAT, STALE_AFTER};
+pub use crate::chat::live::cluster::{HEARTBEAT, STALE_AFTER};
 
 /// Marks runs whose process is gone as `interrupted`, keeping what they had logged as a
 /// partial assistant message. On a store only this process uses (SQLite) that is every run
@@ -75,7 +75,7 @@ async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool
         spans: trace.spans.clone(),
         assistant_message: Some(message),
     };
-    if !super::ending::save(store, record).await {
+    if !crate::chat::live::ending::save(store, record).await {
         return Ok(false);
     }
     // Whoever follows or cancels it from another process learns that it ended.
@@ -95,7 +95,7 @@ pub fn spawn_background(
     shutdown: CancellationToken,
 ) {
     // Idempotency keys name their runs for a day (CONTRACT.md §16); older ones go hourly.
-    super::idempotency::spawn_expiry(store.clone(), shutdown.clone());
+    crate::chat::start::idempotency::spawn_expiry(store.clone(), shutdown.clone());
     let (beat_store, beat_runs, beat_stop) = (store.clone(), runs.clone(), shutdown.clone());
     tokio::spawn(async move {
         // Alone on its store, a process has nobody to tell and no orphan to find but those

@@ -5,8 +5,8 @@
 use crate::ids::{ConversationId, UserId};
 use std::sync::Arc;
 
-use super::core::Core;
-use super::runs::LiveRun;
+use crate::chat::live::runs::LiveRun;
+use crate::chat::shared::Shared;
 use crate::providers::InputMessage;
 use crate::providers::ModelRequest;
 use crate::store::ConversationPatch;
@@ -14,11 +14,23 @@ use crate::store::ConversationPatch;
 const TITLE_PROMPT: &str = "Write a title of at most six words for a conversation that starts with the \
      user's message below. Answer with the title only, without quotes or a final period.";
 
-impl Core {
+/// Writes conversation titles.
+#[derive(Clone)]
+pub(in crate::chat) struct Titles {
+    store: std::sync::Arc<dyn crate::store::Store>,
+    settings: std::sync::Arc<crate::config::Settings>,
+    providers: crate::providers::Providers,
+}
+
+impl Titles {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self { store: shared.store.clone(), settings: shared.settings.clone(), providers: shared.providers.clone() }
+    }
+
     /// Replaces the first-message title by a short one the default profile's model writes,
     /// after the first answer, unless the user renamed the conversation meanwhile. Never
     /// blocks or fails a stream.
-    pub(super) fn refine_title(
+    pub(in crate::chat) fn refine_title(
         &self,
         user: &UserId,
         conversation_id: ConversationId,
@@ -44,7 +56,7 @@ impl Core {
                 reasoning_effort: None,
                 tools: Vec::new(),
             };
-            let Some(text) = super::turn::complete_text(&*provider, &request).await else { return };
+            let Some(text) = crate::chat::run::turn::complete_text(&*provider, &request).await else { return };
             let Some(title) = model_title(&text, settings.chat.title_max_chars) else { return };
             let unchanged = store
                 .get_conversation(&user, conversation_id)

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use crate::chat::ending::End;
-use crate::chat::payloads;
-use crate::chat::runs::Emitter;
+use crate::chat::live::ending::End;
+use crate::chat::live::runs::Emitter;
+use crate::chat::run::payloads;
 use crate::domain::{Message, Role, RunError, Span, TraceStatus, now};
 use crate::events::{CancelledEvent, CompletePayload, ErrorEvent, Event};
 use crate::providers::ProviderErrorKind;
@@ -137,7 +137,7 @@ pub(super) async fn finish(
         spans: output.spans,
         assistant_message: assistant,
     };
-    crate::chat::ending::end(store, emitter, End { record: Some(record), terminal }).await;
+    crate::chat::live::ending::end(store, emitter, End { record: Some(record), terminal }).await;
 }
 
 pub(super) fn error_event(plan: &RunPlan, code: &str, message: &str, retryable: bool) -> Event {

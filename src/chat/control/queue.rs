@@ -13,16 +13,17 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::agent::{self, RunPlan};
-use super::cluster::HEARTBEAT;
-use super::core::Core;
-use super::ending::{self, End};
-use super::plan::Ask;
-use super::request::ClientTool;
-use super::runs::{Emitter, LiveRun};
+use crate::chat::live::cluster::HEARTBEAT;
+use crate::chat::live::ending::{self, End};
+use crate::chat::live::runs::{Emitter, LiveRun};
+use crate::chat::request::ClientTool;
+use crate::chat::run::agent::{self, RunPlan};
+use crate::chat::run::plan::Ask;
+use crate::chat::shared::Shared;
 use crate::domain::{Conversation, Message, RunError, Trace, TraceStatus, Usage, branch, branch_through, now};
 use crate::events::{CancelledEvent, Event};
 use crate::ids::UserId;
+use crate::store::Store;
 use crate::store::{Notice, QueueTurn, RunFinish, StoreError};
 
 /// The `status` a queued run's stream opens with.
@@ -38,12 +39,12 @@ const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// What a queued run needs when its turn comes, kept with its trace: the request as it was
 /// (the history is read then).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct Queued {
-    pub(super) context: Option<Value>,
-    pub(super) client_tools: Vec<ClientTool>,
-    pub(super) diagnostics: bool,
+pub(in crate::chat) struct Queued {
+    pub(in crate::chat) context: Option<Value>,
+    pub(in crate::chat) client_tools: Vec<ClientTool>,
+    pub(in crate::chat) diagnostics: bool,
     /// An executed action's outcome (it ran when the message was sent).
-    pub(super) action_result: Option<String>,
+    pub(in crate::chat) action_result: Option<String>,
 }
 
 /// How a queued run's wait here ended.
@@ -58,10 +59,36 @@ enum Waited {
     Deleted,
 }
 
-impl Core {
+/// Holds queued runs until their turn, and takes them up.
+#[derive(Clone)]
+pub(in crate::chat) struct Queue {
+    store: std::sync::Arc<dyn crate::store::Store>,
+    runs: crate::chat::live::runs::Runs,
+    log: crate::chat::live::log::EventLog,
+    cluster: std::sync::Arc<dyn crate::chat::live::cluster::Cluster>,
+    news: crate::chat::live::news::RunNews,
+    replica_id: String,
+    drain: crate::chat::shared::Drain,
+    planner: crate::chat::run::plan::Planner,
+}
+
+impl Queue {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self {
+            store: shared.store.clone(),
+            runs: shared.runs.clone(),
+            log: shared.log.clone(),
+            cluster: shared.cluster.clone(),
+            news: shared.news.clone(),
+            replica_id: shared.replica_id.clone(),
+            drain: shared.drain.clone(),
+            planner: crate::chat::run::plan::Planner::new(shared),
+        }
+    }
+
     /// Holds a queued run here until its turn comes (its `start` is emitted already), in a
     /// task of its own.
-    pub(super) fn hold_queued(&self, trace: Trace, mut emitter: Emitter) {
+    pub(in crate::chat) fn hold_queued(&self, trace: Trace, mut emitter: Emitter) {
         emitter.emit(Event::Status { message: QUEUED_STATUS.to_owned() });
         self.wait_here(trace, emitter);
     }
@@ -122,7 +149,7 @@ impl Core {
             if run.cancel.is_cancelled() {
                 return Waited::Cancelled;
             }
-            if self.is_draining() {
+            if self.drain.is_on() {
                 return self.release(trace).await;
             }
             // Looked at before the store: a run that ends in between is still waited for
@@ -147,7 +174,7 @@ impl Core {
                     tracing::warn!(error = %e, trace_id = %trace.trace_id, "could not look at a queued run's turn");
                     tokio::select! {
                         () = run.cancel.cancelled() => return Waited::Cancelled,
-                        () = self.drained.cancelled() => return self.release(trace).await,
+                        () = self.drain.started() => return self.release(trace).await,
                         () = tokio::time::sleep(RETRY_AFTER) => continue,
                     }
                 }
@@ -172,7 +199,7 @@ impl Core {
             };
             tokio::select! {
                 () = run.cancel.cancelled() => return Waited::Cancelled,
-                () = self.drained.cancelled() => return self.release(trace).await,
+                () = self.drain.started() => return self.release(trace).await,
                 () = ended => {}
                 () = tokio::time::sleep(LOOK_AGAIN) => {}
             }
@@ -232,7 +259,7 @@ impl Core {
             diagnostics: queued.diagnostics,
         };
         let comparison = trace.comparison_id.zip(trace.variant.as_deref());
-        let mut side = self.plan(user, &ask, &trace.profile, comparison).map_err(|e| e.to_string())?;
+        let mut side = self.planner.plan(user, &ask, &trace.profile, comparison).map_err(|e| e.to_string())?;
         // The trace it was queued with, not the new one planning drew.
         side.plan.trace_id = trace.trace_id;
         side.plan.message_id = trace.message_id;
@@ -269,7 +296,7 @@ impl Core {
 
     /// Takes a queued run over from the process `from` that held it (`Some("")`: one that
     /// left it as it drained) and holds it here; `None` if another took it first.
-    pub(super) async fn take_up(&self, trace: Trace, from: Option<&str>) -> Option<Arc<LiveRun>> {
+    pub(in crate::chat) async fn take_up(&self, trace: Trace, from: Option<&str>) -> Option<Arc<LiveRun>> {
         let id = trace.trace_id;
         match self.store.adopt_queued(id, from, &self.replica_id).await {
             Ok(true) => {}
@@ -279,7 +306,7 @@ impl Core {
                 return None;
             }
         }
-        let base = self.last_seq(id).await;
+        let base = super::waits::last_seq(&*self.store, id).await;
         let (run, emitter) =
             self.runs.register(id, trace.message_id, trace.conversation_id, &trace.user_id, self.log.clone(), base);
         // Whoever follows it from the log (here or elsewhere) follows it live here now.
@@ -292,18 +319,18 @@ impl Core {
     async fn tell(&self, notice: Notice) {
         self.cluster.tell(notice).await;
     }
+}
 
-    /// The active branch of a conversation, across the answers of its going runs (a message
-    /// queued behind a run follows an answer not stored yet).
-    pub async fn active_branch(
-        &self,
-        user: &UserId,
-        conversation: &Conversation,
-        history: &[Message],
-    ) -> Result<Vec<Message>, StoreError> {
-        let going = self.store.running_in_conversation(user, conversation.id).await?;
-        Ok(branch_through(history, &pending_answers(&going), conversation.active_leaf_id))
-    }
+/// The active branch of a conversation, across the answers of its going runs (a message
+/// queued behind a run follows an answer not stored yet).
+pub async fn active_branch(
+    store: &dyn Store,
+    user: &UserId,
+    conversation: &Conversation,
+    history: &[Message],
+) -> Result<Vec<Message>, StoreError> {
+    let going = store.running_in_conversation(user, conversation.id).await?;
+    Ok(branch_through(history, &pending_answers(&going), conversation.active_leaf_id))
 }
 
 /// A queued run's ending before it started: `cancelled` with nothing said.
@@ -324,12 +351,13 @@ pub fn pending_answers(going: &[Trace]) -> Vec<(crate::ids::MessageId, crate::id
 
 /// Takes up queued runs that replicas leave (they drained, or their heartbeat went stale) at
 /// every heartbeat, until `shutdown`. (Those left before this process started are taken up
-/// by [`Core::adopt_queued`] at start-up; a store no other process uses has no others.)
-pub fn spawn_keeper(core: Core, shutdown: CancellationToken) {
-    if !core.cluster.others_leave_runs() {
+/// by [`Queue::adopt_queued`] at start-up; a store no other process uses has no others.)
+pub(in crate::chat) fn spawn_keeper(queue: Queue, shutdown: CancellationToken) {
+    if !queue.cluster.others_leave_runs() {
         return;
     }
-    super::core::every(core, HEARTBEAT, shutdown, |core| async move {
-        core.adopt_queued().await;
+    let drain = queue.drain.clone();
+    crate::chat::shared::every(queue, drain, HEARTBEAT, shutdown, |queue| async move {
+        queue.adopt_queued().await;
     });
 }

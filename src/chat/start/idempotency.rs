@@ -13,7 +13,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::request::ChatError;
+use crate::chat::errors::ChatError;
 use crate::domain::{Trace, now};
 use crate::ids::UserId;
 use crate::store::{Store, StoreError};

@@ -16,8 +16,8 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use super::error::AppError;
 use crate::config::{AuthMode, Settings};
+use crate::http::error::AppError;
 
 /// The user of auth mode `none` when no `X-Client-Id` is sent.
 const LOCAL_USER: &str = "local";

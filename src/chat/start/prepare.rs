@@ -1,0 +1,305 @@
+//! A chat request (CONTRACT.md §4) and what is checked of it before any stream opens: the
+//! message, the conversation, the profile, the parent (branching: continue, regenerate,
+//! edit), the user's limit of running runs, and an executed action's result.
+
+use crate::ids::{ConversationId, MessageId, UserId};
+
+use super::titles::title_from;
+use crate::chat::control::cancel::Canceller;
+use crate::chat::errors::{ChatError, ControlError, busy, not_found, unknown_profile};
+use crate::chat::live::cluster::Cluster;
+use crate::chat::live::runs::Reservation;
+use crate::chat::live::runs::Runs;
+use crate::chat::request::{ChatRequest, InteractionType};
+use crate::chat::run::actions::Actions;
+use crate::chat::run::attachments::Attachments;
+use crate::chat::run::plan::Ask;
+use crate::chat::shared::{Drain, Shared};
+use crate::config::Multitask;
+use crate::config::Settings;
+use crate::domain::{Conversation, Message, Role, Trace, branch};
+use crate::store::Store;
+use crate::store::StoreError;
+use crate::tools::Registry;
+use std::sync::Arc;
+
+/// Checks a request before any stream opens (see [`Preparer::prepare`]).
+#[derive(Clone)]
+pub(in crate::chat) struct Preparer {
+    settings: Arc<Settings>,
+    store: Arc<dyn Store>,
+    tools: Arc<Registry>,
+    runs: Runs,
+    drain: Drain,
+    cluster: Arc<dyn Cluster>,
+    conversation_turns: super::turns::Turns<ConversationId>,
+    attachments: Attachments,
+    actions: Actions,
+    canceller: Canceller,
+}
+
+impl Preparer {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self {
+            settings: shared.settings.clone(),
+            store: shared.store.clone(),
+            tools: shared.tools.clone(),
+            runs: shared.runs.clone(),
+            drain: shared.drain.clone(),
+            cluster: shared.cluster.clone(),
+            conversation_turns: shared.conversation_turns.clone(),
+            attachments: Attachments::new(shared),
+            actions: Actions::new(shared),
+            canceller: Canceller::new(shared),
+        }
+    }
+
+    /// Everything about a request that does not depend on the profile: the message checked,
+    /// the conversation found (or made), the parent, the history, an executed action's result.
+    /// `runs`: how many runs the request will start (two for a comparison); `action`: the
+    /// executed action's outcome, if an earlier look ran it.
+    pub(in crate::chat) async fn prepare(
+        &self,
+        user: &UserId,
+        request: &ChatRequest,
+        runs: usize,
+        action: &ActionOutcome,
+    ) -> Result<Prepared, ChatError> {
+        if self.drain.is_on() {
+            return Err(ChatError::Unavailable("The server is shutting down; try again shortly".into()));
+        }
+        let text = request.message.trim();
+        // A message may be files alone (CONTRACT.md §14), never nothing at all.
+        if text.is_empty() && request.attachments.is_empty() {
+            return Err(ChatError::Invalid { field: "message", message: "Message cannot be empty".into() });
+        }
+        // A run sent right after start-up must not go without the MCP servers' tools because
+        // they are still starting (bounded by `tools.mcp_start_wait_secs`).
+        self.tools.mcp().wait_started().await;
+        let limit = self.settings.limits.max_concurrent_runs_per_user;
+        let max = self.settings.limits.max_message_chars;
+        let chars = text.chars().count();
+        if chars > max {
+            // Named with its setting: whoever runs the server may raise it.
+            return Err(ChatError::TooLarge {
+                field: "message",
+                message: format!("Message is {chars} characters, longer than limits.max_message_chars ({max})"),
+            });
+        }
+        // One new message of a conversation at a time here: the second sees the first's run
+        // (and the conversation as the first left it).
+        let conversation_turn = match request.conversation_id {
+            Some(id) => Some(self.conversation_turns.take(id).await),
+            None => None,
+        };
+        let existing = match request.conversation_id {
+            Some(id) => Some(self.store.get_conversation(user, id).await.map_err(|e| match e {
+                StoreError::NotFound => not_found("conversation_id", "Conversation not found"),
+                e => e.into(),
+            })?),
+            None => None,
+        };
+        for profile in request.profile.iter() {
+            if !self.settings.profiles.contains_key(profile) {
+                return Err(not_found("profile", &unknown_profile(profile)));
+            }
+        }
+        // The runs still going after making room: those a queued message waits behind.
+        let (existing, going) = match existing {
+            Some(conversation) => {
+                let (conversation, going) = self.make_room(user, conversation, request).await?;
+                (Some(conversation), going)
+            }
+            None => (None, Vec::new()),
+        };
+        // After making room: a run that an interrupt cancelled no longer counts. Runs that
+        // start queued do not count either (until their turn comes, whatever the limit then).
+        let starting = if going.is_empty() { runs } else { 0 };
+        let reservation = self.runs.reserve(user, starting, limit).map_err(busy)?;
+        let history = match &existing {
+            Some(conversation) => self.store.messages(user, conversation.id).await?,
+            None => Vec::new(),
+        };
+        // Branching: after an answer, the new message continues from it; naming a user
+        // message with its own text regenerates its answer (a sibling of the earlier ones),
+        // with other text (or new attachments) it is an edit (a sibling of that message).
+        let mut regenerate: Option<Message> = None;
+        // A message queued behind a run follows that run's answer, stored or not (its run
+        // asked the question the leaf is, or the request names that answer).
+        let pending = |id: Option<MessageId>| {
+            going.iter().find(|t| t.variant.as_deref() != Some("b") && Some(t.user_message_id) == id)
+        };
+        let parent = match request.parent_message_id {
+            Some(id) if going.iter().any(|t| t.message_id == id) => Some(id),
+            Some(id) => match history.iter().find(|m| m.id == id) {
+                // New attachments make it an edit.
+                Some(m) if m.role == Role::User && m.content == text && request.attachments.is_empty() => {
+                    regenerate = Some(m.clone());
+                    m.parent_id
+                }
+                Some(m) if m.role == Role::User => m.parent_id,
+                Some(m) => Some(m.id),
+                None => return Err(not_found("parent_message_id", "Parent message not found")),
+            },
+            None => {
+                let leaf = existing.as_ref().and_then(|c| c.active_leaf_id);
+                pending(leaf).map_or(leaf, |run| Some(run.message_id))
+            }
+        };
+        let new_conversation = match &existing {
+            Some(_) => None,
+            None => Some(Conversation {
+                profile: request.profile.clone(),
+                external_id: request.client.chat_id.clone(),
+                ..Conversation::new(user, title_from(text, self.settings.chat.title_max_chars))
+            }),
+        };
+        let conversation = existing.as_ref().or(new_conversation.as_ref()).expect("one of the two is set");
+        // Last of the checks that can fail: the files a request stores are deleted again if
+        // it is refused after this (see `ChatService::start`).
+        let resolved = self.attachments.resolve(user, &request.attachments).await?;
+        // Once per request, however often its start looks again.
+        let action_result = action
+            .get_or_init(|| async {
+                match request.interaction_type {
+                    InteractionType::ActionExecuted => {
+                        Some(self.actions.run_action(request.action.as_ref(), request.context.as_ref()).await)
+                    }
+                    _ => None,
+                }
+            })
+            .await
+            .clone();
+        let queue = (!going.is_empty()).then(|| crate::chat::control::queue::Queued {
+            context: request.context.clone(),
+            client_tools: request.client_tools.clone(),
+            diagnostics: request.diagnostics,
+            action_result: action_result.clone(),
+        });
+        let (going_seen, max_running) = self.cluster.start_checks(existing.is_some(), &going, limit);
+        Ok(Prepared {
+            queue,
+            // Where other replicas start runs too, the start makes sure that none began since.
+            going_seen,
+            conversation_id: conversation.id,
+            system_prompt: conversation.system_prompt.clone(),
+            existing_profile: existing.as_ref().and_then(|c| c.profile.clone()),
+            user_message_is_new: regenerate.is_none(),
+            user_message: regenerate.unwrap_or_else(|| Message {
+                client_id: request.client.message_id.clone(),
+                attachments: resolved.attachments,
+                ..Message::new(conversation.id, parent, Role::User, text.to_owned())
+            }),
+            stored_files: resolved.stored,
+            idempotency_key: request.idempotency_key.clone(),
+            conversation_turn,
+            earlier: branch(&history, parent),
+            new_conversation,
+            action_result,
+            max_running,
+            reservation,
+        })
+    }
+}
+
+/// An executed action's outcome (CONTRACT.md §4), kept across the looks of one start (it
+/// runs once).
+pub(in crate::chat) type ActionOutcome = tokio::sync::OnceCell<Option<String>>;
+
+/// The profile-independent part of a request, ready to persist.
+pub(in crate::chat) struct Prepared {
+    pub(in crate::chat) conversation_id: ConversationId,
+    pub(in crate::chat) system_prompt: Option<String>,
+    pub(in crate::chat) existing_profile: Option<String>,
+    pub(in crate::chat) user_message: Message,
+    /// False when regenerating: the user's message is stored already.
+    pub(in crate::chat) user_message_is_new: bool,
+    /// The active branch up to the new message's parent.
+    pub(in crate::chat) earlier: Vec<Message>,
+    pub(in crate::chat) new_conversation: Option<Conversation>,
+    pub(in crate::chat) action_result: Option<String>,
+    /// The user's limit of running runs, checked again in the start's transaction where
+    /// other replicas start runs too.
+    pub(in crate::chat) max_running: Option<usize>,
+    /// Room for the request's runs among its user's, until they are registered.
+    pub(in crate::chat) reservation: Reservation,
+    /// Files the request stored (its `data:` and remote attachments): deleted again if it
+    /// is refused before its run starts.
+    pub(in crate::chat) stored_files: Vec<crate::ids::FileId>,
+    pub(in crate::chat) idempotency_key: Option<crate::domain::IdempotencyKey>,
+    /// This request's turn among the new messages of its conversation, until its run starts.
+    pub(in crate::chat) conversation_turn: Option<super::turns::Turn<ConversationId>>,
+    /// Set when the request's runs start `queued`, behind the conversation's going runs
+    /// (CONTRACT.md §16): what they will need when their turn comes.
+    pub(in crate::chat) queue: Option<crate::chat::control::queue::Queued>,
+    /// The conversation's runs going when the request looked (see [`RunStart::going_seen`]).
+    ///
+    /// [`RunStart::going_seen`]: crate::store::RunStart::going_seen
+    pub(in crate::chat) going_seen: Option<Vec<crate::ids::TraceId>>,
+}
+
+impl Preparer {
+    /// What a new message does to the runs of its conversation that are going (CONTRACT.md
+    /// §16): refuses itself (`reject`), queues behind them (`enqueue`), or cancels them
+    /// first (`interrupt`, keeping their partial answers; `rollback`, deleting them). Returns
+    /// the conversation as it is then, and the runs still going.
+    async fn make_room(
+        &self,
+        user: &UserId,
+        conversation: Conversation,
+        request: &ChatRequest,
+    ) -> Result<(Conversation, Vec<Trace>), ChatError> {
+        let going = self.store.running_in_conversation(user, conversation.id).await?;
+        let Some(last) = going.last() else { return Ok((conversation, going)) };
+        // A repeat of a request whose run is the one going (its first try's client left
+        // before the answer; another replica): it gets that run, never refuses or stops it.
+        super::idempotency::repeat_of_going_run(&*self.store, user, request.idempotency_key.as_ref()).await?;
+        let rollback = match request.multitask.unwrap_or(self.settings.chat.multitask) {
+            Multitask::Reject => {
+                return Err(ChatError::Conflict(format!(
+                    "A run of this conversation is still going (trace_id {}): wait for its end, cancel it, \
+                     or send with \"multitask\": \"interrupt\"",
+                    last.trace_id
+                )));
+            }
+            Multitask::Enqueue => return Ok((conversation, going)),
+            Multitask::Interrupt => false,
+            Multitask::Rollback => true,
+        };
+        // Newest first: a queued run must not start while the run ahead of it is stopped.
+        for trace in going.iter().rev() {
+            match self.canceller.cancel_run(user, trace).await {
+                Ok(()) => {}
+                // Ended meanwhile (completed, or stopped by another cancel): there is room
+                // all the same, and its answer is not this request's to delete.
+                Err(ControlError::Ended(_) | ControlError::Missing(_)) => continue,
+                Err(ControlError::Store(e)) => return Err(e.into()),
+                Err(e) => return Err(ChatError::Unavailable(e.to_string())),
+            }
+            if rollback {
+                match self.store.delete_answer(user, trace.message_id).await {
+                    Ok(()) | Err(StoreError::NotFound) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok((self.store.get_conversation(user, conversation.id).await?, Vec::new()))
+    }
+}
+
+impl Prepared {
+    /// What `request`, checked as this, asks.
+    pub(in crate::chat) fn ask<'a>(&'a self, request: &'a ChatRequest) -> Ask<'a> {
+        Ask {
+            conversation_id: self.conversation_id,
+            new_conversation: self.new_conversation.is_some(),
+            system_prompt: self.system_prompt.as_deref(),
+            earlier: &self.earlier,
+            user_message: &self.user_message,
+            action_result: self.action_result.as_deref(),
+            context: request.context.as_ref(),
+            client_tools: &request.client_tools,
+            diagnostics: request.diagnostics,
+        }
+    }
+}
