@@ -205,12 +205,12 @@ pub struct NewEvent {
     pub data: Arc<str>,
 }
 
+/// What the processes sharing the store know of each other: whether the database answers, whether others share it and are heard, the runs going anywhere, heartbeats and notices.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait ClusterStore: Send + Sync + 'static {
     /// Whether the database answers and takes writes (for `/readyz`). SQLite's writes are
     /// tried again here while they were failing.
     async fn ping(&self) -> Result<(), StoreError>;
-
     /// Whether several chatd processes may share this store (Postgres), so that a running
     /// trace may belong to another live process.
     fn is_shared(&self) -> bool;
@@ -218,7 +218,25 @@ pub trait Store: Send + Sync + 'static {
     /// while the listener's connection is lost and not yet made anew. Always true where
     /// there are no others.
     fn hears_others(&self) -> bool;
+    /// Every run still marked running, of any user and any process.
+    async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;
+    /// Every queued run, of any user and any process.
+    async fn queued_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;
+    /// Refreshes the heartbeat of the runs this process is running (or holds queued).
+    /// (`queued`: the queued runs this process holds; a queued trace it no longer holds must
+    /// go stale, for another replica to take it up.)
+    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>, queued: &[TraceId]) -> Result<(), StoreError>;
+    /// Tells every chatd process on this database (Postgres NOTIFY; a no-op on SQLite, where
+    /// there is only one process). Appending a run's events tells [`Notice::Logged`] itself.
+    async fn notify(&self, notice: Notice) -> Result<(), StoreError>;
+    /// What processes tell each other, as it comes (`None` where there are no other
+    /// processes).
+    async fn notices(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError>;
+}
 
+/// Conversations and their messages, branches, comparisons and context state.
+#[async_trait]
+pub trait ConversationStore: Send + Sync + 'static {
     async fn create_conversation(&self, conversation: &Conversation) -> Result<(), StoreError>;
     /// The user's conversations, newest `last_message_at` first, after `cursor`.
     async fn list_conversations(
@@ -240,7 +258,56 @@ pub trait Store: Send + Sync + 'static {
     /// and the files its messages carried that no other message carries (CONTRACT.md §14).
     /// Returns the sha256 of each file deleted, whose bytes may now be unused.
     async fn delete_conversation(&self, user: &UserId, id: ConversationId) -> Result<Vec<String>, StoreError>;
+    /// All messages of a conversation, every branch, oldest first.
+    async fn messages(&self, user: &UserId, conversation_id: ConversationId) -> Result<Vec<Message>, StoreError>;
+    async fn set_feedback(
+        &self,
+        user: &UserId,
+        message_id: MessageId,
+        feedback: Option<Feedback>,
+    ) -> Result<Message, StoreError>;
+    async fn get_message(&self, user: &UserId, id: MessageId) -> Result<Message, StoreError>;
+    /// Deletes the user's answer `id` (a cancelled run's, rolled back: CONTRACT.md §16);
+    /// where it was the active branch's end, its question is.
+    async fn delete_answer(&self, user: &UserId, id: MessageId) -> Result<(), StoreError>;
+    /// Makes `leaf` the end of the conversation's active branch.
+    async fn set_active_leaf(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        leaf: MessageId,
+    ) -> Result<(), StoreError>;
+    async fn get_comparison(&self, user: &UserId, id: ComparisonId) -> Result<Comparison, StoreError>;
+    /// Records a vote. Without `change`, a different vote than the one recorded is a
+    /// conflict (the same one again is fine); with it, the vote is replaced and the
+    /// history keeps the earlier ones. The preferred answer becomes the active branch.
+    async fn vote(
+        &self,
+        user: &UserId,
+        id: ComparisonId,
+        preference: Preference,
+        change: bool,
+    ) -> Result<Comparison, StoreError>;
+    /// Every comparison with a vote, oldest vote first, of all users (for the leaderboard).
+    async fn voted_comparisons(&self) -> Result<Vec<Comparison>, StoreError>;
+    /// The conversation's stored context state, if any.
+    async fn context_state(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+    ) -> Result<Option<ContextState>, StoreError>;
+    /// Stores (`Some`) or clears (`None`) the conversation's context state.
+    async fn set_context_state(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        state: Option<&ContextState>,
+    ) -> Result<(), StoreError>;
+}
 
+/// Attachments' rows, and the lock on their bytes (CONTRACT.md §14).
+#[async_trait]
+pub trait FileStore: Send + Sync + 'static {
     /// Takes the lock on the bytes with this sha256, held until
     /// [`release`](BytesLock::release): whoever adds a file with these bytes and whoever
     /// deletes them once unused take turns, in this process and across replicas.
@@ -248,7 +315,11 @@ pub trait Store: Send + Sync + 'static {
     async fn get_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError>;
     /// Deletes the user's file. Messages that carried it keep what they showed of it.
     async fn delete_file(&self, user: &UserId, id: FileId) -> Result<StoredFile, StoreError>;
+}
 
+/// Runs starting and ending, their traces, and the idempotency keys that started them.
+#[async_trait]
+pub trait RunStore: Send + Sync + 'static {
     /// The run the user's idempotency key started, if it started one.
     async fn keyed_run(&self, user: &UserId, key: &str) -> Result<Option<KeyedRun>, StoreError>;
     /// Forgets the user's key if it still names `trace_id` (it expired, or its run is gone):
@@ -264,27 +335,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Trace>, StoreError>;
     /// Forgets every key recorded before `before`.
     async fn forget_keys_before(&self, before: DateTime<Utc>) -> Result<(), StoreError>;
-
-    /// All messages of a conversation, every branch, oldest first.
-    async fn messages(&self, user: &UserId, conversation_id: ConversationId) -> Result<Vec<Message>, StoreError>;
-    async fn set_feedback(
-        &self,
-        user: &UserId,
-        message_id: MessageId,
-        feedback: Option<Feedback>,
-    ) -> Result<Message, StoreError>;
-
     async fn start_run(&self, start: &RunStart) -> Result<(), StoreError> {
         self.start_runs(&[start]).await
     }
     /// Writes several starts in one transaction: all of them, or none.
     async fn start_runs(&self, starts: &[&RunStart]) -> Result<(), StoreError>;
-    /// Appends a batch of log events (one statement per batch, never one per event).
-    async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError>;
-    /// Closes the logs of runs that have ended, once their last events are appended. Where
-    /// a run's chunks are found by an index (Postgres) there is nothing to write; SQLite's
-    /// chunks have none, and a sealed run's row lists its chunks.
-    async fn seal_logs(&self, traces: &[TraceId]) -> Result<(), StoreError>;
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError>;
     async fn get_trace(&self, user: &UserId, trace_id: TraceId) -> Result<Trace, StoreError>;
     /// The trace whose run produced (or is producing) `message_id`.
@@ -296,49 +351,11 @@ pub trait Store: Send + Sync + 'static {
         user: &UserId,
         conversation_id: ConversationId,
     ) -> Result<Vec<Trace>, StoreError>;
-    /// The run's logged events with `seq > after`, in order.
-    async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
+}
 
-    async fn get_message(&self, user: &UserId, id: MessageId) -> Result<Message, StoreError>;
-    /// Deletes the user's answer `id` (a cancelled run's, rolled back: CONTRACT.md §16);
-    /// where it was the active branch's end, its question is.
-    async fn delete_answer(&self, user: &UserId, id: MessageId) -> Result<(), StoreError>;
-    /// Makes `leaf` the end of the conversation's active branch.
-    async fn set_active_leaf(
-        &self,
-        user: &UserId,
-        conversation_id: ConversationId,
-        leaf: MessageId,
-    ) -> Result<(), StoreError>;
-
-    async fn get_comparison(&self, user: &UserId, id: ComparisonId) -> Result<Comparison, StoreError>;
-    /// Records a vote. Without `change`, a different vote than the one recorded is a
-    /// conflict (the same one again is fine); with it, the vote is replaced and the
-    /// history keeps the earlier ones. The preferred answer becomes the active branch.
-    async fn vote(
-        &self,
-        user: &UserId,
-        id: ComparisonId,
-        preference: Preference,
-        change: bool,
-    ) -> Result<Comparison, StoreError>;
-    /// Every comparison with a vote, oldest vote first, of all users (for the leaderboard).
-    async fn voted_comparisons(&self) -> Result<Vec<Comparison>, StoreError>;
-
-    /// The conversation's stored context state, if any.
-    async fn context_state(
-        &self,
-        user: &UserId,
-        conversation_id: ConversationId,
-    ) -> Result<Option<ContextState>, StoreError>;
-    /// Stores (`Some`) or clears (`None`) the conversation's context state.
-    async fn set_context_state(
-        &self,
-        user: &UserId,
-        conversation_id: ConversationId,
-        state: Option<&ContextState>,
-    ) -> Result<(), StoreError>;
-
+/// Runs that wait: parked for decisions and client tools (CONTRACT.md §15), or queued for their turn (CONTRACT.md §16), and the claims that continue them.
+#[async_trait]
+pub trait WaitStore: Send + Sync + 'static {
     /// Parks a running run to wait (CONTRACT.md §15); [`StoreError::Conflict`] if it is not
     /// running.
     async fn park_run(&self, park: &RunPark) -> Result<(), StoreError>;
@@ -357,30 +374,32 @@ pub trait Store: Send + Sync + 'static {
     async fn claim_waiting(&self, trace_id: TraceId, replica_id: &str) -> Result<Option<Claim>, StoreError>;
     /// Undecided approvals whose time is up, at most `limit`.
     async fn expired_waits(&self, at: DateTime<Utc>, limit: i64) -> Result<Vec<uuid::Uuid>, StoreError>;
-
-    /// Every run still marked running, of any user and any process.
-    async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;
     /// Claims the queued run `trace_id` for `replica_id` if its turn has come: no run of its
     /// conversation is running or waiting, and none was queued before it (the other side of
     /// its comparison aside).
     async fn claim_queued(&self, trace_id: TraceId, replica_id: &str) -> Result<QueueTurn, StoreError>;
-    /// Every queued run, of any user and any process.
-    async fn queued_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;
     /// Takes a queued run over for `replica_id` if `from` still holds it (its process
     /// stopped); false if another took it first, or it is no longer queued.
     async fn adopt_queued(&self, trace_id: TraceId, from: Option<&str>, replica_id: &str) -> Result<bool, StoreError>;
-    /// Refreshes the heartbeat of the runs this process is running (or holds queued).
-    /// (`queued`: the queued runs this process holds; a queued trace it no longer holds must
-    /// go stale, for another replica to take it up.)
-    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>, queued: &[TraceId]) -> Result<(), StoreError>;
-
-    /// Tells every chatd process on this database (Postgres NOTIFY; a no-op on SQLite, where
-    /// there is only one process). Appending a run's events tells [`Notice::Logged`] itself.
-    async fn notify(&self, notice: Notice) -> Result<(), StoreError>;
-    /// What processes tell each other, as it comes (`None` where there are no other
-    /// processes).
-    async fn notices(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError>;
 }
+
+/// Runs' event logs: appended in batches, read back, sealed.
+#[async_trait]
+pub trait LogStore: Send + Sync + 'static {
+    /// Appends a batch of log events (one statement per batch, never one per event).
+    async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError>;
+    /// The run's logged events with `seq > after`, in order.
+    async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
+    /// Closes the logs of runs that have ended, once their last events are appended. Where
+    /// a run's chunks are found by an index (Postgres) there is nothing to write; SQLite's
+    /// chunks have none, and a sealed run's row lists its chunks.
+    async fn seal_logs(&self, traces: &[TraceId]) -> Result<(), StoreError>;
+}
+
+/// The whole store: each concern's methods (CONTRACT.md's data, as the chat service uses it).
+pub trait Store: ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore {}
+
+impl<T> Store for T where T: ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore {}
 
 /// The lock on one file's bytes (see [`Store::lock_bytes`]): files are kept once per
 /// content, so a new file's row and the deletion of bytes no row names any more must not

@@ -8,7 +8,9 @@ use chatd::domain::{
     now,
 };
 use chatd::ids::{TraceId, UserId};
-use chatd::store::{self, NewEvent, PageCursor, RunFinish, RunStart, Store, StoreError};
+use chatd::store::{
+    self, ConversationStore, NewEvent, PageCursor, RunFinish, RunStart, RunStore, Store, StoreError, WaitStore,
+};
 use serde_json::json;
 
 use crate::helpers::*;

@@ -1,0 +1,405 @@
+//! Statements the concerns share: the rows a start writes (conversations, messages,
+//! comparisons, traces, keys: a few multi-row statements for any number of starts), the
+//! claim of a waiting run, and following a question when its answer is gone.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
+use uuid::Uuid;
+
+use super::{Backend, Conn, Row};
+use crate::domain::Role;
+use crate::domain::{Comparison, Conversation, Message, Trace, now};
+use crate::ids::{ComparisonId, MessageId, TraceId, UserId};
+use crate::store::rows::*;
+use crate::store::{Claim, RunStart, StoreError, Wait};
+
+/// The statements several of the store's concerns write (implemented below for every backend
+/// whose database binds and reads what they use).
+pub(super) trait Statements: Backend {
+    /// Makes a waiting run `running` on `replica_id` and hands over what it needs to go on.
+    fn claim(
+        conn: &mut Conn<Self>,
+        trace_id: TraceId,
+        replica_id: &str,
+    ) -> impl Future<Output = Result<Option<Claim>, StoreError>> + Send;
+
+    /// Takes the conversation's lock until the transaction ends (shared stores only: SQLite
+    /// has one writer).
+    fn lock_conversation(
+        conn: &mut Conn<Self>,
+        conversation: Uuid,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    fn insert_conversation(
+        conn: &mut Conn<Self>,
+        c: &Conversation,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    fn insert_conversations(
+        conn: &mut Conn<Self>,
+        rows: &[Conversation],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    fn push_conversations<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, rows: &'a [Conversation]);
+
+    /// Inserts messages, each `(owner, message)`, without touching their conversations.
+    fn insert_messages(
+        conn: &mut Conn<Self>,
+        rows: &[(&UserId, &Message)],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    fn push_messages<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, rows: &'a [(&'a UserId, &'a Message)]);
+
+    /// The idempotency keys of the starts that have one, each naming its first trace.
+    fn push_keys<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, starts: &'a [&'a RunStart]) -> bool;
+
+    /// Whether any of the messages carries a file.
+    fn use_files(rows: &[(&UserId, &Message)]) -> bool;
+
+    /// The rows that say which files the messages use (some must: see [`use_files`]).
+    fn push_message_files<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, rows: &'a [(&'a UserId, &'a Message)]);
+
+    fn push_comparison<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, c: &'a Comparison);
+
+    fn push_traces<'a>(
+        query: &mut sqlx::QueryBuilder<'a, Self::Db>,
+        rows: &'a [(&'a Trace, &'a str, Option<&'a Value>)],
+    );
+
+    /// Makes the messages that follow `answer` (queued behind it, CONTRACT.md §16) follow
+    /// `question` instead: the answer never came, or is deleted.
+    fn follow_question(
+        conn: &mut Conn<Self>,
+        conversation: Uuid,
+        answer: MessageId,
+        question: Option<MessageId>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Inserts a message and makes it the conversation's active leaf.
+    fn append_message(
+        conn: &mut Conn<Self>,
+        user: &UserId,
+        m: &Message,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Counts a new message in its conversation and makes it the active leaf.
+    fn touch_conversation(
+        conn: &mut Conn<Self>,
+        user: &UserId,
+        m: &Message,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The update of [`touch_conversation`](<B as Statements>::touch_conversation). A new user message
+    /// becomes the leaf. An answer does where the leaf is its question, or another answer to
+    /// it (a regenerate): not where messages were queued behind it meanwhile (CONTRACT.md
+    /// §16), nor where the user went to another branch. The second answer of a comparison
+    /// does not take over the branch: A stays active until a vote says otherwise.
+    /// Whether a start needs [`push_settle`](<B as Statements>::push_settle).
+    fn settles(start: &RunStart) -> bool;
+
+    /// What a start settles besides its rows. A regenerate makes its question the leaf (its
+    /// answer takes it from there when it ends). A queued message whose answer-to-follow will
+    /// never come (its run ended without one since the start looked) follows that run's
+    /// question instead, as `finish_run` moves the messages already queued behind it.
+    fn push_settle<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, start: &'a RunStart);
+
+    fn push_touch<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, user: &'a UserId, m: &'a Message);
+}
+
+impl<B> Statements for B
+where
+    B: Backend,
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+    for<'r> TraceRow: FromRow<'r, Row<B>>,
+    for<'r> (i64,): FromRow<'r, Row<B>>,
+    for<'r> (Json<Value>,): FromRow<'r, Row<B>>,
+    for<'r> (Uuid, DateTime<Utc>, String, Option<Uuid>): FromRow<'r, Row<B>>,
+    for<'r> WaitRow: FromRow<'r, Row<B>>,
+    for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> JsonText: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Option<&'q str>: Encode<'q, B::Db>,
+    for<'q> Option<ComparisonId>: Encode<'q, B::Db>,
+    for<'q> Option<JsonText>: Encode<'q, B::Db>,
+    for<'q> Option<MessageId>: Encode<'q, B::Db>,
+    for<'q> Option<TraceId>: Encode<'q, B::Db>,
+    for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> bool: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> i64: Encode<'q, B::Db> + Type<B::Db>,
+{
+    async fn claim(conn: &mut Conn<B>, trace_id: TraceId, replica_id: &str) -> Result<Option<Claim>, StoreError> {
+        let sql = format!(
+            "update traces set status = 'running', replica_id = $2, heartbeat_at = $3{} \
+             where id = $1 and status = 'waiting' returning {TRACE_COLUMNS}",
+            B::CLAIM_LOG
+        );
+        let row: Option<TraceRow> =
+            sqlx::query_as(&sql).bind(trace_id).bind(replica_id).bind(now()).fetch_optional(&mut *conn).await?;
+        let Some(row) = row else { return Ok(None) };
+        let (checkpoint,): (Json<Value>,) =
+            sqlx::query_as("select checkpoint from traces where id = $1").bind(trace_id).fetch_one(&mut *conn).await?;
+        // The waits of its last park (an earlier park's calls are settled and in its turns).
+        let sql = format!(
+            "select {WAIT_COLUMNS} from run_waits where trace_id = $1 \
+             and created_at = (select max(created_at) from run_waits where trace_id = $1) order by tool_call_id"
+        );
+        let waits: Vec<WaitRow> = sqlx::query_as(&sql).bind(trace_id).fetch_all(&mut *conn).await?;
+        Ok(Some(Claim {
+            trace: row.try_into()?,
+            checkpoint: checkpoint.0,
+            waits: waits.into_iter().map(Wait::try_from).collect::<Result<_, _>>()?,
+        }))
+    }
+
+    async fn lock_conversation(conn: &mut Conn<B>, conversation: Uuid) -> Result<(), StoreError> {
+        if B::SHARED {
+            sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 8))")
+                .bind(conversation.to_string())
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn insert_conversation(conn: &mut Conn<B>, c: &Conversation) -> Result<(), StoreError> {
+        <B as Statements>::insert_conversations(conn, std::slice::from_ref(c)).await
+    }
+
+    async fn insert_conversations(conn: &mut Conn<B>, rows: &[Conversation]) -> Result<(), StoreError> {
+        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+        <B as Statements>::push_conversations(&mut query, rows);
+        B::execute(&mut *conn, query).await?;
+        Ok(())
+    }
+
+    fn push_conversations<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [Conversation]) {
+        query.push(
+            "insert into conversations (id, user_id, title, profile, system_prompt, metadata, \
+             external_id, active_leaf_id, message_count, created_at, updated_at, last_message_at) ",
+        );
+        query.push_values(rows, |mut row, c| {
+            row.push_bind(c.id)
+                .push_bind(&c.user_id)
+                .push_bind(&c.title)
+                .push_bind(c.profile.as_deref())
+                .push_bind(c.system_prompt.as_deref())
+                .push_bind(json(&c.metadata))
+                .push_bind(c.external_id.as_deref())
+                .push_bind(c.active_leaf_id)
+                .push_bind(c.message_count)
+                .push_bind(c.created_at)
+                .push_bind(c.updated_at)
+                .push_bind(c.last_message_at);
+        });
+    }
+
+    async fn insert_messages(conn: &mut Conn<B>, rows: &[(&UserId, &Message)]) -> Result<(), StoreError> {
+        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+        <B as Statements>::push_messages(&mut query, rows);
+        B::execute(&mut *conn, query).await?;
+        Ok(())
+    }
+
+    fn push_messages<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a UserId, &'a Message)]) {
+        query.push(
+            "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
+             thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
+             suggested_actions, cancelled, model, trace_id, usage, feedback, comparison_id, \
+             variant, client_id, attachments, created_at) ",
+        );
+        query.push_values(rows, |mut row, (user, m)| {
+            row.push_bind(m.id)
+                .push_bind(m.conversation_id)
+                .push_bind(*user)
+                .push_bind(m.parent_id)
+                .push_bind(m.role.as_str())
+                .push_bind(&m.content)
+                .push_bind(m.thinking.as_deref())
+                .push_bind(provider_state(m))
+                .push_bind(json(&m.tool_calls))
+                .push_bind(json(&m.tool_history))
+                .push_bind(json(&m.payloads))
+                .push_bind(json(&m.suggested_values))
+                .push_bind(json(&m.suggested_actions))
+                .push_bind(m.cancelled)
+                .push_bind(m.model.as_deref())
+                .push_bind(m.trace_id)
+                .push_bind(m.usage.as_ref().map(json))
+                .push_bind(m.feedback.as_ref().map(json))
+                .push_bind(m.comparison_id)
+                .push_bind(m.variant.as_deref())
+                .push_bind(m.client_id.as_deref())
+                .push_bind(json(&m.attachments))
+                .push_bind(m.created_at);
+        });
+    }
+
+    fn push_keys<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, starts: &'a [&'a RunStart]) -> bool {
+        let keyed: Vec<(&RunStart, &crate::domain::IdempotencyKey)> =
+            starts.iter().filter_map(|s| s.idempotency_key.as_ref().map(|k| (*s, k))).collect();
+        if keyed.is_empty() {
+            return false;
+        }
+        query.push("insert into idempotency_keys (user_id, key, request_hash, trace_id, created_at) ");
+        query.push_values(keyed, |mut row, (start, key)| {
+            let trace = &start.traces[0];
+            row.push_bind(&trace.user_id)
+                .push_bind(&key.key)
+                .push_bind(&key.request_hash)
+                .push_bind(trace.trace_id)
+                .push_bind(trace.started_at);
+        });
+        true
+    }
+
+    fn use_files(rows: &[(&UserId, &Message)]) -> bool {
+        rows.iter().any(|(_, m)| !m.attachments.is_empty())
+    }
+
+    fn push_message_files<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a UserId, &'a Message)]) {
+        let uses =
+            rows.iter().flat_map(|(_, m)| m.attachments.iter().enumerate().map(|(i, a)| (m.id, i as i64, a.file_id)));
+        query.push("insert into message_files (message_id, position, file_id) ");
+        query.push_values(uses, |mut row, (message, position, file)| {
+            row.push_bind(message).push_bind(position).push_bind(file);
+        });
+    }
+
+    fn push_comparison<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, c: &'a Comparison) {
+        query.push(
+            "insert into comparisons (id, conversation_id, user_id, user_message_id, trace_a, trace_b, \
+             profile_a, profile_b, model_a, model_b, created_at) ",
+        );
+        query.push_values([c], |mut row, c| {
+            row.push_bind(c.comparison_id)
+                .push_bind(c.conversation_id)
+                .push_bind(&c.user_id)
+                .push_bind(c.user_message_id)
+                .push_bind(c.trace_a)
+                .push_bind(c.trace_b)
+                .push_bind(&c.profile_a)
+                .push_bind(&c.profile_b)
+                .push_bind(&c.model_a)
+                .push_bind(&c.model_b)
+                .push_bind(c.created_at);
+        });
+    }
+
+    fn push_traces<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a Trace, &'a str, Option<&'a Value>)]) {
+        query.push(
+            "insert into traces (id, conversation_id, user_id, user_message_id, message_id, status, \
+             model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at, checkpoint) ",
+        );
+        query.push_values(rows, |mut row, (t, replica_id, queued)| {
+            row.push_bind(t.trace_id)
+                .push_bind(t.conversation_id)
+                .push_bind(&t.user_id)
+                .push_bind(t.user_message_id)
+                .push_bind(t.message_id)
+                .push_bind(t.status.as_str())
+                .push_bind(&t.model)
+                .push_bind(&t.profile)
+                .push_bind(t.started_at)
+                .push_bind(json(&t.spans))
+                .push_bind(t.comparison_id)
+                .push_bind(t.variant.as_deref())
+                .push_bind(*replica_id)
+                .push_bind(t.started_at)
+                .push_bind(queued.map(json));
+        });
+    }
+
+    async fn follow_question(
+        conn: &mut Conn<B>,
+        conversation: Uuid,
+        answer: MessageId,
+        question: Option<MessageId>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("update messages set parent_id = $3 where conversation_id = $1 and parent_id = $2")
+            .bind(conversation)
+            .bind(answer)
+            .bind(question)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn append_message(conn: &mut Conn<B>, user: &UserId, m: &Message) -> Result<(), StoreError> {
+        <B as Statements>::insert_messages(conn, &[(user, m)]).await?;
+        <B as Statements>::touch_conversation(conn, user, m).await
+    }
+
+    async fn touch_conversation(conn: &mut Conn<B>, user: &UserId, m: &Message) -> Result<(), StoreError> {
+        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+        <B as Statements>::push_touch(&mut query, user, m);
+        if B::execute(&mut *conn, query).await? == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
+    fn settles(start: &RunStart) -> bool {
+        let regenerate = !start.user_message_is_new && start.new_conversation.is_none();
+        let queued_after =
+            start.user_message_is_new && start.queued.is_some() && start.user_message.parent_id.is_some();
+        regenerate || queued_after
+    }
+
+    fn push_settle<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, start: &'a RunStart) {
+        let m = &start.user_message;
+        if !start.user_message_is_new {
+            query.push("update conversations set active_leaf_id = ").push_bind(m.id);
+            query.push(" where id = ").push_bind(m.conversation_id);
+            query.push(" and user_id = ").push_bind(&start.traces[0].user_id);
+            return;
+        }
+        const ENDED: &str = " and t.status not in ('running', 'waiting', 'queued')";
+        query.push("update messages set parent_id = (select t.user_message_id from traces t where t.message_id = ");
+        query.push_bind(m.parent_id).push(ENDED).push(" limit 1) where id = ").push_bind(m.id);
+        query.push(" and not exists (select 1 from messages p where p.id = ").push_bind(m.parent_id);
+        query.push(") and exists (select 1 from traces t where t.message_id = ").push_bind(m.parent_id).push(ENDED);
+        query.push(")");
+    }
+
+    fn push_touch<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, user: &'a UserId, m: &'a Message) {
+        query.push("update conversations set active_leaf_id = case when ");
+        query.push_bind(m.variant.as_deref() == Some("b"));
+        query.push(" then active_leaf_id");
+        if let (Role::Assistant, Some(question)) = (m.role, m.parent_id) {
+            query.push(" when active_leaf_id is not null and active_leaf_id <> ").push_bind(question);
+            query.push(" and not exists (select 1 from messages x where x.id = conversations.active_leaf_id");
+            query.push(" and x.parent_id = ").push_bind(question);
+            query.push(") then active_leaf_id");
+        }
+        query.push(" else ").push_bind(m.id);
+        query.push(" end, message_count = message_count + 1, last_message_at = ").push_bind(m.created_at);
+        query.push(", updated_at = ").push_bind(m.created_at);
+        query.push(" where id = ").push_bind(m.conversation_id);
+        query.push(" and user_id = ").push_bind(user);
+    }
+}
+
+/// The runs of a conversation (`$1`) that are going, each with its `started_at`, status and
+/// comparison: one select per status, for their partial indexes.
+pub(super) const GOING_IN_CONVERSATION: &str = "select id, started_at, status, comparison_id from traces \
+     where conversation_id = $1 and status = 'running' \
+     union all select id, started_at, status, comparison_id from traces where conversation_id = $1 and status = 'waiting' \
+     union all select id, started_at, status, comparison_id from traces where conversation_id = $1 and status = 'queued'";
+
+/// A unique violation of `idempotency_keys`: another start recorded the key first.
+pub(super) fn key_taken(error: sqlx::Error) -> StoreError {
+    match error.as_database_error() {
+        Some(db)
+            if db.is_unique_violation()
+                && (db.constraint().is_some_and(|c| c.starts_with("idempotency_keys"))
+                    || db.message().contains("idempotency_keys")) =>
+        {
+            StoreError::KeyTaken
+        }
+        _ => error.into(),
+    }
+}
