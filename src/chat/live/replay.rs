@@ -236,11 +236,13 @@ impl Follower {
         conversation_id: crate::ids::ConversationId,
     ) -> impl Stream<Item = (TraceId, Frame)> + Send + 'static {
         let (core, user) = (self.clone(), user.clone());
+        // Watching from the call, before the stream is first polled (after the response's
+        // head is sent): a run that starts meanwhile, however short, is this stream's.
+        let mut started = core.news.watch_conversation(conversation_id);
+        let opened_at = crate::domain::now();
         async_stream::stream! {
             let mut followed = std::collections::HashSet::new();
             let mut runs = futures_util::stream::SelectAll::new();
-            // Watching before reading: a run that starts meanwhile is not missed.
-            let mut started = core.news.watch_conversation(conversation_id);
             // The runs going now; then each run told to have started (however short); and
             // whenever news may have been missed, the going ones and those started since the
             // last look (a second early: replicas' clocks differ).
@@ -255,17 +257,25 @@ impl Follower {
                     return;
                 }
                 let traces = match last_look {
-                    // Runs that started within that second before the first look and have
-                    // ended are none of this stream's: known, so a later look passes them.
+                    // Runs that ended before the stream opened are none of this stream's:
+                    // known, so a later look passes them; one that ended since it opened (its
+                    // first poll comes after the response's head) is followed from its log.
+                    // (Another replica's `ended_at` is by its clock.)
                     None => match core.store.running_in_conversation(&user, conversation_id).await {
-                        Ok(going) => {
-                            let since = looked_at - chrono::Duration::seconds(1);
+                        Ok(mut going) => {
+                            let since = opened_at.min(looked_at) - chrono::Duration::seconds(1);
                             match core.store.runs_started_since(&user, conversation_id, since).await {
                                 Ok(started) => {
-                                    let ended = started.iter().filter(|t| {
-                                        !going_on(t.status) && !going.iter().any(|g| g.trace_id == t.trace_id)
-                                    });
-                                    followed.extend(ended.map(|t| t.trace_id));
+                                    for trace in started {
+                                        if going_on(trace.status) || going.iter().any(|g| g.trace_id == trace.trace_id) {
+                                            continue;
+                                        }
+                                        if trace.ended_at.is_some_and(|at| at < opened_at) {
+                                            followed.insert(trace.trace_id);
+                                        } else {
+                                            going.push(trace);
+                                        }
+                                    }
                                     Ok(going)
                                 }
                                 Err(e) => Err(e),
