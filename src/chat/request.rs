@@ -1,10 +1,11 @@
 //! A chat request (CONTRACT.md §4) as the native endpoint's body reads it, and as the client
-//! libraries' requests are mapped onto it: the data a start checks and plans.
+//! libraries' requests are mapped onto it: the data a start checks and plans; and what its
+//! start comes to.
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::ids::{ConversationId, MessageId};
+use crate::ids::{ConversationId, FileId, MessageId};
 
 /// The body of `POST /api/chat/stream` (CONTRACT.md §4).
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -31,7 +32,7 @@ pub struct ChatRequest {
     pub client_tools: Vec<ClientTool>,
     /// Files the message carries (CONTRACT.md §14).
     #[serde(default)]
-    pub attachments: Vec<crate::chat::run::attachments::AttachmentRef>,
+    pub attachments: Vec<AttachmentRef>,
     /// What this message does while a run of its conversation is going (CONTRACT.md §16);
     /// absent: `chat.multitask`.
     #[serde(default)]
@@ -42,6 +43,31 @@ pub struct ChatRequest {
     /// The request's `Idempotency-Key` header (CONTRACT.md §16); never read from a body.
     #[serde(skip)]
     pub idempotency_key: Option<crate::domain::IdempotencyKey>,
+}
+
+/// An attachment as a request names it: a stored file, or a URL (`data:` or, where
+/// allowed, `http(s)`) to store first.
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttachmentRef {
+    #[serde(default)]
+    pub file_id: Option<FileId>,
+    /// `data:<type>;base64,<bytes>`, or an `http(s)` URL with `files.fetch_remote`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The file's name, for a URL (a file id's file has its own).
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl AttachmentRef {
+    pub fn file(id: FileId) -> Self {
+        Self { file_id: Some(id), url: None, name: None }
+    }
+
+    pub fn url(url: impl Into<String>, name: Option<String>) -> Self {
+        Self { file_id: None, url: Some(url.into()), name }
+    }
 }
 
 /// A tool the frontend runs, as a request declares it.
@@ -77,4 +103,29 @@ pub enum InteractionType {
     TextInput,
     ValueSelected,
     ActionExecuted,
+}
+
+/// What a start came to: its runs, or why the chat service looks again. (A refusal that
+/// answers the request, such as a user over the limit of running runs, is an error.)
+#[derive(Debug)]
+pub(in crate::chat) enum Begun<T> {
+    Started(T),
+    /// The request's `Idempotency-Key` names a run already: another start recorded it first,
+    /// or its run is the one going in the conversation. That run is the answer.
+    KeyTaken,
+    /// A run of the conversation began on another replica after the start looked.
+    Moved,
+    /// A client library's new chat was made by another request meanwhile.
+    ChatTaken,
+}
+
+impl<T> Begun<T> {
+    pub(in crate::chat) fn map<U>(self, f: impl FnOnce(T) -> U) -> Begun<U> {
+        match self {
+            Begun::Started(t) => Begun::Started(f(t)),
+            Begun::KeyTaken => Begun::KeyTaken,
+            Begun::Moved => Begun::Moved,
+            Begun::ChatTaken => Begun::ChatTaken,
+        }
+    }
 }

@@ -249,9 +249,11 @@ impl ChatService {
         self.queue.adopt_queued().await
     }
 
-    /// Approvals expire on time whoever was running when they were asked (CONTRACT.md §15).
+    /// Approvals expire on time whoever was running when they were asked (CONTRACT.md §15);
+    /// Idempotency keys name their runs for a day (CONTRACT.md §16), older ones go hourly.
     pub fn spawn_expiry(&self, shutdown: CancellationToken) {
-        super::control::waits::spawn_expiry(self.waits.clone(), shutdown);
+        super::control::waits::spawn_expiry(self.waits.clone(), shutdown.clone());
+        super::start::idempotency::spawn_expiry(self.shared.store.clone(), shutdown);
     }
 
     /// Queued runs whose process stopped are taken up, and this process's beat.

@@ -3,8 +3,10 @@
 //! so a bad value is refused where it enters. A run's trace, its spans and the context
 //! state it records are in [`trace`].
 
+pub mod branch;
 mod trace;
 
+pub use branch::{branch, branch_through};
 pub use trace::{
     CallStatus, ContextState, ContextStrategy, LlmAttributes, RunError, Span, SpanTiming, ToolAttributes, ToolStatus,
     Trace,
@@ -373,44 +375,6 @@ impl Message {
     }
 }
 
-/// Returns the branch that ends at `leaf`, oldest first, from all of a conversation's
-/// messages. Messages not on that branch (other regenerations) are left out.
-pub fn branch(messages: &[Message], leaf: Option<MessageId>) -> Vec<Message> {
-    branch_through(messages, &[], leaf)
-}
-
-/// [`branch`], across the answers of runs still going: a message queued behind a run
-/// (CONTRACT.md §16) follows an answer that is not stored yet. `pending` holds, for each
-/// going run, its answer's id and its question's.
-pub fn branch_through(
-    messages: &[Message],
-    pending: &[(MessageId, MessageId)],
-    leaf: Option<MessageId>,
-) -> Vec<Message> {
-    let by_id: std::collections::HashMap<MessageId, &Message> = messages.iter().map(|m| (m.id, m)).collect();
-    let mut path = Vec::new();
-    let mut next = leaf;
-    let mut steps = 0;
-    while let Some(id) = next {
-        steps += 1;
-        if steps > messages.len() + pending.len() + 1 {
-            break; // a cycle would be a corrupt store; never loop forever on one
-        }
-        next = match by_id.get(&id) {
-            Some(message) => {
-                path.push((*message).clone());
-                message.parent_id
-            }
-            None => match pending.iter().find(|(answer, _)| *answer == id) {
-                Some((_, question)) => Some(*question),
-                None => break,
-            },
-        };
-    }
-    path.reverse();
-    path
-}
-
 /// One vote, as kept in a comparison's history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Vote {
@@ -449,35 +413,5 @@ mod tests {
         }
         assert!(Rating::parse("meh").is_err());
         assert_eq!(TraceStatus::parse("interrupted").unwrap(), TraceStatus::Interrupted);
-    }
-
-    #[test]
-    fn branch_follows_parents_from_the_leaf() {
-        let conversation = ConversationId::new();
-        let root = Message::new(conversation, None, Role::User, "q".into());
-        let first = Message::new(conversation, Some(root.id), Role::Assistant, "a1".into());
-        let second = Message::new(conversation, Some(root.id), Role::Assistant, "a2".into());
-        let all = vec![root.clone(), first, second.clone()];
-        let ids: Vec<_> = branch(&all, Some(second.id)).iter().map(|m| m.id).collect();
-        assert_eq!(ids, vec![root.id, second.id]);
-        assert!(branch(&all, None).is_empty());
-    }
-
-    #[test]
-    fn branch_through_crosses_answers_still_being_written() {
-        let conversation = ConversationId::new();
-        let first = Message::new(conversation, None, Role::User, "q1".into());
-        // q2 was queued behind the answer to q1 (not stored yet), q3 behind q2's.
-        let (answer1, answer2) = (MessageId::new(), MessageId::new());
-        let second = Message::new(conversation, Some(answer1), Role::User, "q2".into());
-        let third = Message::new(conversation, Some(answer2), Role::User, "q3".into());
-        let all = vec![first.clone(), second.clone(), third.clone()];
-        let pending = [(answer1, first.id), (answer2, second.id)];
-        let ids: Vec<_> = branch_through(&all, &pending, Some(third.id)).iter().map(|m| m.id).collect();
-        assert_eq!(ids, vec![first.id, second.id, third.id]);
-        // Without them the branch stops at the first missing answer.
-        assert_eq!(branch(&all, Some(third.id)).len(), 1);
-        // A pending answer that names itself as its question never loops.
-        assert!(branch_through(&[], &[(answer1, answer1)], Some(answer1)).is_empty());
     }
 }

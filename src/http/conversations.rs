@@ -214,11 +214,7 @@ async fn activate(
 ) -> Result<Json<ConversationView>, AppError> {
     let message = state.store.get_message(&user, id).await.map_err(AppError::missing("Message not found"))?;
     let all = state.store.messages(&user, message.conversation_id).await?;
-    let mut leaf = message.id;
-    // Messages come oldest first: the last child found is the newest.
-    while let Some(child) = all.iter().rev().find(|m| m.parent_id == Some(leaf)) {
-        leaf = child.id;
-    }
+    let leaf = crate::domain::branch::newest_leaf(&all, message.id);
     state.store.set_active_leaf(&user, message.conversation_id, leaf).await?;
     let conversation = state.store.get_conversation(&user, message.conversation_id).await?;
     let context_state = state.store.context_state(&user, conversation.id).await?;

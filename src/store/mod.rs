@@ -46,20 +46,6 @@ pub enum StoreError {
     /// its file is gone).
     #[error("database unavailable: {0}")]
     Unavailable(String),
-    /// A new conversation's `external_id` is the user's already: another request made the
-    /// same client chat meanwhile.
-    #[error("the chat was created by another request")]
-    ChatTaken,
-    /// The start would take its user past `max_running`: this many run already.
-    #[error("{0} runs are running")]
-    TooManyRuns(usize),
-    /// The start's idempotency key was recorded by another start meanwhile.
-    #[error("the idempotency key was taken by another request")]
-    KeyTaken,
-    /// A run of the start's conversation began (on another replica) after the start looked:
-    /// its message would not follow it. The start looks again.
-    #[error("a run of the conversation started meanwhile")]
-    Moved,
 }
 
 impl StoreError {
@@ -148,7 +134,7 @@ pub struct RunStart {
     /// turn comes, kept with them.
     pub queued: Option<Value>,
     /// The runs of the conversation that were going when the start looked. On a shared
-    /// store, a going run not among them fails the start with [`StoreError::Moved`] (another
+    /// store, a going run not among them refuses the start as [`StartOutcome::Moved`] (another
     /// replica started it meanwhile); `None`: not checked.
     pub going_seen: Option<Vec<TraceId>>,
 }
@@ -203,6 +189,24 @@ pub struct NewEvent {
     pub kind: &'static str,
     /// The event's JSON text, exactly as it was sent.
     pub data: Arc<str>,
+}
+
+/// How a start's write ended when the database could be written: its rows are in, or the
+/// database refused it for a reason the chat service acts on. A refused start wrote nothing
+/// (when several are written together, none of them: each is then tried on its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartOutcome {
+    Started,
+    /// The start would take its user past `max_running`: this many run already.
+    OverLimit(usize),
+    /// The start's idempotency key was recorded by another start meanwhile.
+    KeyTaken,
+    /// A run of the start's conversation began (on another replica) after the start looked:
+    /// its message would not follow it. The start looks again.
+    Moved,
+    /// A new conversation's `external_id` is the user's already: another request made the
+    /// same client chat meanwhile.
+    ChatTaken,
 }
 
 /// What the processes sharing the store know of each other: whether the database answers, whether others share it and are heard, the runs going anywhere, heartbeats and notices.
@@ -335,11 +339,11 @@ pub trait RunStore: Send + Sync + 'static {
     ) -> Result<Vec<Trace>, StoreError>;
     /// Forgets every key recorded before `before`.
     async fn forget_keys_before(&self, before: DateTime<Utc>) -> Result<(), StoreError>;
-    async fn start_run(&self, start: &RunStart) -> Result<(), StoreError> {
+    async fn start_run(&self, start: &RunStart) -> Result<StartOutcome, StoreError> {
         self.start_runs(&[start]).await
     }
     /// Writes several starts in one transaction: all of them, or none.
-    async fn start_runs(&self, starts: &[&RunStart]) -> Result<(), StoreError>;
+    async fn start_runs(&self, starts: &[&RunStart]) -> Result<StartOutcome, StoreError>;
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError>;
     async fn get_trace(&self, user: &UserId, trace_id: TraceId) -> Result<Trace, StoreError>;
     /// The trace whose run produced (or is producing) `message_id`.

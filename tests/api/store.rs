@@ -9,7 +9,8 @@ use chatd::domain::{
 };
 use chatd::ids::{TraceId, UserId};
 use chatd::store::{
-    self, ConversationStore, NewEvent, PageCursor, RunFinish, RunStart, RunStore, Store, StoreError, WaitStore,
+    self, ConversationStore, NewEvent, PageCursor, RunFinish, RunStart, RunStore, StartOutcome, Store, StoreError,
+    WaitStore,
 };
 use serde_json::json;
 
@@ -61,11 +62,39 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
 }
 
 both_backends! {
+    /// A start the database refuses is answered as its outcome, with nothing of it written:
+    /// a key another start recorded first, a client chat another start made first.
+    async fn a_refused_start_is_an_outcome_and_writes_nothing(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let key = chatd::domain::IdempotencyKey { key: "k1".into(), request_hash: "h".into() };
+        let first = conversation("ann", "first");
+        let mut start = run_start(&first, true);
+        start.idempotency_key = Some(key.clone());
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+        let second = conversation("ann", "second");
+        let mut again = run_start(&second, true);
+        again.idempotency_key = Some(key);
+        assert_eq!(store.start_run(&again).await.unwrap(), StartOutcome::KeyTaken);
+        assert!(matches!(store.get_conversation(&user("ann"), second.id).await, Err(StoreError::NotFound)));
+
+        let chat = Conversation { external_id: Some("client-chat".into()), ..conversation("ann", "a chat") };
+        assert_eq!(store.start_run(&run_start(&chat, true)).await.unwrap(), StartOutcome::Started);
+        let twin = Conversation { external_id: Some("client-chat".into()), ..conversation("ann", "its twin") };
+        assert_eq!(store.start_run(&run_start(&twin, true)).await.unwrap(), StartOutcome::ChatTaken);
+        assert!(matches!(store.get_conversation(&user("ann"), twin.id).await, Err(StoreError::NotFound)));
+        // Another user's chat may have that id.
+        let bobs = Conversation { external_id: Some("client-chat".into()), ..conversation("bob", "bob's") };
+        assert_eq!(store.start_run(&run_start(&bobs, true)).await.unwrap(), StartOutcome::Started);
+        assert_eq!(store.list_conversations(&user("ann"), 10, None).await.unwrap().len(), 2);
+    }
+}
+
+both_backends! {
     async fn a_run_is_written_whole_or_not_at_all(backend: Backend) {
         let (store, _db) = open(backend).await;
         let first = conversation("ann", "first");
         let start = run_start(&first, true);
-        store.start_run(&start).await.unwrap();
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
 
         // Reusing the trace id makes the last statement of the transaction fail.
         let second = conversation("ann", "second");
@@ -106,7 +135,7 @@ both_backends! {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "log");
         let start = run_start(&c, true);
-        store.start_run(&start).await.unwrap();
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
         let events: Vec<NewEvent> = (1..=2500)
             .map(|seq| NewEvent {
                 trace_id: start.traces[0].trace_id,
@@ -135,7 +164,7 @@ both_backends! {
         let (store, _db) = open(backend).await;
         let (a, b) = (conversation("ann", "a"), conversation("bob", "b"));
         let (start_a, start_b) = (run_start(&a, true), run_start(&b, true));
-        store.start_runs(&[&start_a, &start_b]).await.unwrap();
+        assert_eq!(store.start_runs(&[&start_a, &start_b]).await.unwrap(), StartOutcome::Started);
         assert_eq!(store.get_trace(&user("ann"), start_a.traces[0].trace_id).await.unwrap().status, TraceStatus::Running);
         assert_eq!(store.get_trace(&user("bob"), start_b.traces[0].trace_id).await.unwrap().status, TraceStatus::Running);
         // A start into a conversation that does not exist fails, and takes its group with it.
@@ -145,7 +174,7 @@ both_backends! {
         assert!(store.start_runs(&[&good, &orphan]).await.is_err());
         assert!(matches!(store.get_conversation(&user("cat"), c.id).await, Err(StoreError::NotFound)));
         assert!(matches!(store.get_trace(&user("cat"), good.traces[0].trace_id).await, Err(StoreError::NotFound)));
-        store.start_run(&good).await.unwrap();
+        assert_eq!(store.start_run(&good).await.unwrap(), StartOutcome::Started);
         assert_eq!(store.get_conversation(&user("cat"), c.id).await.unwrap().title, "c");
     }
 
@@ -156,7 +185,7 @@ both_backends! {
         let (store, db) = open(backend).await;
         let c = conversation("ann", "old log");
         let start = run_start(&c, true);
-        store.start_run(&start).await.unwrap();
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
         let trace_id = start.traces[0].trace_id;
         let at = now();
         let old = [
@@ -217,7 +246,7 @@ both_backends! {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "mine");
         let start = run_start(&c, true);
-        store.start_run(&start).await.unwrap();
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
         assert!(matches!(store.get_conversation(&user("bob"), c.id).await, Err(StoreError::NotFound)));
         assert!(store.messages(&user("bob"), c.id).await.unwrap().is_empty());
         assert!(matches!(store.set_feedback(&user("bob"), start.user_message.id, None).await, Err(StoreError::NotFound)));
@@ -236,7 +265,7 @@ both_backends! {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "live");
         let start = run_start(&c, true);
-        store.start_run(&start).await.unwrap();
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
         let running = store.running_traces().await.unwrap();
         assert_eq!(running.len(), 1);
         assert_eq!(running[0].replica_id.as_deref(), Some("replica-a"));
@@ -294,7 +323,7 @@ both_backends! {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "retried");
         let start = run_start(&c, true);
-        store.start_run(&start).await.unwrap();
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
         let events = text_deltas(start.traces[0].trace_id, 1..=3);
         store.append_events(&events).await.unwrap();
         store.append_events(&events).await.unwrap();
@@ -327,7 +356,7 @@ async fn sqlite_finds_a_runs_chunks_without_an_index_and_deletes_them_with_it() 
     let (store, db) = open(Backend::Sqlite).await;
     let (a, b) = (conversation("ann", "ended"), conversation("ann", "running"));
     let (ended, running) = (run_start(&a, true), run_start(&b, true));
-    store.start_runs(&[&ended, &running]).await.unwrap();
+    assert_eq!(store.start_runs(&[&ended, &running]).await.unwrap(), StartOutcome::Started);
     let (ended_id, running_id) = (ended.traces[0].trace_id, running.traces[0].trace_id);
     let log = text_deltas(ended_id, 1..=4);
     store.append_events(&log[..2]).await.unwrap();
@@ -343,7 +372,7 @@ async fn sqlite_finds_a_runs_chunks_without_an_index_and_deletes_them_with_it() 
     // A later run starts after every chunk written so far: none of them is read as its own.
     let c = conversation("ann", "later");
     let later = run_start(&c, true);
-    store.start_run(&later).await.unwrap();
+    assert_eq!(store.start_run(&later).await.unwrap(), StartOutcome::Started);
     assert!(store.trace_events(later.traces[0].trace_id, 0).await.unwrap().is_empty());
     // A sealed log goes with its conversation, chunks and all; the other run's stay.
     assert_eq!(sqlite_chunks(&db.url).await, 3);
@@ -362,7 +391,7 @@ async fn sqlite_seals_the_logs_a_stopped_process_left_in_chunks() {
     let (store, db) = open(Backend::Sqlite).await;
     let c = conversation("ann", "left over");
     let start = run_start(&c, true);
-    store.start_run(&start).await.unwrap();
+    assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
     let trace_id = start.traces[0].trace_id;
     let events = text_deltas(trace_id, 1..=5);
     store.append_events(&events[..3]).await.unwrap();
@@ -418,12 +447,12 @@ both_backends! {
         let ann = user("ann");
         let c = conversation("ann", "queue");
         let first = run_start(&c, true);
-        store.start_run(&first).await.unwrap();
+        assert_eq!(store.start_run(&first).await.unwrap(), StartOutcome::Started);
         let running = &first.traces[0];
         let second = queued_start(&c, running.message_id);
-        store.start_run(&second).await.unwrap();
+        assert_eq!(store.start_run(&second).await.unwrap(), StartOutcome::Started);
         let third = queued_start(&c, second.traces[0].message_id);
-        store.start_run(&third).await.unwrap();
+        assert_eq!(store.start_run(&third).await.unwrap(), StartOutcome::Started);
         let (q2, q3) = (&second.traces[0], &third.traces[0]);
         let going: Vec<TraceId> =
             store.running_in_conversation(&ann, c.id).await.unwrap().iter().map(|t| t.trace_id).collect();
@@ -458,9 +487,9 @@ both_backends! {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "left");
         let first = run_start(&c, true);
-        store.start_run(&first).await.unwrap();
+        assert_eq!(store.start_run(&first).await.unwrap(), StartOutcome::Started);
         let queued = queued_start(&c, first.traces[0].message_id);
-        store.start_run(&queued).await.unwrap();
+        assert_eq!(store.start_run(&queued).await.unwrap(), StartOutcome::Started);
         let id = queued.traces[0].trace_id;
         let left = store.queued_traces().await.unwrap();
         assert_eq!(left.iter().map(|t| t.trace.trace_id).collect::<Vec<_>>(), [id]);
@@ -485,15 +514,15 @@ async fn a_start_that_missed_a_run_of_its_conversation_is_refused_as_moved() {
     let (store, _db) = open(Backend::Postgres).await;
     let c = conversation("ann", "moved");
     let first = run_start(&c, true);
-    store.start_run(&first).await.unwrap();
+    assert_eq!(store.start_run(&first).await.unwrap(), StartOutcome::Started);
     // Another replica's start saw nothing going: it would land beside the running run.
     let mut beside = run_start(&c, false);
     beside.going_seen = Some(Vec::new());
-    assert!(matches!(store.start_run(&beside).await, Err(StoreError::Moved)));
+    assert_eq!(store.start_run(&beside).await.unwrap(), StartOutcome::Moved);
     assert_eq!(store.messages(&user("ann"), c.id).await.unwrap().len(), 1, "nothing of it was written");
     // Having seen it, it is written.
     beside.going_seen = Some(vec![first.traces[0].trace_id]);
-    store.start_run(&beside).await.unwrap();
+    assert_eq!(store.start_run(&beside).await.unwrap(), StartOutcome::Started);
 }
 
 both_backends! {
@@ -501,19 +530,19 @@ both_backends! {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "never");
         let first = run_start(&c, true);
-        store.start_run(&first).await.unwrap();
+        assert_eq!(store.start_run(&first).await.unwrap(), StartOutcome::Started);
         // The run ahead ends without an answer before the queued start is written.
         store.finish_run(&ended(&first.traces[0], None)).await.unwrap();
         let late = queued_start(&c, first.traces[0].message_id);
-        store.start_run(&late).await.unwrap();
+        assert_eq!(store.start_run(&late).await.unwrap(), StartOutcome::Started);
         let messages = store.messages(&user("ann"), c.id).await.unwrap();
         let stored = messages.iter().find(|m| m.id == late.user_message.id).unwrap();
         assert_eq!(stored.parent_id, Some(first.user_message.id), "it follows the question, not a missing answer");
         // A queued message after an answer still being written is left where it is.
         let going = run_start(&c, false);
-        store.start_run(&going).await.unwrap();
+        assert_eq!(store.start_run(&going).await.unwrap(), StartOutcome::Started);
         let behind = queued_start(&c, going.traces[0].message_id);
-        store.start_run(&behind).await.unwrap();
+        assert_eq!(store.start_run(&behind).await.unwrap(), StartOutcome::Started);
         let messages = store.messages(&user("ann"), c.id).await.unwrap();
         assert_eq!(messages.iter().find(|m| m.id == behind.user_message.id).unwrap().parent_id, Some(going.traces[0].message_id));
     }
@@ -540,7 +569,7 @@ async fn refusals_keep_the_sqlite_writer() {
     assert_eq!(sqlite.writers_reopened(), 0, "a refusal closed the writer");
     // Writes still work on the writer kept.
     let c = conversation("ann", "after refusals");
-    sqlite.start_run(&run_start(&c, true)).await.unwrap();
+    assert_eq!(sqlite.start_run(&run_start(&c, true)).await.unwrap(), StartOutcome::Started);
 }
 
 both_backends! {

@@ -94,8 +94,6 @@ pub fn spawn_background(
     replica_id: String,
     shutdown: CancellationToken,
 ) {
-    // Idempotency keys name their runs for a day (CONTRACT.md §16); older ones go hourly.
-    crate::chat::start::idempotency::spawn_expiry(store.clone(), shutdown.clone());
     let (beat_store, beat_runs, beat_stop) = (store.clone(), runs.clone(), shutdown.clone());
     tokio::spawn(async move {
         // Alone on its store, a process has nobody to tell and no orphan to find but those

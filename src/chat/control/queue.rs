@@ -20,6 +20,7 @@ use crate::chat::request::ClientTool;
 use crate::chat::run::agent::{self, RunPlan};
 use crate::chat::run::plan::Ask;
 use crate::chat::shared::Shared;
+use crate::domain::branch::pending;
 use crate::domain::{Conversation, Message, RunError, Trace, TraceStatus, Usage, branch, branch_through, now};
 use crate::events::{CancelledEvent, Event};
 use crate::ids::UserId;
@@ -330,7 +331,7 @@ pub async fn active_branch(
     history: &[Message],
 ) -> Result<Vec<Message>, StoreError> {
     let going = store.running_in_conversation(user, conversation.id).await?;
-    Ok(branch_through(history, &pending_answers(&going), conversation.active_leaf_id))
+    Ok(branch_through(history, &pending(&going), conversation.active_leaf_id))
 }
 
 /// A queued run's ending before it started: `cancelled` with nothing said.
@@ -342,11 +343,6 @@ fn cancelled(trace: &Trace) -> Event {
         trace_id: trace.trace_id,
         model: trace.model.clone(),
     }))
-}
-
-/// Each going run's answer id with its question's, for [`branch_through`].
-pub fn pending_answers(going: &[Trace]) -> Vec<(crate::ids::MessageId, crate::ids::MessageId)> {
-    going.iter().map(|t| (t.message_id, t.user_message_id)).collect()
 }
 
 /// Takes up queued runs that replicas leave (they drained, or their heartbeat went stale) at

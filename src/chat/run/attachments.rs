@@ -9,40 +9,15 @@ use std::sync::{Arc, Mutex};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
-use serde::Deserialize;
 
 use crate::chat::errors::ChatError;
+use crate::chat::request::AttachmentRef;
 use crate::chat::shared::Shared;
 use crate::config::{Modality, ProfileSettings, ProviderKind};
 use crate::domain::Attachment;
 use crate::files::{FileError, Files};
 use crate::ids::{FileId, UserId};
 use crate::providers::{FileContent, InputMessage, ModelRequest, ProviderError, ProviderErrorKind};
-
-/// An attachment as a request names it: a stored file, or a URL (`data:` or, where
-/// allowed, `http(s)`) to store first.
-#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AttachmentRef {
-    #[serde(default)]
-    pub file_id: Option<FileId>,
-    /// `data:<type>;base64,<bytes>`, or an `http(s)` URL with `files.fetch_remote`.
-    #[serde(default)]
-    pub url: Option<String>,
-    /// The file's name, for a URL (a file id's file has its own).
-    #[serde(default)]
-    pub name: Option<String>,
-}
-
-impl AttachmentRef {
-    pub fn file(id: FileId) -> Self {
-        Self { file_id: Some(id), url: None, name: None }
-    }
-
-    pub fn url(url: impl Into<String>, name: Option<String>) -> Self {
-        Self { file_id: None, url: Some(url.into()), name }
-    }
-}
 
 /// A request's attachments, ready to store with its message; `stored` are the files this
 /// request stored itself, deleted again if the request is refused after all.

@@ -12,6 +12,7 @@ use super::idempotency::Started;
 use super::starter::Starter;
 use crate::chat::errors::{ChatError, not_found};
 use crate::chat::live::runs::LiveRun;
+use crate::chat::request::Begun;
 use crate::chat::request::{ChatRequest, ClientIds, InteractionType};
 use crate::domain::{Conversation, Message, Role};
 use crate::ids::{ConversationId, TraceId, UserId};
@@ -32,7 +33,7 @@ pub struct ClientTurn {
     /// Tools the client runs (CONTRACT.md §15).
     pub client_tools: Vec<crate::chat::request::ClientTool>,
     /// The files of the last user message (CONTRACT.md §14).
-    pub attachments: Vec<crate::chat::run::attachments::AttachmentRef>,
+    pub attachments: Vec<crate::chat::request::AttachmentRef>,
     /// What the message does while a run of the chat is going (CONTRACT.md §16).
     pub multitask: Option<crate::config::Multitask>,
 }
@@ -83,14 +84,20 @@ impl Starter {
         turn: ClientTurn,
         key: Option<IdempotencyKey>,
     ) -> Result<Started<Arc<LiveRun>>, ChatError> {
-        let request = ChatRequest { idempotency_key: key.clone(), ..self.client_request(user, turn.clone()).await? };
-        match self.start_once(user, request).await {
-            Err(ChatError::Store(StoreError::ChatTaken)) => {
-                let request = ChatRequest { idempotency_key: key, ..self.client_request(user, turn).await? };
-                self.start_once(user, request).await
+        let start = async {
+            let request =
+                ChatRequest { idempotency_key: key.clone(), ..self.client_request(user, turn.clone()).await? };
+            match self.start(user, request).await? {
+                // The other request's chat is this turn's now: read onto it again.
+                Begun::ChatTaken => {
+                    let request =
+                        ChatRequest { idempotency_key: key.clone(), ..self.client_request(user, turn).await? };
+                    self.start(user, request).await
+                }
+                begun => Ok(begun),
             }
-            started => started,
-        }
+        };
+        self.once(user, key.clone(), start).await
     }
 
     /// The user's conversation a client's chat id names: its own id, else its external id.

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::chat::errors::ChatError;
+use crate::chat::request::Begun;
 use crate::domain::{Trace, now};
 use crate::ids::UserId;
 use crate::store::{Store, StoreError};
@@ -80,42 +81,53 @@ pub async fn keyed_run(store: &dyn Store, user: &UserId, key: &IdempotencyKey) -
 /// Runs `start` unless `key` names a run already (then that run); requests with one key
 /// take turns, and a start that loses the key to another replica (or finds that its key's
 /// run is the one going, [`repeat_of_going_run`]) gets the winner's run.
-pub async fn once<T>(
+pub(in crate::chat) async fn once<T>(
     store: &dyn Store,
     turns: &KeyTurns,
     user: &UserId,
     key: Option<IdempotencyKey>,
-    start: impl Future<Output = Result<T, ChatError>>,
+    start: impl Future<Output = Result<Begun<T>, ChatError>>,
 ) -> Result<Started<T>, ChatError> {
-    let Some(key) = key else { return start.await.map(Started::New) };
+    let Some(key) = key else { return started(start.await?) };
     let _turn = turns.take((user.clone(), key.key.clone())).await;
     if let Some(trace) = keyed_run(store, user, &key).await? {
         return Ok(Started::Again(Box::new(trace)));
     }
-    match start.await {
-        Err(ChatError::Store(StoreError::KeyTaken)) => match keyed_run(store, user, &key).await? {
+    match start.await? {
+        Begun::KeyTaken => match keyed_run(store, user, &key).await? {
             Some(trace) => Ok(Started::Again(Box::new(trace))),
             None => Err(ChatError::Unavailable(
                 "The request with this Idempotency-Key ended meanwhile; send it again".into(),
             )),
         },
-        started => started.map(Started::New),
+        begun => started(begun),
     }
 }
 
-/// For a start that finds runs of its conversation going: a repeat of the request whose run
-/// is one of them (its first try's client left before the answer; it went to another
-/// replica) is that run, never a second message that would refuse or stop it: the start
-/// ends here, and [`once`] answers with the run.
+/// A start that began its runs; the outcomes a start looks again for do not reach here
+/// (a moved start looks again itself, a client's taken chat is read again by its caller).
+fn started<T>(begun: Begun<T>) -> Result<Started<T>, ChatError> {
+    match begun {
+        Begun::Started(t) => Ok(Started::New(t)),
+        Begun::KeyTaken | Begun::Moved | Begun::ChatTaken => {
+            Err(ChatError::Unavailable("The run could not start just now; try again".into()))
+        }
+    }
+}
+
+/// For a start that finds runs of its conversation going: whether it repeats the request
+/// whose run is one of them (its first try's client left before the answer; it went to
+/// another replica). That run is its answer, never a second message that would refuse or
+/// stop it: the start ends there, and [`once`] answers with the run.
 pub async fn repeat_of_going_run(
     store: &dyn Store,
     user: &UserId,
     key: Option<&IdempotencyKey>,
-) -> Result<(), ChatError> {
-    match key {
-        Some(key) if keyed_run(store, user, key).await?.is_some() => Err(ChatError::Store(StoreError::KeyTaken)),
-        _ => Ok(()),
-    }
+) -> Result<bool, ChatError> {
+    Ok(match key {
+        Some(key) => keyed_run(store, user, key).await?.is_some(),
+        None => false,
+    })
 }
 
 /// Forgets keys past [`KEY_LIFETIME`] every hour, until `shutdown` (a key is also forgotten

@@ -2,7 +2,7 @@
 //! message, the conversation, the profile, the parent (branching: continue, regenerate,
 //! edit), the user's limit of running runs, and an executed action's result.
 
-use crate::ids::{ConversationId, MessageId, UserId};
+use crate::ids::{ConversationId, UserId};
 
 use super::titles::title_from;
 use crate::chat::control::cancel::Canceller;
@@ -17,6 +17,7 @@ use crate::chat::run::plan::Ask;
 use crate::chat::shared::{Drain, Shared};
 use crate::config::Multitask;
 use crate::config::Settings;
+use crate::domain::branch::place;
 use crate::domain::{Conversation, Message, Role, Trace, branch};
 use crate::store::Store;
 use crate::store::StoreError;
@@ -64,7 +65,7 @@ impl Preparer {
         request: &ChatRequest,
         runs: usize,
         action: &ActionOutcome,
-    ) -> Result<Prepared, ChatError> {
+    ) -> Result<Checked, ChatError> {
         if self.drain.is_on() {
             return Err(ChatError::Unavailable("The server is shutting down; try again shortly".into()));
         }
@@ -106,10 +107,10 @@ impl Preparer {
         }
         // The runs still going after making room: those a queued message waits behind.
         let (existing, going) = match existing {
-            Some(conversation) => {
-                let (conversation, going) = self.make_room(user, conversation, request).await?;
-                (Some(conversation), going)
-            }
+            Some(conversation) => match self.make_room(user, conversation, request).await? {
+                Some((conversation, going)) => (Some(conversation), going),
+                None => return Ok(Checked::Repeat),
+            },
             None => (None, Vec::new()),
         };
         // After making room: a run that an interrupt cancelled no longer counts. Runs that
@@ -120,32 +121,15 @@ impl Preparer {
             Some(conversation) => self.store.messages(user, conversation.id).await?,
             None => Vec::new(),
         };
-        // Branching: after an answer, the new message continues from it; naming a user
-        // message with its own text regenerates its answer (a sibling of the earlier ones),
-        // with other text (or new attachments) it is an edit (a sibling of that message).
-        let mut regenerate: Option<Message> = None;
-        // A message queued behind a run follows that run's answer, stored or not (its run
-        // asked the question the leaf is, or the request names that answer).
-        let pending = |id: Option<MessageId>| {
-            going.iter().find(|t| t.variant.as_deref() != Some("b") && Some(t.user_message_id) == id)
+        // Branching: a message continues the active branch (queued behind an answer being
+        // written, it follows that answer), or the answer it names; naming a user message it
+        // regenerates that message's answer (same text) or edits it (CONTRACT.md §4).
+        let leaf = existing.as_ref().and_then(|c| c.active_leaf_id);
+        let new_files = !request.attachments.is_empty();
+        let Some(placement) = place(&history, &going, leaf, request.parent_message_id, text, new_files) else {
+            return Err(not_found("parent_message_id", "Parent message not found"));
         };
-        let parent = match request.parent_message_id {
-            Some(id) if going.iter().any(|t| t.message_id == id) => Some(id),
-            Some(id) => match history.iter().find(|m| m.id == id) {
-                // New attachments make it an edit.
-                Some(m) if m.role == Role::User && m.content == text && request.attachments.is_empty() => {
-                    regenerate = Some(m.clone());
-                    m.parent_id
-                }
-                Some(m) if m.role == Role::User => m.parent_id,
-                Some(m) => Some(m.id),
-                None => return Err(not_found("parent_message_id", "Parent message not found")),
-            },
-            None => {
-                let leaf = existing.as_ref().and_then(|c| c.active_leaf_id);
-                pending(leaf).map_or(leaf, |run| Some(run.message_id))
-            }
-        };
+        let (parent, regenerate) = (placement.parent, placement.regenerates);
         let new_conversation = match &existing {
             Some(_) => None,
             None => Some(Conversation {
@@ -177,7 +161,7 @@ impl Preparer {
             action_result: action_result.clone(),
         });
         let (going_seen, max_running) = self.cluster.start_checks(existing.is_some(), &going, limit);
-        Ok(Prepared {
+        Ok(Checked::Ready(Box::new(Prepared {
             queue,
             // Where other replicas start runs too, the start makes sure that none began since.
             going_seen,
@@ -198,8 +182,17 @@ impl Preparer {
             action_result,
             max_running,
             reservation,
-        })
+        })))
     }
+}
+
+/// What checking a request came to: ready to plan and write, or a repeat of the request
+/// whose run is the one going in its conversation (see [`idempotency::once`]).
+///
+/// [`idempotency::once`]: super::idempotency::once
+pub(in crate::chat) enum Checked {
+    Ready(Box<Prepared>),
+    Repeat,
 }
 
 /// An executed action's outcome (CONTRACT.md §4), kept across the looks of one start (it
@@ -242,18 +235,20 @@ impl Preparer {
     /// What a new message does to the runs of its conversation that are going (CONTRACT.md
     /// §16): refuses itself (`reject`), queues behind them (`enqueue`), or cancels them
     /// first (`interrupt`, keeping their partial answers; `rollback`, deleting them). Returns
-    /// the conversation as it is then, and the runs still going.
+    /// the conversation as it is then, and the runs still going; `None` for a repeat of a
+    /// request whose run is the one going (its first try's client left before the answer;
+    /// another replica): it gets that run, never refuses or stops it.
     async fn make_room(
         &self,
         user: &UserId,
         conversation: Conversation,
         request: &ChatRequest,
-    ) -> Result<(Conversation, Vec<Trace>), ChatError> {
+    ) -> Result<Option<(Conversation, Vec<Trace>)>, ChatError> {
         let going = self.store.running_in_conversation(user, conversation.id).await?;
-        let Some(last) = going.last() else { return Ok((conversation, going)) };
-        // A repeat of a request whose run is the one going (its first try's client left
-        // before the answer; another replica): it gets that run, never refuses or stops it.
-        super::idempotency::repeat_of_going_run(&*self.store, user, request.idempotency_key.as_ref()).await?;
+        let Some(last) = going.last() else { return Ok(Some((conversation, going))) };
+        if super::idempotency::repeat_of_going_run(&*self.store, user, request.idempotency_key.as_ref()).await? {
+            return Ok(None);
+        }
         let rollback = match request.multitask.unwrap_or(self.settings.chat.multitask) {
             Multitask::Reject => {
                 return Err(ChatError::Conflict(format!(
@@ -262,7 +257,7 @@ impl Preparer {
                     last.trace_id
                 )));
             }
-            Multitask::Enqueue => return Ok((conversation, going)),
+            Multitask::Enqueue => return Ok(Some((conversation, going))),
             Multitask::Interrupt => false,
             Multitask::Rollback => true,
         };
@@ -283,7 +278,7 @@ impl Preparer {
                 }
             }
         }
-        Ok((self.store.get_conversation(user, conversation.id).await?, Vec::new()))
+        Ok(Some((self.store.get_conversation(user, conversation.id).await?, Vec::new())))
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::idempotency::{self, IdempotencyKey, Started};
-use super::prepare::{ActionOutcome, Prepared, Preparer};
+use super::prepare::{ActionOutcome, Checked, Prepared, Preparer};
 use super::starts::StartWriter;
 use super::titles::Titles;
 use crate::chat::control::queue::Queue;
@@ -16,6 +16,7 @@ use crate::chat::errors::{ChatError, busy};
 use crate::chat::live::cluster::Cluster;
 use crate::chat::live::log::EventLog;
 use crate::chat::live::runs::{LiveRun, Runs};
+use crate::chat::request::Begun;
 use crate::chat::request::ChatRequest;
 use crate::chat::run::agent::{self, RunPlan};
 use crate::chat::run::attachments::Attachments;
@@ -24,7 +25,7 @@ use crate::chat::shared::Shared;
 use crate::config::Settings;
 use crate::domain::{Comparison, Trace, TraceStatus, now};
 use crate::ids::{ComparisonId, UserId};
-use crate::store::{Notice, RunStart, Store, StoreError};
+use crate::store::{Notice, RunStart, StartOutcome, Store};
 
 /// How often a start looks again when other replicas keep starting runs of its conversation
 /// before it is written.
@@ -102,32 +103,36 @@ impl Starter {
     }
 
     /// Runs `start` once per `Idempotency-Key` (see [`idempotency::once`]).
-    async fn once<T>(
+    pub(super) async fn once<T>(
         &self,
         user: &UserId,
         key: Option<IdempotencyKey>,
-        start: impl Future<Output = Result<T, ChatError>>,
+        start: impl Future<Output = Result<Begun<T>, ChatError>>,
     ) -> Result<Started<T>, ChatError> {
         idempotency::once(&*self.store, &self.key_turns, user, key, start).await
     }
 
     /// Validates and persists the request, then starts its run; returns the live run to follow.
-    pub(in crate::chat) async fn start(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
+    pub(in crate::chat) async fn start(
+        &self,
+        user: &UserId,
+        request: ChatRequest,
+    ) -> Result<Begun<Arc<LiveRun>>, ChatError> {
         // A client that leaves while its request is checked must not leave the files it sent
         // behind: the start goes on (or cleans up) in a task of its own.
         let (service, user) = (self.clone(), user.clone());
         tokio::spawn(async move { service.start_here(&user, request).await }).await.map_err(gone)?
     }
 
-    async fn start_here(&self, user: &UserId, request: ChatRequest) -> Result<Arc<LiveRun>, ChatError> {
+    async fn start_here(&self, user: &UserId, request: ChatRequest) -> Result<Begun<Arc<LiveRun>>, ChatError> {
         let (mut tries, action) = (0, ActionOutcome::new());
         loop {
-            match self.try_start(user, &request, &action).await {
+            match self.try_start(user, &request, &action).await? {
                 // Another replica started a run of the conversation since this one looked:
                 // look again, to queue behind it (or refuse, or stop it).
-                Err(ChatError::Store(StoreError::Moved)) if tries < MOVED_TRIES => tries += 1,
-                Err(ChatError::Store(StoreError::Moved)) => return Err(moved()),
-                started => return started,
+                Begun::Moved if tries < MOVED_TRIES => tries += 1,
+                Begun::Moved => return Err(moved()),
+                begun => return Ok(begun),
             }
         }
     }
@@ -137,8 +142,10 @@ impl Starter {
         user: &UserId,
         request: &ChatRequest,
         action: &ActionOutcome,
-    ) -> Result<Arc<LiveRun>, ChatError> {
-        let turn = self.preparer.prepare(user, request, 1, action).await?;
+    ) -> Result<Begun<Arc<LiveRun>>, ChatError> {
+        let Checked::Ready(turn) = self.preparer.prepare(user, request, 1, action).await? else {
+            return Ok(Begun::KeyTaken);
+        };
         let stored = turn.stored_files.clone();
         let profile = request
             .profile
@@ -146,17 +153,14 @@ impl Starter {
             .or_else(|| turn.existing_profile.clone())
             .unwrap_or_else(|| self.settings.chat.default_profile.clone());
         let started = match self.planner.plan(user, &turn.ask(request), &profile, None) {
-            Ok(side) => self.launch(user, turn, vec![side], None).await,
+            Ok(side) => self.launch(user, *turn, vec![side], None).await,
             Err(e) => Err(e),
         };
-        match started {
-            Ok(mut runs) => Ok(runs.remove(0)),
-            Err(e) => {
-                // Nothing of a refused request stays: not the files it stored either.
-                self.attachments.drop_files(user, &stored).await;
-                Err(e)
-            }
+        if !matches!(started, Ok(Begun::Started(_))) {
+            // Nothing of a refused request stays: not the files it stored either.
+            self.attachments.drop_files(user, &stored).await;
         }
+        Ok(started?.map(|mut runs| runs.remove(0)))
     }
 
     /// Starts one message answered by two profiles side by side (CONTRACT.md §10): two full
@@ -167,24 +171,26 @@ impl Starter {
         request: &ChatRequest,
         profile_a: &str,
         profile_b: &str,
-    ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
+    ) -> Result<Begun<(Comparison, Arc<LiveRun>, Arc<LiveRun>)>, ChatError> {
         let (service, user, request) = (self.clone(), user.clone(), request.clone());
         let (profile_a, profile_b) = (profile_a.to_owned(), profile_b.to_owned());
         // As in `start`: the start outlives a client that leaves.
         tokio::spawn(async move {
             let (mut tries, action) = (0, ActionOutcome::new());
             loop {
-                let turn = service.preparer.prepare(&user, &request, 2, &action).await?;
+                let Checked::Ready(turn) = service.preparer.prepare(&user, &request, 2, &action).await? else {
+                    return Ok(Begun::KeyTaken);
+                };
                 let stored = turn.stored_files.clone();
-                let started = service.compare(&user, &request, turn, &profile_a, &profile_b).await;
-                if started.is_err() {
+                let started = service.compare(&user, &request, *turn, &profile_a, &profile_b).await;
+                if !matches!(started, Ok(Begun::Started(_))) {
                     service.attachments.drop_files(&user, &stored).await;
                 }
-                match started {
+                match started? {
                     // As in `start_here`.
-                    Err(ChatError::Store(StoreError::Moved)) if tries < MOVED_TRIES => tries += 1,
-                    Err(ChatError::Store(StoreError::Moved)) => return Err(moved()),
-                    started => return started,
+                    Begun::Moved if tries < MOVED_TRIES => tries += 1,
+                    Begun::Moved => return Err(moved()),
+                    begun => return Ok(begun),
                 }
             }
         })
@@ -199,7 +205,7 @@ impl Starter {
         turn: Prepared,
         profile_a: &str,
         profile_b: &str,
-    ) -> Result<(Comparison, Arc<LiveRun>, Arc<LiveRun>), ChatError> {
+    ) -> Result<Begun<(Comparison, Arc<LiveRun>, Arc<LiveRun>)>, ChatError> {
         let comparison_id = ComparisonId::new();
         let a = self.planner.plan(user, &turn.ask(request), profile_a, Some((comparison_id, "a")))?;
         let b = self.planner.plan(user, &turn.ask(request), profile_b, Some((comparison_id, "b")))?;
@@ -219,10 +225,12 @@ impl Starter {
             vote_history: Vec::new(),
             created_at: now(),
         };
-        let mut runs = self.launch(user, turn, vec![a, b], Some(comparison.clone())).await?;
-        let run_b = runs.pop().expect("two runs");
-        let run_a = runs.pop().expect("two runs");
-        Ok((comparison, run_a, run_b))
+        let begun = self.launch(user, turn, vec![a, b], Some(comparison.clone())).await?;
+        Ok(begun.map(|mut runs| {
+            let run_b = runs.pop().expect("two runs");
+            let run_a = runs.pop().expect("two runs");
+            (comparison, run_a, run_b)
+        }))
     }
 
     /// Persists the message and the traces in one transaction, then starts each run in a
@@ -233,7 +241,7 @@ impl Starter {
         turn: Prepared,
         sides: Vec<Side>,
         comparison: Option<Comparison>,
-    ) -> Result<Vec<Arc<LiveRun>>, ChatError> {
+    ) -> Result<Begun<Vec<Arc<LiveRun>>>, ChatError> {
         let (mut traces, plans): (Vec<Trace>, Vec<RunPlan>) = sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
         if turn.queue.is_some() {
             for trace in &mut traces {
@@ -261,14 +269,16 @@ impl Starter {
         let (done, launched) = oneshot::channel();
         let service = self.clone();
         let user = user.to_owned();
-        self.starts.write(start, move |written| {
-            let runs = written
-                .map_err(|e| match e {
-                    // Other replicas' runs filled the user's limit meanwhile.
-                    StoreError::TooManyRuns(running) => busy(running),
-                    e => e.into(),
-                })
-                .map(|start| service.run_written(&user, start, plans));
+        self.starts.write(start, move |start, written| {
+            let runs = match written {
+                Ok(StartOutcome::Started) => Ok(Begun::Started(service.run_written(&user, start, plans))),
+                // Other replicas' runs filled the user's limit meanwhile.
+                Ok(StartOutcome::OverLimit(running)) => Err(busy(running)),
+                Ok(StartOutcome::KeyTaken) => Ok(Begun::KeyTaken),
+                Ok(StartOutcome::Moved) => Ok(Begun::Moved),
+                Ok(StartOutcome::ChatTaken) => Ok(Begun::ChatTaken),
+                Err(e) => Err(e.into()),
+            };
             // The runs are registered now (or will never be): they count themselves, and
             // must not be counted twice by a start that checks meanwhile.
             drop(reservation);

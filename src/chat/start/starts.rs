@@ -11,14 +11,14 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::store::{RunStart, Store, StoreError};
+use crate::store::{RunStart, StartOutcome, Store, StoreError};
 
 /// Starts written in one transaction, at most.
 const MAX_GROUP: usize = 256;
 
-/// What is done with a start once it is written, or could not be; called in the writer's
-/// task, so it must not block.
-type Then = Box<dyn FnOnce(Result<RunStart, StoreError>) + Send>;
+/// What is done with a start once it is written, or refused, or could not be; called in the
+/// writer's task, so it must not block.
+type Then = Box<dyn FnOnce(RunStart, Result<StartOutcome, StoreError>) + Send>;
 
 struct Pending {
     start: RunStart,
@@ -38,10 +38,14 @@ impl StartWriter {
         Self { tx }
     }
 
-    /// Persists `start`, then calls `then` with it (or with why it could not be written).
-    pub fn write(&self, start: RunStart, then: impl FnOnce(Result<RunStart, StoreError>) + Send + 'static) {
+    /// Persists `start`, then calls `then` with it and how its write ended.
+    pub fn write(
+        &self,
+        start: RunStart,
+        then: impl FnOnce(RunStart, Result<StartOutcome, StoreError>) + Send + 'static,
+    ) {
         if let Err(mpsc::error::SendError(p)) = self.tx.send(Pending { start, then: Box::new(then) }) {
-            (p.then)(Err(StoreError::Conflict("the start writer stopped".into())));
+            (p.then)(p.start, Err(StoreError::Conflict("the start writer stopped".into())));
         }
     }
 }
@@ -53,28 +57,25 @@ async fn write_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Pendi
         let result = store.start_runs(&starts).await;
         drop(starts);
         match result {
-            Ok(()) => {
+            Ok(StartOutcome::Started) => {
                 for p in group.drain(..) {
-                    hand_over(p.then, Ok(p.start));
+                    hand_over(p, Ok(StartOutcome::Started));
                 }
             }
             // The database cannot be written: no start can.
             Err(e) if e.is_unavailable() => {
                 let why = e.to_string();
                 for p in group.drain(..) {
-                    hand_over(p.then, Err(StoreError::Unavailable(why.clone())));
+                    hand_over(p, Err(StoreError::Unavailable(why.clone())));
                 }
             }
-            // One start that cannot be written (its conversation was deleted meanwhile)
-            // must not fail the others: each is tried on its own.
-            Err(e) if group.len() == 1 => {
-                let p = group.pop().expect("one start");
-                hand_over(p.then, Err(e));
-            }
-            Err(_) => {
+            written if group.len() == 1 => hand_over(group.pop().expect("one start"), written),
+            // One start refused, or that cannot be written (its conversation was deleted
+            // meanwhile), must not stop the others: each is tried on its own.
+            _ => {
                 for p in group.drain(..) {
-                    let result = store.start_runs(&[&p.start]).await;
-                    hand_over(p.then, result.map(|()| p.start));
+                    let written = store.start_runs(&[&p.start]).await;
+                    hand_over(p, written);
                 }
             }
         }
@@ -83,8 +84,9 @@ async fn write_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Pendi
 
 /// Hands a start's outcome to its `then`. One that panics (a bug) fails its own request,
 /// whose wait ends with the `then` dropped; the writer goes on with the other starts.
-fn hand_over(then: Then, result: Result<RunStart, StoreError>) {
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| then(result))).is_err() {
+fn hand_over(pending: Pending, written: Result<StartOutcome, StoreError>) {
+    let Pending { start, then } = pending;
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| then(start, written))).is_err() {
         tracing::error!("what follows a run's start panicked; that request fails, the others go on");
     }
 }
@@ -122,7 +124,7 @@ mod tests {
         let writer = StartWriter::start(store.clone());
 
         let (done, dropped) = oneshot::channel::<()>();
-        writer.write(new_chat(&UserId::new("ann")), move |_| {
+        writer.write(new_chat(&UserId::new("ann")), move |_, _| {
             let _done = done;
             panic!("a bug in what follows a start");
         });
@@ -132,10 +134,10 @@ mod tests {
         let bob = UserId::new("bob");
         let next = new_chat(&bob);
         let id = next.user_message.conversation_id;
-        writer.write(next, move |result| {
-            let _ = done.send(result.map(|start| start.user_message.conversation_id));
+        writer.write(next, move |start, written| {
+            let _ = done.send(written.map(|outcome| (outcome, start.user_message.conversation_id)));
         });
-        assert_eq!(written.await.expect("the writer goes on").expect("written"), id);
+        assert_eq!(written.await.expect("the writer goes on").expect("written"), (StartOutcome::Started, id));
         assert!(store.get_conversation(&bob, id).await.is_ok());
     }
 }

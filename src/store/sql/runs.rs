@@ -75,13 +75,8 @@ where
         .await
     }
 
-    async fn start_runs(&self, starts: &[&RunStart]) -> Result<(), StoreError> {
-        <B as Starts>::start_runs(self, starts).await.map_err(|e| match e {
-            // Every id a start writes is new; only a new conversation's external id can be
-            // taken, by another start that made the same client chat a moment before.
-            StoreError::Database(sqlx::Error::Database(db)) if db.is_unique_violation() => StoreError::ChatTaken,
-            e => e,
-        })
+    async fn start_runs(&self, starts: &[&RunStart]) -> Result<StartOutcome, StoreError> {
+        <B as Starts>::start_runs(self, starts).await
     }
 
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {

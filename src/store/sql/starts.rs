@@ -9,15 +9,18 @@ use serde_json::Value;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
-use super::statements::{GOING_IN_CONVERSATION, Statements, key_taken};
+use super::statements::{GOING_IN_CONVERSATION, Statements};
 use super::{Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
 use crate::domain::{Conversation, Message, Trace};
 use crate::ids::{TraceId, UserId};
-use crate::store::{RunStart, StoreError};
+use crate::store::{RunStart, StartOutcome, StoreError};
 
 /// A start's statements (see the module's doc).
 pub(super) trait Starts: Statements {
-    fn start_runs(backend: &Self, starts: &[&RunStart]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn start_runs(
+        backend: &Self,
+        starts: &[&RunStart],
+    ) -> impl Future<Output = Result<StartOutcome, StoreError>> + Send;
 
     /// Counts each user's running runs, with the starts' new ones, against the starts'
     /// `max_running`, holding a lock per user until the transaction ends: replicas
@@ -26,15 +29,15 @@ pub(super) trait Starts: Statements {
     fn check_running_limits(
         conn: &mut Conn<Self>,
         starts: &[&RunStart],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), Stop>> + Send;
 
-    /// Fails with [`StoreError::Moved`] where a run of a start's conversation is going that
+    /// Refuses the starts as [`StartOutcome::Moved`] where a run of a start's conversation is going that
     /// the start did not see (another replica started it since): its message would not follow
     /// that run. Starts into one conversation take turns here.
     fn check_going(
         conn: &mut Conn<Self>,
         starts: &[&RunStart],
-    ) -> impl Future<Output = Result<Vec<(Uuid, DateTime<Utc>)>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<(Uuid, DateTime<Utc>)>, Stop>> + Send;
 
     /// Places the queued traces of `starts` after the runs going in their conversations
     /// (`lasts`: the latest `started_at` of those, from [`check_going`](<B as Starts>::check_going)):
@@ -57,7 +60,7 @@ pub(super) trait Starts: Statements {
         messages: &[(&UserId, &Message)],
         starts: &[&RunStart],
         traces: &[(&Trace, &str, Option<&Value>)],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<StartOutcome, StoreError>> + Send;
 }
 
 impl<B> Starts for B
@@ -71,7 +74,7 @@ where
     for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
 {
-    async fn start_runs(backend: &B, starts: &[&RunStart]) -> Result<(), StoreError> {
+    async fn start_runs(backend: &B, starts: &[&RunStart]) -> Result<StartOutcome, StoreError> {
         // A few statements for any number of starts: new conversations, messages and
         // traces go in as one multi-row insert each (a statement is a round trip to
         // the database, and these come in bursts). A new conversation is inserted as
@@ -101,60 +104,73 @@ where
         }
         write(backend, async |conn| {
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
-            let lasts = if B::SHARED {
-                <B as Starts>::check_running_limits(&mut *tx, starts).await?;
-                <B as Starts>::check_going(&mut *tx, starts).await?
-            } else {
-                Vec::new()
-            };
-            for rows in conversations.chunks(ROWS_PER_INSERT) {
-                <B as Statements>::insert_conversations(&mut *tx, rows).await?;
-            }
-            for rows in messages.chunks(ROWS_PER_INSERT) {
-                <B as Statements>::insert_messages(&mut *tx, rows).await?;
-                if <B as Statements>::use_files(rows) {
-                    let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-                    <B as Statements>::push_message_files(&mut query, rows);
-                    // A file deleted since the request was checked.
-                    B::execute(&mut *tx, query).await.map_err(|e| match e.as_database_error() {
-                        Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
-                        _ => e.into(),
-                    })?;
+            let written: Result<(), Stop> = async {
+                let lasts = if B::SHARED {
+                    <B as Starts>::check_running_limits(&mut *tx, starts).await?;
+                    <B as Starts>::check_going(&mut *tx, starts).await?
+                } else {
+                    Vec::new()
+                };
+                for rows in conversations.chunks(ROWS_PER_INSERT) {
+                    <B as Statements>::insert_conversations(&mut *tx, rows).await.map_err(Stop::from_insert)?;
                 }
-            }
-            for start in starts {
-                if start.user_message_is_new && start.new_conversation.is_none() {
-                    let user = &start.traces[0].user_id;
-                    <B as Statements>::touch_conversation(&mut *tx, user, &start.user_message).await?;
+                for rows in messages.chunks(ROWS_PER_INSERT) {
+                    <B as Statements>::insert_messages(&mut *tx, rows).await?;
+                    if <B as Statements>::use_files(rows) {
+                        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+                        <B as Statements>::push_message_files(&mut query, rows);
+                        // A file deleted since the request was checked.
+                        B::execute(&mut *tx, query).await.map_err(|e| match e.as_database_error() {
+                            Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
+                            _ => e.into(),
+                        })?;
+                    }
                 }
-                if <B as Statements>::settles(start) {
+                for start in starts {
+                    if start.user_message_is_new && start.new_conversation.is_none() {
+                        let user = &start.traces[0].user_id;
+                        <B as Statements>::touch_conversation(&mut *tx, user, &start.user_message).await?;
+                    }
+                    if <B as Statements>::settles(start) {
+                        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+                        <B as Statements>::push_settle(&mut query, start);
+                        B::execute(&mut *tx, query).await?;
+                    }
+                    if let Some(c) = &start.comparison {
+                        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+                        <B as Statements>::push_comparison(&mut query, c);
+                        B::execute(&mut *tx, query).await?;
+                    }
+                }
+                for rows in traces.chunks(ROWS_PER_INSERT) {
                     let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-                    <B as Statements>::push_settle(&mut query, start);
+                    <B as Statements>::push_traces(&mut query, rows);
                     B::execute(&mut *tx, query).await?;
                 }
-                if let Some(c) = &start.comparison {
-                    let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-                    <B as Statements>::push_comparison(&mut query, c);
-                    B::execute(&mut *tx, query).await?;
-                }
-            }
-            for rows in traces.chunks(ROWS_PER_INSERT) {
+                <B as Starts>::place_queued(&mut tx, starts, &lasts).await?;
                 let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-                <B as Statements>::push_traces(&mut query, rows);
-                B::execute(&mut *tx, query).await?;
+                if <B as Statements>::push_keys(&mut query, starts) {
+                    B::execute(&mut *tx, query).await.map_err(Stop::from_insert)?;
+                }
+                Ok(())
             }
-            <B as Starts>::place_queued(&mut tx, starts, &lasts).await?;
-            let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-            if <B as Statements>::push_keys(&mut query, starts) {
-                B::execute(&mut *tx, query).await.map_err(key_taken)?;
+            .await;
+            match written {
+                Ok(()) => {
+                    tx.commit().await?;
+                    Ok(StartOutcome::Started)
+                }
+                Err(Stop::Refused(outcome)) => {
+                    tx.rollback().await?;
+                    Ok(outcome)
+                }
+                Err(Stop::Fault(e)) => Err(e),
             }
-            tx.commit().await?;
-            Ok(())
         })
         .await
     }
 
-    async fn check_running_limits(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<(), StoreError> {
+    async fn check_running_limits(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<(), Stop> {
         let mut users: Vec<(&UserId, usize, usize)> = Vec::new();
         for start in starts {
             let (Some(limit), Some(first)) = (start.max_running, start.traces.first()) else { continue };
@@ -173,13 +189,13 @@ where
                     .await?;
             let running = usize::try_from(running).unwrap_or(usize::MAX);
             if running + adding > limit {
-                return Err(StoreError::TooManyRuns(running));
+                return Err(Stop::Refused(StartOutcome::OverLimit(running)));
             }
         }
         Ok(())
     }
 
-    async fn check_going(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
+    async fn check_going(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<Vec<(Uuid, DateTime<Utc>)>, Stop> {
         let mut seen: Vec<(Uuid, &[TraceId])> =
             starts.iter().filter_map(|s| Some((s.user_message.conversation_id.0, s.going_seen.as_deref()?))).collect();
         seen.sort_unstable_by_key(|(conversation, _)| *conversation);
@@ -189,7 +205,7 @@ where
             let going: Vec<(Uuid, DateTime<Utc>, String, Option<Uuid>)> =
                 sqlx::query_as(GOING_IN_CONVERSATION).bind(conversation).fetch_all(&mut *conn).await?;
             if going.iter().any(|(id, ..)| !seen.iter().any(|s| s.0 == *id)) {
-                return Err(StoreError::Moved);
+                return Err(Stop::Refused(StartOutcome::Moved));
             }
             if let Some(last) = going.iter().map(|(_, at, ..)| *at).max() {
                 lasts.push((conversation, last));
@@ -224,7 +240,7 @@ where
         messages: &[(&UserId, &Message)],
         starts: &[&RunStart],
         traces: &[(&Trace, &str, Option<&Value>)],
-    ) -> Result<(), StoreError> {
+    ) -> Result<StartOutcome, StoreError> {
         let mut query = sqlx::QueryBuilder::<B::Db>::new(B::BEGIN_WRITE);
         for rows in conversations.chunks(ROWS_PER_INSERT) {
             query.push("; ");
@@ -261,12 +277,50 @@ where
             <B as Statements>::push_keys(&mut query, starts);
         }
         query.push("; COMMIT");
-        write(backend, async |conn| {
-            transaction_as_one_query::<B>(conn, query).await.map_err(|e| match e.as_database_error() {
-                Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
-                _ => key_taken(e),
-            })
+        write(backend, async |conn| match transaction_as_one_query::<B>(conn, query).await {
+            Ok(()) => Ok(StartOutcome::Started),
+            Err(e) => match Stop::from_insert(e) {
+                Stop::Refused(outcome) => Ok(outcome),
+                Stop::Fault(e) => Err(e),
+            },
         })
         .await
+    }
+}
+
+/// Why a start's transaction stopped short: a refusal (rolled back, and answered as the
+/// start's outcome) or a fault.
+pub(super) enum Stop {
+    Refused(StartOutcome),
+    Fault(StoreError),
+}
+
+impl Stop {
+    /// What a failed insert of a start's rows means: a unique violation of
+    /// `idempotency_keys` is another start that recorded the key first; of a conversation's
+    /// external id (`conversations_by_external_id`), another start that made the same client
+    /// chat; a foreign key violation is a conversation or file deleted since the request was
+    /// checked. (SQLite names the columns where Postgres names the constraint.)
+    fn from_insert(error: impl Into<StoreError>) -> Self {
+        let error = error.into();
+        let StoreError::Database(sqlx::Error::Database(db)) = &error else { return Stop::Fault(error) };
+        let violates = |constraint: &str, columns: &str| {
+            db.constraint().is_some_and(|c| c.starts_with(constraint)) || db.message().contains(columns)
+        };
+        if db.is_unique_violation() && violates("idempotency_keys", "idempotency_keys.") {
+            Stop::Refused(StartOutcome::KeyTaken)
+        } else if db.is_unique_violation() && violates("conversations_by_external_id", "conversations.external_id") {
+            Stop::Refused(StartOutcome::ChatTaken)
+        } else if db.is_foreign_key_violation() {
+            Stop::Fault(StoreError::NotFound)
+        } else {
+            Stop::Fault(error)
+        }
+    }
+}
+
+impl<E: Into<StoreError>> From<E> for Stop {
+    fn from(error: E) -> Self {
+        Stop::Fault(error.into())
     }
 }

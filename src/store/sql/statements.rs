@@ -389,17 +389,3 @@ pub(super) const GOING_IN_CONVERSATION: &str = "select id, started_at, status, c
      where conversation_id = $1 and status = 'running' \
      union all select id, started_at, status, comparison_id from traces where conversation_id = $1 and status = 'waiting' \
      union all select id, started_at, status, comparison_id from traces where conversation_id = $1 and status = 'queued'";
-
-/// A unique violation of `idempotency_keys`: another start recorded the key first.
-pub(super) fn key_taken(error: sqlx::Error) -> StoreError {
-    match error.as_database_error() {
-        Some(db)
-            if db.is_unique_violation()
-                && (db.constraint().is_some_and(|c| c.starts_with("idempotency_keys"))
-                    || db.message().contains("idempotency_keys")) =>
-        {
-            StoreError::KeyTaken
-        }
-        _ => error.into(),
-    }
-}
