@@ -10,7 +10,11 @@ Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open s
 ratios against the direct path of the same run. Usage:
 
   loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1] [--repeat N] [--chatd BIN]
-                  [--encodings native,ui,agui]
+                  [--encodings native,ui,agui] [--postgres URL]
+
+--postgres measures chatd on Postgres instead of SQLite: each scenario gets a database of its
+own, made beside the one URL names (which must allow CREATE DATABASE; scripts/postgres.sh
+prints one) and dropped after.
 
 --encodings also measures the same streams through chatd's other vocabularies of a run: the AI
 SDK's UI message stream (`ui`, POST /api/ui/chat) and AG-UI (`agui`, POST /api/agui), each
@@ -101,6 +105,14 @@ def install_litellm():
     return os.path.join(venv, "bin", "litellm")
 
 
+def fresh_postgres(url, name):
+    """Makes an empty database beside `url`'s for one scenario; returns its URL."""
+    name = "bench_" + "".join(c if c.isalnum() else "_" for c in name).lower()
+    base, _, _ = url.rpartition("/")
+    subprocess.run(["psql", url, "-q", "-c", f"drop database if exists {name}", "-c", f"create database {name}"], check=True)
+    return f"{base}/{name}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller scenarios")
@@ -110,6 +122,7 @@ def main():
                     help="chatd reaches the mock over HTTP/1.1, one connection per stream, instead of HTTP/2")
     ap.add_argument("--repeat", type=int, default=1, help="measure the direct and chatd paths this many times each")
     ap.add_argument("--chatd", default=os.path.join(REL, "chatd"), help="the chatd binary to measure (to compare two builds)")
+    ap.add_argument("--postgres", metavar="URL", help="measure chatd on Postgres (a fresh database beside URL's per scenario)")
     ap.add_argument("--encodings", default="native",
                     help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's)")
     args = ap.parse_args()
@@ -143,11 +156,14 @@ def main():
             mock_cmd += ["--tool", sc["tool"]]
         mock = start(mock_cmd)
         config = os.path.join(work, "chatd.toml")
+        database = f"sqlite://{work}/chatd.db"
+        if args.postgres:
+            database = fresh_postgres(args.postgres, os.path.basename(work))
         with open(config, "w") as f:
             f.write(f"""[server]
 port = {chatd_port}
 [database]
-url = "sqlite://{work}/chatd.db"
+url = "{database}"
 [limits]
 requests_per_minute = 0
 max_concurrent_runs_per_user = 100000
@@ -209,6 +225,9 @@ general_settings:
             stop(mock)
             chatd_log.close()
             shutil.rmtree(work, ignore_errors=True)
+            if args.postgres:
+                name = database.rpartition("/")[2]
+                subprocess.run(["psql", args.postgres, "-q", "-c", f"drop database if exists {name}"])
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
 
