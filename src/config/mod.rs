@@ -170,6 +170,7 @@ impl Settings {
                     require_approval: Vec::new(),
                     // The mock acknowledges what it is sent, so a newcomer can try every kind.
                     modalities: vec![Modality::Text, Modality::Image, Modality::Pdf],
+                    fallbacks: Vec::new(),
                 },
             );
         }
@@ -192,6 +193,18 @@ impl Settings {
             }
             if profile.model.trim().is_empty() {
                 return Err(ConfigError::Invalid(format!("profiles.{id}.model is empty")));
+            }
+            for fallback in &profile.fallbacks {
+                if fallback == id {
+                    return Err(ConfigError::Invalid(format!("profiles.{id}.fallbacks names the profile itself")));
+                }
+                if !self.profiles.contains_key(fallback) {
+                    let known: Vec<&str> = self.profiles.keys().map(String::as_str).collect();
+                    return Err(ConfigError::Invalid(format!(
+                        "profiles.{id}.fallbacks names unknown profile '{fallback}' (profiles: {})",
+                        known.join(", ")
+                    )));
+                }
             }
         }
         // Ten years at most: a deadline must stay a date.

@@ -473,6 +473,10 @@ pub struct ProfileSettings {
     /// `pdf` only where the model reads them.
     #[serde(default = "text_only")]
     pub modalities: Vec<Modality>,
+    /// Profiles whose models answer instead, tried in order, when a model call of this one
+    /// fails after its retries with a retryable error (CONTRACT.md §19).
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
 }
 
 /// A kind of attachment a profile's model takes.

@@ -554,6 +554,96 @@ async fn a_500_then_success_is_retried_before_any_output() {
     assert_eq!(r.fixture.received().len(), 2);
 }
 
+/// A second profile on the same fixture, `fx` falling back to it (CONTRACT.md §19).
+const FALLBACK: &str = r#"fallbacks = ["backup"]
+        [profiles.backup]
+        provider = "fx"
+        model = "fx-backup"
+        temperature = 0.5"#;
+
+both_backends! {
+    /// A model that fails retryably after its retries, before any output: the fallback's
+    /// model answers the same input, seamlessly; the answer and the trace name who answered.
+    async fn a_failing_model_falls_back_before_any_output(backend: Backend) {
+        let overloaded = || Scripted::error(503, json!({"error": {"message": "overloaded"}}));
+        let script = vec![overloaded(), overloaded(), overloaded(), Scripted::sse(&openai_text(&["from ", "the backup"]))];
+        let r = run_with(backend, "openai", script, "", FALLBACK, "go").await;
+        assert_eq!(r.kinds(), ["start", "status", "status", "text_delta", "text_delta", "usage", "complete", "done"]);
+        assert_eq!(r.frames[2].data["message"], "Answering with fx-backup");
+        assert_eq!(joined(&r.frames, "text_delta"), "from the backup");
+        assert_eq!(r.last("complete")["payload"]["model"], "fx-backup");
+        let received = r.fixture.received();
+        assert_eq!(received.len(), 4, "three tries of fx-model (max_retries = 2), then one of fx-backup");
+        assert_eq!(received[0].body["model"], "fx-model");
+        assert_eq!(received[3].body["model"], "fx-backup");
+        assert_eq!(received[3].body["temperature"], 0.5);
+        assert_eq!(received[3].body["messages"], received[0].body["messages"], "the same input");
+        let trace = r.trace().await;
+        let calls: Vec<&Value> = trace["spans"].as_array().unwrap().iter().filter(|s| s["kind"] == "llm").collect();
+        assert_eq!(calls.len(), 2, "a span per model that was asked: {calls:?}");
+        assert_eq!(calls[0]["attributes"]["gen_ai.request.model"], "fx-model");
+        assert_eq!(calls[0]["status"], "error");
+        assert_eq!(calls[1]["attributes"]["gen_ai.request.model"], "fx-backup");
+        assert_eq!(calls[1]["status"], "ok");
+        let conversation = r.conversation().await;
+        assert_eq!(conversation["messages"][1]["model"], "fx-backup");
+        assert_eq!(conversation["messages"][1]["content"], "from the backup");
+    }
+}
+
+#[tokio::test]
+async fn a_401_never_falls_back() {
+    let script = Scripted::error(401, json!({"error": {"message": "Incorrect API key provided"}}));
+    let r = run("openai", vec![script], FALLBACK, "go").await;
+    assert_eq!(r.kinds(), ["start", "status", "error", "done"]);
+    assert_eq!(r.last("error")["code"], "UNAUTHORIZED");
+    assert_eq!(r.fixture.received().len(), 1);
+}
+
+#[tokio::test]
+async fn when_every_fallback_fails_the_run_ends_with_one_error() {
+    let overloaded = || Scripted::error(503, json!({"error": {"message": "overloaded"}}));
+    let r = run("openai", (0..6).map(|_| overloaded()).collect(), FALLBACK, "go").await;
+    assert_eq!(r.kinds(), ["start", "status", "status", "error", "done"]);
+    assert_eq!(r.last("error")["code"], "SERVICE_UNAVAILABLE");
+    assert_eq!(r.fixture.received().len(), 6, "three tries of each model");
+    assert_eq!(r.fixture.received()[5].body["model"], "fx-backup");
+}
+
+#[tokio::test]
+async fn a_failure_after_output_does_not_fall_back() {
+    // The switch after output needs a step_reset (CONTRACT.md §19), not built yet: the
+    // run fails as before, keeping what was shown.
+    let frames = vec![
+        openai_chunk(json!({"role": "assistant", "content": "Partial"}), None),
+        data(json!({"error": {"code": 502, "message": "Upstream provider crashed"}})),
+    ];
+    let r = run("openai", vec![Scripted::sse(&frames)], FALLBACK, "go").await;
+    assert_eq!(joined(&r.frames, "text_delta"), "Partial");
+    assert_eq!(r.kinds().iter().filter(|k| **k == "error").count(), 1);
+    assert_eq!(r.fixture.received().len(), 1);
+}
+
+#[test]
+fn fallbacks_must_name_other_profiles() {
+    let config = |fallbacks: &str| {
+        format!(
+            "[chat]\ndefault_profile = \"a\"\n[providers.m]\nkind = \"mock\"\n[profiles.a]\nprovider = \"m\"\nmodel = \"x\"\nfallbacks = {fallbacks}\n\
+             [profiles.b]\nprovider = \"m\"\nmodel = \"y\"\n"
+        )
+    };
+    let load = |text: String| {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        chatd::config::Settings::load(Some(file.path())).map(|_| ())
+    };
+    load(config(r#"["b"]"#)).expect("a fallback that is another profile");
+    let unknown = load(config(r#"["c"]"#)).unwrap_err().to_string();
+    assert!(unknown.contains("profiles.a.fallbacks names unknown profile 'c'"), "{unknown}");
+    let itself = load(config(r#"["a"]"#)).unwrap_err().to_string();
+    assert!(itself.contains("profiles.a.fallbacks names the profile itself"), "{itself}");
+}
+
 #[tokio::test]
 async fn an_unreachable_provider_is_a_network_error() {
     // A port that was just free: nothing listens there.

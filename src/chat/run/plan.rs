@@ -11,7 +11,7 @@ use crate::events::{DiagnosticMessage, Diagnostics};
 use super::attachments::FileReader;
 use crate::chat::errors::{ChatError, not_found, unknown_profile};
 use crate::chat::request::ClientTool;
-use crate::chat::run::agent::{Gate, RunPlan, ToolLimits};
+use crate::chat::run::agent::{Fallback, Gate, RunPlan, ToolLimits};
 use crate::chat::run::context::ContextKeeper;
 use crate::chat::run::payloads::LlmPayloadType;
 use crate::chat::run::prompt::{self, PromptParts};
@@ -164,8 +164,30 @@ impl Planner {
             context_value: turn.context.cloned(),
             client_tools: turn.client_tools.to_vec(),
             files: FileReader::new(self.files.clone(), user, profile.modalities.clone(), kind),
+            fallbacks: self.fallbacks(profile),
         };
         Ok(Side { trace, plan })
+    }
+
+    /// The profiles that answer instead of `profile` when its model fails (config checked
+    /// that each is one), in order.
+    fn fallbacks(&self, profile: &ProfileSettings) -> Vec<Fallback> {
+        let configured = profile.fallbacks.iter().filter_map(|id| Some((id, self.settings.profiles.get(id)?)));
+        configured
+            .filter_map(|(id, fallback)| {
+                Some(Fallback {
+                    profile: id.clone(),
+                    provider_id: fallback.provider.clone(),
+                    provider: self.providers.get(&fallback.provider)?,
+                    model: fallback.model.clone(),
+                    temperature: fallback.temperature,
+                    max_tokens: fallback.max_tokens,
+                    enable_thinking: fallback.enable_thinking,
+                    thinking_budget: fallback.thinking_budget,
+                    reasoning_effort: fallback.reasoning_effort.clone(),
+                })
+            })
+            .collect()
     }
 
     /// What a run of `profile` may use, for a request with this context and client tools:
@@ -260,8 +282,9 @@ impl Planner {
 }
 
 impl Planner {
-    /// The run's plan again, for its continuation: its profile's model and tools as config
-    /// has them now, the request as it was.
+    /// The run's plan again, for its continuation: its profile's model, fallbacks and tools
+    /// as config has them now (a fallback that answered before the wait does not stay), the
+    /// request as it was.
     pub(in crate::chat) fn replan(
         &self,
         trace: &Trace,
@@ -286,7 +309,15 @@ impl Planner {
             profile: trace.profile.clone(),
             provider_id: profile.provider.clone(),
             provider,
-            request: checkpoint.request(),
+            request: ModelRequest {
+                model: profile.model.clone(),
+                temperature: profile.temperature,
+                max_tokens: profile.max_tokens,
+                enable_thinking: profile.enable_thinking,
+                thinking_budget: profile.thinking_budget,
+                reasoning_effort: profile.reasoning_effort.clone(),
+                ..checkpoint.request()
+            },
             tools,
             max_iterations: profile.max_iterations,
             payload_types,
@@ -307,6 +338,7 @@ impl Planner {
                 profile.modalities.clone(),
                 self.settings.providers.get(&profile.provider).map_or(crate::config::ProviderKind::Mock, |p| p.kind),
             ),
+            fallbacks: self.fallbacks(profile),
         })
     }
 }

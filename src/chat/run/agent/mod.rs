@@ -71,6 +71,35 @@ pub struct RunPlan {
     pub client_tools: Vec<crate::chat::request::ClientTool>,
     /// Reads the request's attachments before each model call (CONTRACT.md §14).
     pub files: crate::chat::run::attachments::FileReader,
+    /// The profiles that answer instead when a model call fails retryably (CONTRACT.md
+    /// §19), in order; the run goes on with the one that answered.
+    pub fallbacks: Vec<Fallback>,
+}
+
+/// A profile that answers a run's model call in its own profile's stead: its provider and
+/// model, and its sampling and thinking settings; the input stays the run's.
+pub struct Fallback {
+    pub profile: String,
+    pub provider_id: String,
+    pub provider: Arc<dyn LlmProvider>,
+    pub model: String,
+    pub temperature: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub enable_thinking: bool,
+    pub thinking_budget: Option<u32>,
+    pub reasoning_effort: Option<String>,
+}
+
+impl Fallback {
+    /// `request` as this fallback's model is asked it.
+    fn ask(&self, request: &mut ModelRequest) {
+        request.model.clone_from(&self.model);
+        request.temperature = self.temperature;
+        request.max_tokens = self.max_tokens;
+        request.enable_thinking = self.enable_thinking;
+        request.thinking_budget = self.thinking_budget;
+        request.reasoning_effort.clone_from(&self.reasoning_effort);
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -182,8 +211,9 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
             (Output { awaiting_first_token: first, ..Output::default() }, 1, None)
         }
         Start::Resumed(resumption) => {
+            // The plan asks the checkpoint's request already, of its profile's model (see
+            // `Planner::replan`: a fallback that answered before the wait does not stay).
             let park::Resumption { checkpoint, waits } = *resumption;
-            plan.request = checkpoint.request;
             (checkpoint.output, checkpoint.iteration, Some((checkpoint.pending, waits)))
         }
     };
@@ -198,7 +228,7 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
             // The turn that waited: its calls are settled now.
             Some((pending, waits)) => resume_turn(&plan, emitter, &cancel, pending, &waits, &mut output).await,
             None => {
-                ending = call_model(&plan, emitter, &cancel, &mut output, markers.clone()).await;
+                ending = call_model(&mut plan, emitter, &cancel, &mut output, markers.clone()).await;
                 let Some(turn) = output.turns.last_mut() else {
                     break;
                 };
@@ -236,9 +266,11 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
     finish(&plan, emitter, store, ending, output).await;
 }
 
-/// One model call, streamed out as events and into `output`.
+/// One model call, streamed out as events and into `output`. A call that fails retryably
+/// (after the provider's own retries) before anything of it was shown goes to the plan's
+/// next fallback, and the run goes on with the model that answers.
 async fn call_model(
-    plan: &RunPlan,
+    plan: &mut RunPlan,
     emitter: &mut Emitter,
     cancel: &CancellationToken,
     output: &mut Output,
@@ -260,14 +292,33 @@ async fn call_model(
         return Ending::Failed(error);
     }
     output.thinking_calls.0 += 1;
-    let mut turn = Turn::new(output.tool_history.len() as u32, markers);
-    emitter.hold(true);
-    let ending = tokio::select! {
-        biased;
-        () = when_woken(cancel.cancelled()) => Ending::Cancelled,
-        ending = stream_turn(plan, &fitted.request, emitter, &mut turn, output) => ending,
+    let (mut turn, mut started_at) = (Turn::new(output.tool_history.len() as u32, markers.clone()), started_at);
+    let ending = loop {
+        let shown = emitter.seq();
+        emitter.hold(true);
+        let ending = tokio::select! {
+            biased;
+            () = when_woken(cancel.cancelled()) => Ending::Cancelled,
+            ending = stream_turn(plan, &fitted.request, emitter, &mut turn, output) => ending,
+        };
+        emitter.hold(false);
+        let Ending::Failed(error) = &ending else { break ending };
+        if !error.retryable || emitter.seq() != shown || plan.fallbacks.is_empty() {
+            break ending;
+        }
+        // Nothing of this call was shown: another model answers it, seamlessly.
+        let fallback = plan.fallbacks.remove(0);
+        tracing::warn!(
+            error = %error, profile = %plan.profile, fallback = %fallback.profile,
+            "model call failed; its fallback answers"
+        );
+        output.spans.push(failed_call(&fitted.request.model, started_at, &ending));
+        fallback.ask(&mut fitted.request);
+        fallback.ask(&mut plan.request);
+        (plan.provider, plan.provider_id) = (fallback.provider, fallback.provider_id);
+        emitter.emit(Event::Status { message: format!("Answering with {}", fallback.model) });
+        (turn, started_at) = (Turn::new(output.tool_history.len() as u32, markers.clone()), now());
     };
-    emitter.hold(false);
     if matches!(ending, Ending::Cancelled) {
         let mut held = Vec::new();
         turn.flush(&mut held);
@@ -320,6 +371,25 @@ async fn call_model(
         tool_results: Vec::new(),
     });
     ending
+}
+
+/// The span of a model call that failed before anything of it was shown (its fallback
+/// answered).
+fn failed_call(model: &str, started_at: chrono::DateTime<chrono::Utc>, ending: &Ending) -> Span {
+    Span::Llm {
+        timing: SpanTiming::new(format!("chat {model}"), started_at, now()),
+        status: status_of(ending),
+        attributes: LlmAttributes {
+            operation_name: "chat".to_owned(),
+            request_model: model.to_owned(),
+            input_tokens: 0,
+            output_tokens: 0,
+            usage_estimated: false,
+            finish_reasons: Vec::new(),
+            context: None,
+            warnings: Vec::new(),
+        },
+    }
 }
 
 /// Replaces what trimming dropped by a summary the model writes, kept in the context state
