@@ -135,6 +135,7 @@ export class AnswerView {
       ...state,
     };
     this.callIndex = {}; // tool_call_id → index
+    this.steps = {}; // step → how much text and thinking there was when it started
     for (const tool of Object.values(this.state.tools)) this.callIndex[tool.id] = tool.index;
     this.cards = new Map(); // index → <details>, kept so an open card stays open
     this.node = el("article", { class: "msg assistant" });
@@ -185,6 +186,15 @@ export class AnswerView {
       case "start":
         Object.assign(s, { messageId: event.message_id, traceId: event.trace_id, model: event.model });
         break;
+      case "step_start":
+        this.steps[event.step] = { text: s.text.length, thinking: s.thinking.length };
+        break;
+      case "step_reset": {
+        // The model call failed after it began answering and is made again: what it said is void.
+        const at = this.steps[event.step];
+        if (at) Object.assign(s, { text: s.text.slice(0, at.text), thinking: s.thinking.slice(0, at.thinking) });
+        break;
+      }
       case "status":
         s.status = event.message;
         break;

@@ -26,6 +26,8 @@ struct Call {
 
 #[derive(Debug, Clone)]
 struct ModelCall {
+    /// What an attempt that failed after output said first (then `step_reset`), if any.
+    voided: Vec<Piece>,
     pieces: Vec<Piece>,
     calls: Vec<Call>,
 }
@@ -52,8 +54,8 @@ fn call() -> impl Strategy<Value = Call> {
 }
 
 fn model_call() -> impl Strategy<Value = ModelCall> {
-    (prop::collection::vec(piece(), 0..6), prop::collection::vec(call(), 0..3))
-        .prop_map(|(pieces, calls)| ModelCall { pieces, calls })
+    (prop::collection::vec(piece(), 0..3), prop::collection::vec(piece(), 0..6), prop::collection::vec(call(), 0..3))
+        .prop_map(|(voided, pieces, calls)| ModelCall { voided, pieces, calls })
 }
 
 /// A whole run's events: `start` … one terminal event, `done`.
@@ -67,14 +69,19 @@ fn build(model_calls: &[ModelCall], ending: Ending, cut: prop::sample::Index) ->
     let (conversation_id, message_id, trace_id) = (ConversationId::new(), MessageId::new(), TraceId::new());
     let mut body = Vec::new();
     let mut index = 0u32;
-    for model_call in model_calls {
+    let said = |piece: &Piece| match piece {
+        Piece::Thinking(text) => Event::ThinkingDelta { text: text.clone() },
+        Piece::Text(text) => Event::TextDelta { text: text.clone() },
+    };
+    for (step, model_call) in (0u32..).zip(model_calls) {
+        body.push(Event::StepStart { step });
         body.push(Event::Status { message: THINKING_STATUS.into() });
-        for piece in &model_call.pieces {
-            body.push(match piece {
-                Piece::Thinking(text) => Event::ThinkingDelta { text: text.clone() },
-                Piece::Text(text) => Event::TextDelta { text: text.clone() },
-            });
+        if !model_call.voided.is_empty() {
+            body.extend(model_call.voided.iter().map(said));
+            body.push(Event::StepReset { step, reason: "overloaded".into() });
+            body.push(Event::StepStart { step });
         }
+        body.extend(model_call.pieces.iter().map(said));
         let ids: Vec<String> = (0..model_call.calls.len()).map(|i| format!("call_{index}_{i}")).collect();
         for (call, id) in model_call.calls.iter().zip(&ids) {
             if call.streamed {

@@ -26,22 +26,57 @@ pub const THINKING_STATUS: &str = "Thinking…";
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     Start(Box<StartEvent>),
-    Status { message: String },
-    ThinkingDelta { text: String },
-    TextDelta { text: String },
-    ToolInputStart { tool_call_id: String, tool: String, index: u32 },
-    ToolInputDelta { tool_call_id: String, delta: String },
+    /// Before each model call; `step` counts the run's model calls from 0 (CONTRACT.md §19).
+    StepStart {
+        step: u32,
+    },
+    /// The text and thinking streamed since `step_start {step}` are void: the call failed
+    /// after output and is made again (or by a fallback's model). A client drops them and
+    /// keeps what follows.
+    StepReset {
+        step: u32,
+        reason: String,
+    },
+    Status {
+        message: String,
+    },
+    ThinkingDelta {
+        text: String,
+    },
+    TextDelta {
+        text: String,
+    },
+    ToolInputStart {
+        tool_call_id: String,
+        tool: String,
+        index: u32,
+    },
+    ToolInputDelta {
+        tool_call_id: String,
+        delta: String,
+    },
     ToolStart(Box<ToolStartEvent>),
     ToolProgress(Box<ToolProgressEvent>),
-    ToolOutput { tool_call_id: String, output: String, truncated: bool, full_length: usize },
+    ToolOutput {
+        tool_call_id: String,
+        output: String,
+        truncated: bool,
+        full_length: usize,
+    },
     ToolComplete(Box<ToolCompleteEvent>),
     ToolApprovalRequest(Box<ToolApprovalRequestEvent>),
     ToolResultRequest(Box<ToolResultRequestEvent>),
     Usage(Usage),
-    Complete { payload: Box<CompletePayload> },
+    Complete {
+        payload: Box<CompletePayload>,
+    },
     Cancelled(Box<CancelledEvent>),
     Error(Box<ErrorEvent>),
-    Done { conversation_id: ConversationId, message_id: MessageId, trace_id: TraceId },
+    Done {
+        conversation_id: ConversationId,
+        message_id: MessageId,
+        trace_id: TraceId,
+    },
 }
 
 impl Event {
@@ -49,6 +84,8 @@ impl Event {
     pub fn kind(&self) -> &'static str {
         match self {
             Event::Start(_) => "start",
+            Event::StepStart { .. } => "step_start",
+            Event::StepReset { .. } => "step_reset",
             Event::Status { .. } => "status",
             Event::ThinkingDelta { .. } => "thinking_delta",
             Event::TextDelta { .. } => "text_delta",

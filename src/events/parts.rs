@@ -10,6 +10,14 @@ pub struct StatusData<'a> {
     pub message: &'a str,
 }
 
+/// A `data-step-reset` chunk's data (AG-UI: the `step_reset` custom event's value): the text
+/// and thinking of model call `step` since it started are void (CONTRACT.md §19).
+#[derive(Debug, PartialEq, Serialize)]
+pub struct StepResetData<'a> {
+    pub step: u32,
+    pub reason: &'a str,
+}
+
 /// The part of the message being streamed now (a text or reasoning part, by its id).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub enum Open {

@@ -24,15 +24,39 @@ pub trait Decoder: Send + 'static {
     fn finished(&self) -> bool;
 }
 
+/// How often, and after how long, a provider's failed calls are tried again
+/// (`providers.<id>.max_retries`, `retry_base_secs`, `retry_max_secs`): by the transport
+/// before any output, by the run for a call that failed after output (CONTRACT.md §19).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Retries {
+    pub max: u32,
+    base: Duration,
+    ceiling: Duration,
+}
+
+impl Retries {
+    pub fn of(settings: &ProviderSettings) -> Self {
+        Self { max: settings.max_retries, base: secs(settings.retry_base_secs), ceiling: secs(settings.retry_max_secs) }
+    }
+
+    /// The wait before retry `attempt` (from 0): the provider's `Retry-After` when it sent
+    /// one, else exponential with full jitter; never above the configured maximum.
+    pub fn wait(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        let wait = retry_after.unwrap_or_else(|| {
+            let ceiling = self.base.saturating_mul(2u32.saturating_pow(attempt));
+            ceiling.mul_f64(0.5 + fastrand::f64() / 2.0)
+        });
+        wait.min(self.ceiling)
+    }
+}
+
 /// Timeouts and retry bounds of one provider.
 #[derive(Debug, Clone)]
 pub struct Transport {
     client: reqwest::Client,
     /// Blotted out of every error message and log line: providers echo keys in errors.
     api_key: Option<Secret>,
-    max_retries: u32,
-    retry_base: Duration,
-    retry_max: Duration,
+    retries: Retries,
     first_byte: Duration,
     idle: Duration,
 }
@@ -53,9 +77,7 @@ impl Transport {
         Self {
             client,
             api_key: settings.api_key.clone(),
-            max_retries: settings.max_retries,
-            retry_base: secs(settings.retry_base_secs),
-            retry_max: secs(settings.retry_max_secs),
+            retries: Retries::of(settings),
             first_byte: secs(settings.first_byte_timeout_secs),
             idle: secs(settings.idle_timeout_secs),
         }
@@ -85,10 +107,10 @@ impl Transport {
                 }
                 Err(_) => network_error(),
             };
-            if !error.retryable || attempt >= self.max_retries {
+            if !error.retryable || attempt >= self.retries.max {
                 return Err(error.redacted(self.api_key.as_ref()));
             }
-            let backoff = self.backoff(attempt, error.retry_after);
+            let backoff = self.retries.wait(attempt, error.retry_after);
             tracing::info!(
                 code = error.code(),
                 attempt,
@@ -98,16 +120,6 @@ impl Transport {
             tokio::time::sleep(backoff).await;
             attempt += 1;
         }
-    }
-
-    /// The wait before retry `attempt` (from 0): the provider's `Retry-After` when it sent
-    /// one, else exponential with full jitter; never above the configured maximum.
-    fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
-        let wait = retry_after.unwrap_or_else(|| {
-            let ceiling = self.retry_base.saturating_mul(2u32.saturating_pow(attempt));
-            ceiling.mul_f64(0.5 + fastrand::f64() / 2.0)
-        });
-        wait.min(self.retry_max)
     }
 
     /// Decodes a successful response's SSE body with `decoder`. A body that says it is

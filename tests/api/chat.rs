@@ -35,12 +35,13 @@ both_backends! {
         let ids: Vec<u64> = frames.iter().map(|f| f.id).collect();
         assert_eq!(ids, (1..=frames.len() as u64).collect::<Vec<_>>(), "seq starts at 1 and grows by 1");
         let kinds: Vec<&str> = frames.iter().map(Frame::kind).collect();
-        assert_eq!(kinds[..2], ["start", "status"]);
+        assert_eq!(kinds[..3], ["start", "step_start", "status"]);
         assert_eq!(kinds[kinds.len() - 3..], ["usage", "complete", "done"]);
         let first_text = kinds.iter().position(|k| *k == "text_delta").expect("text streamed");
         let last_thinking = kinds.iter().rposition(|k| *k == "thinking_delta").expect("thinking streamed");
         assert!(last_thinking < first_text, "the mock thinks before it answers: {kinds:?}");
-        assert_eq!(frames[1].data["message"], "Thinking…");
+        assert_eq!(frames[1].data["step"], 0, "model calls count from 0");
+        assert_eq!(frames[2].data["message"], "Thinking…");
 
         let start = &frames[0].data;
         assert_eq!(start["model"], "mock-1");
@@ -131,8 +132,8 @@ both_backends! {
         let app = TestApp::spawn(backend, "").await;
         let frames = app.chat("ann", json!({"message": "fail please [mock:error=unauthorized]"})).await;
         let kinds: Vec<&str> = frames.iter().map(Frame::kind).collect();
-        assert_eq!(kinds, ["start", "status", "error", "done"]);
-        let error = &frames[2].data;
+        assert_eq!(kinds, ["start", "step_start", "status", "error", "done"]);
+        let error = &frames[3].data;
         assert_eq!(error["code"], "UNAUTHORIZED");
         assert_eq!(error["message"], "Invalid API key");
         assert_eq!(error["retryable"], false);
@@ -148,15 +149,30 @@ both_backends! {
         assert_eq!(trace["error"]["code"], "UNAUTHORIZED");
     }
 
+    /// The mock fails after two chunks every time: each failure after output voids what the
+    /// call said (`step_reset`) and asks again, as often as the provider's `max_retries` (2);
+    /// the last failure ends the run, keeping what that attempt said (CONTRACT.md §19).
     async fn a_failure_mid_stream_keeps_the_partial_text_in_the_trace(backend: Backend) {
         let app = TestApp::spawn(backend, "").await;
         let frames = app.chat("ann", json!({"message": "[mock:words=10] [mock:fail_after=2] [mock:think=off]"})).await;
         let kinds: Vec<&str> = frames.iter().map(Frame::kind).collect();
-        assert_eq!(kinds, ["start", "status", "text_delta", "text_delta", "error", "done"]);
-        assert_eq!(frames[4].data["code"], "SERVICE_UNAVAILABLE");
-        assert_eq!(frames[4].data["retryable"], true);
+        let attempt = ["step_start", "text_delta", "text_delta"];
+        let mut expected = vec!["start", "step_start", "status", "text_delta", "text_delta"];
+        for _ in 0..2 {
+            expected.push("step_reset");
+            expected.extend(attempt);
+        }
+        expected.extend(["error", "done"]);
+        assert_eq!(kinds, expected);
+        let error = &frames[frames.len() - 2].data;
+        assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
+        assert_eq!(error["retryable"], true);
         let (_, trace) = app.get(&format!("/api/trace/{}", frames[0].data["trace_id"].as_str().unwrap()), "ann").await;
-        assert_eq!(trace["error"]["partial_text"], joined(&frames, "text_delta"));
+        let surviving = crate::helpers::surviving_text(&frames);
+        assert_eq!(trace["error"]["partial_text"], surviving.as_str());
+        assert!(!surviving.is_empty() && surviving.len() < joined(&frames, "text_delta").len());
+        let calls = trace["spans"].as_array().unwrap().iter().filter(|s| s["kind"] == "llm").count();
+        assert_eq!(calls, 3, "a span per attempt");
     }
 
     async fn validation_fails_before_the_stream_and_writes_nothing(backend: Backend) {

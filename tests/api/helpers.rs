@@ -216,6 +216,23 @@ pub async fn read_frames(response: reqwest::Response) -> Vec<Frame> {
 }
 
 /// The concatenated `text` of all events of one type.
+/// The answer as a client assembles it (CONTRACT.md §19): the text of every `text_delta`,
+/// less what a `step_reset` voided (the text since that step's `step_start`).
+pub fn surviving_text(frames: &[Frame]) -> String {
+    let (mut text, mut starts) = (String::new(), std::collections::HashMap::new());
+    for frame in frames {
+        match frame.kind() {
+            "step_start" => {
+                starts.insert(frame.data["step"].as_u64().unwrap(), text.len());
+            }
+            "step_reset" => text.truncate(starts[&frame.data["step"].as_u64().unwrap()]),
+            "text_delta" => text.push_str(frame.data["text"].as_str().unwrap()),
+            _ => {}
+        }
+    }
+    text
+}
+
 pub fn joined(frames: &[Frame], kind: &str) -> String {
     frames.iter().filter(|f| f.kind() == kind).map(|f| f.data["text"].as_str().unwrap_or_default()).collect()
 }

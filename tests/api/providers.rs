@@ -90,7 +90,7 @@ async fn spawn_fx(
         kind = "{kind}"
         base_url = "{base}"
         api_key_file = "{key}"
-        max_retries = 2
+        {retries}
         retry_base_secs = 0.01
         retry_max_secs = 0.05
         first_byte_timeout_secs = 5
@@ -103,6 +103,8 @@ async fn spawn_fx(
         {extra}
         "#,
         key = key.path().display(),
+        // A test of how one failure reads sets its own (`max_retries = 0`: no second try).
+        retries = if provider_extra.contains("max_retries") { "" } else { "max_retries = 2" },
     );
     (TestApp::spawn(backend, &config).await, fixture, key)
 }
@@ -189,7 +191,18 @@ async fn openai_text_streams_with_usage_and_a_correct_request() {
     .await;
     assert_eq!(
         r.kinds(),
-        ["start", "status", "text_delta", "text_delta", "text_delta", "text_delta", "usage", "complete", "done"]
+        [
+            "start",
+            "step_start",
+            "status",
+            "text_delta",
+            "text_delta",
+            "text_delta",
+            "text_delta",
+            "usage",
+            "complete",
+            "done"
+        ]
     );
     assert_eq!(joined(&r.frames, "text_delta"), "Hello world.");
     let usage = r.last("usage");
@@ -349,8 +362,8 @@ async fn an_error_frame_on_http_200_fails_the_run_and_keeps_the_partial_text() {
         openai_chunk(json!({"role": "assistant", "content": "Partial"}), None),
         data(json!({"error": {"code": 502, "message": "Upstream provider crashed"}})),
     ];
-    let r = run("openai_compatible", vec![Scripted::sse(&frames)], "", "go").await;
-    assert_eq!(r.kinds(), ["start", "status", "text_delta", "error", "done"]);
+    let r = run_on("openai_compatible", vec![Scripted::sse(&frames)], "max_retries = 0", "", "go").await;
+    assert_eq!(r.kinds(), ["start", "step_start", "status", "text_delta", "error", "done"]);
     let error = r.last("error");
     assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
     assert_eq!(error["retryable"], true);
@@ -365,9 +378,9 @@ async fn a_dropped_connection_is_a_network_error() {
     let script = Scripted::sse(&[openai_chunk(json!({"content": "Half an ans"}), None)])
         .then(Part::Pause(std::time::Duration::from_millis(50)))
         .then(Part::Drop);
-    let r = run("openai", vec![script], "", "go").await;
+    let r = run_on("openai", vec![script], "max_retries = 0", "", "go").await;
     assert_eq!(joined(&r.frames, "text_delta"), "Half an ans");
-    assert_eq!(r.fixture.received().len(), 1, "never retried once output started");
+    assert_eq!(r.fixture.received().len(), 1, "no retries configured");
     let error = r.last("error");
     assert_eq!(error["code"], "NETWORK_ERROR");
     // The server had answered: the message says the answer was cut, not that none came.
@@ -397,7 +410,7 @@ async fn a_stream_reset_over_http2_is_a_network_error() {
     let script = Scripted::sse(&[openai_chunk(json!({"content": "Half"}), None)])
         .then(Part::Pause(std::time::Duration::from_millis(50)))
         .then(Part::Drop);
-    let r = run_on("openai", vec![script], "http2 = true", "", "go").await;
+    let r = run_on("openai", vec![script], "http2 = true\nmax_retries = 0", "", "go").await;
     assert_eq!(r.fixture.received()[0].version, axum::http::Version::HTTP_2);
     assert_eq!(joined(&r.frames, "text_delta"), "Half");
     assert_eq!(r.last("error")["code"], "NETWORK_ERROR");
@@ -413,7 +426,7 @@ async fn a_stream_reset_over_http2_is_a_network_error() {
 #[tokio::test]
 async fn a_stream_that_ends_without_its_terminal_frame_is_not_a_success() {
     let frames = vec![openai_chunk(json!({"content": "Cut"}), None), openai_chunk(json!({}), Some("stop"))];
-    let r = run("openai", vec![Scripted::sse(&frames)], "", "go").await;
+    let r = run_on("openai", vec![Scripted::sse(&frames)], "max_retries = 0", "", "go").await;
     assert_eq!(r.last("error")["code"], "NETWORK_ERROR");
     assert!(
         r.last("error")["message"].as_str().unwrap().contains("cut the answer off mid-stream"),
@@ -426,7 +439,7 @@ async fn a_stream_that_ends_without_its_terminal_frame_is_not_a_success() {
 #[tokio::test]
 async fn a_stalled_stream_ends_with_an_error_instead_of_hanging() {
     let script = Scripted::sse(&[openai_chunk(json!({"content": "Then silence"}), None)]).then(Part::Stall);
-    let r = run("openai", vec![script], "", "go").await;
+    let r = run_on("openai", vec![script], "max_retries = 0", "", "go").await;
     assert_eq!(r.last("error")["code"], "NETWORK_ERROR");
     assert!(
         r.last("error")["message"].as_str().unwrap().contains("stopped sending mid-stream"),
@@ -517,7 +530,7 @@ async fn a_401_is_unauthorized_and_never_retried() {
         json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}),
     );
     let r = run("openai", vec![script], "", "go").await;
-    assert_eq!(r.kinds(), ["start", "status", "error", "done"]);
+    assert_eq!(r.kinds(), ["start", "step_start", "status", "error", "done"]);
     let error = r.last("error");
     assert_eq!(error["code"], "UNAUTHORIZED");
     assert_eq!(error["message"], "Invalid API key");
@@ -568,8 +581,8 @@ both_backends! {
         let overloaded = || Scripted::error(503, json!({"error": {"message": "overloaded"}}));
         let script = vec![overloaded(), overloaded(), overloaded(), Scripted::sse(&openai_text(&["from ", "the backup"]))];
         let r = run_with(backend, "openai", script, "", FALLBACK, "go").await;
-        assert_eq!(r.kinds(), ["start", "status", "status", "text_delta", "text_delta", "usage", "complete", "done"]);
-        assert_eq!(r.frames[2].data["message"], "Answering with fx-backup");
+        assert_eq!(r.kinds(), ["start", "step_start", "status", "status", "text_delta", "text_delta", "usage", "complete", "done"]);
+        assert_eq!(r.frames[3].data["message"], "Answering with fx-backup");
         assert_eq!(joined(&r.frames, "text_delta"), "from the backup");
         assert_eq!(r.last("complete")["payload"]["model"], "fx-backup");
         let received = r.fixture.received();
@@ -595,7 +608,7 @@ both_backends! {
 async fn a_401_never_falls_back() {
     let script = Scripted::error(401, json!({"error": {"message": "Incorrect API key provided"}}));
     let r = run("openai", vec![script], FALLBACK, "go").await;
-    assert_eq!(r.kinds(), ["start", "status", "error", "done"]);
+    assert_eq!(r.kinds(), ["start", "step_start", "status", "error", "done"]);
     assert_eq!(r.last("error")["code"], "UNAUTHORIZED");
     assert_eq!(r.fixture.received().len(), 1);
 }
@@ -604,24 +617,139 @@ async fn a_401_never_falls_back() {
 async fn when_every_fallback_fails_the_run_ends_with_one_error() {
     let overloaded = || Scripted::error(503, json!({"error": {"message": "overloaded"}}));
     let r = run("openai", (0..6).map(|_| overloaded()).collect(), FALLBACK, "go").await;
-    assert_eq!(r.kinds(), ["start", "status", "status", "error", "done"]);
+    assert_eq!(r.kinds(), ["start", "step_start", "status", "status", "error", "done"]);
     assert_eq!(r.last("error")["code"], "SERVICE_UNAVAILABLE");
     assert_eq!(r.fixture.received().len(), 6, "three tries of each model");
     assert_eq!(r.fixture.received()[5].body["model"], "fx-backup");
 }
 
 #[tokio::test]
-async fn a_failure_after_output_does_not_fall_back() {
-    // The switch after output needs a step_reset (CONTRACT.md §19), not built yet: the
-    // run fails as before, keeping what was shown.
+async fn a_failure_after_output_falls_back_after_a_step_reset() {
+    // No retries of the same model: it fails after output, and the fallback answers anew.
     let frames = vec![
         openai_chunk(json!({"role": "assistant", "content": "Partial"}), None),
         data(json!({"error": {"code": 502, "message": "Upstream provider crashed"}})),
     ];
-    let r = run("openai", vec![Scripted::sse(&frames)], FALLBACK, "go").await;
-    assert_eq!(joined(&r.frames, "text_delta"), "Partial");
-    assert_eq!(r.kinds().iter().filter(|k| **k == "error").count(), 1);
-    assert_eq!(r.fixture.received().len(), 1);
+    let script = vec![Scripted::sse(&frames), Scripted::sse(&openai_text(&["Whole answer."]))];
+    let r = run_on("openai", script, "max_retries = 0", FALLBACK, "go").await;
+    assert_eq!(
+        r.kinds(),
+        [
+            "start",
+            "step_start",
+            "status",
+            "text_delta",
+            "step_reset",
+            "step_start",
+            "status",
+            "text_delta",
+            "usage",
+            "complete",
+            "done"
+        ]
+    );
+    assert_eq!(r.last("step_reset")["step"], 0);
+    assert_eq!(r.frames[6].data["message"], "Answering with fx-backup");
+    assert_eq!(r.last("complete")["payload"]["model"], "fx-backup");
+    let conversation = r.conversation().await;
+    assert_eq!(conversation["messages"][1]["content"], "Whole answer.", "only what survived");
+    assert_eq!(r.fixture.received().len(), 2);
+}
+
+/// A tool call of the calculator, with its own id.
+fn openai_calculator_call_named(id: &str, arguments: &str) -> Vec<String> {
+    vec![
+        openai_chunk(json!({"role": "assistant", "content": ""}), None),
+        openai_chunk(
+            json!({"tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": "calculator", "arguments": arguments}}]}),
+            None,
+        ),
+        openai_chunk(json!({}), Some("tool_calls")),
+        DONE.to_owned(),
+    ]
+}
+
+/// A model call that says `said`, then fails with a retryable error frame.
+fn fails_after(said: &str) -> Scripted {
+    Scripted::sse(&[
+        openai_chunk(json!({"role": "assistant", "content": said}), None),
+        data(json!({"error": {"code": 502, "message": "Upstream provider crashed"}})),
+    ])
+}
+
+both_backends! {
+    /// A call that fails after output is asked again (CONTRACT.md §19): the client is told
+    /// what is void, the stored answer is what survived, and the trace has each attempt.
+    async fn a_call_that_fails_after_output_is_asked_again(backend: Backend) {
+        let script = vec![fails_after("Half a"), Scripted::sse(&openai_text(&["The whole ", "answer."]))];
+        let r = run_with(backend, "openai", script, "", "", "go").await;
+        assert_eq!(
+            r.kinds(),
+            ["start", "step_start", "status", "text_delta", "step_reset", "step_start", "text_delta", "text_delta", "usage", "complete", "done"]
+        );
+        assert_eq!(r.last("step_reset")["step"], 0);
+        assert_eq!(r.last("step_reset")["reason"], "Model error: Upstream provider crashed");
+        assert_eq!(crate::helpers::surviving_text(&r.frames), "The whole answer.");
+        let conversation = r.conversation().await;
+        assert_eq!(conversation["messages"][1]["content"], "The whole answer.");
+        let trace = r.trace().await;
+        let calls: Vec<&Value> = trace["spans"].as_array().unwrap().iter().filter(|s| s["kind"] == "llm").collect();
+        assert_eq!(calls.len(), 2, "a span per attempt");
+        assert_eq!((calls[0]["status"].as_str(), calls[1]["status"].as_str()), (Some("error"), Some("ok")));
+        let received = r.fixture.received();
+        assert_eq!(received.len(), 2);
+        assert_eq!(received[1].body["messages"], received[0].body["messages"], "the same call again");
+    }
+
+    /// After two tool steps, the third call fails after output and is asked again: one run,
+    /// each tool ran once and its result was sent once, and the answer is whole.
+    async fn a_failure_after_two_tool_steps_retries_only_the_failed_call(backend: Backend) {
+        let script = vec![
+            Scripted::sse(&openai_calculator_call_named("call_1", r#"{"expression": "6 * 7"}"#)),
+            Scripted::sse(&openai_calculator_call_named("call_2", r#"{"expression": "42 + 1"}"#)),
+            fails_after("It is"),
+            Scripted::sse(&openai_text(&["It is 43."])),
+        ];
+        let r = run_with(backend, "openai", script, "", "", "go").await;
+        let steps: Vec<u64> =
+            r.frames.iter().filter(|f| f.kind() == "step_start").map(|f| f.data["step"].as_u64().unwrap()).collect();
+        assert_eq!(steps, [0, 1, 2, 2], "the third call started twice");
+        assert_eq!(r.frames.iter().filter(|f| f.kind() == "tool_start").count(), 2, "each tool ran once");
+        assert_eq!(r.frames.iter().filter(|f| f.kind() == "complete").count(), 1);
+        let surviving = crate::helpers::surviving_text(&r.frames);
+        assert_eq!(surviving, "[[tool:0]]\n\n[[tool:1]]\n\nIt is 43.", "the tools' places, then the answer");
+        let received = r.fixture.received();
+        assert_eq!(received.len(), 4);
+        let results = |body: &Value| {
+            body["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "tool").count()
+        };
+        assert_eq!((results(&received[2].body), results(&received[3].body)), (2, 2), "each result sent once");
+        assert_eq!(received[3].body["messages"], received[2].body["messages"]);
+        let conversation = r.conversation().await;
+        assert_eq!(conversation["messages"][1]["content"], surviving.as_str());
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(12))]
+
+    /// For any run of calls that fail after output before one answers, the answer a client
+    /// assembles and the stored answer are the answering call's text alone.
+    #[test]
+    fn the_stored_answer_is_what_survived_any_failures(failures in proptest::collection::vec("[a-z]{1,6}", 0..4)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let mut script: Vec<Scripted> = failures.iter().map(|said| fails_after(said)).collect();
+            script.push(Scripted::sse(&openai_text(&["Final ", "answer."])));
+            let r = run_on("openai", script, "max_retries = 4", "", "go").await;
+            assert_eq!(crate::helpers::surviving_text(&r.frames), "Final answer.");
+            let resets = r.frames.iter().filter(|f| f.kind() == "step_reset").count();
+            assert_eq!(resets, failures.len());
+            let conversation = r.conversation().await;
+            assert_eq!(conversation["messages"][1]["content"], "Final answer.");
+            assert_eq!(r.frames.iter().filter(|f| f.kind() == "complete").count(), 1);
+        });
+    }
 }
 
 #[test]
@@ -786,8 +914,8 @@ async fn anthropic_overloaded_error_mid_stream_is_service_unavailable() {
         json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Start"}}),
     ));
     frames.push(event(json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})));
-    let r = run("anthropic", vec![Scripted::sse(&frames)], "", "go").await;
-    assert_eq!(r.kinds(), ["start", "status", "text_delta", "error", "done"]);
+    let r = run_on("anthropic", vec![Scripted::sse(&frames)], "max_retries = 0", "", "go").await;
+    assert_eq!(r.kinds(), ["start", "step_start", "status", "text_delta", "error", "done"]);
     let error = r.last("error");
     assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
     assert_eq!(error["message"], "Model error: Overloaded");
@@ -889,7 +1017,7 @@ async fn gemini_errors_map_to_the_contract() {
             json!({"error": {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}})
         ),
     ];
-    let r = run("google", vec![Scripted::sse(&frames)], "", "go").await;
+    let r = run_on("google", vec![Scripted::sse(&frames)], "max_retries = 0", "", "go").await;
     let error = r.last("error");
     assert_eq!(error["code"], "SERVICE_UNAVAILABLE");
     assert_eq!(r.trace().await["error"]["partial_text"], "par");
@@ -963,8 +1091,12 @@ async fn a_call_that_fails_after_some_output_counts_its_work_in_the_trace() {
         openai_chunk(json!({"role": "assistant", "content": "Partial work"}), None),
         data(json!({"error": {"code": 502, "message": "Upstream provider crashed"}})),
     ];
-    let r = run("openai_compatible", vec![Scripted::sse(&frames)], "", "go").await;
-    assert_eq!(r.kinds(), ["start", "status", "text_delta", "error", "done"], "no usage event before the error");
+    let r = run_on("openai_compatible", vec![Scripted::sse(&frames)], "max_retries = 0", "", "go").await;
+    assert_eq!(
+        r.kinds(),
+        ["start", "step_start", "status", "text_delta", "error", "done"],
+        "no usage event before the error"
+    );
     let usage = &r.trace().await["usage"];
     assert_eq!(usage["estimated"], true, "{usage}");
     assert!(usage["output_tokens"].as_u64().unwrap() > 0, "not zero for work done: {usage}");

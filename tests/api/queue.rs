@@ -79,7 +79,8 @@ both_backends! {
         assert_eq!(terminal_kinds(&second), ["complete"]);
         // The one that came second was queued, and ran after the first had answered.
         opens_queued(&second);
-        assert_eq!(second[2].data["message"], "Thinking…", "it started after waiting");
+        assert_eq!(second[2].kind(), "step_start", "it started after waiting");
+        assert_eq!(second[3].data["message"], "Thinking…");
         assert!(first.iter().all(|f| f.data["message"] != "Queued"), "the first did not wait");
 
         // One branch, in order: each question with its answer.

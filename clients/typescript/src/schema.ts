@@ -906,6 +906,17 @@ export interface components {
             /** @enum {string} */
             type: "start";
         }) | {
+            /** Format: int32 */
+            step: number;
+            /** @enum {string} */
+            type: "step_start";
+        } | {
+            /** Format: int32 */
+            step: number;
+            reason: string;
+            /** @enum {string} */
+            type: "step_reset";
+        } | {
             message: string;
             /** @enum {string} */
             type: "status";

@@ -20,6 +20,7 @@ use crate::config::{PayloadSource, ProfileSettings, ProviderKind};
 use crate::domain::{Message, Trace};
 use crate::ids::{ComparisonId, ConversationId, UserId};
 use crate::pages::{Location, PageScope};
+use crate::providers::transport::Retries;
 use crate::providers::{InputMessage, ModelRequest, ToolSpec};
 
 /// What a run may use (see [`Planner::equip`]).
@@ -164,9 +165,15 @@ impl Planner {
             context_value: turn.context.cloned(),
             client_tools: turn.client_tools.to_vec(),
             files: FileReader::new(self.files.clone(), user, profile.modalities.clone(), kind),
+            retries: self.retries(&profile.provider),
             fallbacks: self.fallbacks(profile),
         };
         Ok(Side { trace, plan })
+    }
+
+    /// How often a call to provider `id` is tried again.
+    fn retries(&self, id: &str) -> Retries {
+        self.settings.providers.get(id).map(Retries::of).unwrap_or_default()
     }
 
     /// The profiles that answer instead of `profile` when its model fails (config checked
@@ -179,6 +186,7 @@ impl Planner {
                     profile: id.clone(),
                     provider_id: fallback.provider.clone(),
                     provider: self.providers.get(&fallback.provider)?,
+                    retries: self.retries(&fallback.provider),
                     model: fallback.model.clone(),
                     temperature: fallback.temperature,
                     max_tokens: fallback.max_tokens,
@@ -338,6 +346,7 @@ impl Planner {
                 profile.modalities.clone(),
                 self.settings.providers.get(&profile.provider).map_or(crate::config::ProviderKind::Mock, |p| p.kind),
             ),
+            retries: self.retries(&profile.provider),
             fallbacks: self.fallbacks(profile),
         })
     }

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::chat::Frame;
 use crate::domain::Usage;
-use crate::events::parts::{Open, StatusData, is_tool_marker, part_delta};
+use crate::events::parts::{Open, StatusData, StepResetData, is_tool_marker, part_delta};
 use crate::events::{CompletePayload, Event, THINKING_STATUS, ToolCompleteEvent, ToolProgressEvent};
 use crate::http::sse::{Encoder, push_data};
 
@@ -120,6 +120,7 @@ pub struct Interrupt {
 #[serde(untagged)]
 pub enum CustomValue<'a> {
     Status(StatusData<'a>),
+    StepReset(StepResetData<'a>),
     ToolProgress(&'a ToolProgressEvent),
     ToolComplete(&'a ToolCompleteEvent),
     Usage(&'a Usage),
@@ -146,6 +147,9 @@ pub struct ToAgui {
     calls: HashSet<String>,
     /// What the run waits for, if its last events asked (CONTRACT.md §15).
     interrupts: Vec<Interrupt>,
+    /// The run says where its model calls start (`step_start`); a log written before it
+    /// did only has each call's opening status.
+    stepped: bool,
 }
 
 impl ToAgui {
@@ -162,6 +166,7 @@ impl ToAgui {
             current: None,
             calls: HashSet::new(),
             interrupts: Vec::new(),
+            stepped: false,
         }
     }
 
@@ -199,8 +204,19 @@ impl ToAgui {
                 self.message_id = start.message_id.to_string();
                 out.push(AguiEvent::RunStarted { thread_id: self.thread_id.clone(), run_id: self.run_id.clone() });
             }
+            Event::StepStart { .. } => {
+                self.stepped = true;
+                self.end_step(out);
+                self.start_step(out);
+            }
+            Event::StepReset { step, reason } => {
+                self.close(out);
+                let value = CustomValue::StepReset(StepResetData { step: *step, reason });
+                out.push(AguiEvent::Custom { name: "step_reset", value });
+                self.end_step(out);
+            }
             Event::Status { message } => {
-                if message == THINKING_STATUS {
+                if message == THINKING_STATUS && !self.stepped {
                     self.end_step(out);
                     self.start_step(out);
                 }

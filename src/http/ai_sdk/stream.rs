@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::chat::Frame;
 use crate::domain::{SuggestedAction, SuggestedValue, Usage};
-use crate::events::parts::{Open, StatusData, is_tool_marker, part_delta};
+use crate::events::parts::{Open, StatusData, StepResetData, is_tool_marker, part_delta};
 use crate::events::{Event, THINKING_STATUS, ToolProgressEvent, ToolStatus};
 use crate::http::sse::{Encoder, push_data};
 use crate::ids::MessageId;
@@ -81,6 +81,13 @@ pub enum UiChunk<'a> {
         data: StatusData<'a>,
         transient: bool,
     },
+    /// A model call's text and thinking so far are void (CONTRACT.md §19): a client drops
+    /// the parts of the step since its `start-step`.
+    #[serde(rename = "data-step-reset")]
+    DataStepReset {
+        data: StepResetData<'a>,
+        transient: bool,
+    },
     /// A running tool's report.
     #[serde(rename = "data-tool-progress")]
     DataToolProgress {
@@ -128,6 +135,9 @@ pub struct Metadata<'a> {
 pub struct ToUi {
     open: Open,
     step_open: bool,
+    /// The run says where its model calls start (`step_start`); a log written before it
+    /// did only has each call's opening status.
+    stepped: bool,
     /// Parts started so far, to name the next one.
     parts: usize,
     /// Tools' outputs until their `tool_complete` tells whether they failed.
@@ -155,8 +165,18 @@ impl ToUi {
                     },
                 });
             }
+            Event::StepStart { .. } => {
+                self.stepped = true;
+                self.end_step(out);
+                self.start_step(out);
+            }
+            Event::StepReset { step, reason } => {
+                self.close(out);
+                out.push(UiChunk::DataStepReset { data: StepResetData { step: *step, reason }, transient: true });
+                self.end_step(out);
+            }
             Event::Status { message } => {
-                if message == THINKING_STATUS {
+                if message == THINKING_STATUS && !self.stepped {
                     // Each model call opens with it: a step.
                     self.end_step(out);
                     out.push(UiChunk::StartStep);

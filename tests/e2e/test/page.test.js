@@ -280,6 +280,18 @@ test("errors show in the banner with the contract's messages", (t) =>
     await screenshot(page, "error-refused");
   }));
 
+test("a model call that fails mid-answer and is asked again shows only what survived", (t) =>
+  withPage(t, "step-reset", async ({ page }) => {
+    // The mock fails after two chunks every time: each retry voids what the call said
+    // (`step_reset`), and the last failure keeps the last attempt's words alone.
+    await send(page, "Go [mock:words=10] [mock:fail_after=2] [mock:think=off]");
+    await finished(page, "error").waitFor();
+    const shown = (await answers(page).locator(".body").innerText()).trim();
+    const first = mockWords(1);
+    assert.ok(shown.startsWith(first) && shown.length < mockWords(10).length, shown);
+    assert.equal(shown.split(first).length - 1, 1, `the failed attempts' words are shown once: ${shown}`);
+  }));
+
 test("each profile is listed once; a remembered one the server no longer has is dropped", (t) =>
   withPage(t, "profiles", async ({ page }) => {
     const profiles = page.locator("#profile option");

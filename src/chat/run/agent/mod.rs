@@ -23,7 +23,8 @@ use crate::domain::{
     Usage, now,
 };
 use crate::events::{Diagnostics, ErrorEvent, Event, StartEvent};
-use crate::providers::{InputMessage, LlmProvider, ModelRequest, ProviderError, transport};
+use crate::providers::transport::{self, Retries};
+use crate::providers::{InputMessage, LlmProvider, ModelRequest, ProviderError};
 use crate::store::{RunFinish, Store};
 use crate::tools::Tool;
 use crate::wake::when_woken;
@@ -71,6 +72,9 @@ pub struct RunPlan {
     pub client_tools: Vec<crate::chat::request::ClientTool>,
     /// Reads the request's attachments before each model call (CONTRACT.md §14).
     pub files: crate::chat::run::attachments::FileReader,
+    /// How often a model call that failed after output is made again (its provider's
+    /// retries, CONTRACT.md §19).
+    pub retries: Retries,
     /// The profiles that answer instead when a model call fails retryably (CONTRACT.md
     /// §19), in order; the run goes on with the one that answered.
     pub fallbacks: Vec<Fallback>,
@@ -82,6 +86,7 @@ pub struct Fallback {
     pub profile: String,
     pub provider_id: String,
     pub provider: Arc<dyn LlmProvider>,
+    pub retries: Retries,
     pub model: String,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,
@@ -266,9 +271,11 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
     finish(&plan, emitter, store, ending, output).await;
 }
 
-/// One model call, streamed out as events and into `output`. A call that fails retryably
-/// (after the provider's own retries) before anything of it was shown goes to the plan's
-/// next fallback, and the run goes on with the model that answers.
+/// One model call (one step, CONTRACT.md §19), streamed out as events and into `output`. A
+/// call that fails retryably after output is made again (the provider's retries), its
+/// output void (`step_reset`); one that fails retryably otherwise (before output, after its
+/// retries) goes to the plan's next fallback, and the run goes on with the model that
+/// answers. Only the attempt that answers is kept.
 async fn call_model(
     plan: &mut RunPlan,
     emitter: &mut Emitter,
@@ -277,6 +284,8 @@ async fn call_model(
     markers: Vec<String>,
 ) -> Ending {
     let started_at = now();
+    let step = output.thinking_calls.0;
+    emitter.emit(Event::StepStart { step });
     emitter.emit(Event::Status { message: crate::events::THINKING_STATUS.to_owned() });
     let messages = &plan.request.messages;
     let protected = messages.iter().rposition(InputMessage::is_user).map_or(messages.len(), |i| messages.len() - i);
@@ -293,8 +302,9 @@ async fn call_model(
     }
     output.thinking_calls.0 += 1;
     let (mut turn, mut started_at) = (Turn::new(output.tool_history.len() as u32, markers.clone()), started_at);
+    let mut retried = 0;
     let ending = loop {
-        let shown = emitter.seq();
+        let (shown, shown_output) = (emitter.seq(), Shown::of(output));
         emitter.hold(true);
         let ending = tokio::select! {
             biased;
@@ -303,20 +313,42 @@ async fn call_model(
         };
         emitter.hold(false);
         let Ending::Failed(error) = &ending else { break ending };
-        if !error.retryable || emitter.seq() != shown || plan.fallbacks.is_empty() {
+        let after_output = emitter.seq() != shown;
+        // After output the same model is asked again while its provider's retries last
+        // (before output, the transport has tried already); then the next fallback.
+        let again = after_output && retried < plan.retries.max;
+        if !error.retryable || !again && plan.fallbacks.is_empty() {
             break ending;
         }
-        // Nothing of this call was shown: another model answers it, seamlessly.
-        let fallback = plan.fallbacks.remove(0);
-        tracing::warn!(
-            error = %error, profile = %plan.profile, fallback = %fallback.profile,
-            "model call failed; its fallback answers"
-        );
         output.spans.push(failed_call(&fitted.request.model, started_at, &ending));
-        fallback.ask(&mut fitted.request);
-        fallback.ask(&mut plan.request);
-        (plan.provider, plan.provider_id) = (fallback.provider, fallback.provider_id);
-        emitter.emit(Event::Status { message: format!("Answering with {}", fallback.model) });
+        let wait = plan.retries.wait(retried, error.retry_after);
+        let reason = error.message.clone();
+        if after_output {
+            shown_output.restore(output);
+            emitter.emit(Event::StepReset { step, reason });
+            emitter.emit(Event::StepStart { step });
+        }
+        if again {
+            retried += 1;
+            tracing::warn!(error = %error, attempt = retried, "model call failed after output; asking again");
+            tokio::select! {
+                biased;
+                () = when_woken(cancel.cancelled()) => break Ending::Cancelled,
+                () = tokio::time::sleep(wait) => {}
+            }
+        } else {
+            let fallback = plan.fallbacks.remove(0);
+            tracing::warn!(
+                error = %error, profile = %plan.profile, fallback = %fallback.profile,
+                "model call failed; its fallback answers"
+            );
+            fallback.ask(&mut fitted.request);
+            fallback.ask(&mut plan.request);
+            (plan.provider, plan.provider_id, plan.retries) =
+                (fallback.provider, fallback.provider_id, fallback.retries);
+            emitter.emit(Event::Status { message: format!("Answering with {}", fallback.model) });
+            retried = 0;
+        }
         (turn, started_at) = (Turn::new(output.tool_history.len() as u32, markers.clone()), now());
     };
     if matches!(ending, Ending::Cancelled) {
@@ -373,8 +405,35 @@ async fn call_model(
     ending
 }
 
-/// The span of a model call that failed before anything of it was shown (its fallback
-/// answered).
+/// What a model call's attempt adds to what the client has been shown: undone when the
+/// attempt's output is void (`step_reset`).
+struct Shown {
+    text: usize,
+    thinking: usize,
+    after_marker: bool,
+    thinking_calls: u32,
+}
+
+impl Shown {
+    fn of(output: &Output) -> Self {
+        Self {
+            text: output.text.len(),
+            thinking: output.thinking.len(),
+            after_marker: output.after_marker,
+            thinking_calls: output.thinking_calls.1,
+        }
+    }
+
+    fn restore(self, output: &mut Output) {
+        output.text.truncate(self.text);
+        output.thinking.truncate(self.thinking);
+        output.after_marker = self.after_marker;
+        output.thinking_calls.1 = self.thinking_calls;
+    }
+}
+
+/// The span of a model call's attempt that failed and was made again, or answered by a
+/// fallback.
 fn failed_call(model: &str, started_at: chrono::DateTime<chrono::Utc>, ending: &Ending) -> Span {
     Span::Llm {
         timing: SpanTiming::new(format!("chat {model}"), started_at, now()),
