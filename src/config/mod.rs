@@ -138,8 +138,10 @@ impl Settings {
             kind: ProviderKind::Mock,
             base_url: None,
             api_key_env: None,
+            api_key_envs: Vec::new(),
             api_key_file: None,
             api_key: None,
+            api_keys: Vec::new(),
             connect_timeout_secs: default_connect_timeout(),
             first_byte_timeout_secs: default_stream_timeout(),
             idle_timeout_secs: default_stream_timeout(),
@@ -176,6 +178,17 @@ impl Settings {
         }
         for (id, provider) in &mut self.providers {
             provider.api_key = read_api_key(id, provider)?;
+            if !provider.api_key_envs.is_empty() && (provider.api_key_env.is_some() || provider.api_key_file.is_some())
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "providers.{id}.api_key_envs names the keys already: leave out api_key_env and api_key_file"
+                )));
+            }
+            provider.api_keys = provider
+                .api_key_envs
+                .iter()
+                .filter_map(|var| std::env::var(var).ok().filter(|key| !key.is_empty()).map(Secret::new))
+                .collect();
             if provider.kind != ProviderKind::Mock {
                 if let Some(key) = provider.mock_keys_set().first() {
                     return Err(ConfigError::Invalid(format!(

@@ -345,12 +345,20 @@ pub struct ProviderSettings {
     /// Name of the environment variable holding the API key.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// Names of environment variables holding several keys of the provider (CONTRACT.md
+    /// §19): a key that gets a 429 rests for its `Retry-After` while the others serve.
+    #[serde(default)]
+    pub api_key_envs: Vec<String>,
     /// A file holding the API key (e.g. a mounted secret).
     #[serde(default)]
     pub api_key_file: Option<PathBuf>,
     /// Filled at load time from `api_key_env` / `api_key_file`; never read from config text.
     #[serde(skip)]
     pub api_key: Option<Secret>,
+    /// Filled at load time from `api_key_envs` (the variables that are set); never read
+    /// from config text.
+    #[serde(skip)]
+    pub api_keys: Vec<Secret>,
     /// Seconds to establish the connection.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_secs: f64,

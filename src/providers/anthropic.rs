@@ -21,7 +21,7 @@ use super::{
     FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
     ProviderStream,
 };
-use crate::config::{ProviderSettings, Secret};
+use crate::config::ProviderSettings;
 use crate::domain::{ThinkingBlock, Usage};
 
 const API_VERSION: &str = "2023-06-01";
@@ -33,7 +33,6 @@ const MIN_THINKING_BUDGET: u32 = 1024;
 pub struct AnthropicProvider {
     transport: Transport,
     url: String,
-    api_key: Option<Secret>,
 }
 
 /// A file as an `image` or `document` block (base64), a text file as a `text` block.
@@ -51,11 +50,7 @@ fn file_block(file: &InputFile) -> Value {
 impl AnthropicProvider {
     pub fn new(settings: &ProviderSettings) -> Self {
         let base = settings.base_url.as_deref().unwrap_or("https://api.anthropic.com");
-        Self {
-            transport: Transport::new(settings, base),
-            url: join(base, "v1/messages"),
-            api_key: settings.api_key.clone(),
-        }
+        Self { transport: Transport::new(settings, base), url: join(base, "v1/messages") }
     }
 
     fn body(request: &ModelRequest) -> Value {
@@ -144,10 +139,10 @@ impl LlmProvider for AnthropicProvider {
         let body = Self::body(request);
         let response = self
             .transport
-            .send(|| {
+            .send(|key| {
                 let builder =
                     self.transport.client().post(&self.url).header("anthropic-version", API_VERSION).json(&body);
-                match &self.api_key {
+                match key {
                     Some(key) => builder.header("x-api-key", key.expose()),
                     None => builder,
                 }

@@ -18,13 +18,12 @@ use super::{
     FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
     ProviderStream,
 };
-use crate::config::{ProviderSettings, Secret};
+use crate::config::ProviderSettings;
 use crate::domain::Usage;
 
 pub struct GoogleProvider {
     transport: Transport,
     base: String,
-    api_key: Option<Secret>,
 }
 
 /// A file as an `inline_data` part (base64), a text file as a `text` part.
@@ -42,7 +41,7 @@ impl GoogleProvider {
     pub fn new(settings: &ProviderSettings) -> Self {
         let base =
             settings.base_url.clone().unwrap_or_else(|| "https://generativelanguage.googleapis.com/v1beta".to_owned());
-        Self { transport: Transport::new(settings, &base), base, api_key: settings.api_key.clone() }
+        Self { transport: Transport::new(settings, &base), base }
     }
 
     fn body(request: &ModelRequest) -> Value {
@@ -118,9 +117,9 @@ impl LlmProvider for GoogleProvider {
         let body = Self::body(request);
         let response = self
             .transport
-            .send(|| {
+            .send(|key| {
                 let builder = self.transport.client().post(&url).json(&body);
-                match &self.api_key {
+                match key {
                     Some(key) => builder.header("x-goog-api-key", key.expose()),
                     None => builder,
                 }

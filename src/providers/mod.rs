@@ -96,8 +96,8 @@ pub type ProviderStream = BoxStream<'static, Result<ProviderEvent, ProviderError
 impl ProviderError {
     /// The same error with the API key, and anything shaped like a key, blotted out of its
     /// message: providers echo keys in their errors ("Incorrect API key provided: sk-…").
-    pub fn redacted(mut self, key: Option<&crate::config::Secret>) -> Self {
-        if let Some(key) = key.map(|k| k.expose()).filter(|k| !k.is_empty()) {
+    pub fn redacted<'k>(mut self, keys: impl IntoIterator<Item = &'k crate::config::Secret>) -> Self {
+        for key in keys.into_iter().map(|k| k.expose()).filter(|k| !k.is_empty()) {
             self.message = self.message.replace(key, "***");
         }
         self.message = self
@@ -129,6 +129,15 @@ impl Providers {
             .providers
             .iter()
             .map(|(id, provider)| {
+                if !provider.api_key_envs.is_empty() && provider.api_keys.is_empty() {
+                    let vars = provider.api_key_envs.join(", ");
+                    tracing::warn!(
+                        provider = %id,
+                        "providers.{id}.api_key_envs names {vars}, none of which is set: its profiles fail until one is set and chatd restarted"
+                    );
+                    let missing: Arc<dyn LlmProvider> = Arc::new(MissingKey { id: id.clone(), var: vars });
+                    return (id.clone(), missing);
+                }
                 if let (Some(var), None) = (&provider.api_key_env, &provider.api_key) {
                     tracing::warn!(
                         provider = %id,

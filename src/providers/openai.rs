@@ -23,13 +23,12 @@ use super::{
     FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
     ProviderStream,
 };
-use crate::config::{ProviderKind, ProviderSettings, Secret};
+use crate::config::{ProviderKind, ProviderSettings};
 use crate::domain::Usage;
 
 pub struct OpenAiProvider {
     transport: Transport,
     url: String,
-    api_key: Option<Secret>,
     /// OpenAI itself takes `max_completion_tokens`; compatible servers take `max_tokens`.
     native: bool,
 }
@@ -56,12 +55,7 @@ impl OpenAiProvider {
         let native = settings.kind == ProviderKind::Openai;
         let default = if native { "https://api.openai.com/v1" } else { "http://127.0.0.1:11434/v1" };
         let base = settings.base_url.as_deref().unwrap_or(default);
-        Self {
-            transport: Transport::new(settings, base),
-            url: join(base, "chat/completions"),
-            api_key: settings.api_key.clone(),
-            native,
-        }
+        Self { transport: Transport::new(settings, base), url: join(base, "chat/completions"), native }
     }
 
     fn body(&self, request: &ModelRequest) -> Value {
@@ -139,9 +133,9 @@ impl LlmProvider for OpenAiProvider {
         let body = self.body(request);
         let response = self
             .transport
-            .send(|| {
+            .send(|key| {
                 let builder = self.transport.client().post(&self.url).json(&body);
-                match &self.api_key {
+                match key {
                     Some(key) => builder.bearer_auth(key.expose()),
                     None => builder,
                 }

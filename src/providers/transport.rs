@@ -4,7 +4,8 @@
 //! first-byte and an idle timeout. Cancellation is dropping the stream: the connection goes
 //! with it.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use eventsource_stream::{Event as SseFrame, EventStreamError, Eventsource};
@@ -50,12 +51,53 @@ impl Retries {
     }
 }
 
+/// A provider's API keys (`api_key_envs`, or its one key): each call takes the first that
+/// is not resting; a key that got a 429 rests for the `Retry-After` the provider sent (or
+/// the retry's wait) while the others serve (CONTRACT.md §19).
+#[derive(Debug, Clone, Default)]
+pub struct Keys {
+    keys: Vec<Secret>,
+    resting: Arc<Mutex<Vec<Option<Instant>>>>,
+}
+
+impl Keys {
+    pub fn of(settings: &ProviderSettings) -> Self {
+        let keys: Vec<Secret> = if settings.api_keys.is_empty() {
+            settings.api_key.iter().cloned().collect()
+        } else {
+            settings.api_keys.clone()
+        };
+        Self { resting: Arc::new(Mutex::new(vec![None; keys.len()])), keys }
+    }
+
+    /// The key a call takes now, by its place: the first not resting, else the one whose
+    /// rest ends first. `None`: the provider has no key.
+    fn pick(&self) -> Option<usize> {
+        let resting = self.resting.lock().expect("keys lock");
+        let now = Instant::now();
+        let free = resting.iter().position(|until| until.is_none_or(|until| until <= now));
+        free.or_else(|| resting.iter().enumerate().min_by_key(|(_, until)| *until).map(|(i, _)| i))
+    }
+
+    /// Rests key `index` for `pause`; whether another key is free meanwhile.
+    fn rest(&self, index: usize, pause: Duration) -> bool {
+        let mut resting = self.resting.lock().expect("keys lock");
+        let now = Instant::now();
+        resting[index] = Some(now + pause);
+        resting.iter().any(|until| until.is_none_or(|until| until <= now))
+    }
+
+    fn get(&self, index: Option<usize>) -> Option<&Secret> {
+        index.map(|i| &self.keys[i])
+    }
+}
+
 /// Timeouts and retry bounds of one provider.
 #[derive(Debug, Clone)]
 pub struct Transport {
     client: reqwest::Client,
     /// Blotted out of every error message and log line: providers echo keys in errors.
-    api_key: Option<Secret>,
+    keys: Keys,
     retries: Retries,
     first_byte: Duration,
     idle: Duration,
@@ -76,7 +118,7 @@ impl Transport {
         let client = builder.build().expect("the TLS backend initialises");
         Self {
             client,
-            api_key: settings.api_key.clone(),
+            keys: Keys::of(settings),
             retries: Retries::of(settings),
             first_byte: secs(settings.first_byte_timeout_secs),
             idle: secs(settings.idle_timeout_secs),
@@ -92,14 +134,16 @@ impl Transport {
         &self.client
     }
 
-    /// Sends the request built by `build`, retrying connection failures, 408, 429 and 5xx
-    /// with backoff; returns the first successful response.
-    pub async fn send(&self, build: impl Fn() -> RequestBuilder) -> Result<Response, ProviderError> {
+    /// Sends the request `build` makes with a key (the provider's next free one), retrying
+    /// connection failures, 408, 429 and 5xx with backoff; returns the first successful
+    /// response. A 429 rests its key; while another is free the retry does not wait.
+    pub async fn send(&self, build: impl Fn(Option<&Secret>) -> RequestBuilder) -> Result<Response, ProviderError> {
         let mut attempt = 0;
         loop {
-            let error = match tokio::time::timeout(self.first_byte, build().send()).await {
+            let key = self.keys.pick();
+            let error = match tokio::time::timeout(self.first_byte, build(self.keys.get(key)).send()).await {
                 Ok(Ok(response)) if response.status().is_success() => return Ok(response),
-                Ok(Ok(response)) => http_error(response, self.api_key.as_ref(), self.error_body_within()).await,
+                Ok(Ok(response)) => http_error(response, &self.keys.keys, self.error_body_within()).await,
                 Ok(Err(e)) => {
                     let cause = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
                     tracing::warn!(error = %e, cause, "provider request failed");
@@ -108,9 +152,14 @@ impl Transport {
                 Err(_) => network_error(),
             };
             if !error.retryable || attempt >= self.retries.max {
-                return Err(error.redacted(self.api_key.as_ref()));
+                return Err(error.redacted(&self.keys.keys));
             }
-            let backoff = self.retries.wait(attempt, error.retry_after);
+            let mut backoff = self.retries.wait(attempt, error.retry_after);
+            if let (ProviderErrorKind::RateLimited, Some(key)) = (error.kind, key) {
+                if self.keys.rest(key, error.retry_after.unwrap_or(backoff)) {
+                    backoff = Duration::ZERO;
+                }
+            }
             tracing::info!(
                 code = error.code(),
                 attempt,
@@ -125,20 +174,20 @@ impl Transport {
     /// Decodes a successful response's SSE body with `decoder`. A body that says it is
     /// JSON or HTML is no stream: a parse error (some servers answer errors with 200).
     pub fn decode(&self, response: Response, decoder: impl Decoder) -> ProviderStream {
-        let key = self.api_key.clone();
+        let key = self.keys.keys.clone();
         let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
         if let Some(kind) = content_type.filter(|t| t.starts_with("application/json") || t.starts_with("text/html")) {
             let (kind, within) = (kind.to_owned(), self.error_body_within());
             return futures_util::stream::once(async move {
                 let body = bounded_body(response, within).await;
-                let detail = ProviderError::new(ProviderErrorKind::Parse, provider_message(&body)).redacted(key.as_ref()).message;
+                let detail = ProviderError::new(ProviderErrorKind::Parse, provider_message(&body)).redacted(&key).message;
                 tracing::warn!(content_type = kind, detail = %truncate(&detail, 300), "provider answered 200 without a stream");
                 Err(parse_error())
             })
             .boxed();
         }
         decode(response.bytes_stream(), decoder, self.first_byte, self.idle)
-            .map(move |event| event.map_err(|e| e.redacted(key.as_ref())))
+            .map(move |event| event.map_err(|e| e.redacted(&key)))
             .boxed()
     }
 }
@@ -341,7 +390,7 @@ pub fn json<'a, T: serde::Deserialize<'a>>(frame: &'a SseFrame) -> Result<T, Pro
 /// Maps a non-success HTTP answer onto the contract: 401/403 → UNAUTHORIZED, 429 →
 /// RATE_LIMITED (with `Retry-After`), 408/5xx → SERVICE_UNAVAILABLE (retryable), other 4xx →
 /// SERVICE_UNAVAILABLE with the provider's message (not retryable).
-pub async fn http_error(response: Response, key: Option<&Secret>, within: Duration) -> ProviderError {
+pub async fn http_error(response: Response, keys: &[Secret], within: Duration) -> ProviderError {
     let status = response.status();
     let retry_after = response
         .headers()
@@ -350,7 +399,7 @@ pub async fn http_error(response: Response, key: Option<&Secret>, within: Durati
         .and_then(|v| v.trim().parse::<f64>().ok())
         .and_then(|s| Duration::try_from_secs_f64(s).ok());
     let body = bounded_body(response, within).await;
-    let detail = ProviderError::new(ProviderErrorKind::Unavailable, provider_message(&body)).redacted(key).message;
+    let detail = ProviderError::new(ProviderErrorKind::Unavailable, provider_message(&body)).redacted(keys).message;
     tracing::warn!(status = status.as_u16(), detail = %truncate(&detail, 300), "provider answered an error");
     let mut error = match status {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {

@@ -547,6 +547,55 @@ async fn a_429_is_retried_after_retry_after_then_succeeds() {
     assert_eq!(r.fixture.received().len(), 2);
 }
 
+/// A provider with two keys (`api_key_envs`): the key that got a 429 rests for its
+/// `Retry-After` while the other serves, at once and for the next run too (CONTRACT.md §19).
+#[tokio::test]
+async fn a_rate_limited_key_rests_while_the_others_serve() {
+    // Names of this test's own: the environment is the whole test process's.
+    unsafe {
+        std::env::set_var("CHATD_TEST_POOL_KEY_A", "key-a-1111");
+        std::env::set_var("CHATD_TEST_POOL_KEY_B", "key-b-2222");
+    }
+    let limited = Scripted::error(429, json!({"error": {"message": "slow down"}})).header("retry-after", "60");
+    let fixture =
+        Fixture::start(vec![limited, Scripted::sse(&openai_text(&["one"])), Scripted::sse(&openai_text(&["two"]))])
+            .await;
+    let config = format!(
+        r#"
+        [chat]
+        default_profile = "fx"
+        [providers.fx]
+        kind = "openai"
+        base_url = "{}/v1"
+        api_key_envs = ["CHATD_TEST_POOL_KEY_A", "CHATD_TEST_POOL_UNSET", "CHATD_TEST_POOL_KEY_B"]
+        max_retries = 2
+        retry_base_secs = 0.01
+        [profiles.fx]
+        provider = "fx"
+        model = "fx-model"
+        "#,
+        fixture.base
+    );
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let first = app.chat("ann", json!({"message": "go"})).await;
+    assert_eq!(joined(&first, "text_delta"), "one");
+    let second = app.chat("ann", json!({"message": "again"})).await;
+    assert_eq!(joined(&second, "text_delta"), "two");
+    let keys: Vec<String> =
+        fixture.received().iter().map(|r| r.headers["authorization"].to_str().unwrap().to_owned()).collect();
+    assert_eq!(keys, ["Bearer key-a-1111", "Bearer key-b-2222", "Bearer key-b-2222"], "A rests for its minute");
+    assert!(!first.iter().chain(&second).any(|f| f.data.to_string().contains("key-")), "no key reaches a client");
+}
+
+#[test]
+fn api_key_envs_replaces_the_one_key_settings() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let text = "[providers.p]\nkind = \"openai\"\napi_key_env = \"X\"\napi_key_envs = [\"Y\"]\n";
+    std::fs::write(file.path(), text).unwrap();
+    let refused = chatd::config::Settings::load(Some(file.path())).unwrap_err().to_string();
+    assert!(refused.contains("providers.p.api_key_envs names the keys already"), "{refused}");
+}
+
 #[tokio::test]
 async fn persistent_429s_end_as_rate_limited_after_the_configured_retries() {
     let limited = Scripted::error(429, json!({"error": {"message": "slow down"}})).header("retry-after", "0");
