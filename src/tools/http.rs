@@ -31,7 +31,11 @@ impl Tool for HttpTool {
     }
 
     async fn call(&self, input: Value, ctx: ToolCallContext) -> Result<ToolOutput, ToolError> {
-        let request = self.client.post(&self.settings.url).json(&input).send();
+        let mut request = self.client.post(&self.settings.url).json(&input);
+        if let Some(key) = &ctx.idempotency_key {
+            request = request.header("idempotency-key", key);
+        }
+        let request = request.send();
         let response = tokio::select! {
             () = ctx.cancel.cancelled() => return Err(ToolError::new("cancelled")),
             response = request => response.map_err(|e| {

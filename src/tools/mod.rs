@@ -76,6 +76,10 @@ pub struct ToolProgress {
 pub struct ToolCallContext {
     pub progress: mpsc::UnboundedSender<ToolProgress>,
     pub cancel: CancellationToken,
+    /// The call's stable key, `<trace_id>:<tool_call_id>`, the same however often the call is
+    /// made (CONTRACT.md §19): a tool that is run again can tell. HTTP tools send it as
+    /// `Idempotency-Key`. `None` for a call of no run's (an executed action's tool).
+    pub idempotency_key: Option<String>,
 }
 
 /// A tool's result: `text` goes to the model; `payload`, if any, to the client.

@@ -108,7 +108,7 @@ impl Servers {
 fn context() -> (ToolCallContext, mpsc::UnboundedReceiver<ToolProgress>, CancellationToken) {
     let (progress, reports) = mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
-    let ctx = ToolCallContext { progress, cancel: cancel.clone() };
+    let ctx = ToolCallContext { progress, cancel: cancel.clone(), idempotency_key: None };
     (ctx, reports, cancel)
 }
 

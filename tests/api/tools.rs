@@ -119,6 +119,12 @@ async fn a_retryable_tool_failure_is_retried_and_long_output_is_cut() {
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
     let frames = app.chat("ann", json!({"message": "[mock:tool=letters {}]"})).await;
     assert_eq!(tool.received().len(), 2, "one retry after the 503");
+    // Both tries carry the call's one key (CONTRACT.md §19): the tool can tell a retry.
+    let call_id = of(&frames, "tool_start")[0]["tool_call_id"].as_str().unwrap().to_owned();
+    let key = format!("{}:{call_id}", frames[0].data["trace_id"].as_str().unwrap());
+    for received in tool.received() {
+        assert_eq!(received.headers["idempotency-key"], key.as_str());
+    }
     let output = of(&frames, "tool_output")[0];
     assert_eq!(output["output"], "abcdefghij");
     assert_eq!(output["truncated"], true);

@@ -39,7 +39,7 @@ impl Actions {
             match self.tools.all().into_iter().find(|t| t.tool.spec().name == *tool_name) {
                 Some(available) => {
                     let (progress, _) = tokio::sync::mpsc::unbounded_channel();
-                    let ctx = ToolCallContext { progress, cancel: CancellationToken::new() };
+                    let ctx = ToolCallContext { progress, cancel: CancellationToken::new(), idempotency_key: None };
                     available.tool.call(data.clone(), ctx).await.map(|o| o.text).map_err(|e| e.message)
                 }
                 None => Err(format!("its tool `{tool_name}` is not available")),

@@ -174,6 +174,7 @@ async fn run_calls(
         // Its own token: a timeout stops this call only; cancelling the run stops them all.
         let (input, token, limits) = (call.input.clone(), cancel.child_token(), plan.limits);
         let invalid = call.invalid_arguments.clone();
+        let idempotency_key = Some(format!("{}:{}", plan.trace_id, call.id));
         let (forward, mut reports) = mpsc::unbounded_channel();
         let progress = progress_tx.clone();
         running.push(async move {
@@ -184,7 +185,7 @@ async fn run_calls(
                     let _ = progress.send((slot, report));
                 }
             };
-            let ctx = ToolCallContext { progress: forward, cancel: token };
+            let ctx = ToolCallContext { progress: forward, cancel: token, idempotency_key };
             let call = async {
                 match invalid {
                     Some(why) => (ToolStatus::Error, why, None),
