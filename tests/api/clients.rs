@@ -204,6 +204,63 @@ async fn the_client_endpoints_ask_for_the_same_credentials_and_keep_the_same_lim
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
 }
 
+/// A chat resumed after a model call failed mid-answer and was made again: the replay has
+/// no voided text (CONTRACT.md §13.1), the live stream said so with `data-step-reset`.
+#[tokio::test]
+async fn a_resumed_chat_replays_no_voided_text() {
+    use crate::fixture::{Fixture, Part, Scripted};
+    let chunk = |text: &str| format!("data: {}\n\n", json!({"choices": [{"index": 0, "delta": {"content": text}}]}));
+    let failing = Scripted::sse(&[
+        chunk("Wrong words"),
+        format!("data: {}\n\n", json!({"error": {"code": 502, "message": "crashed"}})),
+    ]);
+    let mut slow = Scripted::sse(&[chunk("Right ")]).then(Part::Pause(std::time::Duration::from_millis(1500)));
+    for frame in [
+        chunk("answer."),
+        format!("data: {}\n\n", json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})),
+        "data: [DONE]\n\n".to_owned(),
+    ] {
+        slow = slow.then(Part::Bytes(frame));
+    }
+    let fixture = Fixture::start(vec![failing, slow]).await;
+    let config = format!(
+        "[chat]\ndefault_profile = \"fx\"\n[providers.fx]\nkind = \"openai_compatible\"\nbase_url = \"{}/v1\"\n\
+         max_retries = 1\nretry_base_secs = 0.01\n[profiles.fx]\nprovider = \"fx\"\nmodel = \"fx\"\n",
+        fixture.base
+    );
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let response = app
+        .client
+        .post(app.url("/api/ui/chat"))
+        .header("x-client-id", "ann")
+        .json(&json!({"id": "retried", "messages": [user_message("m1", "go")]}))
+        .send()
+        .await
+        .unwrap();
+    let mut live = response.bytes_stream().eventsource();
+    let mut seen = Vec::new();
+    // Until the second try has said its first words.
+    while !seen.iter().any(|c: &String| c.contains("Right")) {
+        seen.push(live.next().await.unwrap().unwrap().data);
+    }
+    assert!(
+        seen.iter().any(|c| c.contains(r#""type":"data-step-reset""#) && c.contains(r#""transient":true"#)),
+        "{seen:?}"
+    );
+    assert!(seen.iter().any(|c| c.contains("Wrong words")), "the live stream had said it");
+    let resumed =
+        app.client.get(app.url("/api/ui/chat/retried/stream")).header("x-client-id", "ann").send().await.unwrap();
+    let replay = ui_chunks(resumed).await;
+    let text: String = replay
+        .iter()
+        .filter_map(|c| serde_json::from_str::<Value>(c).ok())
+        .filter(|c| c["type"] == "text-delta")
+        .map(|c| c["delta"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(text, "Right answer.", "{replay:?}");
+    assert!(!replay.iter().any(|c| c.contains("data-step-reset")));
+}
+
 /// The chunks of a UI stream as they come, to `[DONE]`.
 async fn ui_chunks(response: reqwest::Response) -> Vec<String> {
     assert_eq!(response.status(), StatusCode::OK);

@@ -12,11 +12,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use futures_util::{Stream, StreamExt};
 
 use self::body::{Trigger, UiChatBody};
 use self::stream::UiMessages;
-use crate::chat::{Resumed, Started};
+use crate::chat::{Frame, Resumed, Started};
 use crate::http::AppState;
 use crate::http::chat::until_done;
 use crate::http::error::AppError;
@@ -77,7 +78,32 @@ async fn resume(
     };
     match state.chat.resume(&user, trace_id, 0, false).await? {
         Resumed::HeardAll => Ok(StatusCode::NO_CONTENT.into_response()),
-        Resumed::Frames(frames) => Ok(ui_stream(sse(&state, frames, UiMessages::new()))),
+        Resumed::Frames(frames) => {
+            // What the run said before the client came back, as far as it had said it then.
+            let said = match state.chat.runs().get(trace_id) {
+                Some(run) => run.last_seq(),
+                None => state.store.trace_events(trace_id, 0).await?.last().map_or(0, |e| e.seq as u64),
+            };
+            Ok(ui_stream(sse(&state, without_voided(frames, said), UiMessages::new())))
+        }
+    }
+}
+
+/// `frames`, the first up to seq `said` (the replay of what was said before) without what a
+/// `step_reset` among them voided: the client rebuilds the message from its first chunk.
+fn without_voided(mut frames: BoxStream<'static, Frame>, said: u64) -> impl Stream<Item = Frame> + Send + 'static {
+    async_stream::stream! {
+        let mut replayed: Vec<Frame> = Vec::new();
+        while replayed.last().is_none_or(|frame| frame.seq < said) {
+            let Some(frame) = frames.next().await else { break };
+            replayed.push(frame);
+        }
+        for frame in stream::drop_voided(replayed) {
+            yield frame;
+        }
+        while let Some(frame) = frames.next().await {
+            yield frame;
+        }
     }
 }
 
