@@ -31,11 +31,17 @@ use crate::providers::Providers;
 use crate::store::{Settled, Store, StoreError};
 use crate::tools::Registry;
 
-/// Starts, follows and stops runs.
+/// Starts, follows and stops runs. Cheap to clone (every request's state holds one): the
+/// rooms are shared.
 #[derive(Clone)]
 pub struct ChatService {
+    rooms: Arc<Rooms>,
+}
+
+/// The chat service's rooms, each built once from the shared parts.
+struct Rooms {
     shared: Shared,
-    pub(in crate::chat) starter: Starter,
+    starter: Arc<Starter>,
     follower: Follower,
     canceller: Canceller,
     waits: Waits,
@@ -68,21 +74,22 @@ impl ChatService {
             runs,
             log,
             http,
-            replica_id: uuid::Uuid::now_v7().to_string(),
+            replica_id: uuid::Uuid::now_v7().to_string().into(),
             drain: Default::default(),
             news,
             files,
             key_turns: Default::default(),
             conversation_turns: Default::default(),
         };
-        Self {
-            starter: Starter::new(&shared),
+        let rooms = Rooms {
+            starter: Arc::new(Starter::new(&shared)),
             follower: Follower::new(&shared),
             canceller: Canceller::new(&shared),
             waits: Waits::new(&shared),
             queue: Queue::new(&shared),
             shared,
-        }
+        };
+        Self { rooms: Arc::new(rooms) }
     }
 }
 
@@ -92,7 +99,7 @@ impl ChatService {
     /// (CONTRACT.md §16): a request whose key started a run already gets that run's trace, to
     /// follow from its first event.
     pub async fn start_once(&self, user: &UserId, request: ChatRequest) -> Result<Started<Arc<LiveRun>>, ChatError> {
-        self.starter.start_once(user, request).await
+        self.rooms.starter.start_once(user, request).await
     }
 
     /// One message answered by two profiles side by side (CONTRACT.md §10), once per
@@ -104,7 +111,7 @@ impl ChatService {
         profile_a: &str,
         profile_b: &str,
     ) -> Result<Started<(Comparison, Arc<LiveRun>, Arc<LiveRun>)>, ChatError> {
-        self.starter.start_comparison_once(user, request, profile_a, profile_b).await
+        self.rooms.starter.start_comparison_once(user, request, profile_a, profile_b).await
     }
 
     /// Starts the run a client library's turn asks for (CONTRACT.md §13), once per
@@ -115,17 +122,17 @@ impl ChatService {
         turn: super::start::clients::ClientTurn,
         key: Option<super::start::idempotency::IdempotencyKey>,
     ) -> Result<Started<Arc<LiveRun>>, ChatError> {
-        self.starter.start_for_client(user, turn, key).await
+        self.rooms.starter.start_for_client(user, turn, key).await
     }
 
     /// The conversation a client library's chat id names, if it is one.
     pub async fn find_chat(&self, user: &UserId, chat_id: &str) -> Result<Option<Conversation>, StoreError> {
-        self.starter.find_chat(user, chat_id).await
+        self.rooms.starter.find_chat(user, chat_id).await
     }
 
     /// The run going in the conversation a client library's chat id names.
     pub async fn running_in_chat(&self, user: &UserId, chat_id: &str) -> Result<Option<TraceId>, StoreError> {
-        self.starter.running_in_chat(user, chat_id).await
+        self.rooms.starter.running_in_chat(user, chat_id).await
     }
 }
 
@@ -139,7 +146,7 @@ impl ChatService {
         after: u64,
         through_waits: bool,
     ) -> Result<Resumed, ControlError> {
-        self.follower.resume(user, trace_id, after, through_waits).await
+        self.rooms.follower.resume(user, trace_id, after, through_waits).await
     }
 
     /// A run just started, from its first event; `cancel_on_drop`: a client that leaves
@@ -150,12 +157,12 @@ impl ChatService {
         cancel_on_drop: bool,
         through_waits: bool,
     ) -> impl Stream<Item = Frame> + Send + 'static {
-        self.follower.follow_from_the_start(run, cancel_on_drop, through_waits)
+        self.rooms.follower.follow_from_the_start(run, cancel_on_drop, through_waits)
     }
 
     /// A run after `after`, live or from its log.
     pub fn follow(&self, trace: Trace, after: u64, through_waits: bool) -> impl Stream<Item = Frame> + Send + 'static {
-        self.follower.follow(trace, after, through_waits)
+        self.rooms.follower.follow(trace, after, through_waits)
     }
 
     /// Every run of a conversation as it happens (CONTRACT.md §16).
@@ -164,7 +171,7 @@ impl ChatService {
         user: &UserId,
         conversation_id: ConversationId,
     ) -> impl Stream<Item = (TraceId, Frame)> + Send + 'static {
-        self.follower.follow_conversation(user, conversation_id)
+        self.rooms.follower.follow_conversation(user, conversation_id)
     }
 
     /// A conversation's going runs, each with its last seq.
@@ -173,12 +180,12 @@ impl ChatService {
         user: &UserId,
         conversation_id: ConversationId,
     ) -> Result<Vec<(Trace, u64)>, StoreError> {
-        self.follower.active_runs(user, conversation_id).await
+        self.rooms.follower.active_runs(user, conversation_id).await
     }
 
     /// Waits until a run's log is written whole.
     pub async fn logged(&self, trace_id: TraceId) {
-        self.follower.logged(trace_id).await
+        self.rooms.follower.logged(trace_id).await
     }
 
     /// The active branch of a conversation, across the answers of its going runs.
@@ -188,7 +195,7 @@ impl ChatService {
         conversation: &Conversation,
         history: &[crate::domain::Message],
     ) -> Result<Vec<crate::domain::Message>, StoreError> {
-        super::control::queue::active_branch(&*self.shared.store, user, conversation, history).await
+        super::control::queue::active_branch(&*self.rooms.shared.store, user, conversation, history).await
     }
 }
 
@@ -197,18 +204,18 @@ impl ChatService {
     /// Cancels what `target` names, wherever it runs, and waits (bounded) to learn how it
     /// ended.
     pub async fn cancel(&self, user: &UserId, target: CancelTarget) -> Result<Cancelled, ControlError> {
-        self.canceller.cancel(user, target).await
+        self.rooms.canceller.cancel(user, target).await
     }
 
     /// Stops a conversation's runs before it is deleted.
     pub async fn stop_runs_in(&self, user: &UserId, conversation_id: ConversationId) {
-        self.canceller.stop_runs_in(user, conversation_id).await
+        self.rooms.canceller.stop_runs_in(user, conversation_id).await
     }
 
     /// Tells whoever follows a conversation, here and on the other replicas, that it was
     /// deleted: their streams end.
     pub async fn conversation_deleted(&self, conversation_id: ConversationId) {
-        self.canceller.conversation_deleted(conversation_id).await
+        self.rooms.canceller.conversation_deleted(conversation_id).await
     }
 
     /// Answers the waits of a message's run (the client libraries' decisions and results).
@@ -218,7 +225,7 @@ impl ChatService {
         message_id: crate::ids::MessageId,
         answers: Vec<WaitAnswer>,
     ) -> Result<Option<Answered>, ControlError> {
-        self.waits.answer_waits(user, message_id, answers).await
+        self.rooms.waits.answer_waits(user, message_id, answers).await
     }
 
     /// Decides an approval (CONTRACT.md §15).
@@ -229,7 +236,7 @@ impl ChatService {
         approved: bool,
         reason: Option<String>,
     ) -> Result<Settled, ControlError> {
-        self.waits.decide(user, approval_id, approved, reason).await
+        self.rooms.waits.decide(user, approval_id, approved, reason).await
     }
 
     /// Gives a client tool's result (CONTRACT.md §15).
@@ -241,59 +248,59 @@ impl ChatService {
         output: String,
         is_error: bool,
     ) -> Result<Settled, ControlError> {
-        self.waits.tool_result(user, trace_id, tool_call_id, output, is_error).await
+        self.rooms.waits.tool_result(user, trace_id, tool_call_id, output, is_error).await
     }
 
     /// Takes up the queued runs whose process stopped; how many.
     pub async fn adopt_queued(&self) -> usize {
-        self.queue.adopt_queued().await
+        self.rooms.queue.adopt_queued().await
     }
 
     /// Approvals expire on time whoever was running when they were asked (CONTRACT.md §15);
     /// Idempotency keys name their runs for a day (CONTRACT.md §16), older ones go hourly.
     pub fn spawn_expiry(&self, shutdown: CancellationToken) {
-        super::control::waits::spawn_expiry(self.waits.clone(), shutdown.clone());
-        super::start::idempotency::spawn_expiry(self.shared.store.clone(), shutdown);
+        super::control::waits::spawn_expiry(self.rooms.waits.clone(), shutdown.clone());
+        super::start::idempotency::spawn_expiry(self.rooms.shared.store.clone(), shutdown);
     }
 
     /// Queued runs whose process stopped are taken up, and this process's beat.
     pub fn spawn_keeper(&self, shutdown: CancellationToken) {
-        super::control::queue::spawn_keeper(self.queue.clone(), shutdown);
+        super::control::queue::spawn_keeper(self.rooms.queue.clone(), shutdown);
     }
 }
 
 /// The shared parts the server's start-up and health read.
 impl ChatService {
     pub fn runs(&self) -> &Runs {
-        &self.shared.runs
+        &self.rooms.shared.runs
     }
 
     /// The event log writer (its batch count shows how often runs write).
     pub fn event_log(&self) -> &EventLog {
-        &self.shared.log
+        &self.rooms.shared.log
     }
 
     /// Where this process hears what the others tell of their runs.
     pub fn news(&self) -> &RunNews {
-        &self.shared.news
+        &self.rooms.shared.news
     }
 
     pub fn replica_id(&self) -> &str {
-        &self.shared.replica_id
+        &self.rooms.shared.replica_id
     }
 
     /// The processes that share the store.
     pub fn cluster(&self) -> &Arc<dyn Cluster> {
-        &self.shared.cluster
+        &self.rooms.shared.cluster
     }
 
     /// Refuses new runs from now on (shutdown).
     pub fn start_draining(&self) {
-        self.shared.drain.start();
+        self.rooms.shared.drain.start();
     }
 
     /// Whether the server is shutting down (readiness says no meanwhile).
     pub fn is_draining(&self) -> bool {
-        self.shared.drain.is_on()
+        self.rooms.shared.drain.is_on()
     }
 }

@@ -35,7 +35,7 @@ pub(in crate::chat) struct Shared {
     /// For server-side action handlers given as URLs.
     pub(in crate::chat) http: reqwest::Client,
     /// This process, as the owner of the runs it starts.
-    pub(in crate::chat) replica_id: String,
+    pub(in crate::chat) replica_id: Arc<str>,
     pub(in crate::chat) drain: Drain,
     /// What other processes tell of their runs.
     pub(in crate::chat) news: RunNews,

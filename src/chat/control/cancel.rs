@@ -68,7 +68,7 @@ pub(in crate::chat) struct Canceller {
     runs: crate::chat::live::runs::Runs,
     cluster: std::sync::Arc<dyn crate::chat::live::cluster::Cluster>,
     news: crate::chat::live::news::RunNews,
-    replica_id: String,
+    replica_id: std::sync::Arc<str>,
     queue: super::queue::Queue,
     waits: super::waits::Waits,
 }

@@ -68,7 +68,7 @@ pub(in crate::chat) struct Queue {
     log: crate::chat::live::log::EventLog,
     cluster: std::sync::Arc<dyn crate::chat::live::cluster::Cluster>,
     news: crate::chat::live::news::RunNews,
-    replica_id: String,
+    replica_id: std::sync::Arc<str>,
     drain: crate::chat::shared::Drain,
     planner: crate::chat::run::plan::Planner,
 }

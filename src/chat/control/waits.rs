@@ -67,7 +67,7 @@ pub(in crate::chat) struct Waits {
     runs: crate::chat::live::runs::Runs,
     log: crate::chat::live::log::EventLog,
     news: crate::chat::live::news::RunNews,
-    replica_id: String,
+    replica_id: std::sync::Arc<str>,
     drain: crate::chat::shared::Drain,
     planner: crate::chat::run::plan::Planner,
 }

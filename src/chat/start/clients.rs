@@ -79,7 +79,7 @@ impl Starter {
     /// Starts the run a client's turn asks for. Two first messages of one new chat sent at
     /// once (two tabs, a retry) both land in the one conversation the first of them made.
     pub(in crate::chat) async fn start_for_client(
-        &self,
+        self: &Arc<Self>,
         user: &UserId,
         turn: ClientTurn,
         key: Option<IdempotencyKey>,

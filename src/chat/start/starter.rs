@@ -41,15 +41,14 @@ fn gone(_: tokio::task::JoinError) -> ChatError {
     ChatError::Unavailable("the run could not start".into())
 }
 
-/// Starts runs: checks, plans, writes and launches them.
-#[derive(Clone)]
+/// Starts runs: checks, plans, writes and launches them (shared: `Arc<Starter>`).
 pub(in crate::chat) struct Starter {
     settings: Arc<Settings>,
     pub(super) store: Arc<dyn Store>,
     runs: Runs,
     log: EventLog,
     starts: StartWriter,
-    replica_id: String,
+    replica_id: std::sync::Arc<str>,
     cluster: Arc<dyn Cluster>,
     key_turns: idempotency::KeyTurns,
     preparer: Preparer,
@@ -81,7 +80,7 @@ impl Starter {
     /// [`start`](Self::start), once per `Idempotency-Key` (CONTRACT.md §16): a request whose
     /// key started a run already gets that run's trace, to follow from its first event.
     pub(in crate::chat) async fn start_once(
-        &self,
+        self: &Arc<Self>,
         user: &UserId,
         request: ChatRequest,
     ) -> Result<Started<Arc<LiveRun>>, ChatError> {
@@ -92,7 +91,7 @@ impl Starter {
     /// [`start_comparison`](Self::start_comparison), once per `Idempotency-Key`: a repeat
     /// gets the comparison's first trace.
     pub(in crate::chat) async fn start_comparison_once(
-        &self,
+        self: &Arc<Self>,
         user: &UserId,
         request: &ChatRequest,
         profile_a: &str,
@@ -114,17 +113,21 @@ impl Starter {
 
     /// Validates and persists the request, then starts its run; returns the live run to follow.
     pub(in crate::chat) async fn start(
-        &self,
+        self: &Arc<Self>,
         user: &UserId,
         request: ChatRequest,
     ) -> Result<Begun<Arc<LiveRun>>, ChatError> {
         // A client that leaves while its request is checked must not leave the files it sent
         // behind: the start goes on (or cleans up) in a task of its own.
-        let (service, user) = (self.clone(), user.clone());
+        let (service, user) = (Arc::clone(self), user.clone());
         tokio::spawn(async move { service.start_here(&user, request).await }).await.map_err(gone)?
     }
 
-    async fn start_here(&self, user: &UserId, request: ChatRequest) -> Result<Begun<Arc<LiveRun>>, ChatError> {
+    async fn start_here(
+        self: &Arc<Self>,
+        user: &UserId,
+        request: ChatRequest,
+    ) -> Result<Begun<Arc<LiveRun>>, ChatError> {
         let (mut tries, action) = (0, ActionOutcome::new());
         loop {
             match self.try_start(user, &request, &action).await? {
@@ -138,7 +141,7 @@ impl Starter {
     }
 
     async fn try_start(
-        &self,
+        self: &Arc<Self>,
         user: &UserId,
         request: &ChatRequest,
         action: &ActionOutcome,
@@ -166,13 +169,13 @@ impl Starter {
     /// Starts one message answered by two profiles side by side (CONTRACT.md §10): two full
     /// runs, two traces, one comparison; both answers become siblings under the message.
     pub(in crate::chat) async fn start_comparison(
-        &self,
+        self: &Arc<Self>,
         user: &UserId,
         request: &ChatRequest,
         profile_a: &str,
         profile_b: &str,
     ) -> Result<Begun<(Comparison, Arc<LiveRun>, Arc<LiveRun>)>, ChatError> {
-        let (service, user, request) = (self.clone(), user.clone(), request.clone());
+        let (service, user, request) = (Arc::clone(self), user.clone(), request.clone());
         let (profile_a, profile_b) = (profile_a.to_owned(), profile_b.to_owned());
         // As in `start`: the start outlives a client that leaves.
         tokio::spawn(async move {
@@ -199,7 +202,7 @@ impl Starter {
     }
 
     async fn compare(
-        &self,
+        self: &Arc<Self>,
         user: &UserId,
         request: &ChatRequest,
         turn: Prepared,
@@ -236,7 +239,7 @@ impl Starter {
     /// Persists the message and the traces in one transaction, then starts each run in a
     /// task of its own.
     async fn launch(
-        &self,
+        self: &Arc<Self>,
         user: &UserId,
         turn: Prepared,
         sides: Vec<Side>,
@@ -256,7 +259,7 @@ impl Starter {
             user_message_is_new: turn.user_message_is_new,
             traces,
             comparison,
-            replica_id: self.replica_id.clone(),
+            replica_id: self.replica_id.to_string(),
             max_running: turn.max_running,
             idempotency_key: turn.idempotency_key,
         };
@@ -267,7 +270,7 @@ impl Starter {
         // request is still waiting: a client that leaves meanwhile must not leave a run
         // persisted as running that nobody runs.
         let (done, launched) = oneshot::channel();
-        let service = self.clone();
+        let service = Arc::clone(self);
         let user = user.to_owned();
         self.starts.write(start, move |start, written| {
             let runs = match written {
