@@ -220,7 +220,7 @@ async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>,
             replica_id: "bench".into(),
             max_running: None,
             idempotency_key: None,
-            queued: None,
+            asked: None,
             going_seen: None,
         };
         store.start_run(&start).await.expect("run starts");
@@ -292,7 +292,7 @@ fn event_log(c: &mut Criterion) {
     group.bench_function("chunk_per_run", |b| {
         b.iter_batched(
             &mut batch,
-            |events| runtime.block_on(store.append_events(&events)).expect("appends"),
+            |events| runtime.block_on(store.append_events(&events, &[])).expect("appends"),
             BatchSize::SmallInput,
         )
     });

@@ -75,22 +75,17 @@ impl App {
             files.clone(),
         );
         // Before this process starts runs of its own: whatever is left `running` here lost
-        // its process (on a shared store, only those whose heartbeat went stale).
-        lifecycle::recover_orphans(&store, &**chat.cluster(), &runs).await;
+        // its process (on a shared store, only those whose replica went quiet), and goes on
+        // here from its last completed step (CONTRACT.md §19).
+        chat.beat().await;
+        chat.recover_left_runs().await;
         // Approvals expire on time whoever was running when they were asked (CONTRACT.md §15).
         chat.spawn_expiry(shutdown.clone());
         // Queued runs whose process stopped are taken up (CONTRACT.md §16): before the first
         // request, so that a client that follows one finds it here.
         chat.adopt_queued().await;
         chat.spawn_keeper(shutdown.clone());
-        lifecycle::spawn_background(
-            store.clone(),
-            chat.cluster().clone(),
-            runs,
-            chat.news().clone(),
-            chat.replica_id().to_owned(),
-            shutdown.clone(),
-        );
+        chat.spawn_background(shutdown.clone());
         let (host, port) = (&settings.server.host, settings.server.port);
         let listener = listen(host, port).await.map_err(|e| {
             let next = if e.kind() == std::io::ErrorKind::AddrInUse {

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::control::cancel::{CancelTarget, Cancelled, Canceller};
 use super::control::queue::Queue;
+use super::control::takeover::Takeover;
 use super::control::waits::{Answered, WaitAnswer, Waits};
 use super::errors::{ChatError, ControlError};
 use super::live::cluster::{self, Cluster};
@@ -46,6 +47,7 @@ struct Rooms {
     canceller: Canceller,
     waits: Waits,
     queue: Queue,
+    takeover: Takeover,
 }
 
 impl ChatService {
@@ -66,7 +68,7 @@ impl ChatService {
         let news = RunNews::default();
         let shared = Shared {
             starts: StartWriter::start(store.clone()),
-            cluster: cluster::for_store(store.clone(), news.clone()),
+            cluster: cluster::for_store(store.clone(), news.clone(), settings.runs.takeover_after()),
             settings,
             store,
             providers,
@@ -87,6 +89,7 @@ impl ChatService {
             canceller: Canceller::new(&shared),
             waits: Waits::new(&shared),
             queue: Queue::new(&shared),
+            takeover: Takeover::new(&shared),
             shared,
         };
         Self { rooms: Arc::new(rooms) }
@@ -266,6 +269,34 @@ impl ChatService {
     /// Queued runs whose process stopped are taken up, and this process's beat.
     pub fn spawn_keeper(&self, shutdown: CancellationToken) {
         super::control::queue::spawn_keeper(self.rooms.queue.clone(), shutdown);
+    }
+
+    /// Says this process is alive, first at once: the runs it starts from now on are held
+    /// alive by its beat (CONTRACT.md §19).
+    pub async fn beat(&self) {
+        let shared = &self.rooms.shared;
+        shared.cluster.heartbeat(&shared.replica_id).await;
+    }
+
+    /// Continues (or, `runs.continue_after_restart` off, marks interrupted) the runs whose
+    /// process is gone: at start-up, every one no live process holds. Returns how many.
+    pub async fn recover_left_runs(&self) -> usize {
+        self.rooms.takeover.recover(true).await
+    }
+
+    /// This process's heartbeat, the take-over of runs whose replica went quiet, and what
+    /// the other replicas tell; until `shutdown`.
+    pub fn spawn_background(&self, shutdown: CancellationToken) {
+        let shared = &self.rooms.shared;
+        super::control::lifecycle::spawn_background(
+            self.rooms.takeover.clone(),
+            shared.cluster.clone(),
+            shared.runs.clone(),
+            shared.news.clone(),
+            shared.replica_id.clone(),
+            shared.settings.runs.heartbeat(),
+            shutdown,
+        );
     }
 }
 

@@ -39,6 +39,8 @@ pub struct Settings {
     pub stream: StreamSettings,
     pub chat: ChatSettings,
     #[serde(default)]
+    pub runs: RunsSettings,
+    #[serde(default)]
     pub providers: BTreeMap<String, ProviderSettings>,
     #[serde(default)]
     pub profiles: BTreeMap<String, ProfileSettings>,
@@ -287,6 +289,14 @@ impl Settings {
             return Err(ConfigError::Invalid(
                 "stream.flush_max_events and limits.max_page_size must be at least 1".to_owned(),
             ));
+        }
+        let runs = &self.runs;
+        if !(runs.heartbeat_secs > 0.0 && runs.takeover_after_secs > runs.heartbeat_secs) {
+            return Err(ConfigError::Invalid(format!(
+                "runs.takeover_after_secs ({}) must be longer than runs.heartbeat_secs ({}), which must be above 0: \
+                 a replica is taken over only after several missed heartbeats",
+                runs.takeover_after_secs, runs.heartbeat_secs
+            )));
         }
         Ok(())
     }

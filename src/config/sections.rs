@@ -78,6 +78,11 @@ pub struct McpServerSettings {
     /// Offered on every page (true), or only where a page lists its tools.
     #[serde(default = "yes")]
     pub global: bool,
+    /// A call interrupted by its process's death may run again (CONTRACT.md §19): the
+    /// server's tools do the same once or twice (they read, or honour
+    /// `_meta.idempotency_key`).
+    #[serde(default)]
+    pub idempotent: bool,
 }
 
 /// A tool chatd calls by POSTing the model's arguments as JSON to `url`. The answer is the
@@ -94,6 +99,10 @@ pub struct HttpToolSettings {
     pub global: bool,
     #[serde(default)]
     pub timeout_secs: Option<f64>,
+    /// A call interrupted by its process's death may run again (CONTRACT.md §19): the tool
+    /// does the same once or twice (it reads, or honours the `Idempotency-Key` header).
+    #[serde(default)]
+    pub idempotent: bool,
 }
 
 /// What a page (and its tabs, and their subtabs) adds to a request: who the assistant is
@@ -292,6 +301,36 @@ pub struct ChatSettings {
     /// What a new message does while a run of its conversation is going (CONTRACT.md §16).
     #[serde(default = "default_multitask")]
     pub multitask: Multitask,
+}
+
+/// Runs that outlive their server (CONTRACT.md §19).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunsSettings {
+    /// Seconds between a replica's heartbeats: one row per replica, whatever its runs.
+    pub heartbeat_secs: f64,
+    /// Seconds without a heartbeat after which another replica takes a replica's running
+    /// runs over and continues them from their last completed step.
+    pub takeover_after_secs: f64,
+    /// A run found `running` at start-up (its process died) is continued from its last
+    /// completed step; false: it is marked `interrupted` (CONTRACT.md §9).
+    pub continue_after_restart: bool,
+}
+
+impl Default for RunsSettings {
+    fn default() -> Self {
+        Self { heartbeat_secs: 2.0, takeover_after_secs: 10.0, continue_after_restart: true }
+    }
+}
+
+impl RunsSettings {
+    pub fn heartbeat(&self) -> std::time::Duration {
+        std::time::Duration::try_from_secs_f64(self.heartbeat_secs).unwrap_or(std::time::Duration::from_secs(2))
+    }
+
+    pub fn takeover_after(&self) -> std::time::Duration {
+        std::time::Duration::try_from_secs_f64(self.takeover_after_secs).unwrap_or(std::time::Duration::from_secs(10))
+    }
 }
 
 /// What a new message does while a run of the same conversation is going (CONTRACT.md §16).

@@ -10,7 +10,7 @@ use crate::ids::TraceId;
 use chrono::DateTime;
 use serde_json::value::RawValue;
 
-use super::{NewEvent, StoreError};
+use super::{NewEvent, Progress, StoreError};
 use crate::events::LoggedEvent;
 
 /// One row of the log: the events of one run, `first_seq..=last_seq`.
@@ -20,6 +20,27 @@ pub struct Chunk {
     pub first_seq: i64,
     pub last_seq: i64,
     pub events: String,
+}
+
+/// A batch's chunks in transactions of `per`, each with the checkpoints it writes: a run's
+/// checkpoint goes with the run's chunk, or with the last transaction where the run has
+/// none in the batch. A batch of checkpoints alone is one transaction without chunks.
+pub fn transactions<'a>(
+    chunks: &'a [Chunk],
+    per: usize,
+    progress: &'a [Progress],
+) -> Vec<(&'a [Chunk], Vec<&'a Progress>)> {
+    let mut groups: Vec<(&[Chunk], Vec<&Progress>)> =
+        chunks.chunks(per.max(1)).map(|rows| (rows, Vec::new())).collect();
+    if groups.is_empty() && !progress.is_empty() {
+        groups.push((&[], Vec::new()));
+    }
+    let last = groups.len().saturating_sub(1);
+    for p in progress {
+        let group = chunks.iter().position(|c| c.trace_id == p.trace_id).map_or(last, |i| i / per.max(1));
+        groups[group].1.push(p);
+    }
+    groups
 }
 
 /// Groups a batch into one chunk per run, each run's events in the order given.

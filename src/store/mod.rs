@@ -130,13 +130,22 @@ pub struct RunStart {
     pub max_running: Option<usize>,
     /// The request's `Idempotency-Key`, recorded with its first trace (CONTRACT.md §16).
     pub idempotency_key: Option<crate::domain::IdempotencyKey>,
-    /// For traces that start `queued` (CONTRACT.md §16): what their runs will need when their
-    /// turn comes, kept with them.
-    pub queued: Option<Value>,
+    /// What the request asked beside its message, kept with its traces where it is not all
+    /// defaults: a queued run is planned from it when its turn comes (CONTRACT.md §16), a
+    /// run continued before it completed a step too (§19).
+    pub asked: Option<Value>,
     /// The runs of the conversation that were going when the start looked. On a shared
     /// store, a going run not among them refuses the start as [`StartOutcome::Moved`] (another
     /// replica started it meanwhile); `None`: not checked.
     pub going_seen: Option<Vec<TraceId>>,
+}
+
+impl RunStart {
+    /// Whether its runs start `queued`, behind the conversation's going runs (CONTRACT.md
+    /// §16).
+    pub fn is_queued(&self) -> bool {
+        self.traces.iter().any(|t| t.status == crate::domain::TraceStatus::Queued)
+    }
 }
 
 /// Where a queued run stands (CONTRACT.md §16).
@@ -191,6 +200,20 @@ pub struct NewEvent {
     pub data: Arc<str>,
 }
 
+/// A running run's checkpoint after a completed step, written with its events (see
+/// [`LogStore::append_events`]).
+#[derive(Debug, Clone)]
+pub struct Progress {
+    pub trace_id: TraceId,
+    pub checkpoint: rows::JsonText,
+}
+
+impl Progress {
+    pub fn of(trace_id: TraceId, checkpoint: &impl serde::Serialize) -> Self {
+        Self { trace_id, checkpoint: rows::json(checkpoint) }
+    }
+}
+
 /// How a start's write ended when the database could be written: its rows are in, or the
 /// database refused it for a reason the chat service acts on. A refused start wrote nothing
 /// (when several are written together, none of them: each is then tried on its own).
@@ -224,12 +247,26 @@ pub trait ClusterStore: Send + Sync + 'static {
     fn hears_others(&self) -> bool;
     /// Every run still marked running, of any user and any process.
     async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;
+    /// The runs still marked running whose replica has not beaten since `quiet_since`
+    /// (those of `replica_id` aside): left by a process that is gone.
+    async fn left_running(&self, quiet_since: DateTime<Utc>, replica_id: &str)
+    -> Result<Vec<RunningTrace>, StoreError>;
     /// Every queued run, of any user and any process.
     async fn queued_traces(&self) -> Result<Vec<RunningTrace>, StoreError>;
-    /// Refreshes the heartbeat of the runs this process is running (or holds queued).
-    /// (`queued`: the queued runs this process holds; a queued trace it no longer holds must
-    /// go stale, for another replica to take it up.)
-    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>, queued: &[TraceId]) -> Result<(), StoreError>;
+    /// Says this process is alive: one row per replica, whatever the number of runs it holds
+    /// (running or queued); a run is held alive while its replica's row is fresh.
+    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Deletes the rows of replicas quiet since `quiet_since` (long gone).
+    async fn forget_replicas(&self, quiet_since: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Takes a running run over for `replica_id` if `from` still holds it (its process is
+    /// gone; `None`: no replica): the run's checkpoint, `None` if another took it first or it
+    /// is no longer running. Its log is this process's to seal from now on.
+    async fn take_over(
+        &self,
+        trace_id: TraceId,
+        from: Option<&str>,
+        replica_id: &str,
+    ) -> Result<Option<Option<serde_json::Value>>, StoreError>;
     /// Tells every chatd process on this database (Postgres NOTIFY; a no-op on SQLite, where
     /// there is only one process). Appending a run's events tells [`Notice::Logged`] itself.
     async fn notify(&self, notice: Notice) -> Result<(), StoreError>;
@@ -390,8 +427,10 @@ pub trait WaitStore: Send + Sync + 'static {
 /// Runs' event logs: appended in batches, read back, sealed.
 #[async_trait]
 pub trait LogStore: Send + Sync + 'static {
-    /// Appends a batch of log events (one statement per batch, never one per event).
-    async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError>;
+    /// Appends a batch of log events (one statement per batch, never one per event), and
+    /// the runs' checkpoints of completed steps in the same transactions as their events
+    /// (CONTRACT.md §19): a run's log and its checkpoint never disagree.
+    async fn append_events(&self, events: &[NewEvent], progress: &[Progress]) -> Result<(), StoreError>;
     /// The run's logged events with `seq > after`, in order.
     async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError>;
     /// Closes the logs of runs that have ended, once their last events are appended. Where

@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgNotification,
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use super::sql::{Backend, bytes_used, insert_file};
-use super::{BytesLock, NewEvent, Notice, StoreError};
+use super::{BytesLock, NewEvent, Notice, Progress, StoreError};
 use crate::domain::StoredFile;
 use crate::events::LoggedEvent;
 use crate::ids::{ConversationId, TraceId};
@@ -142,13 +142,27 @@ impl Backend for PostgresStore {
     /// One row per run per flush (see `chunks`), in transactions of a bounded size: a run's
     /// chunk is whole in one of them. Writing a chunk again is a no-op, so a batch that
     /// failed halfway can be retried run by run.
-    async fn append_log(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+    async fn append_log(&self, events: &[NewEvent], progress: &[Progress]) -> Result<(), StoreError> {
         let chunks = super::chunks::encode(events);
-        for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
+        for (rows, progress) in super::chunks::transactions(&chunks, LOG_ROWS_PER_TRANSACTION, progress) {
             let mut tx = self.pool.begin().await?;
-            insert_chunks(&mut tx, rows).await?;
+            if !rows.is_empty() {
+                insert_chunks(&mut tx, rows).await?;
+            }
+            for p in progress {
+                sqlx::query("update traces set checkpoint = $1 where id = $2 and status = 'running'")
+                    .bind(&p.checkpoint)
+                    .bind(p.trace_id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
         }
+        Ok(())
+    }
+
+    /// The chunks, indexed by run, are the log: whoever reads it finds the other's.
+    async fn adopt_log(&self, _conn: &mut PgConnection, _trace_id: TraceId) -> Result<(), StoreError> {
         Ok(())
     }
 

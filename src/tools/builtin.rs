@@ -19,6 +19,11 @@ pub struct CurrentTime;
 
 #[async_trait]
 impl Tool for CurrentTime {
+    /// Reads the clock: nothing to undo.
+    fn idempotent(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "current_time".into(),
@@ -52,6 +57,11 @@ pub struct Calculator;
 
 #[async_trait]
 impl Tool for Calculator {
+    /// Computes: nothing to undo.
+    fn idempotent(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "calculator".into(),

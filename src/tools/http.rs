@@ -22,6 +22,10 @@ impl HttpTool {
 
 #[async_trait]
 impl Tool for HttpTool {
+    fn idempotent(&self) -> bool {
+        self.settings.idempotent
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: self.name.clone(),

@@ -111,6 +111,12 @@ impl ToolError {
 pub trait Tool: Send + Sync {
     fn spec(&self) -> ToolSpec;
     async fn call(&self, input: Value, ctx: ToolCallContext) -> Result<ToolOutput, ToolError>;
+    /// Whether a call may run again after its process died while it ran (CONTRACT.md §19):
+    /// running it twice does what running it once does. Else the model is told that the
+    /// call was interrupted.
+    fn idempotent(&self) -> bool {
+        false
+    }
 }
 
 /// A tool under another name (an MCP tool whose name another tool already has).
@@ -127,6 +133,10 @@ impl Tool for Renamed {
 
     async fn call(&self, input: Value, ctx: ToolCallContext) -> Result<ToolOutput, ToolError> {
         self.inner.call(input, ctx).await
+    }
+
+    fn idempotent(&self) -> bool {
+        self.inner.idempotent()
     }
 }
 

@@ -2,7 +2,8 @@
 //! uniquely named Postgres database dropped afterwards), a real HTTP client, and SSE parsed
 //! with eventsource-stream.
 
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use chatd::App;
 use chatd::config::Settings;
@@ -225,7 +226,12 @@ pub fn surviving_text(frames: &[Frame]) -> String {
             "step_start" => {
                 starts.insert(frame.data["step"].as_u64().unwrap(), text.len());
             }
-            "step_reset" => text.truncate(starts[&frame.data["step"].as_u64().unwrap()]),
+            // A reset of a step whose start this client never saw voids nothing.
+            "step_reset" => {
+                if let Some(&at) = starts.get(&frame.data["step"].as_u64().unwrap()) {
+                    text.truncate(at);
+                }
+            }
             "text_delta" => text.push_str(frame.data["text"].as_str().unwrap()),
             _ => {}
         }
@@ -265,3 +271,90 @@ macro_rules! both_backends {
 }
 
 pub(crate) use both_backends;
+
+/// A chatd process of its own (the binary), on `database_url`, with `extra` config.
+pub struct Replica {
+    pub child: Child,
+    pub base: String,
+}
+
+impl Replica {
+    pub async fn start(database_url: &str, extra: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap().keep();
+        let config = dir.join("chatd.toml");
+        let text = format!(
+            "[server]\nport = {port}\n[database]\nurl = \"{database_url}\"\n[stream]\nflush_interval_ms = 20\n{extra}"
+        );
+        std::fs::write(&config, text).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_chatd"))
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while reqwest::get(format!("{base}/healthz")).await.is_err() {
+            assert!(Instant::now() < deadline, "chatd did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self { child, base }
+    }
+
+    pub fn kill_9(mut self) {
+        let status = Command::new("kill").arg("-KILL").arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success());
+        let _ = self.child.wait();
+    }
+
+    pub async fn get(&self, path: &str) -> Value {
+        reqwest::get(format!("{}{path}", self.base)).await.unwrap().json().await.unwrap()
+    }
+
+    pub async fn post_stream(&self, body: Value) -> crate::runs::Live {
+        let client = reqwest::Client::new();
+        let response = client.post(format!("{}/api/chat/stream", self.base)).json(&body).send().await.unwrap();
+        crate::runs::Live::open(response).await
+    }
+
+    pub async fn resume(&self, trace_id: &str, last_event_id: u64) -> Vec<Frame> {
+        let client = reqwest::Client::new();
+        let response = client
+            .get(format!("{}/api/chat/stream/{trace_id}", self.base))
+            .header("last-event-id", last_event_id.to_string())
+            .send()
+            .await
+            .unwrap();
+        read_frames(response).await
+    }
+
+    /// Waits (bounded) until the run's log holds an event `logged` says yes to.
+    pub async fn until_logged(&self, trace_id: &str, logged: impl Fn(&Value) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let trace = self.get(&format!("/api/trace/{trace_id}")).await;
+            if trace["events"].as_array().is_some_and(|events| events.iter().any(&logged)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "never logged: {trace}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Replica {
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill").arg(signal).arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

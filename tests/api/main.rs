@@ -28,6 +28,7 @@ mod runs;
 mod s3;
 mod security;
 mod store;
+mod takeover;
 mod tools;
 mod waits;
 mod web;

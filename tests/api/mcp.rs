@@ -36,6 +36,7 @@ fn stdio(command: impl Into<String>, args: &[&str]) -> McpServerSettings {
         env: BTreeMap::new(),
         url: None,
         global: true,
+        idempotent: false,
     }
 }
 
@@ -347,7 +348,14 @@ async fn a_server_that_cannot_start_fails_without_blocking_the_others() {
         ("ghost", stdio("/nonexistent/chatd-mcp-ghost", &["--stdio"])),
         (
             "nowhere",
-            McpServerSettings { command: None, args: Vec::new(), env: BTreeMap::new(), url: None, global: true },
+            McpServerSettings {
+                command: None,
+                args: Vec::new(),
+                env: BTreeMap::new(),
+                url: None,
+                global: true,
+                idempotent: false,
+            },
         ),
         ("everything", everything_server()),
     ])
@@ -411,6 +419,7 @@ async fn a_streamable_http_server_works() {
         env: BTreeMap::new(),
         url: Some(format!("http://127.0.0.1:{port}/mcp")),
         global: true,
+        idempotent: false,
     };
     // The first attempts may find the port closed while node starts: they are retried.
     let servers = Servers::start(vec![("remote", settings)]).await;

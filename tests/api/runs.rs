@@ -2,7 +2,6 @@
 //! with Last-Event-ID, several followers, two replicas on one Postgres, batched event log
 //! writes, graceful SIGTERM drain, and recovery after kill -9.
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use eventsource_stream::Eventsource;
@@ -418,58 +417,15 @@ async fn graceful_shutdown_cancels_what_outlives_the_grace_period() {
 }
 
 /// A chatd process of the real binary on a SQLite file.
-struct Process {
-    child: Child,
-    base: String,
-}
-
-impl Process {
-    async fn start(dir: &std::path::Path) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let config = dir.join("chatd.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[server]\nport = {port}\n[database]\nurl = \"sqlite://{}/chatd.db\"\n[stream]\nflush_interval_ms = 20\n",
-                dir.display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_chatd"))
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let base = format!("http://127.0.0.1:{port}");
-        // A separate process: poll until it answers (bounded).
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while reqwest::get(format!("{base}/healthz")).await.is_err() {
-            assert!(Instant::now() < deadline, "chatd did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Self { child, base }
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill").arg(signal).arg(self.child.id().to_string()).status().unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A chatd process on a SQLite file in `dir`.
+async fn sqlite_process(dir: &std::path::Path, extra: &str) -> Replica {
+    Replica::start(&format!("sqlite://{}/chatd.db", dir.display()), extra).await
 }
 
 #[tokio::test]
 async fn sigterm_drains_the_real_binary() {
     let dir = tempfile::tempdir().unwrap();
-    let mut process = Process::start(dir.path()).await;
+    let mut process = sqlite_process(dir.path(), "").await;
     let client = reqwest::Client::new();
     let response = client
         .post(format!("{}/api/chat/stream", process.base))
@@ -487,9 +443,12 @@ async fn sigterm_drains_the_real_binary() {
 }
 
 #[tokio::test]
-async fn after_kill_9_a_restart_marks_the_run_interrupted_and_keeps_its_text() {
+async fn without_continue_after_restart_a_run_killed_with_kill_9_is_marked_interrupted_keeping_its_text() {
+    // (With `runs.continue_after_restart`, the default, the restart continues it: see
+    // `takeover`.)
     let dir = tempfile::tempdir().unwrap();
-    let process = Process::start(dir.path()).await;
+    let no_continuing = "[runs]\ncontinue_after_restart = false\n";
+    let process = sqlite_process(dir.path(), no_continuing).await;
     let client = reqwest::Client::new();
     let response =
         client.post(format!("{}/api/chat/stream", process.base)).json(&json!({"message": SLOW})).send().await.unwrap();
@@ -511,7 +470,7 @@ async fn after_kill_9_a_restart_marks_the_run_interrupted_and_keeps_its_text() {
     drop(process);
     drop(live);
 
-    let restarted = Process::start(dir.path()).await;
+    let restarted = sqlite_process(dir.path(), no_continuing).await;
     let trace: Value =
         client.get(format!("{}/api/trace/{trace_id}", restarted.base)).send().await.unwrap().json().await.unwrap();
     assert_eq!(trace["status"], "interrupted");

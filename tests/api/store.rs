@@ -56,7 +56,7 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
         replica_id: "replica-a".into(),
         max_running: None,
         idempotency_key: None,
-        queued: None,
+        asked: None,
         going_seen: None,
     }
 }
@@ -146,8 +146,8 @@ both_backends! {
             })
             .collect();
         // Two batches: a resume point inside the first one must not repeat what came before.
-        store.append_events(&events[..1000]).await.unwrap();
-        store.append_events(&events[1000..]).await.unwrap();
+        store.append_events(&events[..1000], &[]).await.unwrap();
+        store.append_events(&events[1000..], &[]).await.unwrap();
         let after = store.trace_events(start.traces[0].trace_id, 990).await.unwrap();
         let seqs: Vec<i64> = after.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, (991..=2500).collect::<Vec<_>>());
@@ -271,11 +271,47 @@ both_backends! {
         assert_eq!(running[0].replica_id.as_deref(), Some("replica-a"));
         assert_eq!(running[0].heartbeat_at, Some(start.traces[0].started_at));
         let later = start.traces[0].started_at + chrono::Duration::seconds(7);
-        store.heartbeat("replica-b", later, &[]).await.unwrap();
+        store.heartbeat("replica-b", later).await.unwrap();
         assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(start.traces[0].started_at), "another replica's beat");
-        store.heartbeat("replica-a", later, &[]).await.unwrap();
+        store.heartbeat("replica-a", later).await.unwrap();
         assert_eq!(store.running_traces().await.unwrap()[0].heartbeat_at, Some(later));
         assert_eq!(store.is_shared(), backend == Backend::Postgres);
+    }
+
+    async fn a_running_run_left_by_its_replica_is_taken_over_once_with_its_checkpoint(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let c = conversation("ann", "left running");
+        let start = run_start(&c, true);
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+        let id = start.traces[0].trace_id;
+        let beat = start.traces[0].started_at + chrono::Duration::seconds(5);
+        store.heartbeat("replica-a", beat).await.unwrap();
+        let left = |quiet_since, me: &'static str| {
+            let store = store.clone();
+            async move {
+                store.left_running(quiet_since, me).await.unwrap().into_iter().map(|r| r.trace.trace_id).collect::<Vec<_>>()
+            }
+        };
+        assert!(left(beat - chrono::Duration::seconds(1), "b").await.is_empty(), "its replica beat since");
+        assert_eq!(left(beat + chrono::Duration::seconds(1), "b").await, [id], "its replica went quiet");
+        assert!(left(beat + chrono::Duration::seconds(1), "replica-a").await.is_empty(), "not to itself");
+        // A step's checkpoint is written with the run's events, in their transaction.
+        let event = chatd::store::NewEvent {
+            trace_id: id,
+            seq: 1,
+            at: now(),
+            kind: "status",
+            data: r#"{"type":"status","message":"Thinking…"}"#.into(),
+        };
+        let checkpoint = serde_json::json!({"seq": 1, "step": "kept"});
+        let progress = chatd::store::Progress::of(id, &checkpoint);
+        store.append_events(std::slice::from_ref(&event), std::slice::from_ref(&progress)).await.unwrap();
+        assert_eq!(store.take_over(id, Some("someone else"), "b").await.unwrap(), None, "only from its holder");
+        assert_eq!(store.take_over(id, Some("replica-a"), "b").await.unwrap(), Some(Some(checkpoint)));
+        assert_eq!(store.take_over(id, Some("replica-a"), "c").await.unwrap(), None, "once");
+        assert_eq!(store.running_traces().await.unwrap()[0].replica_id.as_deref(), Some("b"));
+        // The log the other wrote is the log of the run that goes on.
+        assert_eq!(store.trace_events(id, 0).await.unwrap().len(), 1);
     }
 
     async fn context_state_is_stored_replaced_and_deleted_with_the_conversation(backend: Backend) {
@@ -325,8 +361,8 @@ both_backends! {
         let start = run_start(&c, true);
         assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
         let events = text_deltas(start.traces[0].trace_id, 1..=3);
-        store.append_events(&events).await.unwrap();
-        store.append_events(&events).await.unwrap();
+        store.append_events(&events, &[]).await.unwrap();
+        store.append_events(&events, &[]).await.unwrap();
         let seqs: Vec<i64> = store.trace_events(start.traces[0].trace_id, 0).await.unwrap().iter().map(|e| e.seq).collect();
         assert_eq!(seqs, [1, 2, 3]);
     }
@@ -359,9 +395,9 @@ async fn sqlite_finds_a_runs_chunks_without_an_index_and_deletes_them_with_it() 
     assert_eq!(store.start_runs(&[&ended, &running]).await.unwrap(), StartOutcome::Started);
     let (ended_id, running_id) = (ended.traces[0].trace_id, running.traces[0].trace_id);
     let log = text_deltas(ended_id, 1..=4);
-    store.append_events(&log[..2]).await.unwrap();
-    store.append_events(&text_deltas(running_id, 1..=2)).await.unwrap();
-    store.append_events(&log[2..]).await.unwrap();
+    store.append_events(&log[..2], &[]).await.unwrap();
+    store.append_events(&text_deltas(running_id, 1..=2), &[]).await.unwrap();
+    store.append_events(&log[2..], &[]).await.unwrap();
     store.seal_logs(&[ended_id]).await.unwrap();
     let read = store.trace_events(ended_id, 1).await.unwrap();
     assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3, 4], "from the sealed list");
@@ -394,8 +430,8 @@ async fn sqlite_seals_the_logs_a_stopped_process_left_in_chunks() {
     assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
     let trace_id = start.traces[0].trace_id;
     let events = text_deltas(trace_id, 1..=5);
-    store.append_events(&events[..3]).await.unwrap();
-    store.append_events(&events[2..]).await.unwrap();
+    store.append_events(&events[..3], &[]).await.unwrap();
+    store.append_events(&events[2..], &[]).await.unwrap();
     drop(store);
     let reopened = store::connect(&db.url, 2).await.unwrap();
     let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
@@ -424,7 +460,7 @@ fn queued_start(conversation: &Conversation, after: chatd::ids::MessageId) -> Ru
     let mut start = run_start(conversation, false);
     start.user_message.parent_id = Some(after);
     start.traces[0].status = TraceStatus::Queued;
-    start.queued = Some(json!({"context": null, "client_tools": [], "diagnostics": false, "action_result": null}));
+    start.asked = Some(json!({"context": null, "client_tools": [], "diagnostics": false, "action_result": null}));
     start
 }
 
@@ -498,13 +534,15 @@ both_backends! {
         assert!(store.adopt_queued(id, Some("replica-a"), "b").await.unwrap());
         assert!(!store.adopt_queued(id, Some("replica-a"), "c").await.unwrap(), "once");
         assert_eq!(store.queued_traces().await.unwrap()[0].replica_id.as_deref(), Some("b"));
-        // Its holder's heartbeat keeps it only while the holder names it.
+        // Its holder's heartbeat keeps it; once the holder leaves it (a drain), not any more.
         let adopted_at = store.queued_traces().await.unwrap()[0].heartbeat_at.unwrap();
         let later = adopted_at + chrono::Duration::seconds(7);
-        store.heartbeat("b", later, &[]).await.unwrap();
-        assert_eq!(store.queued_traces().await.unwrap()[0].heartbeat_at, Some(adopted_at), "not held any more");
-        store.heartbeat("b", later, &[id]).await.unwrap();
+        store.heartbeat("b", later).await.unwrap();
         assert_eq!(store.queued_traces().await.unwrap()[0].heartbeat_at, Some(later));
+        assert!(store.adopt_queued(id, Some("b"), "").await.unwrap());
+        let left = &store.queued_traces().await.unwrap()[0];
+        assert_eq!(left.replica_id.as_deref(), Some(""), "held by nobody");
+        assert_ne!(left.heartbeat_at, Some(later), "not by the beat of the replica that left it");
     }
 }
 

@@ -1,6 +1,6 @@
-//! What keeps runs honest across processes and crashes: a heartbeat on this process's running
-//! traces, the recovery of runs whose process died (marked `interrupted`, their logged text
-//! kept as a partial message), cancels asked by other replicas, and the shutdown drain.
+//! What keeps runs honest across processes and crashes: this process's heartbeat, the runs
+//! of processes that died (continued by `takeover`, or marked `interrupted` with their logged
+//! text kept as a partial message), cancels asked by other replicas, and the shutdown drain.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::takeover::Takeover;
 use crate::chat::live::cluster::Cluster;
 use crate::chat::live::news::RunNews;
 use crate::chat::live::runs::Runs;
@@ -15,38 +16,19 @@ use crate::domain::{Message, Role, RunError, TraceStatus, now};
 use crate::events::Event;
 use crate::store::{Notice, RunFinish, RunningTrace, Store};
 
-pub use crate::chat::live::cluster::{HEARTBEAT, STALE_AFTER};
-
-/// Marks runs whose process is gone as `interrupted`, keeping what they had logged as a
-/// partial assistant message. On a store only this process uses (SQLite) that is every run
-/// still `running` at start-up; on a shared one, those whose heartbeat went stale.
-pub async fn recover_orphans(store: &Arc<dyn Store>, cluster: &dyn Cluster, runs: &Runs) -> usize {
-    let running = match store.running_traces().await {
-        Ok(running) => running,
+/// Closes a run whose process is gone as `interrupted` (CONTRACT.md §9, where
+/// `runs.continue_after_restart` is off), keeping what it had logged as a partial answer;
+/// whether this process closed it (another may have first).
+pub(in crate::chat) async fn interrupt_left(store: &Arc<dyn Store>, orphan: &RunningTrace) -> bool {
+    match interrupt(store, orphan).await {
+        Ok(closed) => closed,
         Err(e) => {
-            tracing::error!(error = %e, "could not look for interrupted runs");
-            return 0;
-        }
-    };
-    let orphans = running.into_iter().filter(|r| runs.get(r.trace.trace_id).is_none() && !cluster.held_alive(r));
-    let mut recovered = 0;
-    for orphan in orphans {
-        match interrupt(store, &orphan).await {
-            Ok(true) => recovered += 1,
-            // Not saved: `ending::save` said why (another replica may have recovered it first).
-            Ok(false) => {}
-            Err(e) => {
-                tracing::error!(error = %e, trace_id = %orphan.trace.trace_id, "could not mark a run interrupted")
-            }
+            tracing::error!(error = %e, trace_id = %orphan.trace.trace_id, "could not mark a run interrupted");
+            false
         }
     }
-    if recovered > 0 {
-        tracing::warn!(runs = recovered, "marked runs of a stopped process as interrupted");
-    }
-    recovered
 }
 
-/// Closes an orphan as `interrupted`; whether its end was saved.
 async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool, crate::store::StoreError> {
     let trace = &orphan.trace;
     let events = store.trace_events(trace.trace_id, 0).await?;
@@ -83,32 +65,35 @@ async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool
     Ok(true)
 }
 
-/// Keeps this process's runs alive in the store, recovers other processes' orphans (shared
-/// stores), cancels local runs that other replicas ask to cancel, and passes the rest of
-/// their news on to whoever waits here; until `shutdown`.
-pub fn spawn_background(
-    store: Arc<dyn Store>,
+/// Says this process is alive (one write per `runs.heartbeat_secs`), continues the runs of
+/// replicas that went quiet (shared stores), cancels local runs that other replicas ask to
+/// cancel, and passes the rest of their news on to whoever waits here; until `shutdown`.
+pub(in crate::chat) fn spawn_background(
+    takeover: Takeover,
     cluster: Arc<dyn Cluster>,
     runs: Runs,
     news: RunNews,
-    replica_id: String,
+    replica_id: Arc<str>,
+    beat: Duration,
     shutdown: CancellationToken,
 ) {
-    let (beat_store, beat_runs, beat_stop) = (store.clone(), runs.clone(), shutdown.clone());
+    let beat_stop = shutdown.clone();
+    let store = takeover.store().clone();
     tokio::spawn(async move {
-        // Alone on its store, a process has nobody to tell and no orphan to find but those
-        // recovered at start-up.
+        // Alone on its store, a process has nobody to tell and no runs left to it but those
+        // found at start-up.
         if !cluster.others_leave_runs() {
             return;
         }
-        let mut tick = tokio::time::interval(HEARTBEAT);
+        let mut tick = tokio::time::interval(beat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = beat_stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            cluster.heartbeat(&replica_id, &beat_runs).await;
-            recover_orphans(&beat_store, &*cluster, &beat_runs).await;
+            cluster.heartbeat(&replica_id).await;
+            takeover.recover(false).await;
         }
     });
     tokio::spawn(async move {

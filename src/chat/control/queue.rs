@@ -9,19 +9,16 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::chat::live::cluster::HEARTBEAT;
 use crate::chat::live::ending::{self, End};
 use crate::chat::live::runs::{Emitter, LiveRun};
-use crate::chat::request::ClientTool;
-use crate::chat::run::agent::{self, RunPlan};
-use crate::chat::run::plan::Ask;
+use crate::chat::run::agent;
+use crate::chat::run::plan::Asked;
 use crate::chat::shared::Shared;
 use crate::domain::branch::pending;
-use crate::domain::{Conversation, Message, RunError, Trace, TraceStatus, Usage, branch, branch_through, now};
+use crate::domain::{Conversation, Message, RunError, Trace, TraceStatus, Usage, branch_through, now};
 use crate::events::{CancelledEvent, Event};
 use crate::ids::UserId;
 use crate::store::Store;
@@ -36,17 +33,6 @@ const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long a queued run waits before it looks again after the store failed to answer.
 const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// What a queued run needs when its turn comes, kept with its trace: the request as it was
-/// (the history is read then).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(in crate::chat) struct Queued {
-    pub(in crate::chat) context: Option<Value>,
-    pub(in crate::chat) client_tools: Vec<ClientTool>,
-    pub(in crate::chat) diagnostics: bool,
-    /// An executed action's outcome (it ran when the message was sent).
-    pub(in crate::chat) action_result: Option<String>,
-}
 
 /// How a queued run's wait here ended.
 enum Waited {
@@ -108,10 +94,9 @@ impl Queue {
         run.set_queued(false);
         match waited {
             Waited::Turn(queued) => {
-                let plan = match queued.map(serde_json::from_value::<Queued>) {
-                    Some(Ok(queued)) => self.plan_queued(&trace, &queued).await,
-                    Some(Err(e)) => Err(format!("what it was queued with does not read: {e}")),
-                    None => Err("nothing was kept of its request".to_owned()),
+                let plan = match queued.map(serde_json::from_value::<Asked>).unwrap_or(Ok(Asked::default())) {
+                    Ok(asked) => self.planner.plan_stored(&trace, &asked).await,
+                    Err(e) => Err(format!("what it was queued with does not read: {e}")),
                 };
                 match plan {
                     Ok(plan) => {
@@ -239,34 +224,6 @@ impl Queue {
         ending::end(&self.store, emitter, End { record: Some(record), terminal: cancelled(trace) }).await;
     }
 
-    /// The run of a queued trace whose turn came: planned as its request was, on the branch
-    /// as it is now (the answers before it stored).
-    async fn plan_queued(&self, trace: &Trace, queued: &Queued) -> Result<RunPlan, String> {
-        let user = &trace.user_id;
-        let conversation = self.store.get_conversation(user, trace.conversation_id).await.map_err(|e| e.to_string())?;
-        let history = self.store.messages(user, trace.conversation_id).await.map_err(|e| e.to_string())?;
-        let question =
-            history.iter().find(|m| m.id == trace.user_message_id).ok_or_else(|| "its message is gone".to_owned())?;
-        let earlier = branch(&history, question.parent_id);
-        let ask = Ask {
-            conversation_id: trace.conversation_id,
-            new_conversation: false,
-            system_prompt: conversation.system_prompt.as_deref(),
-            earlier: &earlier,
-            user_message: question,
-            action_result: queued.action_result.as_deref(),
-            context: queued.context.as_ref(),
-            client_tools: &queued.client_tools,
-            diagnostics: queued.diagnostics,
-        };
-        let comparison = trace.comparison_id.zip(trace.variant.as_deref());
-        let mut side = self.planner.plan(user, &ask, &trace.profile, comparison).map_err(|e| e.to_string())?;
-        // The trace it was queued with, not the new one planning drew.
-        side.plan.trace_id = trace.trace_id;
-        side.plan.message_id = trace.message_id;
-        Ok(side.plan)
-    }
-
     /// Takes up queued runs that no live process holds: at start-up, those left by the
     /// processes before (all of them on a store only this process uses); on a shared store,
     /// those a replica left as it drained, or whose replica's heartbeat went stale. Returns
@@ -352,8 +309,8 @@ pub(in crate::chat) fn spawn_keeper(queue: Queue, shutdown: CancellationToken) {
     if !queue.cluster.others_leave_runs() {
         return;
     }
-    let drain = queue.drain.clone();
-    crate::chat::shared::every(queue, drain, HEARTBEAT, shutdown, |queue| async move {
+    let (drain, beat) = (queue.drain.clone(), queue.planner.settings().runs.heartbeat());
+    crate::chat::shared::every(queue, drain, beat, shutdown, |queue| async move {
         queue.adopt_queued().await;
     });
 }

@@ -14,11 +14,6 @@ use crate::domain::{Trace, now};
 use crate::ids::TraceId;
 use crate::store::{Notice, RunningTrace, Store};
 
-/// How often this process says its runs are alive.
-pub const HEARTBEAT: Duration = Duration::from_secs(5);
-/// A shared store's running trace whose heartbeat is older than this has lost its process.
-pub const STALE_AFTER: Duration = Duration::from_secs(30);
-
 /// The processes that share this chatd's database.
 #[async_trait]
 pub trait Cluster: Send + Sync {
@@ -28,8 +23,12 @@ pub trait Cluster: Send + Sync {
     /// on them).
     fn tell_soon(&self, notice: Notice);
     /// Whether a live process (this one aside) holds this run: else it is left, to be
-    /// recovered or taken up.
+    /// continued or taken up.
     fn held_alive(&self, trace: &RunningTrace) -> bool;
+    /// The running runs left by processes that are gone, for this one to continue (this
+    /// process's own aside): at start-up every one no live process holds; afterwards, on a
+    /// shared store, those whose replica went quiet for `runs.takeover_after_secs`.
+    async fn left_running(&self, replica_id: &str, runs: &Runs, at_start: bool) -> Vec<RunningTrace>;
     /// Whether a run this process does not hold may be going on in another, telling as its
     /// log grows.
     fn runs_elsewhere(&self) -> bool;
@@ -37,25 +36,38 @@ pub trait Cluster: Send + Sync {
     /// the runs of the conversation it saw going (where one existed), and the user's limit
     /// of running runs, counted by the database; `None` where this process sees every run.
     fn start_checks(&self, existing: bool, going: &[Trace], limit: usize) -> (Option<Vec<TraceId>>, Option<usize>);
-    /// Says this process's runs (`queued` of them waiting their turn) are alive; every
-    /// [`HEARTBEAT`].
-    async fn heartbeat(&self, replica_id: &str, runs: &Runs);
+    /// Says this process (and so every run it holds, running or queued) is alive: one write
+    /// per `runs.heartbeat_secs`, whatever the number of runs.
+    async fn heartbeat(&self, replica_id: &str);
     /// Whether runs that other processes leave (drained, or gone) are looked for at every
     /// heartbeat: alone, those left are found at start-up.
     fn others_leave_runs(&self) -> bool;
 }
 
-/// The cluster of the processes that share `store`.
-pub fn for_store(store: Arc<dyn Store>, news: RunNews) -> Arc<dyn Cluster> {
+/// The cluster of the processes that share `store`; a replica whose heartbeat is older than
+/// `takeover_after` is gone.
+pub fn for_store(store: Arc<dyn Store>, news: RunNews, takeover_after: Duration) -> Arc<dyn Cluster> {
     match store.is_shared() {
-        true => Arc::new(Replicas { store, news }),
-        false => Arc::new(Alone { news }),
+        true => Arc::new(Replicas { store, news, takeover_after }),
+        false => Arc::new(Alone { store, news }),
     }
 }
 
 /// One process: every run it does not hold is left; nothing to tell anyone else.
 struct Alone {
+    store: Arc<dyn Store>,
     news: RunNews,
+}
+
+/// Every running run the store has that `runs` does not hold and `alive` does not keep.
+async fn running_left(store: &dyn Store, runs: &Runs, alive: impl Fn(&RunningTrace) -> bool) -> Vec<RunningTrace> {
+    match store.running_traces().await {
+        Ok(running) => running.into_iter().filter(|r| runs.get(r.trace.trace_id).is_none() && !alive(r)).collect(),
+        Err(e) => {
+            tracing::error!(error = %e, "could not look for runs whose process stopped");
+            Vec::new()
+        }
+    }
 }
 
 #[async_trait]
@@ -72,6 +84,13 @@ impl Cluster for Alone {
         false
     }
 
+    async fn left_running(&self, _replica_id: &str, runs: &Runs, at_start: bool) -> Vec<RunningTrace> {
+        match at_start {
+            true => running_left(&*self.store, runs, |_| false).await,
+            false => Vec::new(),
+        }
+    }
+
     fn runs_elsewhere(&self) -> bool {
         false
     }
@@ -80,7 +99,7 @@ impl Cluster for Alone {
         (None, None)
     }
 
-    async fn heartbeat(&self, _replica_id: &str, _runs: &Runs) {}
+    async fn heartbeat(&self, _replica_id: &str) {}
 
     fn others_leave_runs(&self) -> bool {
         false
@@ -92,6 +111,7 @@ impl Cluster for Alone {
 struct Replicas {
     store: Arc<dyn Store>,
     news: RunNews,
+    takeover_after: Duration,
 }
 
 #[async_trait]
@@ -114,9 +134,23 @@ impl Cluster for Replicas {
     }
 
     fn held_alive(&self, trace: &RunningTrace) -> bool {
-        let stale = chrono::Duration::from_std(STALE_AFTER).expect("a small duration");
+        let quiet = chrono::Duration::from_std(self.takeover_after).unwrap_or(chrono::Duration::MAX);
         trace.replica_id.as_deref().is_some_and(|r| !r.is_empty())
-            && trace.heartbeat_at.is_some_and(|at| now() - at <= stale)
+            && trace.heartbeat_at.is_some_and(|at| now() - at <= quiet)
+    }
+
+    async fn left_running(&self, replica_id: &str, runs: &Runs, at_start: bool) -> Vec<RunningTrace> {
+        if at_start {
+            return running_left(&*self.store, runs, |r| self.held_alive(r)).await;
+        }
+        let quiet = chrono::Duration::from_std(self.takeover_after).unwrap_or(chrono::Duration::MAX);
+        match self.store.left_running(now() - quiet, replica_id).await {
+            Ok(left) => left.into_iter().filter(|r| runs.get(r.trace.trace_id).is_none()).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not look for runs of replicas that went quiet");
+                Vec::new()
+            }
+        }
     }
 
     fn runs_elsewhere(&self) -> bool {
@@ -128,12 +162,8 @@ impl Cluster for Replicas {
         (going_seen, going.is_empty().then_some(limit))
     }
 
-    async fn heartbeat(&self, replica_id: &str, runs: &Runs) {
-        if runs.is_empty() {
-            return;
-        }
-        let queued: Vec<_> = runs.all().iter().filter(|run| run.is_queued()).map(|run| run.trace_id).collect();
-        if let Err(e) = self.store.heartbeat(replica_id, now(), &queued).await {
+    async fn heartbeat(&self, replica_id: &str) {
+        if let Err(e) = self.store.heartbeat(replica_id, now()).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
     }

@@ -2,7 +2,9 @@
 //! One writer task serves all runs; every `flush_interval` it writes what waits as one batch,
 //! sooner when `flush_max_events` are waiting, and at once when a run asks for a flush (at
 //! its end). Never a database write per token, and no wake-up of the writer per token either.
-//! A run that has ended has its log sealed right after its last events are written.
+//! A run that has ended has its log sealed right after its last events are written. A run's
+//! checkpoint after a completed step (CONTRACT.md §19) goes with its events, in the same
+//! transaction: it costs no wait and no write of its own.
 
 use crate::ids::TraceId;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,9 +14,27 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 
-use crate::store::{NewEvent, Store, StoreError};
+use crate::store::{NewEvent, Progress, Store, StoreError};
 
 type Done = oneshot::Sender<Result<(), String>>;
+
+/// What waits for the next write: events, and checkpoints that follow them.
+#[derive(Default)]
+struct Pending {
+    events: Vec<NewEvent>,
+    progress: Vec<Progress>,
+}
+
+impl Pending {
+    fn append(&mut self, other: &mut Pending) {
+        self.events.append(&mut other.events);
+        self.progress.append(&mut other.progress);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.progress.is_empty()
+    }
+}
 
 enum Control {
     Flush(Done),
@@ -28,7 +48,7 @@ enum Control {
 /// not woken per event, it wakes every interval (or when asked to flush, or when full).
 #[derive(Clone)]
 pub struct EventLog {
-    pending: Arc<Mutex<Vec<NewEvent>>>,
+    pending: Arc<Mutex<Pending>>,
     control: mpsc::UnboundedSender<Control>,
     max_events: usize,
     batches: Arc<AtomicU64>,
@@ -38,17 +58,24 @@ impl EventLog {
     /// Starts the writer task. It ends once every handle is dropped, after writing what waits.
     pub fn start(store: Arc<dyn Store>, interval: Duration, max_events: usize) -> Self {
         let (control, rx) = mpsc::unbounded_channel();
-        let pending = Arc::new(Mutex::new(Vec::new()));
+        let pending = Arc::new(Mutex::new(Pending::default()));
         let batches = Arc::new(AtomicU64::new(0));
         tokio::spawn(write_loop(store, pending.clone(), rx, interval, batches.clone()));
         Self { pending, control, max_events: max_events.max(1), batches }
     }
 
     pub fn append(&self, events: Vec<NewEvent>) {
+        self.append_with(events, None);
+    }
+
+    /// Appends `events` and then a run's checkpoint, written in the transaction that writes
+    /// them (or after them, where they went out in an earlier write).
+    pub fn append_with(&self, events: Vec<NewEvent>, progress: Option<Progress>) {
         let full = {
             let mut pending = self.pending.lock().expect("event log lock");
-            pending.extend(events);
-            pending.len() >= self.max_events
+            pending.events.extend(events);
+            pending.progress.extend(progress);
+            pending.events.len() >= self.max_events
         };
         if full {
             // The writer only stops when every handle is gone, so this cannot fail while
@@ -80,7 +107,7 @@ impl EventLog {
 
 async fn write_loop(
     store: Arc<dyn Store>,
-    pending: Arc<Mutex<Vec<NewEvent>>>,
+    pending: Arc<Mutex<Pending>>,
     mut control: mpsc::UnboundedReceiver<Control>,
     interval: Duration,
     batches: Arc<AtomicU64>,
@@ -88,7 +115,7 @@ async fn write_loop(
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(1)));
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // What is being written, and what a failed write keeps for the next try.
-    let mut batch: Vec<NewEvent> = Vec::new();
+    let mut batch = Pending::default();
     let mut waiting: Vec<Done> = Vec::new();
     let mut sealing: Vec<(TraceId, Done)> = Vec::new();
     let mut unsealed: Vec<TraceId> = Vec::new();
@@ -143,52 +170,56 @@ async fn write_loop(
 /// never holds back the others; those are dropped with an error in the log. A database that
 /// is down or cannot write (a fault, or every run failing) keeps everything for the next
 /// try, up to `MAX_PENDING`.
-async fn write(store: &dyn Store, pending: &mut Vec<NewEvent>, batches: &AtomicU64) -> Result<(), Arc<StoreError>> {
+async fn write(store: &dyn Store, pending: &mut Pending, batches: &AtomicU64) -> Result<(), Arc<StoreError>> {
     if pending.is_empty() {
         return Ok(());
     }
     let started = std::time::Instant::now();
-    let error = match store.append_events(pending).await {
+    let error = match store.append_events(&pending.events, &pending.progress).await {
         Ok(()) => {
             metrics::histogram!("chatd_event_log_flush_seconds").record(started.elapsed().as_secs_f64());
             batches.fetch_add(1, Ordering::Relaxed);
-            pending.clear();
+            pending.events.clear();
+            pending.progress.clear();
             return Ok(());
         }
         Err(e) if e.is_unavailable() => return Err(keep_for_retry(pending, e)),
         Err(e) => e,
     };
-    let mut traces: Vec<TraceId> = pending.iter().map(|e| e.trace_id).collect();
+    let mut traces: Vec<TraceId> =
+        pending.events.iter().map(|e| e.trace_id).chain(pending.progress.iter().map(|p| p.trace_id)).collect();
     traces.sort_unstable();
     traces.dedup();
     let mut kept = Vec::new();
     let mut written_any = false;
     for trace_id in traces {
-        let events: Vec<NewEvent> = pending.iter().filter(|e| e.trace_id == trace_id).cloned().collect();
-        match store.append_events(&events).await {
+        let events: Vec<NewEvent> = pending.events.iter().filter(|e| e.trace_id == trace_id).cloned().collect();
+        let progress: Vec<Progress> = pending.progress.iter().filter(|p| p.trace_id == trace_id).cloned().collect();
+        match store.append_events(&events, &progress).await {
             Ok(()) => written_any = true,
-            Err(e) => kept.push((trace_id, events, e)),
+            Err(e) => kept.push((trace_id, (events, progress), e)),
         }
     }
     if written_any || kept.len() == 1 {
         // The store works: the runs that still fail are beyond saving.
-        for (trace_id, events, e) in kept.drain(..) {
+        for (trace_id, (events, _), e) in kept.drain(..) {
             tracing::error!(%trace_id, error = %e, events = events.len(), "dropping events the store refuses");
         }
         batches.fetch_add(1, Ordering::Relaxed);
-        pending.clear();
+        pending.events.clear();
+        pending.progress.clear();
         return Ok(());
     }
     Err(keep_for_retry(pending, error))
 }
 
 /// Keeps a batch the database did not take for the next try, up to `MAX_PENDING` events.
-fn keep_for_retry(pending: &mut Vec<NewEvent>, error: StoreError) -> Arc<StoreError> {
-    tracing::error!(error = %error, events = pending.len(), "event log write failed; will retry");
-    if pending.len() > MAX_PENDING {
-        let excess = pending.len() - MAX_PENDING;
+fn keep_for_retry(pending: &mut Pending, error: StoreError) -> Arc<StoreError> {
+    tracing::error!(error = %error, events = pending.events.len(), "event log write failed; will retry");
+    if pending.events.len() > MAX_PENDING {
+        let excess = pending.events.len() - MAX_PENDING;
         tracing::error!(dropped = excess, "event log backlog full; dropping the oldest events");
-        pending.drain(..excess);
+        pending.events.drain(..excess);
     }
     Arc::new(error)
 }

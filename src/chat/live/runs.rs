@@ -445,6 +445,17 @@ impl Emitter {
         self.log.flush().await
     }
 
+    /// Hands what was emitted to the log, and after it the run's checkpoint: both are
+    /// written in one transaction (see [`EventLog::append_with`]).
+    pub fn checkpoint(&mut self, checkpoint: &impl serde::Serialize) {
+        let held = std::mem::take(&mut self.held);
+        if !held.is_empty() {
+            self.wake();
+        }
+        let progress = crate::store::Progress::of(self.run.trace_id, checkpoint);
+        self.log.append_with(held, Some(progress));
+    }
+
     /// Holds events from now on until [`publish`](Self::publish) (or `hold(false)`).
     pub fn hold(&mut self, on: bool) {
         self.holding = on;

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::events::{DiagnosticMessage, Diagnostics};
@@ -51,6 +52,28 @@ pub(in crate::chat) struct Ask<'a> {
     pub(in crate::chat) context: Option<&'a Value>,
     pub(in crate::chat) client_tools: &'a [ClientTool],
     pub(in crate::chat) diagnostics: bool,
+}
+
+/// What a run was asked beside its message, kept with its trace where it is not all
+/// defaults: a queued run is planned from it when its turn comes (CONTRACT.md §16), and a
+/// run whose process died before it completed a step, when it is continued (§19).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(in crate::chat) struct Asked {
+    pub(in crate::chat) context: Option<Value>,
+    pub(in crate::chat) client_tools: Vec<ClientTool>,
+    pub(in crate::chat) diagnostics: bool,
+    /// An executed action's outcome (it ran when the message was sent).
+    pub(in crate::chat) action_result: Option<String>,
+}
+
+impl Asked {
+    /// What a trace keeps of it: nothing where it is all defaults.
+    pub(in crate::chat) fn kept(&self) -> Option<Value> {
+        let defaults =
+            self.context.is_none() && self.client_tools.is_empty() && !self.diagnostics && self.action_result.is_none();
+        (!defaults).then(|| serde_json::to_value(self).expect("plain data"))
+    }
 }
 
 /// Plans runs: the model, tools, prompt and context a run will use.
@@ -169,6 +192,10 @@ impl Planner {
             fallbacks: self.fallbacks(profile),
         };
         Ok(Side { trace, plan })
+    }
+
+    pub(in crate::chat) fn settings(&self) -> &crate::config::Settings {
+        &self.settings
     }
 
     /// How often a call to provider `id` is tried again.
@@ -290,6 +317,35 @@ impl Planner {
 }
 
 impl Planner {
+    /// The plan of a run whose trace is stored already, from the start: a queued run whose
+    /// turn came, or a run continued that had completed no step. Planned as it was asked, on
+    /// the branch as it is now (the answers before it stored).
+    pub(in crate::chat) async fn plan_stored(&self, trace: &Trace, asked: &Asked) -> Result<RunPlan, String> {
+        let user = &trace.user_id;
+        let conversation = self.store.get_conversation(user, trace.conversation_id).await.map_err(|e| e.to_string())?;
+        let history = self.store.messages(user, trace.conversation_id).await.map_err(|e| e.to_string())?;
+        let question =
+            history.iter().find(|m| m.id == trace.user_message_id).ok_or_else(|| "its message is gone".to_owned())?;
+        let earlier = crate::domain::branch(&history, question.parent_id);
+        let ask = Ask {
+            conversation_id: trace.conversation_id,
+            new_conversation: false,
+            system_prompt: conversation.system_prompt.as_deref(),
+            earlier: &earlier,
+            user_message: question,
+            action_result: asked.action_result.as_deref(),
+            context: asked.context.as_ref(),
+            client_tools: &asked.client_tools,
+            diagnostics: asked.diagnostics,
+        };
+        let comparison = trace.comparison_id.zip(trace.variant.as_deref());
+        let mut side = self.plan(user, &ask, &trace.profile, comparison).map_err(|e| e.to_string())?;
+        // The trace it was stored with, not the new one planning drew.
+        side.plan.trace_id = trace.trace_id;
+        side.plan.message_id = trace.message_id;
+        Ok(side.plan)
+    }
+
     /// The run's plan again, for its continuation: its profile's model, fallbacks and tools
     /// as config has them now (a fallback that answered before the wait does not stay), the
     /// request as it was.

@@ -154,15 +154,16 @@ impl Preparer {
             })
             .await
             .clone();
-        let queue = (!going.is_empty()).then(|| crate::chat::control::queue::Queued {
+        let asked = crate::chat::run::plan::Asked {
             context: request.context.clone(),
             client_tools: request.client_tools.clone(),
             diagnostics: request.diagnostics,
             action_result: action_result.clone(),
-        });
+        };
         let (going_seen, max_running) = self.cluster.start_checks(existing.is_some(), &going, limit);
         Ok(Checked::Ready(Box::new(Prepared {
-            queue,
+            queued: !going.is_empty(),
+            asked,
             // Where other replicas start runs too, the start makes sure that none began since.
             going_seen,
             conversation_id: conversation.id,
@@ -222,9 +223,12 @@ pub(in crate::chat) struct Prepared {
     pub(in crate::chat) idempotency_key: Option<crate::domain::IdempotencyKey>,
     /// This request's turn among the new messages of its conversation, until its run starts.
     pub(in crate::chat) conversation_turn: Option<super::turns::Turn<ConversationId>>,
-    /// Set when the request's runs start `queued`, behind the conversation's going runs
-    /// (CONTRACT.md §16): what they will need when their turn comes.
-    pub(in crate::chat) queue: Option<crate::chat::control::queue::Queued>,
+    /// Whether the request's runs start `queued`, behind the conversation's going runs
+    /// (CONTRACT.md §16).
+    pub(in crate::chat) queued: bool,
+    /// What its runs are planned from again when their turn comes (queued), or when they
+    /// are continued before they completed a step (CONTRACT.md §19).
+    pub(in crate::chat) asked: crate::chat::run::plan::Asked,
     /// The conversation's runs going when the request looked (see [`RunStart::going_seen`]).
     ///
     /// [`RunStart::going_seen`]: crate::store::RunStart::going_seen

@@ -246,13 +246,13 @@ impl Starter {
         comparison: Option<Comparison>,
     ) -> Result<Begun<Vec<Arc<LiveRun>>>, ChatError> {
         let (mut traces, plans): (Vec<Trace>, Vec<RunPlan>) = sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
-        if turn.queue.is_some() {
+        if turn.queued {
             for trace in &mut traces {
                 trace.status = TraceStatus::Queued;
             }
         }
         let start = RunStart {
-            queued: turn.queue.as_ref().map(|q| serde_json::to_value(q).expect("plain data")),
+            asked: turn.asked.kept(),
             going_seen: turn.going_seen,
             new_conversation: turn.new_conversation,
             user_message: turn.user_message,

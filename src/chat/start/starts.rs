@@ -111,7 +111,7 @@ mod tests {
             replica_id: "replica".into(),
             max_running: None,
             idempotency_key: None,
-            queued: None,
+            asked: None,
             going_seen: None,
         }
     }

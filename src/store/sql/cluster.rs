@@ -2,13 +2,22 @@
 
 use chrono::{DateTime, Utc};
 use futures_util::stream::BoxStream;
-use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::{Backend, Conn, Row, write};
+use crate::domain::now;
 use crate::ids::TraceId;
 use crate::store::rows::*;
 use crate::store::*;
+
+/// A running or queued trace with its replica's last beat (or its own, from its start, where
+/// the replica has not beaten yet).
+const BEAT_COLUMNS: &str = "replica_id, coalesce(beat_at, heartbeat_at) as heartbeat_at";
+/// What joins a trace to its replica's beat.
+const BEATS: &str = "left join replicas on replica = replica_id";
 
 #[async_trait::async_trait]
 impl<B> ClusterStore for B
@@ -17,6 +26,7 @@ where
     for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
     for<'r> RunningRow: FromRow<'r, Row<B>>,
+    for<'r> (Option<Json<Value>>,): FromRow<'r, Row<B>>,
     for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
@@ -34,35 +44,73 @@ where
     }
 
     async fn running_traces(&self) -> Result<Vec<RunningTrace>, StoreError> {
-        let sql = format!("select {TRACE_COLUMNS}, replica_id, heartbeat_at from traces where status = 'running'");
+        let sql = format!("select {TRACE_COLUMNS}, {BEAT_COLUMNS} from traces {BEATS} where status = 'running'");
         let rows: Vec<RunningRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
+        rows.into_iter().map(RunningTrace::try_from).collect()
+    }
+
+    async fn left_running(
+        &self,
+        quiet_since: DateTime<Utc>,
+        replica_id: &str,
+    ) -> Result<Vec<RunningTrace>, StoreError> {
+        let sql = format!(
+            "select {TRACE_COLUMNS}, {BEAT_COLUMNS} from traces {BEATS} where status = 'running' \
+             and coalesce(replica_id, '') <> $2 and coalesce(beat_at, heartbeat_at) < $1"
+        );
+        let rows: Vec<RunningRow> =
+            sqlx::query_as(&sql).bind(quiet_since).bind(replica_id).fetch_all(self.pool()).await?;
         rows.into_iter().map(RunningTrace::try_from).collect()
     }
 
     async fn queued_traces(&self) -> Result<Vec<RunningTrace>, StoreError> {
         let sql = format!(
-            "select {TRACE_COLUMNS}, replica_id, heartbeat_at from traces where status = 'queued' order by started_at, id"
+            "select {TRACE_COLUMNS}, {BEAT_COLUMNS} from traces {BEATS} where status = 'queued' order by started_at, id"
         );
         let rows: Vec<RunningRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
         rows.into_iter().map(RunningTrace::try_from).collect()
     }
 
-    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>, queued: &[TraceId]) -> Result<(), StoreError> {
+    async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
         write(self, async |conn| {
-            let mut query = QueryBuilder::<B::Db>::new("update traces set heartbeat_at = ");
-            query.push_bind(at).push(" where replica_id = ").push_bind(replica_id);
-            query.push(" and (status = 'running'");
-            if !queued.is_empty() {
-                query.push(" or (status = 'queued' and id in (");
-                let mut ids = query.separated(", ");
-                for id in queued {
-                    ids.push_bind(*id);
-                }
-                query.push("))");
-            }
-            query.push(")");
-            B::execute(conn, query).await?;
+            let beat = sqlx::query(
+                "insert into replicas (replica, beat_at) values ($1, $2) \
+                 on conflict (replica) do update set beat_at = excluded.beat_at",
+            );
+            beat.bind(replica_id).bind(at).execute(conn).await?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn forget_replicas(&self, quiet_since: DateTime<Utc>) -> Result<(), StoreError> {
+        write(self, async |conn| {
+            sqlx::query("delete from replicas where beat_at < $1").bind(quiet_since).execute(conn).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn take_over(
+        &self,
+        trace_id: TraceId,
+        from: Option<&str>,
+        replica_id: &str,
+    ) -> Result<Option<Option<Value>>, StoreError> {
+        write(self, async |conn| {
+            let claimed: Option<(Option<Json<Value>>,)> = sqlx::query_as(
+                "update traces set replica_id = $2, heartbeat_at = $3 \
+                 where id = $1 and status = 'running' and coalesce(replica_id, '') = $4 returning checkpoint",
+            )
+            .bind(trace_id)
+            .bind(replica_id)
+            .bind(now())
+            .bind(from.unwrap_or(""))
+            .fetch_optional(&mut *conn)
+            .await?;
+            let Some((checkpoint,)) = claimed else { return Ok(None) };
+            self.adopt_log(conn, trace_id).await?;
+            Ok(Some(checkpoint.map(|c| c.0)))
         })
         .await
     }

@@ -14,8 +14,8 @@ where
     for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
 {
-    async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-        self.append_log(events).await
+    async fn append_events(&self, events: &[NewEvent], progress: &[Progress]) -> Result<(), StoreError> {
+        self.append_log(events, progress).await
     }
 
     async fn trace_events(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {

@@ -29,7 +29,7 @@ use std::ops::DerefMut;
 use futures_util::stream::BoxStream;
 use sqlx::{Database, Executor, IntoArguments, Pool, QueryBuilder};
 
-use super::{BytesLock, NewEvent, Notice, StoreError};
+use super::{BytesLock, NewEvent, Notice, Progress, StoreError};
 use crate::events::LoggedEvent;
 use crate::ids::TraceId;
 
@@ -90,9 +90,21 @@ pub(super) trait Backend: Send + Sync + 'static {
         events: &[NewEvent],
     ) -> impl Future<Output = Result<Vec<(TraceId, i64)>, StoreError>> + Send;
     fn logged_within(&self, chunks: Vec<(TraceId, i64)>);
+    /// Within the transaction that takes a running run over from a process that is gone:
+    /// what the backend's log needs for this process to seal the run's log with what the
+    /// other logged (SQLite: the chunks it wrote, which only it knew).
+    fn adopt_log(
+        &self,
+        conn: &mut Conn<Self>,
+        trace_id: TraceId,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// The event log: see [`Store::append_events`], [`Store::trace_events`],
     /// [`Store::seal_logs`].
-    fn append_log(&self, events: &[NewEvent]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn append_log(
+        &self,
+        events: &[NewEvent],
+        progress: &[Progress],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
     fn read_log(
         &self,
         trace_id: TraceId,

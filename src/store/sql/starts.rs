@@ -97,7 +97,7 @@ where
             if start.user_message_is_new {
                 messages.push((&first.user_id, &start.user_message));
             }
-            traces.extend(start.traces.iter().map(|t| (t, start.replica_id.as_str(), start.queued.as_ref())));
+            traces.extend(start.traces.iter().map(|t| (t, start.replica_id.as_str(), start.asked.as_ref())));
         }
         if B::MANY_STATEMENTS_PER_QUERY {
             return <B as Starts>::start_runs_in_one_query(backend, &conversations, &messages, starts, &traces).await;
@@ -219,7 +219,7 @@ where
         starts: &[&RunStart],
         lasts: &[(Uuid, DateTime<Utc>)],
     ) -> Result<(), StoreError> {
-        for start in starts.iter().filter(|s| s.queued.is_some()) {
+        for start in starts.iter().filter(|s| s.is_queued()) {
             let conversation = start.user_message.conversation_id.0;
             let Some((_, last)) = lasts.iter().find(|(c, _)| *c == conversation) else { continue };
             for trace in &start.traces {

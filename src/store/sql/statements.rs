@@ -344,8 +344,7 @@ where
 
     fn settles(start: &RunStart) -> bool {
         let regenerate = !start.user_message_is_new && start.new_conversation.is_none();
-        let queued_after =
-            start.user_message_is_new && start.queued.is_some() && start.user_message.parent_id.is_some();
+        let queued_after = start.user_message_is_new && start.is_queued() && start.user_message.parent_id.is_some();
         regenerate || queued_after
     }
 

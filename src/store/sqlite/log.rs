@@ -13,7 +13,7 @@ use crate::events::LoggedEvent;
 use crate::ids::TraceId;
 use crate::store::chunks::Chunk;
 use crate::store::sql::{transaction_as_one_query, write};
-use crate::store::{NewEvent, StoreError};
+use crate::store::{NewEvent, Progress, StoreError};
 
 /// A sealed log's chunk ids with the new ones of a run that went on after it waited
 /// (CONTRACT.md §15): a second seal adds to the first.
@@ -69,15 +69,22 @@ impl SqliteStore {
     /// transaction holds the writer. The rows' ids are given here, under the writer's lock,
     /// and kept for sealing: read back with `returning`, they came through sqlx's channel one
     /// row at a time, its thread blocking whenever the channel was full.
-    pub(super) async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+    pub(super) async fn append_events(&self, events: &[NewEvent], progress: &[Progress]) -> Result<(), StoreError> {
         let chunks = crate::store::chunks::encode(events);
-        for rows in chunks.chunks(LOG_ROWS_PER_TRANSACTION) {
+        for (rows, progress) in crate::store::chunks::transactions(&chunks, LOG_ROWS_PER_TRANSACTION, progress) {
             let ids = write(self, async |conn| {
                 let first_id = self.next_chunk_id.fetch_add(rows.len() as i64, Ordering::Relaxed);
-                let ids = first_id..;
+                let ids = first_id..first_id + rows.len() as i64;
                 let mut query = sqlx::QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE; ");
-                push_chunks(&mut query, rows, first_id);
-                query.push("; COMMIT");
+                if !rows.is_empty() {
+                    push_chunks(&mut query, rows, first_id);
+                    query.push("; ");
+                }
+                for p in &progress {
+                    query.push("update traces set checkpoint = ").push_bind(&p.checkpoint);
+                    query.push(" where id = ").push_bind(p.trace_id).push(" and status = 'running'; ");
+                }
+                query.push("COMMIT");
                 transaction_as_one_query::<Self>(conn, query).await?;
                 Ok(ids)
             })

@@ -25,7 +25,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 mod log;
 
 use super::sql::{Backend, bytes_used, insert_file, write};
-use super::{BytesLock, NewEvent, Notice, StoreError};
+use super::{BytesLock, NewEvent, Notice, Progress, StoreError};
 use crate::domain::StoredFile;
 use crate::events::LoggedEvent;
 use crate::ids::TraceId;
@@ -244,8 +244,20 @@ impl Backend for SqliteStore {
         self.keep_chunk_ids(chunks);
     }
 
-    async fn append_log(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-        self.append_events(events).await
+    async fn adopt_log(&self, conn: &mut SqliteConnection, trace_id: TraceId) -> Result<(), StoreError> {
+        let ids: Vec<(i64,)> = sqlx::query_as(
+            "select id from trace_event_chunks where trace_id = $1 \
+             and id > (select log_from from traces where id = $1) order by id",
+        )
+        .bind(trace_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        self.keep_chunk_ids(ids.into_iter().map(|(id,)| (trace_id, id)));
+        Ok(())
+    }
+
+    async fn append_log(&self, events: &[NewEvent], progress: &[Progress]) -> Result<(), StoreError> {
+        self.append_events(events, progress).await
     }
 
     async fn read_log(&self, trace_id: TraceId, after: i64) -> Result<Vec<LoggedEvent>, StoreError> {

@@ -86,7 +86,11 @@ impl Server {
             transport: if settings.url.is_some() && settings.command.is_none() { "http" } else { "stdio" },
             global: settings.global,
             target: Target::from_settings(settings),
-            link: Arc::new(Link { server_id: id.to_owned(), session: Mutex::new(None) }),
+            link: Arc::new(Link {
+                server_id: id.to_owned(),
+                idempotent: settings.idempotent,
+                session: Mutex::new(None),
+            }),
             inner: Mutex::new(Inner {
                 state: McpState::Starting,
                 tools: Vec::new(),

@@ -26,6 +26,8 @@ use crate::tools::{Tool, ToolCallContext, ToolError, ToolOutput, ToolProgress, T
 /// picked before a restart uses the new session after it.
 pub(super) struct Link {
     pub(super) server_id: String,
+    /// The server's tools may run a call again (`idempotent` in its config).
+    pub(super) idempotent: bool,
     pub(super) session: Mutex<Option<Session>>,
 }
 
@@ -185,6 +187,10 @@ impl Tool for McpTool {
         self.spec.clone()
     }
 
+    fn idempotent(&self) -> bool {
+        self.link.idempotent
+    }
+
     async fn call(&self, input: Value, ctx: ToolCallContext) -> Result<ToolOutput, ToolError> {
         if ctx.cancel.is_cancelled() {
             return Err(ToolError::new("cancelled"));
@@ -214,7 +220,12 @@ impl Tool for McpTool {
             task: None,
         }));
         // rmcp sets a progress token of its own, then applies `meta`: ours replaces it.
-        let options = PeerRequestOptions { timeout: None, meta: Some(Meta::with_progress_token(token)) };
+        // The call's stable key (CONTRACT.md §19): a server told the same key twice can tell.
+        let mut meta = Meta::with_progress_token(token);
+        if let Some(key) = &ctx.idempotency_key {
+            meta.0.insert("idempotency_key".to_owned(), Value::String(key.clone()));
+        }
+        let options = PeerRequestOptions { timeout: None, meta: Some(meta) };
         let mut handle = match session.peer.send_cancellable_request(request, options).await {
             Ok(handle) => handle,
             Err(error) => return Err(self.lost(&session, &error)),

@@ -35,7 +35,11 @@ mod tools;
 
 use finish::finish;
 pub use park::{Checkpoint, Gate, PendingTurn, Resumption};
-use tools::{TurnTools, resume_turn, start_turn};
+pub use tools::INTERRUPTED_CALL;
+use tools::{TurnTools, continue_turn, resume_turn, start_turn};
+
+/// Why a continued run's step that was going when its process died is void.
+pub const STOPPED_MID_STEP: &str = "The server stopped during this step";
 
 /// Everything a started run needs; built by the service once validation passed.
 pub struct RunPlan {
@@ -146,10 +150,28 @@ enum Ending {
     NotParked,
 }
 
-/// Where a run starts: at its beginning, or where it waited, once its calls are settled.
+/// Where a run starts: at its beginning, where it waited (once its calls are settled), or
+/// after its last completed step, its process gone (CONTRACT.md §19).
 pub enum Start {
     Fresh,
     Resumed(Box<park::Resumption>),
+    Continued(Box<Continuation>),
+}
+
+/// A run that goes on in another process than the one that died running it: from its last
+/// completed step (its checkpoint), or from its start where it completed none.
+pub struct Continuation {
+    pub checkpoint: Option<Checkpoint>,
+    /// What the client is told first (`status`).
+    pub status: String,
+}
+
+/// What a turn begins with where the run goes on mid-turn.
+enum Settle {
+    /// Its calls waited, and are settled now.
+    Waited(PendingTurn, Vec<crate::store::Wait>),
+    /// Its process died while its calls ran.
+    Interrupted(PendingTurn),
 }
 
 /// Emits the run's `start`. Its starter calls this before it spawns the run's task, so that
@@ -210,7 +232,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
 #[tracing::instrument(skip_all, fields(trace_id = %plan.trace_id, conversation_id = %plan.conversation_id))]
 async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store>, start: Start) {
     let cancel = emitter.run().cancel.clone();
-    let (mut output, first_iteration, mut waited) = match start {
+    let (mut output, first_iteration, mut settle) = match start {
         Start::Fresh => {
             let first = Some((Instant::now(), plan.request.model.clone()));
             (Output { awaiting_first_token: first, ..Output::default() }, 1, None)
@@ -219,7 +241,25 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
             // The plan asks the checkpoint's request already, of its profile's model (see
             // `Planner::replan`: a fallback that answered before the wait does not stay).
             let park::Resumption { checkpoint, waits } = *resumption;
-            (checkpoint.output, checkpoint.iteration, Some((checkpoint.pending, waits)))
+            (checkpoint.output, checkpoint.iteration, Some(Settle::Waited(checkpoint.pending, waits)))
+        }
+        Start::Continued(continuation) => {
+            let Continuation { checkpoint, status } = *continuation;
+            // Where a model call comes next, one may have begun (its clients may have seen
+            // its start and some of its output, logged or not): what it said is void.
+            let next_call = match &checkpoint {
+                None => Some(0),
+                Some(c) if c.pending.results.iter().all(Option::is_some) => Some(c.output.thinking_calls.0),
+                Some(_) => None,
+            };
+            if let Some(step) = next_call {
+                emitter.emit(Event::StepReset { step, reason: STOPPED_MID_STEP.to_owned() });
+            }
+            emitter.emit(Event::Status { message: status });
+            match checkpoint {
+                Some(c) => (c.output, c.iteration, Some(Settle::Interrupted(c.pending))),
+                None => (Output::default(), 1, None),
+            }
         }
     };
     let markers: Vec<String> = [payloads::SUGGESTED_VALUES, payloads::SUGGESTED_ACTIONS]
@@ -229,9 +269,14 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
         .collect();
     let mut ending = Ending::Completed;
     for iteration in first_iteration..=plan.max_iterations.max(first_iteration) {
-        let results = match waited.take() {
+        let tools = match settle.take() {
             // The turn that waited: its calls are settled now.
-            Some((pending, waits)) => resume_turn(&plan, emitter, &cancel, pending, &waits, &mut output).await,
+            Some(Settle::Waited(pending, waits)) => {
+                TurnTools::Settled(resume_turn(&plan, emitter, &cancel, pending, &waits, &mut output, iteration).await)
+            }
+            Some(Settle::Interrupted(pending)) => {
+                continue_turn(&plan, emitter, &cancel, pending, &mut output, iteration).await
+            }
             None => {
                 ending = call_model(&mut plan, emitter, &cancel, &mut output, markers.clone()).await;
                 let Some(turn) = output.turns.last_mut() else {
@@ -241,20 +286,19 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
                     break;
                 }
                 let calls = turn.tool_calls.clone();
-                match start_turn(&plan, emitter, &cancel, calls, &mut output).await {
-                    TurnTools::Settled(results) => results,
-                    TurnTools::Waiting(pending) => {
-                        match park::park(&plan, emitter, store, output, pending, iteration).await {
-                            Ok(()) => return,
-                            Err(unparked) => {
-                                output = *unparked;
-                                ending = Ending::NotParked;
-                                break;
-                            }
-                        }
-                    }
-                }
+                start_turn(&plan, emitter, &cancel, calls, &mut output, iteration).await
             }
+        };
+        let results = match tools {
+            TurnTools::Settled(results) => results,
+            TurnTools::Waiting(pending) => match park::park(&plan, emitter, store, output, pending, iteration).await {
+                Ok(()) => return,
+                Err(unparked) => {
+                    output = *unparked;
+                    ending = Ending::NotParked;
+                    break;
+                }
+            },
         };
         let turn = output.turns.last_mut().expect("the turn that asked for the tools");
         turn.tool_results = results;

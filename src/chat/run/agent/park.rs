@@ -59,6 +59,35 @@ impl Checkpoint {
     }
 }
 
+/// Keeps a running run's progress after a completed step (CONTRACT.md §19): a model call
+/// that asked for tools, or one of their calls. The checkpoint (a waiting run's, with the
+/// turn's results so far) goes to the log writer with the events before it, into the same
+/// transaction: nothing waits for it, and the log never runs behind it. Another process
+/// continues the run from it if this one dies.
+pub(super) fn keep_step(plan: &RunPlan, emitter: &mut Emitter, output: &Output, pending: &PendingTurn, iteration: u32) {
+    /// A [`Checkpoint`] by reference: written per step, not copied per step.
+    #[derive(Serialize)]
+    struct Step<'a> {
+        seq: u64,
+        iteration: u32,
+        request: &'a ModelRequest,
+        output: &'a Output,
+        pending: &'a PendingTurn,
+        context: &'a Option<Value>,
+        client_tools: &'a [ClientTool],
+    }
+    let step = Step {
+        seq: emitter.seq(),
+        iteration,
+        request: &plan.request,
+        output,
+        pending,
+        context: &plan.context_value,
+        client_tools: &plan.client_tools,
+    };
+    emitter.checkpoint(&step);
+}
+
 /// A claimed waiting run: its checkpoint and how its calls were settled.
 pub struct Resumption {
     pub checkpoint: Checkpoint,

@@ -18,7 +18,7 @@ use crate::domain::{Span, SpanTiming, ToolAttributes, ToolCall, ToolRecord, Tool
 use crate::events::{Event, ToolCompleteEvent, ToolProgressEvent, ToolStartEvent, ToolStatus};
 use crate::tools::{Tool, ToolCallContext, ToolError, ToolProgress};
 
-use super::park::PendingTurn;
+use super::park::{PendingTurn, keep_step};
 use super::{Output, RunPlan, ToolLimits};
 use crate::store::{Settlement, Wait};
 
@@ -50,6 +50,7 @@ pub(super) async fn start_turn(
     cancel: &CancellationToken,
     calls: Vec<ToolCall>,
     output: &mut Output,
+    iteration: u32,
 ) -> TurnTools {
     let first = output.tool_history.len();
     for (slot, call) in calls.iter().enumerate() {
@@ -73,15 +74,65 @@ pub(super) async fn start_turn(
     // A call whose arguments did not parse fails at once, gated or not.
     let gated = |call: &ToolCall| call.invalid_arguments.is_none() && plan.gates.contains_key(&call.name);
     let now_slots: Vec<usize> = (0..calls.len()).filter(|&slot| !gated(&calls[slot])).collect();
-    let mut results: Vec<Option<ToolResult>> = calls.iter().map(|_| None).collect();
-    for done in run_calls(plan, emitter, cancel, &calls, first, &now_slots, output).await {
-        let slot = done.slot;
-        results[slot] = Some(result_of(&calls[slot], done));
+    let results = calls.iter().map(|_| None).collect();
+    let mut pending = PendingTurn { first, calls, results };
+    // The model call is a completed step: what it asked for is kept, announced.
+    keep_step(plan, emitter, output, &pending, iteration);
+    run_calls(plan, emitter, cancel, &mut pending, &now_slots, output, iteration).await;
+    settled_or_waiting(cancel, pending)
+}
+
+/// Continues a turn whose process died while its calls ran (CONTRACT.md §19): a call that
+/// completed is not run again; one that had not is run again if its tool is idempotent, else
+/// reported interrupted to the model; gated calls wait again.
+pub(super) async fn continue_turn(
+    plan: &RunPlan,
+    emitter: &mut Emitter,
+    cancel: &CancellationToken,
+    mut pending: PendingTurn,
+    output: &mut Output,
+    iteration: u32,
+) -> TurnTools {
+    let by_name: HashMap<String, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.spec().name, t)).collect();
+    let mut again = Vec::new();
+    for slot in 0..pending.calls.len() {
+        let call = &pending.calls[slot];
+        if pending.results[slot].is_some() || call.invalid_arguments.is_none() && plan.gates.contains_key(&call.name) {
+            continue;
+        }
+        // A tool that is gone fails again at once ("No such tool"): as good as idempotent.
+        if call.invalid_arguments.is_some() || by_name.get(&call.name).is_none_or(|tool| tool.idempotent()) {
+            again.push(slot);
+            continue;
+        }
+        let done = Finished {
+            slot,
+            status: ToolStatus::Error,
+            text: INTERRUPTED_CALL.to_owned(),
+            payload: None,
+            started_at: now(),
+            duration: Duration::ZERO,
+        };
+        tool_done(plan, emitter, output, call, pending.first + slot, &done);
+        pending.results[slot] = Some(result_of(call, done));
     }
-    if cancel.is_cancelled() || results.iter().all(Option::is_some) {
-        return TurnTools::Settled(results.into_iter().flatten().collect());
+    keep_step(plan, emitter, output, &pending, iteration);
+    run_calls(plan, emitter, cancel, &mut pending, &again, output, iteration).await;
+    settled_or_waiting(cancel, pending)
+}
+
+/// What the model is told of a call that was running when its process died, whose tool
+/// may not run twice.
+pub const INTERRUPTED_CALL: &str =
+    "The server stopped while this tool call ran, and it was not run again (it may or may not have taken effect)";
+
+/// The turn's results once every call has one (or the run was cancelled); else the turn
+/// waits on the calls left.
+fn settled_or_waiting(cancel: &CancellationToken, pending: PendingTurn) -> TurnTools {
+    if cancel.is_cancelled() || pending.results.iter().all(Option::is_some) {
+        return TurnTools::Settled(pending.results.into_iter().flatten().collect());
     }
-    TurnTools::Waiting(PendingTurn { first, calls, results })
+    TurnTools::Waiting(pending)
 }
 
 /// Settles the calls a run waited on, as they were decided: approved calls run now, denied
@@ -91,11 +142,12 @@ pub(super) async fn resume_turn(
     plan: &RunPlan,
     emitter: &mut Emitter,
     cancel: &CancellationToken,
-    pending: PendingTurn,
+    mut pending: PendingTurn,
     waits: &[Wait],
     output: &mut Output,
+    iteration: u32,
 ) -> Vec<ToolResult> {
-    let PendingTurn { first, calls, mut results } = pending;
+    let PendingTurn { first, ref calls, ref mut results } = pending;
     let mut approved = Vec::new();
     for slot in 0..calls.len() {
         if results[slot].is_some() || cancel.is_cancelled() {
@@ -127,11 +179,8 @@ pub(super) async fn resume_turn(
         tool_done(plan, emitter, output, call, first + slot, &done);
         results[slot] = Some(result_of(call, done));
     }
-    for done in run_calls(plan, emitter, cancel, &calls, first, &approved, output).await {
-        let slot = done.slot;
-        results[slot] = Some(result_of(&calls[slot], done));
-    }
-    results.into_iter().flatten().collect()
+    run_calls(plan, emitter, cancel, &mut pending, &approved, output, iteration).await;
+    pending.results.into_iter().flatten().collect()
 }
 
 /// A finished call's result as the model gets it.
@@ -148,20 +197,21 @@ fn result_of(call: &ToolCall, done: Finished) -> ToolResult {
     }
 }
 
-/// Runs the calls at `slots` of a turn whose first call has index `first`, concurrently;
-/// returns how each ended.
+/// Runs the calls at `slots` of a turn, concurrently; each result goes into the turn as it
+/// comes, kept with the run's progress (a completed call never runs again, CONTRACT.md §19).
 async fn run_calls(
     plan: &RunPlan,
     emitter: &mut Emitter,
     cancel: &CancellationToken,
-    calls: &[ToolCall],
-    first: usize,
+    pending: &mut PendingTurn,
     slots: &[usize],
     output: &mut Output,
-) -> Vec<Finished> {
+    iteration: u32,
+) {
     if slots.is_empty() {
-        return Vec::new();
+        return;
     }
+    let (first, calls) = (pending.first, pending.calls.clone());
     let by_name: HashMap<String, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.spec().name, t)).collect();
     let names: Vec<&str> = slots.iter().map(|&slot| calls[slot].name.as_str()).collect();
     emitter.emit(Event::Status { message: format!("Running {}…", names.join(", ")) });
@@ -198,7 +248,6 @@ async fn run_calls(
     }
     drop(progress_tx);
 
-    let mut finished = Vec::new();
     while !running.is_empty() {
         tokio::select! {
             Some((slot, report)) = progress_rx.recv() => emit_progress(emitter, &calls[slot], report),
@@ -209,11 +258,13 @@ async fn run_calls(
                 }
                 let slot = done.slot;
                 tool_done(plan, emitter, output, &calls[slot], first + slot, &done);
-                finished.push(done);
+                pending.results[slot] = Some(result_of(&calls[slot], done));
+                if !cancel.is_cancelled() {
+                    keep_step(plan, emitter, output, pending, iteration);
+                }
             }
         }
     }
-    finished
 }
 
 fn emit_progress(emitter: &mut Emitter, call: &ToolCall, report: ToolProgress) {

@@ -1,0 +1,155 @@
+//! Runs that outlive their server (CONTRACT.md §19): a run whose process died goes on here,
+//! from its last completed step. At start-up this process looks for running runs no live
+//! process holds (on SQLite, every run the process before left `running`); on a shared
+//! store it looks again at every heartbeat for those whose replica went quiet for
+//! `runs.takeover_after_secs`. The store lets exactly one process take each over; that one
+//! continues it at the seq after the last one logged, with a `step_reset` for a step its
+//! clients saw in part, and tells its followers, wherever they are, to follow it here.
+
+use std::sync::Arc;
+
+use crate::chat::live::cluster::Cluster;
+use crate::chat::live::log::EventLog;
+use crate::chat::live::runs::Runs;
+use crate::chat::run::agent::{self, Checkpoint, Continuation, Start};
+use crate::chat::run::plan::{Asked, Planner};
+use crate::chat::shared::Shared;
+use crate::store::{Notice, RunningTrace, Store};
+
+/// The `status` a run continued by another replica than the one that started it sends.
+pub const CONTINUED_ELSEWHERE: &str = "Continued on another server";
+/// The `status` a run continued by the process that replaced its own (one database, one
+/// process: SQLite) sends.
+pub const CONTINUED_AFTER_RESTART: &str = "Continued after a restart";
+
+/// How far above the last logged seq a continued run's events are numbered. A process hands
+/// events to its listeners as they come and logs them in batches (`stream.flush_interval_ms`),
+/// so the clients of one that died may have seen a few it never logged. A client that
+/// resumes with the `Last-Event-ID` of one of those must still get the continuation's first
+/// event (the `step_reset` that voids what it saw): seq skips this many once, at the
+/// take-over, instead of numbering two different events alike. (A flush interval holds a
+/// few dozen events at a fast model's pace.)
+pub const SEQ_GAP: u64 = 1000;
+
+/// Finds the runs of processes that are gone and continues them here.
+#[derive(Clone)]
+pub(in crate::chat) struct Takeover {
+    store: Arc<dyn Store>,
+    runs: Runs,
+    log: EventLog,
+    cluster: Arc<dyn Cluster>,
+    replica_id: Arc<str>,
+    planner: Planner,
+    continue_runs: bool,
+}
+
+impl Takeover {
+    pub(in crate::chat) fn new(shared: &Shared) -> Self {
+        Self {
+            store: shared.store.clone(),
+            runs: shared.runs.clone(),
+            log: shared.log.clone(),
+            cluster: shared.cluster.clone(),
+            replica_id: shared.replica_id.clone(),
+            planner: Planner::new(shared),
+            continue_runs: shared.settings.runs.continue_after_restart,
+        }
+    }
+
+    pub(in crate::chat) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Continues here the running runs whose process is gone (or, with
+    /// `runs.continue_after_restart = false`, marks them `interrupted`, CONTRACT.md §9): at
+    /// start-up every one no live process holds, afterwards those whose replica went quiet.
+    /// Returns how many this process took.
+    pub(in crate::chat) async fn recover(&self, at_start: bool) -> usize {
+        let left = self.cluster.left_running(&self.replica_id, &self.runs, at_start).await;
+        let mut recovered = 0;
+        for run in left {
+            let taken = match self.continue_runs {
+                true => self.take_over(run).await,
+                false => super::lifecycle::interrupt_left(&self.store, &run).await,
+            };
+            recovered += usize::from(taken);
+        }
+        if recovered > 0 {
+            let what = if self.continue_runs { "continued" } else { "marked interrupted" };
+            tracing::warn!(runs = recovered, "{what} runs whose process stopped");
+        }
+        recovered
+    }
+
+    /// Takes a run over from its process that is gone and continues it here; false if
+    /// another process took it first (or it ended meanwhile).
+    async fn take_over(&self, left: RunningTrace) -> bool {
+        let trace = left.trace;
+        let id = trace.trace_id;
+        let checkpoint = match self.store.take_over(id, left.replica_id.as_deref(), &self.replica_id).await {
+            Ok(Some(checkpoint)) => checkpoint,
+            Ok(None) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, trace_id = %id, "could not take over a run whose process stopped");
+                return false;
+            }
+        };
+        let events = match self.store.trace_events(id, 0).await {
+            Ok(events) => events,
+            Err(e) => {
+                // Taken, and left to the next look: its heartbeat is this process's now, so
+                // nobody else takes it; a run that cannot be read is ended as an error.
+                tracing::error!(error = %e, trace_id = %id, "could not read the log of a run taken over");
+                Vec::new()
+            }
+        };
+        // Its clients may have seen events the process that died published but never
+        // logged: the continuation's numbers start above them (see `SEQ_GAP`).
+        let base = events.last().map_or(0, |e| e.seq as u64) + SEQ_GAP;
+        let (step, asked) = read_checkpoint(checkpoint);
+        let plan = match &step {
+            Some(checkpoint) => self.planner.replan(&trace, checkpoint),
+            None => self.planner.plan_stored(&trace, &asked).await,
+        };
+        let (_, mut emitter) =
+            self.runs.register(id, trace.message_id, trace.conversation_id, &trace.user_id, self.log.clone(), base);
+        // Whoever follows it from the log (here or on another replica) follows it live here.
+        self.cluster.tell(Notice::Logged(id)).await;
+        let status = match self.cluster.runs_elsewhere() {
+            true => CONTINUED_ELSEWHERE,
+            false => CONTINUED_AFTER_RESTART,
+        };
+        match plan {
+            Ok(plan) => {
+                if events.is_empty() {
+                    // It died before it logged its `start`: its followers from the log get it.
+                    agent::announce(&plan, &mut emitter);
+                }
+                tracing::info!(trace_id = %id, from = ?left.replica_id, "continuing a run whose process stopped");
+                let continuation = Continuation { checkpoint: step, status: status.to_owned() };
+                let start = Start::Continued(Box::new(continuation));
+                tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone(), start));
+            }
+            Err(why) => {
+                tracing::error!(trace_id = %id, error = %why, "a run whose process stopped cannot go on");
+                let (store, runs) = (self.store.clone(), self.runs.clone());
+                tokio::spawn(async move {
+                    let why = format!("The run could not go on after its server stopped: {why}");
+                    super::waits::fail(&store, &trace, &mut emitter, why).await;
+                    runs.remove(emitter.run());
+                });
+            }
+        }
+        true
+    }
+}
+
+/// A running run's checkpoint column: the checkpoint of its last completed step, or (none
+/// completed) what it was asked.
+fn read_checkpoint(stored: Option<serde_json::Value>) -> (Option<Checkpoint>, Asked) {
+    let Some(stored) = stored else { return (None, Asked::default()) };
+    match serde_json::from_value::<Checkpoint>(stored.clone()) {
+        Ok(checkpoint) => (Some(checkpoint), Asked::default()),
+        Err(_) => (None, serde_json::from_value(stored).unwrap_or_default()),
+    }
+}

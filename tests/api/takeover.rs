@@ -1,0 +1,179 @@
+//! Runs that outlive their server (CONTRACT.md §19), with real processes killed with
+//! `kill -9`: on SQLite the restart continues the run; on Postgres another replica, already
+//! running, takes it over once the dead one's heartbeat lapses. Each continued run ends in
+//! one `complete` and `done`, its clients resume it as one coherent answer, and its tools
+//! ran at most once (again only when idempotent).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::fixture::*;
+use crate::helpers::*;
+use crate::runs::terminal_kinds;
+
+const SLOW: &str = "[mock:words=300] [mock:delay=15] [mock:think=off]";
+
+/// Quick beats, so that a replica's death is noticed within a second.
+const RUNS: &str = "[runs]\nheartbeat_secs = 0.2\ntakeover_after_secs = 1\n";
+
+/// Where a killed replica's runs go on: the restart of a SQLite process, or the other replica
+/// of a Postgres cluster, running beside it all along.
+struct Setup {
+    db: TestDb,
+    backend: Backend,
+    extra: String,
+    other: Option<Replica>,
+}
+
+impl Setup {
+    async fn new(backend: Backend, extra: &str) -> (Self, Replica) {
+        let extra = format!("{RUNS}{extra}");
+        let extra = extra.as_str();
+        let db = TestDb::new(backend).await;
+        let first = Replica::start(&db.url, extra).await;
+        let other = match backend {
+            Backend::Postgres => Some(Replica::start(&db.url, extra).await),
+            Backend::Sqlite => None,
+        };
+        (Self { db, backend, extra: extra.to_owned(), other }, first)
+    }
+
+    /// The replica that continues the runs of the one killed.
+    async fn survivor(&mut self) -> Replica {
+        match self.other.take() {
+            Some(other) => other,
+            None => Replica::start(&self.db.url, &self.extra).await,
+        }
+    }
+
+    fn continued_status(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "Continued on another server",
+            Backend::Sqlite => "Continued after a restart",
+        }
+    }
+}
+
+/// The frames a client saw before its server died, and after it resumed elsewhere, are one
+/// coherent stream: seqs only grow, one terminal event, then `done`.
+fn assert_one_stream(before: &[Frame], after: &[Frame]) {
+    let seqs: Vec<u64> = before.iter().chain(after).map(|f| f.id).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "no seq twice, none going back: {seqs:?}");
+    let all: Vec<Frame> = before.iter().chain(after).cloned().collect();
+    assert_eq!(terminal_kinds(&all), ["complete"]);
+    assert_eq!(all.last().unwrap().kind(), "done");
+}
+
+both_backends! {
+    async fn a_run_whose_server_is_killed_mid_answer_is_continued_as_one_answer(backend: Backend) {
+        let (mut setup, first) = Setup::new(backend, "").await;
+        let mut live = first.post_stream(json!({"message": SLOW})).await;
+        let start = live.until("start").await.data.clone();
+        let trace_id = start["trace_id"].as_str().unwrap().to_owned();
+        live.until("text_delta").await;
+        first.until_logged(&trace_id, |e| e["type"] == "text_delta").await;
+        // A few more words reach the client, some of them perhaps never logged.
+        for _ in 0..5 {
+            live.until("text_delta").await;
+        }
+        let killed_at = Instant::now();
+        first.kill_9();
+        let before = live.seen().to_vec();
+        let seen_up_to = before.last().unwrap().id;
+
+        let survivor = setup.survivor().await;
+        let after = survivor.resume(&trace_id, seen_up_to).await;
+        let continued_in = killed_at.elapsed();
+        assert_one_stream(&before, &after);
+        assert_eq!(after[0].kind(), "step_reset", "what the client saw of the step is void first: {:?}", after[0]);
+        assert_eq!(after[0].data["step"], 0);
+        assert_eq!(after[1].data, json!({"type": "status", "message": setup.continued_status()}));
+        let all: Vec<Frame> = before.iter().chain(&after).cloned().collect();
+        let complete = &all.iter().find(|f| f.kind() == "complete").unwrap().data["payload"];
+        let answer = complete["message"].as_str().unwrap();
+        assert_eq!(answer.split_whitespace().count(), 300, "the whole answer, once: {answer}");
+        assert_eq!(surviving_text(&all), answer, "the client's text is the answer");
+        let conversation = start["conversation_id"].as_str().unwrap();
+        let stored = survivor.get(&format!("/api/conversations/{conversation}")).await;
+        assert_eq!(stored["messages"][1]["content"], answer);
+        assert_eq!(stored["messages"][1]["cancelled"], false);
+        let trace = survivor.get(&format!("/api/trace/{trace_id}")).await;
+        assert_eq!(trace["status"], "completed");
+        // A client that resumes from the start reads the same answer from the log.
+        let replayed = survivor.resume(&trace_id, 0).await;
+        assert_eq!(surviving_text(&replayed), answer);
+        eprintln!("{backend:?}: kill -9 to the continued run's end in {continued_in:?}");
+    }
+}
+
+both_backends! {
+    async fn a_run_whose_server_is_killed_mid_tool_call_runs_it_again_only_if_idempotent(backend: Backend) {
+        // Three HTTP tools, each its own server: one answers at once (it completes before the
+        // kill), two answer slowly (the kill comes while they run); of those, one is
+        // idempotent. Each request is answered in turn: a call run again gets the next answer.
+        let answer = |text: &str| Scripted::json(200, json!({"text": text}));
+        let slow = |text: &str| answer(text).then(Part::Pause(Duration::from_secs(3)));
+        let quick = Fixture::start(vec![answer("quick done"), answer("quick again")]).await;
+        let once = Fixture::start(vec![slow("once done"), answer("once again")]).await;
+        let again = Fixture::start(vec![slow("again done"), answer("again again")]).await;
+        let tool = |name: &str, base: &str, idempotent: bool| {
+            format!(
+                "[http_tools.{name}]\nurl = \"{base}/{name}\"\ndescription = \"{name}\"\nidempotent = {idempotent}\n\
+                 input_schema = {{ type = \"object\", properties = {{ q = {{ type = \"string\" }} }} }}\n"
+            )
+        };
+        let config = [tool("quick", &quick.base, true), tool("once", &once.base, false), tool("again", &again.base, true)]
+            .concat();
+        let (mut setup, first) = Setup::new(backend, &config).await;
+        let message = r#"Three tools [mock:tool=quick {"q": "a"}] [mock:tool=once {"q": "b"}] [mock:tool=again {"q": "c"}] [mock:think=off]"#;
+        let mut live = first.post_stream(json!({"message": message})).await;
+        let start = live.until("start").await.data.clone();
+        let trace_id = start["trace_id"].as_str().unwrap().to_owned();
+        // The quick call has completed (and is kept), the slow ones are running.
+        first.until_logged(&trace_id, |e| e["type"] == "tool_complete" && e["data"]["tool"] == "quick").await;
+        live.until("tool_complete").await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while once.received().is_empty() || again.received().is_empty() {
+            assert!(Instant::now() < deadline, "the slow tools were called");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        first.kill_9();
+        let before = live.seen().to_vec();
+        let seen_up_to = before.last().unwrap().id;
+
+        let survivor = setup.survivor().await;
+        let after = survivor.resume(&trace_id, seen_up_to).await;
+        assert_one_stream(&before, &after);
+        let continued = json!({"type": "status", "message": setup.continued_status()});
+        assert!(after.iter().any(|f| f.data == continued), "{after:?}");
+        assert!(!after.iter().any(|f| f.kind() == "step_reset"), "no model call was going: nothing to void");
+        assert_eq!(quick.received().len(), 1, "a completed call is never run again");
+        assert_eq!(once.received().len(), 1, "a call whose tool is not idempotent is not run again");
+        let calls = again.received();
+        assert_eq!(calls.len(), 2, "an idempotent tool's interrupted call runs again");
+        let key = |r: &Received| r.headers["idempotency-key"].to_str().unwrap().to_owned();
+        assert_eq!(key(&calls[0]), key(&calls[1]), "with the same key");
+        assert!(key(&calls[0]).starts_with(&format!("{trace_id}:")), "{}", key(&calls[0]));
+
+        let all: Vec<Frame> = before.iter().chain(&after).cloned().collect();
+        let complete = &all.iter().find(|f| f.kind() == "complete").unwrap().data["payload"];
+        let history = complete["tool_history"].as_array().unwrap();
+        let outputs: Vec<(&str, bool)> =
+            history.iter().map(|h| (h["output"].as_str().unwrap(), h["is_error"].as_bool().unwrap())).collect();
+        assert_eq!(outputs[0], ("quick done", false));
+        assert!(outputs[1].0.starts_with("The server stopped while this tool call ran"), "{outputs:?}");
+        assert!(outputs[1].1);
+        assert_eq!(outputs[2], ("again again", false));
+        let text = complete["message"].as_str().unwrap();
+        assert!(text.contains("once said Error: The server stopped while this tool call ran"), "the model was told: {text}");
+        assert_eq!(surviving_text(&all), text);
+        let completes: Vec<&Value> =
+            all.iter().filter(|f| f.kind() == "tool_complete").map(|f| &f.data).collect();
+        assert_eq!(completes.len(), 3, "each call completes once in the client's stream: {completes:?}");
+        let conversation = start["conversation_id"].as_str().unwrap();
+        let stored = survivor.get(&format!("/api/conversations/{conversation}")).await;
+        assert_eq!(stored["messages"][1]["content"], text);
+        assert_eq!(stored["messages"][1]["tool_history"], complete["tool_history"]);
+    }
+}
