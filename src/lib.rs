@@ -22,7 +22,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::chat::control::lifecycle;
 use crate::chat::{ChatService, EventLog, Runs};
 use crate::config::{MOCK_ID, ProviderKind, Settings};
 use crate::http::AppState;
@@ -139,12 +138,13 @@ pub struct Shutdown {
 }
 
 impl Shutdown {
-    /// Refuses new runs, gives running ones `server.shutdown_grace_secs` to finish, cancels
-    /// (and persists) the rest, then ends every stream and stops the listener.
+    /// Refuses new runs, gives running ones `server.shutdown_grace_secs` to finish, hands the
+    /// rest over to another replica (where one is alive) or cancels (and persists) them,
+    /// then ends every stream and stops the listener.
     pub async fn graceful(&self) {
         let grace = Duration::from_secs(self.state.settings.server.shutdown_grace_secs);
         self.state.chat.start_draining();
-        lifecycle::drain(self.state.chat.runs(), grace).await;
+        self.state.chat.drain(grace).await;
         self.state.shutdown.cancel();
     }
 }

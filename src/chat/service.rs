@@ -325,6 +325,13 @@ impl ChatService {
         &self.rooms.shared.cluster
     }
 
+    /// Drains for shutdown (see [`lifecycle::drain`](super::control::lifecycle::drain)):
+    /// running runs get `grace` to finish, then are handed over to another replica where one
+    /// is alive (CONTRACT.md §19), else cancelled.
+    pub async fn drain(&self, grace: Duration) {
+        super::control::lifecycle::drain(&self.rooms.shared.runs, grace, &self.rooms.takeover).await;
+    }
+
     /// Refuses new runs from now on (shutdown).
     pub fn start_draining(&self) {
         self.rooms.shared.drain.start();

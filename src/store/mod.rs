@@ -256,6 +256,11 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// Says this process is alive: one row per replica, whatever the number of runs it holds
     /// (running or queued); a run is held alive while its replica's row is fresh.
     async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Whether a replica other than `replica_id` has beaten since `quiet_since`.
+    async fn others_alive(&self, replica_id: &str, quiet_since: DateTime<Utc>) -> Result<bool, StoreError>;
+    /// Leaves the running runs of `replica_id` to whichever replica takes them over first
+    /// (at once: they are held by nobody, since long ago); how many.
+    async fn release_running(&self, replica_id: &str) -> Result<u64, StoreError>;
     /// Deletes the rows of replicas quiet since `quiet_since` (long gone).
     async fn forget_replicas(&self, quiet_since: DateTime<Utc>) -> Result<(), StoreError>;
     /// Takes a running run over for `replica_id` if `from` still holds it (its process is

@@ -177,3 +177,38 @@ both_backends! {
         assert_eq!(stored["messages"][1]["tool_history"], complete["tool_history"]);
     }
 }
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn sigterm_hands_running_runs_over_to_a_live_replica_instead_of_cancelling_them() {
+    let (mut setup, mut first) = Setup::new(Backend::Postgres, "").await;
+    let mut live = first.post_stream(json!({"message": SLOW})).await;
+    let start = live.until("start").await.data.clone();
+    let trace_id = start["trace_id"].as_str().unwrap().to_owned();
+    live.until("text_delta").await;
+    let asked_at = Instant::now();
+    first.signal("-TERM");
+    // Its stream here ends when the replica stops, without an end of the run.
+    let before = live.rest().await;
+    assert!(
+        terminal_kinds(&before).is_empty(),
+        "not cancelled: {:?}",
+        before.iter().map(Frame::kind).collect::<Vec<_>>()
+    );
+    let exited = tokio::task::spawn_blocking(move || first.child.wait().map(|s| s.success())).await.unwrap().unwrap();
+    assert!(exited, "the replica exited cleanly after handing its run over");
+    let drained_in = asked_at.elapsed();
+    assert!(drained_in < Duration::from_secs(8), "the drain's grace is short when it hands over: {drained_in:?}");
+
+    let survivor = setup.survivor().await;
+    let after = survivor.resume(&trace_id, before.last().unwrap().id).await;
+    assert_one_stream(&before, &after);
+    assert_eq!(after[0].kind(), "step_reset");
+    assert_eq!(after[1].data, json!({"type": "status", "message": "Continued on another server"}));
+    let all: Vec<Frame> = before.iter().chain(&after).cloned().collect();
+    let answer =
+        all.iter().find(|f| f.kind() == "complete").unwrap().data["payload"]["message"].as_str().unwrap().to_owned();
+    assert_eq!(answer.split_whitespace().count(), 300);
+    assert_eq!(surviving_text(&all), answer);
+    eprintln!("SIGTERM: drained in {drained_in:?}, continued to the end in {:?}", asked_at.elapsed());
+}

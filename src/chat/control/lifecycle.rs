@@ -120,11 +120,16 @@ pub(in crate::chat) fn spawn_background(
     });
 }
 
-/// Drains for shutdown: no new runs; running ones get up to `grace` to finish; the rest
-/// are cancelled (and persist their partial answers); returns once all have ended or a
-/// last bounded wait passed. Queued runs stay queued, in the store, for another replica or
-/// the next start to take up (CONTRACT.md §16).
-pub async fn drain(runs: &Runs, grace: Duration) {
+/// Drains for shutdown: no new runs; running ones get up to `grace` to finish. Where another
+/// replica is alive to take them over (CONTRACT.md §19), the grace is short
+/// ([`HANDOVER_GRACE`]) and the runs still going are handed over: stopped where they are,
+/// without an end, and left to the others, who continue each from its last completed step.
+/// Else they are cancelled (and persist their partial answers). Returns once all have ended
+/// (or left) or a last bounded wait passed. Queued runs stay queued, in the store, for
+/// another replica or the next start to take up (CONTRACT.md §16).
+pub(in crate::chat) async fn drain(runs: &Runs, grace: Duration, takeover: &Takeover) {
+    let hand_over = takeover.others_alive().await;
+    let grace = if hand_over { grace.min(HANDOVER_GRACE) } else { grace };
     let running = || runs.all().into_iter().filter(|run| !run.is_queued());
     // Looked at again until none is left: a queued run whose turn came meanwhile runs too.
     let all_done = async {
@@ -140,16 +145,28 @@ pub async fn drain(runs: &Runs, grace: Duration) {
     };
     if tokio::time::timeout(grace, all_done).await.is_err() {
         let left: Vec<_> = running().collect();
-        tracing::warn!(runs = left.len(), "grace period over; cancelling the remaining runs");
-        for run in &left {
-            run.cancel.cancel();
-        }
-        let cancelled = async {
+        if hand_over {
+            // A run that is saving its end finishes it; the others stop where they are.
+            let going: Vec<_> = left.iter().filter(|run| run.is_running()).collect();
+            tracing::warn!(runs = going.len(), "grace period over; handing the remaining runs to the other replicas");
+            for run in &going {
+                run.hand_over.cancel();
+            }
+        } else {
+            tracing::warn!(runs = left.len(), "grace period over; cancelling the remaining runs");
             for run in &left {
-                run.finished().await;
+                run.cancel.cancel();
+            }
+        }
+        let stopped = async {
+            for run in &left {
+                run.logged().await;
             }
         };
-        let _ = tokio::time::timeout(Duration::from_secs(10), cancelled).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), stopped).await;
+        if hand_over {
+            takeover.release_running().await;
+        }
     }
     // Runs leave the registry once their log is written; give the last ones that moment.
     // (Queued runs leave as the drain begins: their logs too.)
@@ -160,3 +177,8 @@ pub async fn drain(runs: &Runs, grace: Duration) {
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), logged).await;
 }
+
+/// How long a drain waits for running runs before it hands them over, where another replica
+/// is alive to continue them: a run about to end ends here; a longer one goes on there,
+/// its current model call made again.
+pub const HANDOVER_GRACE: Duration = Duration::from_secs(1);

@@ -60,11 +60,28 @@ impl Takeover {
         &self.store
     }
 
+    /// Whether another replica is alive to take over this one's runs.
+    pub(in crate::chat) async fn others_alive(&self) -> bool {
+        self.cluster.others_alive(&self.replica_id).await
+    }
+
+    /// Leaves this process's running runs (handed over) to the other replicas.
+    pub(in crate::chat) async fn release_running(&self) {
+        self.cluster.release_running(&self.replica_id).await;
+    }
+
     /// Continues here the running runs whose process is gone (or, with
     /// `runs.continue_after_restart = false`, marks them `interrupted`, CONTRACT.md §9): at
     /// start-up every one no live process holds, afterwards those whose replica went quiet.
     /// Returns how many this process took.
     pub(in crate::chat) async fn recover(&self, at_start: bool) -> usize {
+        if at_start {
+            // Replicas gone for a day are forgotten (one row each).
+            let long_ago = crate::domain::now() - chrono::Duration::days(1);
+            if let Err(e) = self.store.forget_replicas(long_ago).await {
+                tracing::warn!(error = %e, "could not forget the replicas gone long ago");
+            }
+        }
         let left = self.cluster.left_running(&self.replica_id, &self.runs, at_start).await;
         let mut recovered = 0;
         for run in left {

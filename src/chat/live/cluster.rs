@@ -39,6 +39,11 @@ pub trait Cluster: Send + Sync {
     /// Says this process (and so every run it holds, running or queued) is alive: one write
     /// per `runs.heartbeat_secs`, whatever the number of runs.
     async fn heartbeat(&self, replica_id: &str);
+    /// Whether another replica is alive, to take over the runs this one leaves as it stops.
+    async fn others_alive(&self, replica_id: &str) -> bool;
+    /// Leaves this process's running runs to the others (it drains, and handed them over):
+    /// they take them over at their next beat.
+    async fn release_running(&self, replica_id: &str);
     /// Whether runs that other processes leave (drained, or gone) are looked for at every
     /// heartbeat: alone, those left are found at start-up.
     fn others_leave_runs(&self) -> bool;
@@ -100,6 +105,12 @@ impl Cluster for Alone {
     }
 
     async fn heartbeat(&self, _replica_id: &str) {}
+
+    async fn others_alive(&self, _replica_id: &str) -> bool {
+        false
+    }
+
+    async fn release_running(&self, _replica_id: &str) {}
 
     fn others_leave_runs(&self) -> bool {
         false
@@ -165,6 +176,23 @@ impl Cluster for Replicas {
     async fn heartbeat(&self, replica_id: &str) {
         if let Err(e) = self.store.heartbeat(replica_id, now()).await {
             tracing::warn!(error = %e, "heartbeat failed");
+        }
+    }
+
+    async fn others_alive(&self, replica_id: &str) -> bool {
+        let quiet = chrono::Duration::from_std(self.takeover_after).unwrap_or(chrono::Duration::MAX);
+        self.store.others_alive(replica_id, now() - quiet).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not tell whether other replicas are alive");
+            false
+        })
+    }
+
+    async fn release_running(&self, replica_id: &str) {
+        match self.store.release_running(replica_id).await {
+            Ok(released) => tracing::info!(runs = released, "left the runs handed over to the other replicas"),
+            Err(e) => {
+                tracing::error!(error = %e, "could not leave the runs handed over; they are taken over once this replica's heartbeat lapses")
+            }
         }
     }
 

@@ -97,6 +97,9 @@ pub struct LiveRun {
     pub conversation_id: ConversationId,
     pub user_id: UserId,
     pub cancel: CancellationToken,
+    /// Stops the run where it is, without an end, for another replica to continue it from
+    /// its last completed step (a drain that hands its runs over, CONTRACT.md §19).
+    pub hand_over: CancellationToken,
     /// The seq before this process's first frame of the run: 0, or where a run that waited
     /// goes on (CONTRACT.md §15); the frames before are in the log.
     base: u64,
@@ -177,6 +180,11 @@ impl LiveRun {
     /// Whether the run stopped here to wait (CONTRACT.md §15).
     pub fn is_parked(&self) -> bool {
         self.state.borrow().phase == Phase::Waiting
+    }
+
+    /// Whether the run is going (not queued, waiting, ending or ended).
+    pub fn is_running(&self) -> bool {
+        self.state.borrow().phase == Phase::Running
     }
 
     /// Whether the run waits its turn behind another of its conversation (CONTRACT.md §16).
@@ -301,6 +309,7 @@ impl Runs {
             conversation_id,
             user_id: user_id.clone(),
             cancel: CancellationToken::new(),
+            hand_over: CancellationToken::new(),
             base,
             frames: Mutex::default(),
             state: watch::Sender::new(RunState { phase: Phase::Running, cancel_asked: false, logged: false }),

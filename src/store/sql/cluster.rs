@@ -27,6 +27,7 @@ where
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
     for<'r> RunningRow: FromRow<'r, Row<B>>,
     for<'r> (Option<Json<Value>>,): FromRow<'r, Row<B>>,
+    for<'r> (String,): FromRow<'r, Row<B>>,
     for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
@@ -79,6 +80,30 @@ where
             );
             beat.bind(replica_id).bind(at).execute(conn).await?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn others_alive(&self, replica_id: &str, quiet_since: DateTime<Utc>) -> Result<bool, StoreError> {
+        let alive: Vec<(String,)> =
+            sqlx::query_as("select replica from replicas where replica <> $1 and beat_at >= $2 limit 1")
+                .bind(replica_id)
+                .bind(quiet_since)
+                .fetch_all(self.pool())
+                .await?;
+        Ok(!alive.is_empty())
+    }
+
+    async fn release_running(&self, replica_id: &str) -> Result<u64, StoreError> {
+        write(self, async |conn| {
+            let released = sqlx::query(
+                "update traces set replica_id = '', heartbeat_at = $2 where replica_id = $1 and status = 'running'",
+            )
+            .bind(replica_id)
+            .bind(DateTime::<Utc>::UNIX_EPOCH)
+            .execute(conn)
+            .await?;
+            Ok(B::rows_affected(&released))
         })
         .await
     }

@@ -193,7 +193,26 @@ pub fn announce(plan: &RunPlan, emitter: &mut Emitter) {
 /// `done`.
 pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs, start: Start) {
     let (trace_id, message_id) = (plan.trace_id, plan.message_id);
-    let run = AssertUnwindSafe(execute(plan, &mut emitter, &store, start)).catch_unwind().await;
+    let hand_over = emitter.run().hand_over.clone();
+    let run = {
+        let run = AssertUnwindSafe(execute(plan, &mut emitter, &store, start)).catch_unwind();
+        tokio::select! {
+            biased;
+            run = run => Some(run),
+            () = hand_over.cancelled() => None,
+        }
+    };
+    let Some(run) = run else {
+        // Handed over (CONTRACT.md §19): what it said and its last checkpoint go to the log,
+        // and another replica goes on from there; its listeners here follow it in the log.
+        tracing::info!(%trace_id, "run handed over to another replica");
+        emitter.park();
+        if let Err(e) = emitter.seal().await {
+            tracing::error!(error = %e, %trace_id, "a run handed over could not log its last events");
+        }
+        runs.remove(emitter.run());
+        return;
+    };
     if run.is_err() {
         tracing::error!(%trace_id, "run panicked");
         if !emitter.run().is_finished() {
