@@ -187,6 +187,27 @@ async fn get_current_time_answers_for_a_timezone() {
 }
 
 #[tokio::test]
+async fn a_call_carries_its_idempotency_key_in_meta_and_the_server_config_says_whether_it_may_run_twice() {
+    // A server of the official Python SDK that answers with the `_meta` it was sent.
+    let python = installed("venv/bin/python");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_meta_server.py");
+    let settings =
+        |idempotent| McpServerSettings { idempotent, ..stdio(python.to_str().unwrap(), &[script.to_str().unwrap()]) };
+    let servers = Servers::start(vec![("meta", settings(false))]).await;
+    let tool = servers.tool("request_meta");
+    assert!(!tool.idempotent(), "a server's tools may not run twice unless its config says so");
+    let (mut ctx, _reports, _cancel) = context();
+    ctx.idempotency_key = Some("trace-1:call-7".into());
+    let output = tokio::time::timeout(Duration::from_secs(10), tool.call(json!({}), ctx)).await.unwrap().unwrap();
+    let meta: Value = serde_json::from_str(&output.text).unwrap();
+    assert_eq!(meta["idempotency_key"], "trace-1:call-7", "{meta}");
+    assert!(meta.get("progress_token").is_some(), "progress still has its token: {meta}");
+    drop(servers);
+    let servers = Servers::start(vec![("meta", settings(true))]).await;
+    assert!(servers.tool("request_meta").idempotent());
+}
+
+#[tokio::test]
 async fn echo_round_trips_and_structured_content_becomes_the_payload() {
     let mut everything = everything_server();
     everything.env.insert("CHATD_MCP_TEST_MARKER".into(), "marker-5150".into());
