@@ -79,8 +79,7 @@ export async function freePort() {
  * or with `auth = {token, user}` mode `token` with that one token; `cors`: the browser origins
  * allowed to call it from another page.
  */
-export async function startChatd(auth = null, { cors = [] } = {}) {
-  const dir = mkdtempSync(join(tmpdir(), "chatd-e2e-"));
+export async function startChatd(auth = null, { cors = [], dir = mkdtempSync(join(tmpdir(), "chatd-e2e-")) } = {}) {
   const port = await freePort();
   writeFileSync(join(dir, "chatd.toml"), config(dir, port, auth, cors));
   const ready = auth ? { authorization: `Bearer ${auth.token}` } : {};
@@ -116,6 +115,13 @@ export async function startChatd(auth = null, { cors = [] } = {}) {
       await new Promise((done) => (child.exitCode !== null ? done() : child.once("exit", done)));
       rmSync(dir, { recursive: true, force: true });
     },
+    /** Kills the process without warning (`kill -9`), keeping its folder for a restart. */
+    kill: async () => {
+      child.kill("SIGKILL");
+      await new Promise((done) => (child.exitCode !== null ? done() : child.once("exit", done)));
+    },
+    /** Its folder (its SQLite file): `startChatd(auth, {dir})` starts a process on it again. */
+    dir,
   };
 }
 
