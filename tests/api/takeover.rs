@@ -212,3 +212,100 @@ async fn sigterm_hands_running_runs_over_to_a_live_replica_instead_of_cancelling
     assert_eq!(surviving_text(&all), answer);
     eprintln!("SIGTERM: drained in {drained_in:?}, continued to the end in {:?}", asked_at.elapsed());
 }
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_rolling_restart_of_two_replicas_under_50_runs_loses_none() {
+    let extra = "[limits]\nmax_concurrent_runs_per_user = 500\nrequests_per_minute = 0\n\
+                 [tools]\nrequire_approval = [\"calculator\"]\n";
+    let (mut setup, a) = Setup::new(Backend::Postgres, extra).await;
+    let b = setup.other.take().unwrap();
+    let client = reqwest::Client::new();
+    let first_event = async |replica: &Replica, body: Value, kind: &str| {
+        let mut live = replica.post_stream(body).await;
+        let start = live.until("start").await.data.clone();
+        let event = live.until(kind).await.data.clone();
+        (start, event)
+    };
+    // 40 answers streaming, half on each replica; 5 runs queued behind 5 of them; 5 waiting
+    // for an approval.
+    let (mut answers, mut queued) = (Vec::new(), Vec::new());
+    for i in 0..40 {
+        let replica = if i % 2 == 0 { &a } else { &b };
+        let message = format!("Answer {i} [mock:words=250] [mock:delay=20] [mock:think=off]");
+        let answer = first_event(replica, json!({"message": message}), "text_delta").await.0;
+        if i < 5 {
+            let conversation_id = answer["conversation_id"].clone();
+            let body =
+                json!({"message": "Then this [mock:words=20] [mock:think=off]", "conversation_id": conversation_id});
+            let (start, status) = first_event(&b, body, "status").await;
+            assert_eq!(status["message"], "Queued");
+            queued.push(start);
+        }
+        answers.push(answer);
+    }
+    let mut waiting = Vec::new();
+    for i in 0..5 {
+        let body = json!({"message": format!(r#"Count {i} [mock:tool=calculator {{"expression": "{i} + 1"}}] [mock:think=off]"#)});
+        let (start, request) = first_event(&a, body, "tool_approval_request").await;
+        waiting.push((start, request["approval_id"].as_str().unwrap().to_owned()));
+    }
+
+    // The rolling restart: each replica in turn drains (handing its runs over) and comes back.
+    let stop = async |mut replica: Replica| {
+        replica.signal("-TERM");
+        let exited = tokio::task::spawn_blocking(move || replica.child.wait().map(|s| s.success())).await.unwrap();
+        assert!(exited.unwrap(), "a replica exits cleanly once it handed its runs over");
+    };
+    stop(a).await;
+    let a = Replica::start(&setup.db.url, &setup.extra).await;
+    stop(b).await;
+    let b = Replica::start(&setup.db.url, &setup.extra).await;
+
+    for (_, approval) in &waiting {
+        let response = client
+            .post(format!("{}/api/approvals/{approval}", b.base))
+            .json(&json!({"approved": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    }
+    let runs: Vec<&Value> = answers.iter().chain(&queued).chain(waiting.iter().map(|(start, _)| start)).collect();
+    assert_eq!(runs.len(), 50);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    for run in &runs {
+        let trace_id = run["trace_id"].as_str().unwrap();
+        loop {
+            let trace = a.get(&format!("/api/trace/{trace_id}")).await;
+            if trace["status"] != "running" && trace["status"] != "queued" && trace["status"] != "waiting" {
+                assert_eq!(trace["status"], "completed", "{trace_id}: {}", trace["error"]);
+                break;
+            }
+            assert!(Instant::now() < deadline, "{trace_id} never ended: {}", trace["status"]);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for (i, answer) in answers.iter().enumerate() {
+        let conversation = b.get(&format!("/api/conversations/{}", answer["conversation_id"].as_str().unwrap())).await;
+        let text = conversation["messages"][1]["content"].as_str().unwrap();
+        assert_eq!(text.split_whitespace().count(), 250, "answer {i} whole, once: {text}");
+        if i < 5 {
+            assert_eq!(conversation["messages"].as_array().unwrap().len(), 4, "its queued message answered after it");
+            assert_eq!(conversation["messages"][3]["content"].as_str().unwrap().split_whitespace().count(), 20);
+        }
+    }
+    let mut continued = 0;
+    for run in &runs {
+        let trace = a.get(&format!("/api/trace/{}", run["trace_id"].as_str().unwrap())).await;
+        let events = trace["events"].as_array().unwrap();
+        continued += usize::from(events.iter().any(|e| e["data"]["message"] == "Continued on another server"));
+    }
+    assert!(continued > 0, "the restarts handed runs over");
+    eprintln!("rolling restart: {continued} of 50 runs continued on another replica");
+    for (i, (start, _)) in waiting.iter().enumerate() {
+        let conversation = b.get(&format!("/api/conversations/{}", start["conversation_id"].as_str().unwrap())).await;
+        let answer = &conversation["messages"][1];
+        assert_eq!(answer["tool_history"][0]["output"], (i + 1).to_string(), "{answer}");
+    }
+}
