@@ -256,6 +256,10 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// Says this process is alive: one row per replica, whatever the number of runs it holds
     /// (running or queued); a run is held alive while its replica's row is fresh.
     async fn heartbeat(&self, replica_id: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Of `traces` (running here), those another replica holds now: it took them over while
+    /// this one seemed gone (its beats did not reach the database for
+    /// `runs.takeover_after_secs`).
+    async fn held_elsewhere(&self, traces: &[TraceId], replica_id: &str) -> Result<Vec<TraceId>, StoreError>;
     /// Whether a replica other than `replica_id` has beaten since `quiet_since`.
     async fn others_alive(&self, replica_id: &str, quiet_since: DateTime<Utc>) -> Result<bool, StoreError>;
     /// Leaves the running runs of `replica_id` to whichever replica takes them over first

@@ -799,6 +799,38 @@ proptest::proptest! {
             assert_eq!(r.frames.iter().filter(|f| f.kind() == "complete").count(), 1);
         });
     }
+
+    /// For any sequence of step failures over a run of tool steps (each model call failing
+    /// after output any number of times before it answers), the stored answer is the
+    /// concatenation of the surviving steps, and each tool ran once.
+    #[test]
+    fn the_stored_answer_is_the_surviving_steps_for_any_step_failures(
+        steps in proptest::collection::vec(proptest::collection::vec("[a-z]{1,6}", 0..3), 1..4),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let (tools, last) = steps.split_at(steps.len() - 1);
+            let mut script = Vec::new();
+            for (i, failures) in tools.iter().enumerate() {
+                script.extend(failures.iter().map(|said| fails_after(said)));
+                let expression = format!(r#"{{"expression": "{i} + 1"}}"#);
+                script.push(Scripted::sse(&openai_calculator_call_named(&format!("call_{i}"), &expression)));
+            }
+            script.extend(last[0].iter().map(|said| fails_after(said)));
+            script.push(Scripted::sse(&openai_text(&["Final ", "answer."])));
+            let r = run_on("openai", script, "max_retries = 4", "", "go").await;
+            let mut expected: Vec<String> = (0..tools.len()).map(|i| format!("[[tool:{i}]]")).collect();
+            expected.push("Final answer.".to_owned());
+            let expected = expected.join("\n\n");
+            assert_eq!(crate::helpers::surviving_text(&r.frames), expected);
+            let conversation = r.conversation().await;
+            assert_eq!(conversation["messages"][1]["content"], expected.as_str());
+            let failures: usize = steps.iter().map(Vec::len).sum();
+            assert_eq!(r.frames.iter().filter(|f| f.kind() == "step_reset").count(), failures);
+            assert_eq!(r.frames.iter().filter(|f| f.kind() == "tool_start").count(), tools.len(), "each tool ran once");
+            assert_eq!(r.frames.iter().filter(|f| f.kind() == "complete").count(), 1);
+        });
+    }
 }
 
 #[test]

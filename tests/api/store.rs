@@ -309,6 +309,8 @@ both_backends! {
         assert_eq!(store.take_over(id, Some("someone else"), "b").await.unwrap(), None, "only from its holder");
         assert_eq!(store.take_over(id, Some("replica-a"), "b").await.unwrap(), Some(Some(checkpoint)));
         assert_eq!(store.take_over(id, Some("replica-a"), "c").await.unwrap(), None, "once");
+        assert_eq!(store.held_elsewhere(&[id], "replica-a").await.unwrap(), [id], "the replica that lost it can tell");
+        assert!(store.held_elsewhere(&[id], "b").await.unwrap().is_empty());
         assert_eq!(store.running_traces().await.unwrap()[0].replica_id.as_deref(), Some("b"));
         // The log the other wrote is the log of the run that goes on.
         assert_eq!(store.trace_events(id, 0).await.unwrap().len(), 1);

@@ -309,3 +309,42 @@ async fn a_rolling_restart_of_two_replicas_under_50_runs_loses_none() {
         assert_eq!(answer["tool_history"][0]["output"], (i + 1).to_string(), "{answer}");
     }
 }
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_replica_that_stalls_past_the_take_over_stops_the_runs_the_other_took() {
+    let (mut setup, first) = Setup::new(Backend::Postgres, "").await;
+    let mut live = first.post_stream(json!({"message": SLOW})).await;
+    let start = live.until("start").await.data.clone();
+    let trace_id = start["trace_id"].as_str().unwrap().to_owned();
+    live.until("text_delta").await;
+    first.until_logged(&trace_id, |e| e["type"] == "text_delta").await;
+    // Frozen (as a process starved of CPU, or paused by its host) past the take-over.
+    first.signal("-STOP");
+    let survivor = setup.survivor().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = survivor.get(&format!("/api/trace/{trace_id}")).await["events"].clone();
+        if events.as_array().unwrap().iter().any(|e| e["data"]["message"] == "Continued on another server") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "taken over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.signal("-CONT");
+    let after = survivor.resume(&trace_id, 0).await;
+    assert_eq!(terminal_kinds(&after), ["complete"]);
+    let answer =
+        after.iter().find(|f| f.kind() == "complete").unwrap().data["payload"]["message"].as_str().unwrap().to_owned();
+    assert_eq!(surviving_text(&after), answer);
+    assert_eq!(answer.split_whitespace().count(), 300);
+    // The stalled one, back, stopped its copy without an end of its own: one answer stored.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let conversation =
+        survivor.get(&format!("/api/conversations/{}", start["conversation_id"].as_str().unwrap())).await;
+    assert_eq!(conversation["messages"].as_array().unwrap().len(), 2, "{conversation}");
+    assert_eq!(conversation["messages"][1]["content"], answer.as_str());
+    let trace = survivor.get(&format!("/api/trace/{trace_id}")).await;
+    let ends = trace["events"].as_array().unwrap().iter().filter(|e| e["type"] == "done").count();
+    assert_eq!(ends, 1, "one end in the log");
+}

@@ -93,6 +93,7 @@ pub(in crate::chat) fn spawn_background(
                 _ = tick.tick() => {}
             }
             cluster.heartbeat(&replica_id).await;
+            takeover.drop_lost().await;
             takeover.recover(false).await;
         }
     });

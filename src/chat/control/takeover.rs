@@ -60,6 +60,22 @@ impl Takeover {
         &self.store
     }
 
+    /// Stops, without an end, the runs going here that another replica took over while this
+    /// one seemed gone (its beats did not reach the database in time): one process runs a run.
+    pub(in crate::chat) async fn drop_lost(&self) {
+        let going: Vec<_> = self.runs.all().into_iter().filter(|run| run.is_running()).collect();
+        if going.is_empty() {
+            return;
+        }
+        let ids: Vec<_> = going.iter().map(|run| run.trace_id).collect();
+        for id in self.cluster.lost(&self.replica_id, &ids).await {
+            tracing::error!(trace_id = %id, "another replica took this run over; stopping it here");
+            if let Some(run) = going.iter().find(|run| run.trace_id == id) {
+                run.hand_over.cancel();
+            }
+        }
+    }
+
     /// Whether another replica is alive to take over this one's runs.
     pub(in crate::chat) async fn others_alive(&self) -> bool {
         self.cluster.others_alive(&self.replica_id).await

@@ -39,6 +39,9 @@ pub trait Cluster: Send + Sync {
     /// Says this process (and so every run it holds, running or queued) is alive: one write
     /// per `runs.heartbeat_secs`, whatever the number of runs.
     async fn heartbeat(&self, replica_id: &str);
+    /// Of the runs going here, those another replica took over meanwhile (this one seemed
+    /// gone): they must stop here, without an end.
+    async fn lost(&self, replica_id: &str, going: &[TraceId]) -> Vec<TraceId>;
     /// Whether another replica is alive, to take over the runs this one leaves as it stops.
     async fn others_alive(&self, replica_id: &str) -> bool;
     /// Leaves this process's running runs to the others (it drains, and handed them over):
@@ -105,6 +108,10 @@ impl Cluster for Alone {
     }
 
     async fn heartbeat(&self, _replica_id: &str) {}
+
+    async fn lost(&self, _replica_id: &str, _going: &[TraceId]) -> Vec<TraceId> {
+        Vec::new()
+    }
 
     async fn others_alive(&self, _replica_id: &str) -> bool {
         false
@@ -177,6 +184,13 @@ impl Cluster for Replicas {
         if let Err(e) = self.store.heartbeat(replica_id, now()).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
+    }
+
+    async fn lost(&self, replica_id: &str, going: &[TraceId]) -> Vec<TraceId> {
+        self.store.held_elsewhere(going, replica_id).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not check that this replica still holds its runs");
+            Vec::new()
+        })
     }
 
     async fn others_alive(&self, replica_id: &str) -> bool {

@@ -84,6 +84,13 @@ where
         .await
     }
 
+    async fn held_elsewhere(&self, traces: &[TraceId], replica_id: &str) -> Result<Vec<TraceId>, StoreError> {
+        if traces.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.running_elsewhere(traces, replica_id).await
+    }
+
     async fn others_alive(&self, replica_id: &str, quiet_since: DateTime<Utc>) -> Result<bool, StoreError> {
         let alive: Vec<(String,)> =
             sqlx::query_as("select replica from replicas where replica <> $1 and beat_at >= $2 limit 1")

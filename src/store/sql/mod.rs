@@ -114,6 +114,13 @@ pub(super) trait Backend: Send + Sync + 'static {
     /// See [`Store::notify`] and [`Store::notices`].
     fn tell(&self, notice: Notice) -> impl Future<Output = Result<(), StoreError>> + Send;
     fn listen(&self) -> impl Future<Output = Result<Option<BoxStream<'static, Notice>>, StoreError>> + Send;
+    /// See [`Store::held_elsewhere`] (a list of ids is bound by each backend: generic code
+    /// cannot read what a built query returns).
+    fn running_elsewhere(
+        &self,
+        traces: &[TraceId],
+        replica_id: &str,
+    ) -> impl Future<Output = Result<Vec<TraceId>, StoreError>> + Send;
     /// See [`Store::hears_others`].
     fn listening(&self) -> bool;
     /// See [`Store::lock_bytes`].

@@ -232,6 +232,18 @@ impl Backend for SqliteStore {
         Ok(())
     }
 
+    async fn running_elsewhere(&self, traces: &[TraceId], replica_id: &str) -> Result<Vec<TraceId>, StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new("select id from traces where coalesce(replica_id, '') <> ");
+        query.push_bind(replica_id).push(" and status = 'running' and id in (");
+        let mut ids = query.separated(", ");
+        for id in traces {
+            ids.push_bind(*id);
+        }
+        query.push(")");
+        let rows: Vec<(TraceId,)> = query.build_query_as().fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
     async fn log_within(
         &self,
         conn: &mut SqliteConnection,

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Runs that outlive their server (CONTRACT.md §19), measured on Postgres with real processes:
+
+  delay   how long after a `kill -9` of the replica running it a run goes on on the other
+          replica (its first event there, "Continued on another server"): median and worst
+          of --trials kills, for each --settings pair heartbeat_secs:takeover_after_secs
+  beat    the steady cost of heartbeats: statements per second on the database and CPU of
+          two replicas, idle, then holding --runs running runs (idle answers)
+
+Usage: loadtest/takeover.py [--postgres URL] [--trials 20] [--settings 2:10,0.5:2] [--runs 1000]
+                            [--chatd BIN] [--parts delay,beat]
+
+--postgres names a database whose server allows CREATE DATABASE (a database of its own is
+made beside it and dropped after). The release binary is built when --chatd is not given.
+"""
+import argparse, json, os, signal, socket, subprocess, sys, tempfile, time, urllib.request
+from datetime import datetime
+from statistics import median
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def psql(url, *sql):
+    args = ["psql", url, "-qAt"]
+    for statement in sql:
+        args += ["-c", statement]
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def fresh_database(url, name):
+    base, _, _ = url.rpartition("/")
+    psql(url, f"drop database if exists {name}", f"create database {name}")
+    return f"{base}/{name}"
+
+
+class Replica:
+    def __init__(self, binary, database, extra=""):
+        self.dir = tempfile.mkdtemp(prefix="chatd-takeover-")
+        self.port = free_port()
+        config = os.path.join(self.dir, "chatd.toml")
+        with open(config, "w") as f:
+            f.write(f'[server]\nport = {self.port}\n[database]\nurl = "{database}"\n'
+                    f"[limits]\nmax_concurrent_runs_per_user = 100000\nrequests_per_minute = 0\n{extra}")
+        self.process = subprocess.Popen([binary, "--config", config], env={**os.environ, "RUST_LOG": "error"},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.base = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.base}/readyz", timeout=2)
+                return
+            except Exception:
+                if time.time() > deadline:
+                    raise SystemExit("chatd never became ready")
+                time.sleep(0.05)
+
+    def start_run(self, message, user="bench"):
+        """Starts a run and leaves its stream after its first event (the run goes on)."""
+        body = json.dumps({"message": message}).encode()
+        request = urllib.request.Request(f"{self.base}/api/chat/stream", data=body,
+                                         headers={"content-type": "application/json", "x-client-id": user})
+        response = urllib.request.urlopen(request, timeout=30)
+        trace_id = None
+        for line in response:
+            if line.startswith(b"data:"):
+                event = json.loads(line[5:])
+                if event["type"] == "start":
+                    trace_id = event["trace_id"]
+                if event["type"] == "text_delta":
+                    break
+        response.close()
+        return trace_id
+
+    def trace(self, trace_id):
+        request = urllib.request.Request(f"{self.base}/api/trace/{trace_id}", headers={"x-client-id": "bench"})
+        return json.loads(urllib.request.urlopen(request, timeout=10).read())
+
+    def cpu(self):
+        with open(f"/proc/{self.process.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+
+def at(text):
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def delays(binary, url, beat, after, trials):
+    database = fresh_database(url, "bench_takeover_delay")
+    extra = f"[runs]\nheartbeat_secs = {beat}\ntakeover_after_secs = {after}\n"
+    survivor = Replica(binary, database, extra)
+    measured = []
+    try:
+        for _ in range(trials):
+            doomed = Replica(binary, database, extra)
+            trace_id = doomed.start_run("[mock:words=2000] [mock:delay=50] [mock:think=off]")
+            time.sleep(0.5)
+            killed = time.time()
+            doomed.kill()
+            deadline = killed + after * 3 + 10
+            while True:
+                events = survivor.trace(trace_id)["events"]
+                go_on = [e for e in events if e["type"] == "status" and e["data"]["message"] == "Continued on another server"]
+                if go_on:
+                    measured.append(at(go_on[0]["at"]) - killed)
+                    break
+                if time.time() > deadline:
+                    raise SystemExit(f"{trace_id} was never taken over")
+                time.sleep(0.05)
+    finally:
+        survivor.kill()
+        psql(url, "drop database if exists bench_takeover_delay with (force)")
+    return measured
+
+
+def beat_cost(binary, url, runs, seconds=30):
+    database = fresh_database(url, "bench_takeover_beat")
+    name = "bench_takeover_beat"
+    replicas = [Replica(binary, database), Replica(binary, database)]
+
+    def window():
+        stat = f"select xact_commit + xact_rollback, tup_updated, tup_inserted from pg_stat_database where datname = '{name}'"
+        before = [int(v) for v in psql(url, stat).split("|")]
+        cpu = [r.cpu() for r in replicas]
+        time.sleep(seconds)
+        after = [int(v) for v in psql(url, stat).split("|")]
+        used = sum(r.cpu() for r in replicas) - sum(cpu)
+        return [(a - b) / seconds for a, b in zip(after, before)], used / seconds * 100
+
+    try:
+        idle = window()
+        for i in range(runs):
+            replicas[0].start_run("[mock:words=2] [mock:delay=3600000] [mock:think=off]", user=f"u{i % 50}")
+        time.sleep(5)
+        held = window()
+    finally:
+        for r in replicas:
+            r.kill()
+        psql(url, f"drop database if exists {name} with (force)")
+    return idle, held
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--postgres", default=os.environ.get("CHATD_TEST_POSTGRES_URL", "postgres://postgres:postgres@127.0.0.1:5432/test"))
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--settings", default="2:10,0.5:2")
+    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--chatd")
+    ap.add_argument("--parts", default="delay,beat")
+    args = ap.parse_args()
+    binary = args.chatd
+    if not binary:
+        subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "chatd"], cwd=ROOT, check=True)
+        binary = os.path.join(ROOT, "target", "release", "chatd")
+    parts = args.parts.split(",")
+    if "delay" in parts:
+        print("take-over delay after kill -9 (s), from the kill to the run's first event on the other replica")
+        for pair in args.settings.split(","):
+            beat, after = (float(v) for v in pair.split(":"))
+            measured = sorted(delays(binary, args.postgres, beat, after, args.trials))
+            print(f"  heartbeat_secs={beat:g} takeover_after_secs={after:g}: median {median(measured):.2f}, "
+                  f"worst {measured[-1]:.2f}, best {measured[0]:.2f} (of {len(measured)})")
+    if "beat" in parts:
+        (idle, idle_cpu), (held, held_cpu) = beat_cost(binary, args.postgres, args.runs)
+        print(f"heartbeats of two replicas (defaults), per second over 30 s:")
+        print(f"  no runs:        {idle[0]:6.2f} transactions, {idle[1]:7.1f} rows updated, CPU {idle_cpu:5.2f} % of a core")
+        print(f"  {args.runs} runs held: {held[0]:6.2f} transactions, {held[1]:7.1f} rows updated, CPU {held_cpu:5.2f} % of a core")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
