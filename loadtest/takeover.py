@@ -13,7 +13,7 @@ Usage: loadtest/takeover.py [--postgres URL] [--trials 20] [--settings 2:10,0.5:
 --postgres names a database whose server allows CREATE DATABASE (a database of its own is
 made beside it and dropped after). The release binary is built when --chatd is not given.
 """
-import argparse, json, os, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, random, signal, socket, subprocess, sys, tempfile, time, urllib.request
 from datetime import datetime
 from statistics import median
 
@@ -37,7 +37,7 @@ def psql(url, *sql):
 
 def fresh_database(url, name):
     base, _, _ = url.rpartition("/")
-    psql(url, f"drop database if exists {name}", f"create database {name}")
+    psql(url, f"drop database if exists {name} with (force)", f"create database {name}")
     return f"{base}/{name}"
 
 
@@ -62,8 +62,9 @@ class Replica:
                     raise SystemExit("chatd never became ready")
                 time.sleep(0.05)
 
-    def start_run(self, message, user="bench"):
-        """Starts a run and leaves its stream after its first event (the run goes on)."""
+    def start_run(self, message, user="bench", until="text_delta"):
+        """Starts a run and leaves its stream at its first event of type `until` (the run
+        goes on)."""
         body = json.dumps({"message": message}).encode()
         request = urllib.request.Request(f"{self.base}/api/chat/stream", data=body,
                                          headers={"content-type": "application/json", "x-client-id": user})
@@ -74,7 +75,7 @@ class Replica:
                 event = json.loads(line[5:])
                 if event["type"] == "start":
                     trace_id = event["trace_id"]
-                if event["type"] == "text_delta":
+                if event["type"] == until:
                     break
         response.close()
         return trace_id
@@ -107,7 +108,9 @@ def delays(binary, url, beat, after, trials):
         for _ in range(trials):
             doomed = Replica(binary, database, extra)
             trace_id = doomed.start_run("[mock:words=2000] [mock:delay=50] [mock:think=off]")
-            time.sleep(0.5)
+            # At any point of both replicas' beats (else each trial would begin in step with
+            # the survivor's beat that took the previous one over).
+            time.sleep(0.5 + random.uniform(0, 2 * beat))
             killed = time.time()
             doomed.kill()
             deadline = killed + after * 3 + 10
@@ -133,17 +136,21 @@ def beat_cost(binary, url, runs, seconds=30):
 
     def window():
         stat = f"select xact_commit + xact_rollback, tup_updated, tup_inserted from pg_stat_database where datname = '{name}'"
+        tables = "select relname, n_tup_upd from pg_stat_user_tables"
         before = [int(v) for v in psql(url, stat).split("|")]
+        updated = dict(line.split("|") for line in psql(database, tables).splitlines())
         cpu = [r.cpu() for r in replicas]
         time.sleep(seconds)
         after = [int(v) for v in psql(url, stat).split("|")]
         used = sum(r.cpu() for r in replicas) - sum(cpu)
+        changed = {t: int(n) - int(updated.get(t, 0)) for t, n in (l.split("|") for l in psql(database, tables).splitlines())}
+        print("    rows updated by table:", {t: n for t, n in changed.items() if n})
         return [(a - b) / seconds for a, b in zip(after, before)], used / seconds * 100
 
     try:
         idle = window()
         for i in range(runs):
-            replicas[0].start_run("[mock:words=2] [mock:delay=3600000] [mock:think=off]", user=f"u{i % 50}")
+            replicas[0].start_run("[mock:words=2] [mock:delay=3600000] [mock:think=off]", user=f"u{i % 50}", until="start")
         time.sleep(5)
         held = window()
     finally:
