@@ -9,7 +9,8 @@
 //! `[mock:words=N]` answer with N words; `[mock:delay=MS]` pause between chunks;
 //! `[mock:think=off]` no thinking; `[mock:error=KIND]` fail before any output, KIND one of
 //! `unauthorized`, `rate_limited`, `unavailable`, `network`, `parse`; `[mock:fail_after=N]`
-//! fail after N text chunks; `[mock:tool=NAME {"arg": …}]` call a tool (several of them: a
+//! fail after N text chunks; `[mock:fail_once_after=N]` the same, on the first try of each
+//! model call of a run only (a retry answers); `[mock:tool=NAME {"arg": …}]` call a tool (several of them: a
 //! parallel turn), then, once the results are back, answer with what the tools said;
 //! `[mock:loop]` call the tools again on every turn (to reach `max_iterations`).
 
@@ -27,6 +28,9 @@ use crate::domain::Usage;
 
 pub struct MockProvider {
     settings: MockSettings,
+    /// The model calls (a user message, and how far its run got) that failed once already
+    /// (`fail_once_after`).
+    failed_once: std::sync::Mutex<std::collections::HashSet<(crate::ids::MessageId, usize)>>,
 }
 
 /// What one call will do, decided before it streams.
@@ -37,6 +41,7 @@ struct Script {
     delay: Duration,
     error: Option<ProviderErrorKind>,
     fail_after: Option<usize>,
+    fail_once_after: Option<usize>,
     tools: Vec<(String, String)>,
     repeat_tools: bool,
 }
@@ -46,7 +51,7 @@ const WORDS: [&str; 12] =
 
 impl MockProvider {
     pub fn new(settings: MockSettings) -> Self {
-        Self { settings }
+        Self { settings, failed_once: Default::default() }
     }
 
     fn script(&self, message: &str) -> Script {
@@ -73,6 +78,7 @@ impl MockProvider {
                 ("delay", ms) => script.delay = Duration::from_millis(ms.parse().unwrap_or(0)),
                 ("think", "off") => script.thinking = None,
                 ("fail_after", n) => script.fail_after = n.parse().ok(),
+                ("fail_once_after", n) => script.fail_once_after = n.parse().ok(),
                 ("tool", call) => {
                     let (name, args) = call.split_once(char::is_whitespace).unwrap_or((call, "{}"));
                     script.tools.push((name.to_owned(), args.trim().to_owned()));
@@ -150,16 +156,22 @@ fn error_message(kind: ProviderErrorKind) -> &'static str {
 #[async_trait]
 impl LlmProvider for MockProvider {
     async fn stream(&self, request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
-        let (last_user, files) = request
+        let (asked, last_user, files) = request
             .messages
             .iter()
             .rev()
             .find_map(|m| match m {
-                InputMessage::User { text, files, .. } => Some((text.as_str(), files.as_slice())),
+                InputMessage::User { id, text, files } => Some((Some(*id), text.as_str(), files.as_slice())),
                 _ => None,
             })
             .unwrap_or_default();
         let mut script = self.script(last_user);
+        if let (Some(n), Some(asked)) = (script.fail_once_after, asked) {
+            let call = (asked, request.messages.len());
+            if self.failed_once.lock().expect("mock lock").insert(call) {
+                script.fail_after = Some(n);
+            }
+        }
         for file in files {
             script.text.push_str(&format!(" [{}]", acknowledge(file)));
         }

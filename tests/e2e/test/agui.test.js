@@ -101,6 +101,26 @@ test("a tool call with thinking: the agent's messages and result are chatd's sto
   assert.ok(usage.length >= 1, "usage as a CUSTOM event");
 });
 
+test("a model call that fails mid-answer and is made again: CUSTOM step_reset, then the answer that survived", async () => {
+  const user = "agui-retry";
+  const threadId = newThread();
+  const a = agent(user, threadId, "Retry me [mock:words=30] [mock:fail_once_after=3] [mock:think=off]");
+  const { events, result, error } = await run(a);
+  assert.equal(error, undefined, error?.stack);
+  const types = events.map((e) => e.type);
+  assert.equal(types.at(-1), "RUN_FINISHED");
+  const reset = events.findIndex((e) => e.type === "CUSTOM" && e.name === "step_reset");
+  assert.ok(reset > 0, `a step_reset: ${types.join(" ")}`);
+  assert.equal(events[reset].value.step, 0);
+  assert.equal(types.slice(reset + 1).find((t) => t === "STEP_STARTED"), "STEP_STARTED", "the step again");
+  const answer = (await conversationOf(user, threadId)).messages[1];
+  assert.equal(result.message, answer.content);
+  assert.equal(answer.content.split(" ").length, 30);
+  // What came after the reset is the answer: a client drops the voided message.
+  const after = events.slice(reset).filter((e) => e.type === "TEXT_MESSAGE_CONTENT").map((e) => e.delta).join("");
+  assert.equal(after, answer.content);
+});
+
 test("the same thread is the same conversation", async () => {
   const user = "agui-thread";
   const threadId = newThread();

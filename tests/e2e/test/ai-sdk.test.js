@@ -272,6 +272,39 @@ for (const [name, ai] of Object.entries(versions)) {
       assert.equal(again.status, 409, "nothing runs any more");
     });
 
+    test("a model call that fails mid-answer is made again: data-step-reset, then the answer that survived", async () => {
+      const user = `ui-retry-${name}`;
+      const chatId = newChat(name);
+      const stream = await transport(ai, user).sendMessages({
+        chatId,
+        messages: [userMessage("u1", "Retry me [mock:words=30] [mock:fail_once_after=3] [mock:think=off]")],
+        trigger: "submit-message",
+        abortSignal: undefined,
+      });
+      const [forMessage, forChunks] = stream.tee();
+      const chunks = [];
+      const reading = (async () => {
+        for await (const chunk of forChunks) chunks.push(chunk);
+      })();
+      const { message, errors } = await rebuild(ai, forMessage);
+      await reading;
+      assert.deepEqual(errors, []);
+      const reset = chunks.find((c) => c.type === "data-step-reset");
+      assert.ok(reset, `a data-step-reset: ${chunks.map((c) => c.type).join(" ")}`);
+      assert.equal(reset.data.step, 0);
+      assert.equal(reset.transient, true, "seen by onData, not kept in the message");
+      const answer = (await stored(user, message.metadata.conversation_id)).messages[1];
+      assert.equal(message.id, answer.id, "one message");
+      assert.equal(answer.content.split(" ").length, 30);
+      // The voided step's text part is the one before the reset (a frontend drops it in
+      // onData); the last is the answer.
+      const texts = message.parts.filter((p) => p.type === "text");
+      assert.equal(texts.at(-1).text, answer.content);
+      // A resume once it ended has nothing to stream; a run still going replays without
+      // the voided part (see the resume tests).
+      assert.equal(await transport(ai, user).reconnectToStream({ chatId }), null);
+    });
+
     test("after a dropped connection, reconnecting gives the whole message once; then 204", async () => {
       const user = `ui-resume-${name}`;
       const chatId = newChat(name);
