@@ -86,9 +86,15 @@ both_backends! {
         let after = survivor.resume(&trace_id, seen_up_to).await;
         let continued_in = killed_at.elapsed();
         assert_one_stream(&before, &after);
-        assert_eq!(after[0].kind(), "step_reset", "what the client saw of the step is void first: {:?}", after[0]);
-        assert_eq!(after[0].data["step"], 0);
-        assert_eq!(after[1].data, json!({"type": "status", "message": setup.continued_status()}));
+        // What the dead process logged beyond what the client read comes first (a slow
+        // client), then the continuation: the step it saw in part is void, then the status.
+        let resets: Vec<usize> = (0..after.len()).filter(|&i| after[i].kind() == "step_reset").collect();
+        assert_eq!(resets.len(), 1, "{:?}", after.iter().map(Frame::kind).collect::<Vec<_>>());
+        let reset = resets[0];
+        assert_eq!(after[reset].data["step"], 0);
+        let voided = after[..reset].iter().all(|f| matches!(f.kind(), "text_delta" | "step_start" | "status"));
+        assert!(voided, "only the voided step's events before it");
+        assert_eq!(after[reset + 1].data, json!({"type": "status", "message": setup.continued_status()}));
         let all: Vec<Frame> = before.iter().chain(&after).cloned().collect();
         let complete = &all.iter().find(|f| f.kind() == "complete").unwrap().data["payload"];
         let answer = complete["message"].as_str().unwrap();
@@ -203,8 +209,8 @@ async fn sigterm_hands_running_runs_over_to_a_live_replica_instead_of_cancelling
     let survivor = setup.survivor().await;
     let after = survivor.resume(&trace_id, before.last().unwrap().id).await;
     assert_one_stream(&before, &after);
-    assert_eq!(after[0].kind(), "step_reset");
-    assert_eq!(after[1].data, json!({"type": "status", "message": "Continued on another server"}));
+    let reset = after.iter().position(|f| f.kind() == "step_reset").expect("the step it saw in part is void");
+    assert_eq!(after[reset + 1].data, json!({"type": "status", "message": "Continued on another server"}));
     let all: Vec<Frame> = before.iter().chain(&after).cloned().collect();
     let answer =
         all.iter().find(|f| f.kind() == "complete").unwrap().data["payload"]["message"].as_str().unwrap().to_owned();
@@ -232,7 +238,7 @@ async fn a_rolling_restart_of_two_replicas_under_50_runs_loses_none() {
     let (mut answers, mut queued) = (Vec::new(), Vec::new());
     for i in 0..40 {
         let replica = if i % 2 == 0 { &a } else { &b };
-        let message = format!("Answer {i} [mock:words=250] [mock:delay=20] [mock:think=off]");
+        let message = format!("Answer {i} [mock:words=250] [mock:delay=40] [mock:think=off]");
         let answer = first_event(replica, json!({"message": message}), "text_delta").await.0;
         if i < 5 {
             let conversation_id = answer["conversation_id"].clone();
