@@ -1,6 +1,6 @@
-//! What keeps runs honest across processes and crashes: this process's heartbeat, the runs
-//! of processes that died (continued by `takeover`, or marked `interrupted` with their logged
-//! text kept as a partial message), cancels asked by other replicas, and the shutdown drain.
+//! What keeps runs honest across processes: this process's heartbeat (and, at each beat, the
+//! runs of processes that died, continued by `takeover`), cancels asked by other replicas,
+//! and the shutdown drain.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,58 +12,7 @@ use super::takeover::Takeover;
 use crate::chat::live::cluster::Cluster;
 use crate::chat::live::news::RunNews;
 use crate::chat::live::runs::Runs;
-use crate::domain::{Message, Role, RunError, TraceStatus, now};
-use crate::events::Event;
-use crate::store::{Notice, RunFinish, RunningTrace, Store};
-
-/// Closes a run whose process is gone as `interrupted` (CONTRACT.md §9, where
-/// `runs.continue_after_restart` is off), keeping what it had logged as a partial answer;
-/// whether this process closed it (another may have first).
-pub(in crate::chat) async fn interrupt_left(store: &Arc<dyn Store>, orphan: &RunningTrace) -> bool {
-    match interrupt(store, orphan).await {
-        Ok(closed) => closed,
-        Err(e) => {
-            tracing::error!(error = %e, trace_id = %orphan.trace.trace_id, "could not mark a run interrupted");
-            false
-        }
-    }
-}
-
-async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool, crate::store::StoreError> {
-    let trace = &orphan.trace;
-    let events = store.trace_events(trace.trace_id, 0).await?;
-    let (mut text, mut thinking) = (String::new(), String::new());
-    for logged in &events {
-        match &logged.event {
-            Some(Event::TextDelta { text: piece }) => text.push_str(piece),
-            Some(Event::ThinkingDelta { text: piece }) => thinking.push_str(piece),
-            _ => {}
-        }
-    }
-    let mut message = Message::new(trace.conversation_id, Some(trace.user_message_id), Role::Assistant, String::new());
-    message.id = trace.message_id;
-    message.content = if text.is_empty() { "[interrupted]".to_owned() } else { format!("{text}\n\n[interrupted]") };
-    message.thinking = (!thinking.is_empty()).then_some(thinking);
-    message.cancelled = true;
-    message.model = Some(trace.model.clone());
-    message.trace_id = Some(trace.trace_id);
-    // Nobody hears it live: a replay of its log adds the ending it never sent.
-    let record = RunFinish {
-        trace_id: trace.trace_id,
-        status: TraceStatus::Interrupted,
-        ended_at: now(),
-        usage: trace.usage.unwrap_or_default(),
-        error: Some(RunError::new("INTERRUPTED", "The server stopped during the run", Some(text))),
-        spans: trace.spans.clone(),
-        assistant_message: Some(message),
-    };
-    if !crate::chat::live::ending::save(store, record).await {
-        return Ok(false);
-    }
-    // Whoever follows or cancels it from another process learns that it ended.
-    store.notify(Notice::Logged(trace.trace_id)).await?;
-    Ok(true)
-}
+use crate::store::Notice;
 
 /// Says this process is alive (one write per `runs.heartbeat_secs`), continues the runs of
 /// replicas that went quiet (shared stores), cancels local runs that other replicas ask to

@@ -14,7 +14,9 @@ use crate::chat::live::runs::Runs;
 use crate::chat::run::agent::{self, Checkpoint, Continuation, Start};
 use crate::chat::run::plan::{Asked, Planner};
 use crate::chat::shared::Shared;
-use crate::store::{Notice, RunningTrace, Store};
+use crate::domain::{Message, Role, RunError, TraceStatus, now};
+use crate::events::Event;
+use crate::store::{Notice, RunFinish, RunningTrace, Store};
 
 /// The `status` a run continued by another replica than the one that started it sends.
 pub const CONTINUED_ELSEWHERE: &str = "Continued on another server";
@@ -93,7 +95,7 @@ impl Takeover {
     pub(in crate::chat) async fn recover(&self, at_start: bool) -> usize {
         if at_start {
             // Replicas gone for a day are forgotten (one row each).
-            let long_ago = crate::domain::now() - chrono::Duration::days(1);
+            let long_ago = now() - chrono::Duration::days(1);
             if let Err(e) = self.store.forget_replicas(long_ago).await {
                 tracing::warn!(error = %e, "could not forget the replicas gone long ago");
             }
@@ -103,7 +105,7 @@ impl Takeover {
         for run in left {
             let taken = match self.continue_runs {
                 true => self.take_over(run).await,
-                false => super::lifecycle::interrupt_left(&self.store, &run).await,
+                false => interrupt_left(&self.store, &run).await,
             };
             recovered += usize::from(taken);
         }
@@ -185,4 +187,53 @@ fn read_checkpoint(stored: Option<serde_json::Value>) -> (Option<Checkpoint>, As
         Ok(checkpoint) => (Some(checkpoint), Asked::default()),
         Err(_) => (None, serde_json::from_value(stored).unwrap_or_default()),
     }
+}
+
+/// Closes a run whose process is gone as `interrupted` (CONTRACT.md §9, where
+/// `runs.continue_after_restart` is off), keeping what it had logged as a partial answer;
+/// whether this process closed it (another may have first).
+async fn interrupt_left(store: &Arc<dyn Store>, orphan: &RunningTrace) -> bool {
+    match interrupt(store, orphan).await {
+        Ok(closed) => closed,
+        Err(e) => {
+            tracing::error!(error = %e, trace_id = %orphan.trace.trace_id, "could not mark a run interrupted");
+            false
+        }
+    }
+}
+
+async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool, crate::store::StoreError> {
+    let trace = &orphan.trace;
+    let events = store.trace_events(trace.trace_id, 0).await?;
+    let (mut text, mut thinking) = (String::new(), String::new());
+    for logged in &events {
+        match &logged.event {
+            Some(Event::TextDelta { text: piece }) => text.push_str(piece),
+            Some(Event::ThinkingDelta { text: piece }) => thinking.push_str(piece),
+            _ => {}
+        }
+    }
+    let mut message = Message::new(trace.conversation_id, Some(trace.user_message_id), Role::Assistant, String::new());
+    message.id = trace.message_id;
+    message.content = if text.is_empty() { "[interrupted]".to_owned() } else { format!("{text}\n\n[interrupted]") };
+    message.thinking = (!thinking.is_empty()).then_some(thinking);
+    message.cancelled = true;
+    message.model = Some(trace.model.clone());
+    message.trace_id = Some(trace.trace_id);
+    // Nobody hears it live: a replay of its log adds the ending it never sent.
+    let record = RunFinish {
+        trace_id: trace.trace_id,
+        status: TraceStatus::Interrupted,
+        ended_at: now(),
+        usage: trace.usage.unwrap_or_default(),
+        error: Some(RunError::new("INTERRUPTED", "The server stopped during the run", Some(text))),
+        spans: trace.spans.clone(),
+        assistant_message: Some(message),
+    };
+    if !crate::chat::live::ending::save(store, record).await {
+        return Ok(false);
+    }
+    // Whoever follows or cancels it from another process learns that it ended.
+    store.notify(Notice::Logged(trace.trace_id)).await?;
+    Ok(true)
 }
