@@ -5,6 +5,7 @@
 //! are read.
 
 mod body;
+mod resume;
 mod stream;
 
 use axum::Router;
@@ -98,7 +99,7 @@ fn without_voided(mut frames: BoxStream<'static, Frame>, said: u64) -> impl Stre
             let Some(frame) = frames.next().await else { break };
             replayed.push(frame);
         }
-        for frame in stream::drop_voided(replayed) {
+        for frame in resume::drop_voided(replayed) {
             yield frame;
         }
         while let Some(frame) = frames.next().await {

@@ -1,0 +1,330 @@
+//! One model call: one step of a run (CONTRACT.md §19). Its context fitted (and summarised),
+//! its files read, its output streamed out as events and into the run's output; a call that
+//! fails retryably is made again or answered by a fallback, and only the attempt that
+//! answers is kept.
+
+use futures_util::{FutureExt, StreamExt};
+use tokio_util::sync::CancellationToken;
+
+use super::{Ending, Output, RunPlan};
+use crate::chat::live::runs::Emitter;
+use crate::chat::run::context;
+use crate::chat::run::turn::{Turn, TurnOutput};
+use crate::domain::{AssistantTurn, CallStatus, ContextStrategy, LlmAttributes, Span, SpanTiming, Usage, now};
+use crate::events::Event;
+use crate::providers::transport;
+use crate::providers::{InputMessage, ModelRequest};
+use crate::wake::when_woken;
+
+/// One model call (one step, CONTRACT.md §19), streamed out as events and into `output`. A
+/// call that fails retryably after output is made again (the provider's retries), its
+/// output void (`step_reset`); one that fails retryably otherwise (before output, after its
+/// retries) goes to the plan's next fallback, and the run goes on with the model that
+/// answers. Only the attempt that answers is kept.
+pub(super) async fn call_model(
+    plan: &mut RunPlan,
+    emitter: &mut Emitter,
+    cancel: &CancellationToken,
+    output: &mut Output,
+    markers: Vec<String>,
+) -> Ending {
+    let started_at = now();
+    let step = output.thinking_calls.0;
+    emitter.emit(Event::StepStart { step });
+    emitter.emit(Event::Status { message: crate::events::THINKING_STATUS.to_owned() });
+    let messages = &plan.request.messages;
+    let protected = messages.iter().rposition(InputMessage::is_user).map_or(messages.len(), |i| messages.len() - i);
+    let mut fitted = context::fit(&plan.request, plan.context_limit, protected);
+    if plan.summarize_dropped {
+        summarize(plan, &mut fitted).await;
+    }
+    if output.spans.is_empty() || fitted.state.is_some() {
+        plan.context.record(fitted.state.as_ref()).await;
+    }
+    // Only the files of the messages kept are read.
+    if let Err(error) = plan.files.read(&mut fitted.request).await {
+        return Ending::Failed(error);
+    }
+    output.thinking_calls.0 += 1;
+    let (mut turn, mut started_at) = (Turn::new(output.tool_history.len() as u32, markers.clone()), started_at);
+    let mut retried = 0;
+    let ending = loop {
+        let (shown, shown_output) = (emitter.seq(), Shown::of(output));
+        emitter.hold(true);
+        let ending = tokio::select! {
+            biased;
+            () = when_woken(cancel.cancelled()) => Ending::Cancelled,
+            ending = stream_turn(plan, &fitted.request, emitter, &mut turn, output) => ending,
+        };
+        emitter.hold(false);
+        let Ending::Failed(error) = &ending else { break ending };
+        let after_output = emitter.seq() != shown;
+        // After output the same model is asked again while its provider's retries last
+        // (before output, the transport has tried already); then the next fallback.
+        let again = after_output && retried < plan.retries.max;
+        if !error.retryable || !again && plan.fallbacks.is_empty() {
+            break ending;
+        }
+        output.spans.push(failed_call(&fitted.request.model, started_at, &ending));
+        let wait = plan.retries.wait(retried, error.retry_after);
+        let reason = error.message.clone();
+        if after_output {
+            shown_output.restore(output);
+            emitter.emit(Event::StepReset { step, reason });
+            emitter.emit(Event::StepStart { step });
+        }
+        if again {
+            retried += 1;
+            tracing::warn!(error = %error, attempt = retried, "model call failed after output; asking again");
+            tokio::select! {
+                biased;
+                () = when_woken(cancel.cancelled()) => break Ending::Cancelled,
+                () = tokio::time::sleep(wait) => {}
+            }
+        } else {
+            let fallback = plan.fallbacks.remove(0);
+            tracing::warn!(
+                error = %error, profile = %plan.profile, fallback = %fallback.profile,
+                "model call failed; its fallback answers"
+            );
+            fallback.ask(&mut fitted.request);
+            fallback.ask(&mut plan.request);
+            (plan.provider, plan.provider_id, plan.retries) =
+                (fallback.provider, fallback.provider_id, fallback.retries);
+            emitter.emit(Event::Status { message: format!("Answering with {}", fallback.model) });
+            retried = 0;
+        }
+        (turn, started_at) = (Turn::new(output.tool_history.len() as u32, markers.clone()), now());
+    };
+    if matches!(ending, Ending::Cancelled) {
+        let mut held = Vec::new();
+        turn.flush(&mut held);
+        for event in held {
+            emit_content(emitter, output, event);
+        }
+    }
+    let ended_at = now();
+    let mut turn = turn.output;
+    estimate_missing_usage(&mut turn, &fitted.request);
+    output.usage.add(&turn.usage);
+    output.raw_text.push_str(&turn.raw_text);
+    output.captured.extend(turn.captured);
+    output.warnings.extend(
+        turn.invalid_markers.into_iter().map(|m| format!("marker left in the text, its JSON did not parse: {m}")),
+    );
+    if let Some(reason) = &turn.finish_reason {
+        output.finish_reason.clone_from(reason);
+    }
+    output.spans.push(Span::Llm {
+        timing: SpanTiming::new(format!("chat {}", plan.request.model), started_at, ended_at),
+        status: status_of(&ending),
+        attributes: LlmAttributes {
+            operation_name: "chat".to_owned(),
+            request_model: plan.request.model.clone(),
+            input_tokens: turn.usage.input_tokens,
+            output_tokens: turn.usage.output_tokens,
+            usage_estimated: turn.usage.estimated,
+            finish_reasons: turn.finish_reason.iter().cloned().collect(),
+            context: fitted.state,
+            warnings: Vec::new(),
+        },
+    });
+    if turn.usage != Usage::default() {
+        let model = plan.request.model.clone();
+        metrics::counter!("chatd_tokens_total", "model" => model.clone(), "direction" => "input")
+            .increment(turn.usage.input_tokens);
+        metrics::counter!("chatd_tokens_total", "model" => model, "direction" => "output")
+            .increment(turn.usage.output_tokens);
+        // A call cut short by a failure or a cancel keeps its estimate in the trace (and a
+        // cancelled answer's message); its stream goes on to its terminal event without one.
+        if !turn.usage.estimated || matches!(ending, Ending::Completed) {
+            emitter.emit(Event::Usage(turn.usage));
+        }
+    }
+    output.turns.push(AssistantTurn {
+        text: turn.text,
+        thinking_blocks: turn.thinking_blocks,
+        tool_calls: turn.tool_calls,
+        tool_results: Vec::new(),
+    });
+    ending
+}
+
+/// What a model call's attempt adds to what the client has been shown: undone when the
+/// attempt's output is void (`step_reset`).
+struct Shown {
+    text: usize,
+    thinking: usize,
+    after_marker: bool,
+    thinking_calls: u32,
+}
+
+impl Shown {
+    fn of(output: &Output) -> Self {
+        Self {
+            text: output.text.len(),
+            thinking: output.thinking.len(),
+            after_marker: output.after_marker,
+            thinking_calls: output.thinking_calls.1,
+        }
+    }
+
+    fn restore(self, output: &mut Output) {
+        output.text.truncate(self.text);
+        output.thinking.truncate(self.thinking);
+        output.after_marker = self.after_marker;
+        output.thinking_calls.1 = self.thinking_calls;
+    }
+}
+
+/// The span of a model call's attempt that failed and was made again, or answered by a
+/// fallback.
+fn failed_call(model: &str, started_at: chrono::DateTime<chrono::Utc>, ending: &Ending) -> Span {
+    Span::Llm {
+        timing: SpanTiming::new(format!("chat {model}"), started_at, now()),
+        status: status_of(ending),
+        attributes: LlmAttributes {
+            operation_name: "chat".to_owned(),
+            request_model: model.to_owned(),
+            input_tokens: 0,
+            output_tokens: 0,
+            usage_estimated: false,
+            finish_reasons: Vec::new(),
+            context: None,
+            warnings: Vec::new(),
+        },
+    }
+}
+
+/// Replaces what trimming dropped by a summary the model writes, kept in the context state
+/// and written again only when more is dropped. A failed summary leaves the trim as it is.
+async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed) {
+    let Some(state) = fitted.state.as_mut() else { return };
+    let dropped = state.dropped;
+    if dropped == 0 {
+        return;
+    }
+    let stored = plan.context.stored().await;
+    let cached = stored.filter(|s| s.dropped_through == state.dropped_through).and_then(|s| s.summary);
+    let summary = match cached {
+        Some(summary) => summary,
+        None => {
+            let request = context::summary_request(&plan.request, &plan.request.messages[..dropped]);
+            let Some(summary) = crate::chat::run::turn::complete_text(&*plan.provider, &request).await else {
+                tracing::warn!("could not summarise the dropped context");
+                return;
+            };
+            summary
+        }
+    };
+    let prompt = fitted.request.system_prompt.get_or_insert_with(String::new);
+    prompt.push_str(&format!("\n\n## Earlier in this conversation\n{summary}"));
+    state.strategy = ContextStrategy::TrimOldestWithSummary;
+    state.summary = Some(summary);
+}
+
+/// Counts what the provider did not (CONTRACT.md §18: usage is never invented, and never
+/// zero for work done): a call that produced something, or finished, and came back without
+/// input or output tokens gets chatd's estimate of them, marked `estimated`. A call that
+/// failed before producing anything did no work to count.
+fn estimate_missing_usage(turn: &mut TurnOutput, request: &ModelRequest) {
+    let produced = !turn.raw_text.is_empty() || !turn.thinking.is_empty() || !turn.tool_calls.is_empty();
+    if !produced && turn.finish_reason.is_none() {
+        return;
+    }
+    if turn.usage.input_tokens == 0 {
+        turn.usage.input_tokens = context::request_tokens(request);
+        turn.usage.estimated = true;
+    }
+    if turn.usage.output_tokens == 0 && produced {
+        let calls: u64 =
+            turn.tool_calls.iter().map(|c| context::estimate(&c.name) + context::estimate(&c.input.to_string())).sum();
+        turn.usage.output_tokens = context::estimate(&turn.raw_text) + context::estimate(&turn.thinking) + calls;
+        turn.usage.estimated = true;
+    }
+}
+
+pub(super) fn status_of(ending: &Ending) -> CallStatus {
+    match ending {
+        Ending::Completed => CallStatus::Ok,
+        Ending::Cancelled => CallStatus::Cancelled,
+        Ending::Failed(_) | Ending::NotParked => CallStatus::Error,
+    }
+}
+
+async fn stream_turn(
+    plan: &RunPlan,
+    request: &ModelRequest,
+    emitter: &mut Emitter,
+    turn: &mut Turn,
+    output: &mut Output,
+) -> Ending {
+    let mut stream = match plan.provider.stream(request).await {
+        Ok(stream) => stream,
+        Err(error) => return Ending::Failed(error),
+    };
+    let mut events = Vec::new();
+    while let Some(event) = next_event(&mut stream, emitter).await {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => return Ending::Failed(error),
+        };
+        turn.apply(event, &mut events);
+        for event in events.drain(..) {
+            emit_content(emitter, output, event);
+        }
+        if turn.finished() {
+            return Ending::Completed;
+        }
+    }
+    // Adapters end their streams with an error when the terminal frame is missing; a
+    // provider that simply stops is one more case of the same.
+    Ending::Failed(transport::cut_off_error())
+}
+
+/// The provider's next event. What the turn emitted from what already arrived goes out
+/// before it waits for the network, so listeners get each burst at once, in one piece.
+async fn next_event<S: futures_util::Stream + Unpin>(stream: &mut S, emitter: &mut Emitter) -> Option<S::Item> {
+    if let Some(item) = stream.next().now_or_never() {
+        return item;
+    }
+    // The HTTP client hands a body over chunk by chunk from its connection task: give that
+    // task a turn before taking the provider for quiet.
+    tokio::task::yield_now().await;
+    if let Some(item) = stream.next().now_or_never() {
+        return item;
+    }
+    emitter.publish();
+    stream.next().await
+}
+
+/// Emits a turn's event, keeping `output` equal to what the client assembles.
+fn emit_content(emitter: &mut Emitter, output: &mut Output, event: Event) {
+    if matches!(event, Event::TextDelta { .. } | Event::ThinkingDelta { .. }) {
+        if let Some((started, model)) = output.awaiting_first_token.take() {
+            metrics::histogram!("chatd_time_to_first_token_seconds", "model" => model)
+                .record(started.elapsed().as_secs_f64());
+        }
+    }
+    match event {
+        Event::TextDelta { mut text } => {
+            if std::mem::take(&mut output.after_marker) {
+                text.insert_str(0, "\n\n");
+            }
+            output.text.push_str(&text);
+            emitter.emit(Event::TextDelta { text });
+        }
+        Event::ThinkingDelta { mut text } => {
+            // A later model call's thinking starts a paragraph of its own.
+            if output.thinking_calls.1 != output.thinking_calls.0 {
+                output.thinking_calls.1 = output.thinking_calls.0;
+                if !output.thinking.is_empty() {
+                    text.insert_str(0, "\n\n");
+                }
+            }
+            output.thinking.push_str(&text);
+            emitter.emit(Event::ThinkingDelta { text });
+        }
+        other => emitter.emit(other),
+    }
+}
