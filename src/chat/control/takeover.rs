@@ -129,18 +129,10 @@ impl Takeover {
                 return false;
             }
         };
-        let events = match self.store.trace_events(id, 0).await {
-            Ok(events) => events,
-            Err(e) => {
-                // Taken, and left to the next look: its heartbeat is this process's now, so
-                // nobody else takes it; a run that cannot be read is ended as an error.
-                tracing::error!(error = %e, trace_id = %id, "could not read the log of a run taken over");
-                Vec::new()
-            }
-        };
         // Its clients may have seen events the process that died published but never
         // logged: the continuation's numbers start above them (see `SEQ_GAP`).
-        let base = events.last().map_or(0, |e| e.seq as u64) + SEQ_GAP;
+        let logged = super::waits::last_seq(&*self.store, id).await;
+        let base = logged + SEQ_GAP;
         let (step, asked) = read_checkpoint(checkpoint);
         let plan = match &step {
             Some(checkpoint) => self.planner.replan(&trace, checkpoint),
@@ -156,7 +148,7 @@ impl Takeover {
         };
         match plan {
             Ok(plan) => {
-                if events.is_empty() {
+                if logged == 0 {
                     // It died before it logged its `start`: its followers from the log get it.
                     agent::announce(&plan, &mut emitter);
                 }
