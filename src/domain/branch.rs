@@ -78,8 +78,7 @@ pub fn place(
 ) -> Option<Placement> {
     let continues = |parent| Some(Placement { parent, regenerates: None });
     let Some(id) = named else {
-        let answer = going.iter().find(|t| t.variant.as_deref() != Some("b") && Some(t.user_message_id) == leaf);
-        return continues(answer.map_or(leaf, |run| Some(run.message_id)));
+        return continues(end_of_queue(history, going, leaf));
     };
     if going.iter().any(|t| t.message_id == id) {
         return continues(Some(id));
@@ -92,6 +91,27 @@ pub fn place(
         Role::User => continues(message.parent_id),
         _ => continues(Some(message.id)),
     }
+}
+
+/// Where the active branch ends once its going runs have answered: after the answer being
+/// written to the leaf, and after each message queued behind that answer in turn. The leaf
+/// and the runs are read apart, so the leaf may be older than the queue: a message queued
+/// meanwhile (on another replica) is found through its parent, not missed.
+fn end_of_queue(history: &[Message], going: &[Trace], leaf: Option<MessageId>) -> Option<MessageId> {
+    let on_a = |t: &&Trace| t.variant.as_deref() != Some("b");
+    let Some(mut answer) = going.iter().filter(on_a).find(|t| Some(t.user_message_id) == leaf).map(|t| t.message_id)
+    else {
+        return leaf;
+    };
+    // Each step takes a run off the queue: at most as many steps as runs.
+    for _ in 0..going.len() {
+        let asked_after = |t: &&Trace| history.iter().any(|m| m.id == t.user_message_id && m.parent_id == Some(answer));
+        match going.iter().filter(on_a).find(asked_after) {
+            Some(next) => answer = next.message_id,
+            None => break,
+        }
+    }
+    Some(answer)
 }
 
 /// The leaf a branch chosen at `message` ends at: down its newest descendants (CONTRACT.md
@@ -168,6 +188,13 @@ mod tests {
             false,
         );
         assert_eq!(queued.unwrap().parent, Some(going.message_id));
+        // A message queued behind that answer since the leaf was read (another replica's):
+        // after its answer, not beside it.
+        let next = Message::new(conversation, Some(going.message_id), Role::User, "next".into());
+        let next_going = answer_going(&next);
+        let (history, going_both) = (vec![question.clone(), next.clone()], [going.clone(), next_going.clone()]);
+        let behind_both = place(&history, &going_both, Some(question.id), None, "later", false);
+        assert_eq!(behind_both.unwrap().parent, Some(next_going.message_id));
         // The `b` side of a comparison is passed over.
         let b = Trace { variant: Some("b".into()), ..answer_going(&question) };
         let beside_b = place(std::slice::from_ref(&question), &[b], Some(question.id), None, "next", false);
