@@ -10,6 +10,7 @@ pub mod http;
 pub mod ids;
 pub mod metrics;
 pub mod pages;
+pub mod pricing;
 pub mod providers;
 pub mod store;
 pub mod tools;

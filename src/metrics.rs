@@ -2,7 +2,12 @@
 //! `chatd_http_requests_total{method,route,status}`, `chatd_active_runs`,
 //! `chatd_runs_total{status}`, `chatd_time_to_first_event_seconds{model}`,
 //! `chatd_tokens_total{model,direction}`, `chatd_tool_calls_total{tool,status}`,
-//! `chatd_provider_errors_total{code}`, `chatd_event_log_flush_seconds`.
+//! `chatd_provider_errors_total{code}`, `chatd_event_log_flush_seconds`; per profile
+//! (CONTRACT.md §18, §21): `chatd_profile_tokens_total{profile,kind}` (kind `input`,
+//! `output`, `cache_read`, `cache_write`), `chatd_cost_usd_total{profile}` (a gauge that only
+//! grows: Prometheus counters here are whole numbers) and
+//! `chatd_prompt_cache_hit_ratio{profile}` (the share of input tokens read from the
+//! provider's cache since start).
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -56,4 +61,36 @@ pub async fn track(request: Request, next: Next) -> Response {
         .increment(1);
     metrics::histogram!("chatd_http_request_seconds", "route" => route).record(started.elapsed().as_secs_f64());
     response
+}
+
+/// Counts one model call's tokens and cost for its profile, and updates the profile's cache
+/// hit ratio.
+pub fn record_call(profile: &str, usage: &crate::domain::Usage, cost_usd: Option<f64>) {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    /// Per profile: input tokens, and those read from the cache, since start.
+    static INPUT: Mutex<Option<HashMap<String, (u64, u64)>>> = Mutex::new(None);
+    let read = usage.cache_read_tokens.unwrap_or(0);
+    for (kind, n) in [
+        ("input", usage.input_tokens),
+        ("output", usage.output_tokens),
+        ("cache_read", read),
+        ("cache_write", usage.cache_write_tokens.unwrap_or(0)),
+    ] {
+        if n > 0 {
+            metrics::counter!("chatd_profile_tokens_total", "profile" => profile.to_owned(), "kind" => kind)
+                .increment(n);
+        }
+    }
+    if let Some(usd) = cost_usd {
+        metrics::gauge!("chatd_cost_usd_total", "profile" => profile.to_owned()).increment(usd);
+    }
+    if usage.input_tokens == 0 {
+        return;
+    }
+    let mut sums = INPUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (input, cached) = sums.get_or_insert_with(HashMap::new).entry(profile.to_owned()).or_default();
+    (*input, *cached) = (*input + usage.input_tokens, *cached + read);
+    metrics::gauge!("chatd_prompt_cache_hit_ratio", "profile" => profile.to_owned())
+        .set(*cached as f64 / *input as f64);
 }

@@ -69,6 +69,7 @@ impl ChatService {
         let shared = Shared {
             starts: StartWriter::start(store.clone()),
             cluster: cluster::for_store(store.clone(), news.clone(), settings.runs.takeover_after()),
+            prices: Arc::new(crate::pricing::Prices::from_settings(&settings)),
             settings,
             store,
             providers,

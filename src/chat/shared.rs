@@ -28,6 +28,8 @@ pub(in crate::chat) struct Shared {
     pub(in crate::chat) settings: Arc<Settings>,
     pub(in crate::chat) store: Arc<dyn Store>,
     pub(in crate::chat) providers: Providers,
+    /// What the providers' models cost (CONTRACT.md §18).
+    pub(in crate::chat) prices: Arc<crate::pricing::Prices>,
     pub(in crate::chat) tools: Arc<Registry>,
     pub(in crate::chat) runs: Runs,
     pub(in crate::chat) log: EventLog,

@@ -58,6 +58,9 @@ pub struct Settings {
     #[serde(default)]
     pub client_tools: BTreeMap<String, ClientToolSettings>,
     pub files: FileSettings,
+    /// Prices per model that override or add to the price table (CONTRACT.md §18).
+    #[serde(default)]
+    pub pricing: BTreeMap<String, ModelPricing>,
 }
 
 /// A secret string: deserialized as is, printed and serialized as `***`.
@@ -175,6 +178,8 @@ impl Settings {
                     // The mock acknowledges what it is sent, so a newcomer can try every kind.
                     modalities: vec![Modality::Text, Modality::Image, Modality::Pdf],
                     fallbacks: Vec::new(),
+                    prompt_cache: PromptCache::Auto,
+                    prompt_cache_ttl: CacheTtl::FiveMinutes,
                 },
             );
         }

@@ -215,6 +215,9 @@ pub struct AuthSettings {
     pub tokens_file: Option<PathBuf>,
     #[serde(default)]
     pub jwt: JwtSettings,
+    /// Users who may read every user's usage (`GET /api/usage?user=`, `group_by=user`).
+    #[serde(default)]
+    pub admins: Vec<String>,
 }
 
 /// Mode `jwt`: bearer JWTs signed with HS256 (a shared secret) or RS256 (a public key);
@@ -266,6 +269,36 @@ pub struct Limits {
     /// past them the address gets 429, whatever it sends, until its budget refills. 0: no
     /// limit.
     pub failed_auth_per_minute: u32,
+    /// Tokens (input and output) one user may spend per UTC day (CONTRACT.md §18); none:
+    /// no budget.
+    #[serde(default)]
+    pub budget_tokens_per_day: Option<u64>,
+    /// US dollars one user may spend per calendar month (UTC); none: no budget.
+    #[serde(default)]
+    pub budget_usd_per_month: Option<f64>,
+    /// Per-user budgets that replace the two above for that user.
+    #[serde(default)]
+    pub budgets: BTreeMap<String, Budget>,
+}
+
+/// One user's budgets (`limits.budgets.<user>`): each replaces the general one where given.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub tokens_per_day: Option<u64>,
+    pub usd_per_month: Option<f64>,
+}
+
+/// A model's price (`pricing.<model>`), US dollars per million tokens: it overrides the
+/// price table's, or prices a model the table lacks. Cache reads and writes cost what input
+/// does where not given.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPricing {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+    pub cache_read_per_mtok: Option<f64>,
+    pub cache_write_per_mtok: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -524,6 +557,13 @@ pub struct ProfileSettings {
     /// fails after its retries with a retryable error (CONTRACT.md §19).
     #[serde(default)]
     pub fallbacks: Vec<String>,
+    /// Whether requests mark their stable prefix for the provider's prompt cache
+    /// (CONTRACT.md §21).
+    #[serde(default)]
+    pub prompt_cache: PromptCache,
+    /// How long a cached prefix lives: `5m` or `1h` (Anthropic; OpenAI's retention).
+    #[serde(default)]
+    pub prompt_cache_ttl: CacheTtl,
 }
 
 /// A kind of attachment a profile's model takes.
@@ -596,4 +636,23 @@ pub(super) fn default_max_iterations() -> u32 {
 
 pub(super) fn all_tools() -> Vec<String> {
     vec!["*".to_owned()]
+}
+
+/// `profiles.<id>.prompt_cache`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptCache {
+    #[default]
+    Auto,
+    Off,
+}
+
+/// `profiles.<id>.prompt_cache_ttl`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum CacheTtl {
+    #[default]
+    #[serde(rename = "5m")]
+    FiveMinutes,
+    #[serde(rename = "1h")]
+    OneHour,
 }

@@ -75,13 +75,21 @@ string_enum!(
     }
 );
 
-/// Token counts of one model call, or summed over a run.
+/// Token counts of one model call, or summed over a run (CONTRACT.md §18). `input_tokens`
+/// is every input token, those read from or written to the provider's prompt cache
+/// included (as OpenAI and Gemini count them; Anthropic's three counts are added up);
+/// `output_tokens` every output token, reasoning included.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Of the input, what the provider read from its prompt cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read_tokens: Option<u64>,
+    /// Of the input, what the provider wrote to its prompt cache (Anthropic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<u64>,
+    /// Of the output, the model's reasoning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_tokens: Option<u64>,
     /// Some of these counts are chatd's own estimate (about four characters a token): the
@@ -101,8 +109,27 @@ impl Usage {
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
         self.cache_read_tokens = sum(self.cache_read_tokens, other.cache_read_tokens);
+        self.cache_write_tokens = sum(self.cache_write_tokens, other.cache_write_tokens);
         self.reasoning_tokens = sum(self.reasoning_tokens, other.reasoning_tokens);
         self.estimated |= other.estimated;
+    }
+}
+
+/// What a model call or a run cost (CONTRACT.md §18), beside its usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Cost {
+    /// US dollars, where a price is known; absent (never 0) where none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// The usage it was priced from is chatd's estimate.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cost_estimated: bool,
+}
+
+impl Cost {
+    /// `usd` for `usage`: estimated where the usage is.
+    pub fn of(usd: Option<f64>, usage: Option<&Usage>) -> Self {
+        Self { cost_usd: usd, cost_estimated: usd.is_some() && usage.is_some_and(|u| u.estimated) }
     }
 }
 
@@ -257,6 +284,8 @@ pub struct Message {
     pub model: Option<String>,
     pub trace_id: Option<TraceId>,
     pub usage: Option<Usage>,
+    #[serde(flatten)]
+    pub cost: Cost,
     pub feedback: Option<Feedback>,
     pub comparison_id: Option<ComparisonId>,
     pub variant: Option<String>,
@@ -365,6 +394,7 @@ impl Message {
             model: None,
             trace_id: None,
             usage: None,
+            cost: Cost::default(),
             feedback: None,
             comparison_id: None,
             variant: None,

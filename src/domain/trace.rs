@@ -22,6 +22,8 @@ pub struct Trace {
     pub started_at: DateTime<Utc>,
     pub ended_at: Option<DateTime<Utc>>,
     pub usage: Option<Usage>,
+    #[serde(flatten)]
+    pub cost: super::Cost,
     pub error: Option<RunError>,
     pub spans: Vec<Span>,
     pub comparison_id: Option<ComparisonId>,
@@ -43,6 +45,7 @@ impl Trace {
             started_at: super::now(),
             ended_at: None,
             usage: None,
+            cost: super::Cost::default(),
             error: None,
             spans: Vec::new(),
             comparison_id: None,
@@ -78,7 +81,7 @@ pub enum Span {
         #[serde(flatten)]
         timing: SpanTiming,
         status: CallStatus,
-        attributes: LlmAttributes,
+        attributes: Box<LlmAttributes>,
     },
     /// A tool call (`execute_tool {tool}`).
     Tool {
@@ -142,6 +145,17 @@ pub struct LlmAttributes {
     /// The token counts are chatd's estimate: the provider sent none, or not all.
     #[serde(rename = "chatd.usage.estimated", skip_serializing_if = "std::ops::Not::not")]
     pub usage_estimated: bool,
+    /// The provider's prompt cache: what it read, and wrote, of this call's input.
+    #[serde(rename = "gen_ai.usage.cache_read.input_tokens", skip_serializing_if = "Option::is_none")]
+    pub cache_read_tokens: Option<u64>,
+    #[serde(rename = "gen_ai.usage.cache_creation.input_tokens", skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<u64>,
+    /// What the request marked for the cache, in estimated tokens (CONTRACT.md §21).
+    #[serde(rename = "chatd.prompt_cache.prefix_tokens", skip_serializing_if = "Option::is_none")]
+    pub cache_prefix_tokens: Option<u64>,
+    /// What the call cost in US dollars, where its model has a price (CONTRACT.md §18).
+    #[serde(rename = "chatd.cost_usd", skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
     #[serde(rename = "gen_ai.response.finish_reasons")]
     pub finish_reasons: Vec<String>,
     /// What trimming did to this call's request; `null` when it sent the whole history.

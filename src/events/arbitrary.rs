@@ -90,7 +90,7 @@ fn build(model_calls: &[ModelCall], ending: Ending, cut: prop::sample::Index) ->
                 body.push(Event::ToolInputDelta { tool_call_id: id.clone(), delta: r#""1+1"}"#.into() });
             }
         }
-        body.push(Event::Usage(Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() }));
+        body.push(Event::Usage(Box::new(Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() })));
         for (call, id) in model_call.calls.iter().zip(&ids) {
             body.push(Event::ToolStart(Box::new(ToolStartEvent {
                 tool_call_id: id.clone(),
@@ -159,6 +159,7 @@ fn build(model_calls: &[ModelCall], ending: Ending, cut: prop::sample::Index) ->
                 model: "m".into(),
                 finish_reason: "stop".into(),
                 usage: Usage::default(),
+                cost: crate::domain::Cost::default(),
                 diagnostics: None,
             }),
         },

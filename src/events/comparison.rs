@@ -79,7 +79,7 @@ mod tests {
             serde_json::to_value(Tagged { event: &delta, variant: Variant::B }).unwrap(),
             json!({"type": "text_delta", "text": "hi", "variant": "b"})
         );
-        let usage = Event::Usage(Usage { input_tokens: 3, output_tokens: 4, ..Usage::default() });
+        let usage = Event::Usage(Box::new(Usage { input_tokens: 3, output_tokens: 4, ..Usage::default() }));
         assert_eq!(
             serde_json::to_value(Tagged { event: &usage, variant: Variant::A }).unwrap(),
             json!({"type": "usage", "input_tokens": 3, "output_tokens": 4, "variant": "a"})

@@ -66,7 +66,7 @@ pub enum Event {
     ToolComplete(Box<ToolCompleteEvent>),
     ToolApprovalRequest(Box<ToolApprovalRequestEvent>),
     ToolResultRequest(Box<ToolResultRequestEvent>),
-    Usage(Usage),
+    Usage(Box<Usage>),
     Complete {
         payload: Box<CompletePayload>,
     },
@@ -248,6 +248,9 @@ pub struct CompletePayload {
     pub model: String,
     pub finish_reason: String,
     pub usage: Usage,
+    /// What the run cost (CONTRACT.md §18), where its models have prices.
+    #[serde(flatten)]
+    pub cost: crate::domain::Cost,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diagnostics: Option<Box<Diagnostics>>,
 }
@@ -264,6 +267,10 @@ pub struct Diagnostics {
     /// The tools offered, by name.
     pub tools: Vec<String>,
     pub system_prompt: String,
+    /// What the request added after the history (its context, the payloads so far, an
+    /// action's result: CONTRACT.md §21), where it added anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
     /// The history sent, oldest first.
     pub messages: Vec<DiagnosticMessage>,
     /// The request's page context, as the client sent it.
@@ -288,13 +295,14 @@ mod tests {
         let events = [
             Event::Status { message: "Thinking…".into() },
             Event::TextDelta { text: "hi".into() },
-            Event::Usage(Usage { input_tokens: 3, output_tokens: 4, ..Usage::default() }),
+            Event::Usage(Box::new(Usage { input_tokens: 3, output_tokens: 4, ..Usage::default() })),
         ];
         for event in events {
             let json = serde_json::to_value(&event).unwrap();
             assert_eq!(json["type"], event.kind());
         }
-        let usage = serde_json::to_value(Event::Usage(Usage { input_tokens: 3, ..Usage::default() })).unwrap();
+        let usage =
+            serde_json::to_value(Event::Usage(Box::new(Usage { input_tokens: 3, ..Usage::default() }))).unwrap();
         assert_eq!(usage, serde_json::json!({"type": "usage", "input_tokens": 3, "output_tokens": 0}));
     }
 

@@ -15,6 +15,7 @@ pub mod server;
 mod sse;
 mod tools;
 mod traces;
+mod usage;
 mod waits;
 
 use docs::web;
@@ -101,6 +102,7 @@ pub fn router(state: AppState) -> Router {
         .merge(conversations::routes())
         .merge(starts_runs)
         .merge(traces::routes())
+        .merge(usage::routes())
         .merge(waits::routes())
         .merge(files::routes(state.settings.files.max_bytes))
         .merge(tools::routes())

@@ -21,7 +21,7 @@ use super::{
     FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
     ProviderStream,
 };
-use crate::config::ProviderSettings;
+use crate::config::{CacheTtl, ProviderSettings};
 use crate::domain::{ThinkingBlock, Usage};
 
 const API_VERSION: &str = "2023-06-01";
@@ -55,7 +55,10 @@ impl AnthropicProvider {
 
     fn body(request: &ModelRequest) -> Value {
         let mut messages: Vec<Value> = Vec::new();
-        for message in &request.messages {
+        let newest_question = request.messages.iter().rposition(|m| matches!(m, InputMessage::User { .. }));
+        // Where the newest question's last block is: the prefix the next turn reads back.
+        let mut question_end = None;
+        for (i, message) in request.messages.iter().enumerate() {
             match message {
                 InputMessage::User { text, files, .. } => {
                     // Files first: Anthropic advises images before the words about them.
@@ -64,7 +67,15 @@ impl AnthropicProvider {
                     if !text.is_empty() || content.is_empty() {
                         content.push(json!({"type": "text", "text": text}));
                     }
-                    push(&mut messages, "user", content)
+                    push(&mut messages, "user", content);
+                    if Some(i) == newest_question {
+                        let last = messages.len() - 1;
+                        question_end = Some((last, messages[last]["content"].as_array().map_or(0, Vec::len) - 1));
+                        // The request's notes follow the question, past the cached prefix.
+                        if let Some(notes) = &request.notes {
+                            push(&mut messages, "user", vec![json!({"type": "text", "text": notes})]);
+                        }
+                    }
                 }
                 InputMessage::Assistant { turns, .. } => {
                     for turn in turns {
@@ -103,9 +114,16 @@ impl AnthropicProvider {
             // The answer needs room beyond the thinking budget.
             max_tokens = max_tokens.max(budget + 1024);
         }
+        if let Some(ttl) = request.prompt_cache {
+            mark_prefix(&mut messages, question_end, ttl);
+        }
         let mut body = json!({"model": request.model, "max_tokens": max_tokens, "messages": messages, "stream": true});
         if let Some(system) = &request.system_prompt {
-            body["system"] = json!(system);
+            body["system"] = match request.prompt_cache {
+                // Cached with the tools before it.
+                Some(ttl) => json!([{"type": "text", "text": system, "cache_control": cache_control(ttl)}]),
+                None => json!(system),
+            };
         }
         match thinking_budget {
             Some(budget) => body["thinking"] = json!({"type": "enabled", "budget_tokens": budget}),
@@ -124,6 +142,31 @@ impl AnthropicProvider {
                 .collect();
         }
         body
+    }
+}
+
+/// Marks the conversation for the prompt cache (CONTRACT.md §21): up to the newest
+/// question, which the next turn sends again unchanged (the notes after it are not), and,
+/// within a run's tool loop, up to the newest tool results, which the loop's next call sends
+/// again. With the system prompt's mark that is three of the four the API allows.
+fn mark_prefix(messages: &mut [Value], question_end: Option<(usize, usize)>, ttl: CacheTtl) {
+    if let Some((message, block)) = question_end {
+        messages[message]["content"][block]["cache_control"] = cache_control(ttl);
+    }
+    let Some(last) = messages.len().checked_sub(1) else { return };
+    if question_end.is_some_and(|(message, _)| message == last) {
+        return; // the question (and its notes) end the request: it is marked already
+    }
+    if let Some(block) = messages[last]["content"].as_array_mut().and_then(|blocks| blocks.last_mut()) {
+        block["cache_control"] = cache_control(ttl);
+    }
+}
+
+/// The `cache_control` of a block that ends a cached prefix.
+fn cache_control(ttl: CacheTtl) -> Value {
+    match ttl {
+        CacheTtl::FiveMinutes => json!({"type": "ephemeral"}),
+        CacheTtl::OneHour => json!({"type": "ephemeral", "ttl": "1h"}),
     }
 }
 
@@ -165,8 +208,33 @@ enum Block {
 pub struct MessageDecoder {
     blocks: HashMap<u64, Block>,
     usage: Usage,
+    /// The input that was neither read from nor written to the cache.
+    uncached: u64,
     stop_reason: Option<String>,
     done: bool,
+}
+
+impl MessageDecoder {
+    /// Takes the counts a `usage` object gives: `message_start` gives them all, and
+    /// `message_delta` the output's and, lately, the input's again (cumulative both times).
+    /// The input is the uncached part plus what was read from and written to the cache.
+    fn count(&mut self, usage: &Value) {
+        let (uncached, read, written) = (
+            usage["input_tokens"].as_u64(),
+            usage["cache_read_input_tokens"].as_u64(),
+            usage["cache_creation_input_tokens"].as_u64(),
+        );
+        if uncached.is_some() || read.is_some() || written.is_some() {
+            let (read, written) = (read.or(self.usage.cache_read_tokens), written.or(self.usage.cache_write_tokens));
+            let uncached = uncached.unwrap_or(self.uncached);
+            self.uncached = uncached;
+            self.usage.input_tokens = uncached + read.unwrap_or(0) + written.unwrap_or(0);
+            (self.usage.cache_read_tokens, self.usage.cache_write_tokens) = (read, written);
+        }
+        if let Some(output) = usage["output_tokens"].as_u64() {
+            self.usage.output_tokens = output;
+        }
+    }
 }
 
 impl Decoder for MessageDecoder {
@@ -175,10 +243,7 @@ impl Decoder for MessageDecoder {
         let data: Value = frame_json(frame)?;
         match data["type"].as_str().unwrap_or(frame.event.as_str()) {
             "message_start" => {
-                let usage = &data["message"]["usage"];
-                self.usage.input_tokens = usage["input_tokens"].as_u64().unwrap_or(0);
-                self.usage.cache_read_tokens = usage["cache_read_input_tokens"].as_u64();
-                self.usage.output_tokens = usage["output_tokens"].as_u64().unwrap_or(0);
+                self.count(&data["message"]["usage"]);
             }
             "content_block_start" => {
                 let index = data["index"].as_u64().ok_or_else(parse_error)?;
@@ -226,9 +291,7 @@ impl Decoder for MessageDecoder {
                 if let Some(reason) = data["delta"]["stop_reason"].as_str() {
                     self.stop_reason = Some(reason.to_owned());
                 }
-                if let Some(output) = data["usage"]["output_tokens"].as_u64() {
-                    self.usage.output_tokens = output;
-                }
+                self.count(&data["usage"]);
             }
             "message_stop" => {
                 out.push(ProviderEvent::Usage(self.usage));

@@ -46,13 +46,19 @@ impl GoogleProvider {
 
     fn body(request: &ModelRequest) -> Value {
         let mut contents: Vec<Value> = Vec::new();
-        for message in &request.messages {
+        let newest_question = request.messages.iter().rposition(|m| matches!(m, InputMessage::User { .. }));
+        for (i, message) in request.messages.iter().enumerate() {
             match message {
                 InputMessage::User { text, files, .. } => {
                     let mut parts: Vec<Value> = files.iter().map(file_part).collect();
                     // A message of files alone has no words: an empty text part is refused.
                     if !text.is_empty() || parts.is_empty() {
                         parts.push(json!({"text": text}));
+                    }
+                    // The request's notes follow the newest question as a part of their own:
+                    // Gemini's implicit cache keeps the prefix before them (CONTRACT.md §21).
+                    if let Some(notes) = request.notes.as_ref().filter(|_| Some(i) == newest_question) {
+                        parts.push(json!({"text": notes}));
                     }
                     push(&mut contents, "user", parts)
                 }
@@ -174,6 +180,7 @@ impl Decoder for ResponseDecoder {
                     output_tokens: usage["candidatesTokenCount"].as_u64().unwrap_or(0)
                         + usage["thoughtsTokenCount"].as_u64().unwrap_or(0),
                     cache_read_tokens: usage["cachedContentTokenCount"].as_u64(),
+                    cache_write_tokens: None,
                     reasoning_tokens: usage["thoughtsTokenCount"].as_u64(),
                     estimated: false,
                 }));

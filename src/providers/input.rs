@@ -11,7 +11,7 @@ use crate::domain::{AssistantTurn, Attachment, Message, Role};
 use crate::ids::MessageId;
 
 /// Serializable: a waiting run keeps the request it goes on with (CONTRACT.md §15).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelRequest {
     pub model: String,
     pub system_prompt: Option<String>,
@@ -24,6 +24,20 @@ pub struct ModelRequest {
     pub thinking_budget: Option<u32>,
     pub reasoning_effort: Option<String>,
     pub tools: Vec<ToolSpec>,
+    /// What this request says that the next one will not (the page the user is on, an
+    /// action's result, the payloads so far): sent after the history, so that everything
+    /// before it stays the same from one turn to the next and the provider's prompt cache
+    /// keeps it (CONTRACT.md §21).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+    /// Whether the request marks its stable prefix for the provider's cache, and for how
+    /// long it is kept; `None`: it does not (`prompt_cache = "off"`).
+    #[serde(default)]
+    pub prompt_cache: Option<crate::config::CacheTtl>,
+    /// What the provider groups cached prefixes by (OpenAI's `prompt_cache_key`): the
+    /// conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_key: Option<String>,
 }
 
 /// A tool as offered to the model.

@@ -209,7 +209,8 @@ impl LlmProvider for MockProvider {
                 InputMessage::Assistant { turns, .. } => turns.iter().map(|t| estimate_tokens(&t.text)).sum(),
             })
             .sum::<u64>()
-            + request.system_prompt.as_deref().map_or(0, estimate_tokens);
+            + request.system_prompt.as_deref().map_or(0, estimate_tokens)
+            + request.notes.as_deref().map_or(0, estimate_tokens);
         let size = self.settings.chunk_chars;
         let stream = async_stream::stream! {
             let mut output_tokens = 0;

@@ -23,7 +23,7 @@ use super::{
     FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
     ProviderStream,
 };
-use crate::config::{ProviderKind, ProviderSettings};
+use crate::config::{CacheTtl, ProviderKind, ProviderSettings};
 use crate::domain::Usage;
 
 pub struct OpenAiProvider {
@@ -63,13 +63,19 @@ impl OpenAiProvider {
         if let Some(system) = &request.system_prompt {
             messages.push(json!({"role": "system", "content": system}));
         }
-        for message in &request.messages {
+        let newest_question = request.messages.iter().rposition(|m| matches!(m, InputMessage::User { .. }));
+        for (i, message) in request.messages.iter().enumerate() {
+            // The request's notes end the newest question: the prefix before them is the
+            // previous turn's, which the provider's cache keeps (CONTRACT.md §21).
+            let notes = request.notes.as_deref().filter(|_| Some(i) == newest_question);
             match message {
                 InputMessage::User { text, files, .. } if files.is_empty() => {
+                    let text = with_notes(text, notes);
                     messages.push(json!({"role": "user", "content": text}))
                 }
                 InputMessage::User { text, files, .. } => {
                     let mut content: Vec<Value> = files.iter().map(file_part).collect();
+                    let text = with_notes(text, notes);
                     if !text.is_empty() {
                         content.push(json!({"type": "text", "text": text}));
                     }
@@ -112,6 +118,16 @@ impl OpenAiProvider {
         if let Some(effort) = &request.reasoning_effort {
             body["reasoning_effort"] = json!(effort);
         }
+        // OpenAI caches every long prefix by itself; the key keeps one conversation's
+        // requests on the machines that hold its prefix. Servers that only speak the format
+        // get neither field (some refuse what they do not know).
+        if let (true, Some(ttl), Some(key)) = (self.native, request.prompt_cache, &request.cache_key) {
+            body["prompt_cache_key"] = json!(key);
+            if ttl == CacheTtl::OneHour {
+                // The API's retention past its in-memory default (minutes, up to an hour).
+                body["prompt_cache_retention"] = json!("24h");
+            }
+        }
         if !request.tools.is_empty() {
             body["tools"] = request
                 .tools
@@ -124,6 +140,15 @@ impl OpenAiProvider {
                 .collect();
         }
         body
+    }
+}
+
+/// The user's words with the request's notes after them, where they go.
+fn with_notes<'a>(text: &'a str, notes: Option<&str>) -> std::borrow::Cow<'a, str> {
+    match notes {
+        Some(notes) if text.is_empty() => notes.to_owned().into(),
+        Some(notes) => format!("{text}\n\n{notes}").into(),
+        None => text.into(),
     }
 }
 
@@ -192,6 +217,7 @@ impl Decoder for ChunkDecoder {
                 input_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
                 output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
                 cache_read_tokens: usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
+                cache_write_tokens: None,
                 reasoning_tokens: usage["completion_tokens_details"]["reasoning_tokens"].as_u64(),
                 estimated: false,
             }));

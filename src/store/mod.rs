@@ -183,6 +183,8 @@ pub struct RunFinish {
     pub status: TraceStatus,
     pub ended_at: DateTime<Utc>,
     pub usage: Usage,
+    /// What the run cost, where known (CONTRACT.md §18).
+    pub cost_usd: Option<f64>,
     pub error: Option<RunError>,
     pub spans: Vec<Span>,
     /// The assistant's answer; none for a failed run.
@@ -448,10 +450,48 @@ pub trait LogStore: Send + Sync + 'static {
     async fn seal_logs(&self, traces: &[TraceId]) -> Result<(), StoreError>;
 }
 
-/// The whole store: each concern's methods (CONTRACT.md's data, as the chat service uses it).
-pub trait Store: ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore {}
+/// What runs spent (CONTRACT.md §18), summed by the database from `run_usage`.
+#[async_trait]
+pub trait UsageStore: Send + Sync + 'static {
+    /// The runs started in `[from, to)` by `user` (every user's where `None`), summed per
+    /// group, in the order of their keys.
+    async fn usage_sums(
+        &self,
+        user: Option<&UserId>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        group_by: UsageGrouping,
+    ) -> Result<Vec<UsageGroup>, StoreError>;
+}
 
-impl<T> Store for T where T: ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore {}
+/// How `/api/usage` groups runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageGrouping {
+    /// By the UTC day a run started, `YYYY-MM-DD`.
+    Day,
+    Model,
+    Profile,
+    User,
+}
+
+/// One group's sums.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct UsageGroup {
+    pub key: String,
+    pub runs: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    /// The cost of the group's runs whose cost is known; absent where none is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+}
+
+/// The whole store: each concern's methods (CONTRACT.md's data, as the chat service uses it).
+pub trait Store: ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore + UsageStore {}
+
+impl<T> Store for T where T: ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore + UsageStore {}
 
 /// The lock on one file's bytes (see [`Store::lock_bytes`]): files are kept once per
 /// content, so a new file's row and the deletion of bytes no row names any more must not

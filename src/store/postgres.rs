@@ -72,6 +72,7 @@ impl Backend for PostgresStore {
     type Db = Postgres;
     type Writer<'a> = PoolConnection<Postgres>;
     const SHARED: bool = true;
+    const DAY_STARTED: &'static str = "to_char(started_at at time zone 'UTC', 'YYYY-MM-DD')";
     const BEGIN_WRITE: &'static str = "BEGIN";
     const MANY_STATEMENTS_PER_QUERY: bool = false;
     const CLAIM_LOG: &'static str = "";

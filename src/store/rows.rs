@@ -10,8 +10,8 @@ use sqlx::types::Json;
 
 use super::{RunningTrace, Settlement, StoreError, Wait, WaitKind};
 use crate::domain::{
-    AssistantTurn, Attachment, Comparison, ContextState, Conversation, Feedback, Message, Preference, Role, RunError,
-    Span, StoredFile, SuggestedAction, SuggestedValue, ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
+    AssistantTurn, Attachment, Comparison, ContextState, Conversation, Cost, Feedback, Message, Preference, Role,
+    RunError, Span, StoredFile, SuggestedAction, SuggestedValue, ToolCall, ToolRecord, Trace, TraceStatus, Usage, Vote,
 };
 
 /// A JSON column's value, serialized once: one type to bind for every JSON column.
@@ -85,7 +85,7 @@ impl From<ConversationRow> for Conversation {
 
 pub const MESSAGE_COLUMNS: &str = "id, conversation_id, parent_id, role, content, thinking, \
      provider_state, tool_calls, tool_history, payloads, suggested_values, suggested_actions, \
-     cancelled, model, trace_id, usage, feedback, comparison_id, variant, client_id, attachments, created_at";
+     cancelled, model, trace_id, usage, cost_usd, feedback, comparison_id, variant, client_id, attachments, created_at";
 
 #[derive(sqlx::FromRow)]
 pub struct MessageRow {
@@ -105,6 +105,7 @@ pub struct MessageRow {
     model: Option<String>,
     trace_id: Option<TraceId>,
     usage: Option<Json<Usage>>,
+    cost_usd: Option<f64>,
     feedback: Option<Json<Feedback>>,
     comparison_id: Option<ComparisonId>,
     variant: Option<String>,
@@ -137,6 +138,7 @@ impl TryFrom<MessageRow> for Message {
             cancelled: row.cancelled,
             model: row.model,
             trace_id: row.trace_id,
+            cost: Cost::of(row.cost_usd, row.usage.as_ref().map(|j| &j.0)),
             usage: row.usage.map(|j| j.0),
             feedback: row.feedback.map(|j| j.0),
             comparison_id: row.comparison_id,
@@ -149,7 +151,7 @@ impl TryFrom<MessageRow> for Message {
 }
 
 pub const TRACE_COLUMNS: &str = "id, conversation_id, user_id, user_message_id, message_id, \
-     status, model, profile, started_at, ended_at, usage, error, spans, comparison_id, variant";
+     status, model, profile, started_at, ended_at, usage, cost_usd, error, spans, comparison_id, variant";
 
 #[derive(sqlx::FromRow)]
 pub struct TraceRow {
@@ -164,6 +166,7 @@ pub struct TraceRow {
     started_at: DateTime<Utc>,
     ended_at: Option<DateTime<Utc>>,
     usage: Option<Json<Usage>>,
+    cost_usd: Option<f64>,
     error: Option<Json<Value>>,
     spans: Json<Vec<Value>>,
     comparison_id: Option<ComparisonId>,
@@ -185,6 +188,7 @@ impl TryFrom<TraceRow> for Trace {
             profile: row.profile,
             started_at: row.started_at,
             ended_at: row.ended_at,
+            cost: Cost::of(row.cost_usd, row.usage.as_ref().map(|j| &j.0)),
             usage: row.usage.map(|j| j.0),
             error: row.error.and_then(|j| lenient::<RunError>("run error", j.0)),
             spans: row.spans.0.into_iter().filter_map(|span| lenient::<Span>("span", span)).collect(),

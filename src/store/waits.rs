@@ -88,6 +88,8 @@ pub struct RunPark {
     pub trace_id: TraceId,
     pub checkpoint: Value,
     pub usage: Usage,
+    /// What the run cost so far, where known.
+    pub cost_usd: Option<f64>,
     pub spans: Vec<Span>,
     pub waits: Vec<Wait>,
     pub events: Vec<NewEvent>,

@@ -911,7 +911,8 @@ async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() 
     assert_eq!(joined(&r.frames, "thinking_delta"), "Let me think carefully.");
     assert_eq!(joined(&r.frames, "text_delta"), "Twenty-seven.");
     let usage = r.last("usage");
-    assert_eq!((usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64()), (Some(25), Some(42)));
+    // Anthropic's input count leaves out what was read from the cache: chatd's includes it.
+    assert_eq!((usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64()), (Some(30), Some(42)));
     assert_eq!(usage["cache_read_tokens"], 5);
 
     let got = r.fixture.received();
@@ -919,7 +920,14 @@ async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() 
     assert_eq!(got[0].headers["x-api-key"], KEY);
     assert_eq!(got[0].headers["anthropic-version"], "2023-06-01");
     let body = &got[0].body;
-    assert!(body["system"].as_str().unwrap().starts_with("## Identity\nBe brief."));
+    // The system prompt (and the tools before it) is cached.
+    assert_eq!(body["system"].as_array().unwrap().len(), 1);
+    assert!(body["system"][0]["text"].as_str().unwrap().starts_with("## Identity\nBe brief."));
+    assert_eq!(body["system"][0]["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(
+        body["messages"][0]["content"],
+        json!([{"type": "text", "text": "27?", "cache_control": {"type": "ephemeral"}}])
+    );
     assert_eq!(body["tools"][1]["name"], "calculator");
     assert!(body["tools"][1]["input_schema"]["properties"]["expression"].is_object());
     assert_eq!(body["thinking"], json!({"type": "enabled", "budget_tokens": 2000}));
@@ -937,7 +945,11 @@ async fn anthropic_thinking_text_and_usage_stream_and_the_signature_goes_back() 
             {"type": "text", "text": "Twenty-seven."},
         ]})
     );
-    assert_eq!(body["messages"][2], json!({"role": "user", "content": [{"type": "text", "text": "and?"}]}));
+    assert_eq!(
+        body["messages"][2],
+        json!({"role": "user", "content": [{"type": "text", "text": "and?", "cache_control": {"type": "ephemeral"}}]})
+    );
+    assert_eq!(body["messages"][0]["content"], json!([{"type": "text", "text": "27?"}]), "one mark, on the newest");
 }
 
 #[tokio::test]
@@ -977,11 +989,14 @@ async fn anthropic_tool_use_streams_in_pieces_and_results_go_back_as_tool_result
         {"type": "text", "text": "Computing."},
         {"type": "tool_use", "id": "toolu_01", "name": "calculator", "input": {"expression": "2 ^ 10"}}]})
     );
+    // Within the loop the newest results end the prefix too: the loop's next call reads it.
     assert_eq!(
         second[2],
         json!({"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_01", "content": "1024", "is_error": false}]})
+        {"type": "tool_result", "tool_use_id": "toolu_01", "content": "1024", "is_error": false,
+         "cache_control": {"type": "ephemeral"}}]})
     );
+    assert_eq!(second[0]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
     let message = &r.conversation().await["messages"][1];
     assert_eq!(message["tool_calls"][0]["input"], json!({"expression": "2 ^ 10"}));
 }
@@ -1253,15 +1268,20 @@ async fn anthropic_gets_image_and_document_blocks_and_text_files_as_text_on_ever
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(&png)}},
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": b64(&pdf)}},
         {"type": "text", "text": CSV_BLOCK},
-        {"type": "text", "text": "What is in these?"},
+        // The newest question ends the prefix the next turn reads from the cache.
+        {"type": "text", "text": "What is in these?", "cache_control": {"type": "ephemeral"}},
     ]});
     assert_eq!(r.fixture.received()[0].body["messages"][0], expected);
     // The next turn sends them again, in the history.
     let conversation = r.frames[0].data["conversation_id"].as_str().unwrap();
     r.app.chat("ann", json!({"message": "And now?", "conversation_id": conversation})).await;
     let second = &r.fixture.received()[1].body["messages"];
-    assert_eq!(second[0], expected);
-    assert_eq!(second[2], json!({"role": "user", "content": [{"type": "text", "text": "And now?"}]}));
+    // The same blocks as before, up to the mark: which moved on to the newest question.
+    let mut earlier = expected.clone();
+    earlier["content"][3].as_object_mut().unwrap().remove("cache_control");
+    assert_eq!(second[0], earlier);
+    let marked = json!({"type": "text", "text": "And now?", "cache_control": {"type": "ephemeral"}});
+    assert_eq!(second[2], json!({"role": "user", "content": [marked]}));
 }
 
 #[tokio::test]

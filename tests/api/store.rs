@@ -10,7 +10,7 @@ use chatd::domain::{
 use chatd::ids::{TraceId, UserId};
 use chatd::store::{
     self, ConversationStore, NewEvent, PageCursor, RunFinish, RunStart, RunStore, StartOutcome, Store, StoreError,
-    WaitStore,
+    UsageGrouping, WaitStore,
 };
 use serde_json::json;
 
@@ -33,7 +33,7 @@ fn llm_span() -> Span {
     Span::Llm {
         timing: SpanTiming::new("chat m".into(), at, at),
         status: CallStatus::Ok,
-        attributes: LlmAttributes { request_model: "m".into(), output_tokens: 2, ..LlmAttributes::default() },
+        attributes: Box::new(LlmAttributes { request_model: "m".into(), output_tokens: 2, ..LlmAttributes::default() }),
     }
 }
 
@@ -114,6 +114,7 @@ both_backends! {
                 status: TraceStatus::Completed,
                 ended_at: now(),
                 usage: Usage { input_tokens: 1, output_tokens: 2, ..Usage::default() },
+                cost_usd: Some(0.5),
                 error: None,
                 spans: vec![span.clone()],
                 assistant_message: Some(answer.clone()),
@@ -129,6 +130,44 @@ both_backends! {
         assert_eq!(trace.status, TraceStatus::Completed);
         assert_eq!(trace.spans, vec![span]);
         assert_eq!(store.trace_by_message(&user("ann"), trace.message_id).await.unwrap().trace_id, trace.trace_id);
+    }
+
+    /// What a run spent is kept apart from its conversation (CONTRACT.md §18): the sums
+    /// come from the database, and deleting the conversation does not undo them.
+    async fn what_runs_spend_is_summed_and_outlives_their_conversation(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let mut traces = Vec::new();
+        for (who, cost) in [("ann", Some(0.25)), ("ann", None), ("bob", Some(1.0))] {
+            let c = conversation(who, "spent");
+            let start = run_start(&c, true);
+            assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+            let usage = Usage { input_tokens: 100, output_tokens: 10, cache_read_tokens: Some(60), ..Usage::default() };
+            store
+                .finish_run(&RunFinish { usage, cost_usd: cost, ..ended(&start.traces[0], None) })
+                .await
+                .unwrap();
+            traces.push((c, start.traces[0].clone()));
+        }
+        let trace = store.get_trace(&user("ann"), traces[0].1.trace_id).await.unwrap();
+        assert_eq!(trace.cost.cost_usd, Some(0.25));
+        let (from, to) = (now() - chrono::Duration::hours(1), now() + chrono::Duration::hours(1));
+        store.delete_conversation(&user("ann"), traces[0].0.id).await.unwrap();
+        let ann = store.usage_sums(Some(&user("ann")), from, to, UsageGrouping::Model).await.unwrap();
+        assert_eq!(ann.len(), 1, "{ann:?}");
+        let group = &ann[0];
+        assert_eq!((group.runs, group.input_tokens, group.output_tokens, group.cache_read_tokens), (2, 200, 20, 120));
+        // The run whose price was unknown adds nothing to the cost, and does not hide it.
+        assert_eq!(group.cost_usd, Some(0.25));
+        let everyone = store.usage_sums(None, from, to, UsageGrouping::User).await.unwrap();
+        let keys: Vec<(&str, u64)> = everyone.iter().map(|g| (g.key.as_str(), g.runs)).collect();
+        assert_eq!(keys, [("ann", 2), ("bob", 1)]);
+        let today = store.usage_sums(None, from, to, UsageGrouping::Day).await.unwrap();
+        assert_eq!(today.len(), 1);
+        assert_eq!(today[0].key, now().format("%Y-%m-%d").to_string());
+        assert_eq!(today[0].cost_usd, Some(1.25));
+        // Outside the period: nothing.
+        let before = store.usage_sums(None, from - chrono::Duration::days(2), from, UsageGrouping::Day).await.unwrap();
+        assert!(before.is_empty());
     }
 
     async fn events_append_in_batches_and_read_back_after_a_seq(backend: Backend) {
@@ -472,6 +511,7 @@ fn ended(trace: &Trace, answer: Option<Message>) -> RunFinish {
         status: if answer.is_some() { TraceStatus::Completed } else { TraceStatus::Error },
         ended_at: now(),
         usage: Usage::default(),
+        cost_usd: None,
         error: None,
         spans: Vec::new(),
         assistant_message: answer,

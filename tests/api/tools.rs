@@ -242,7 +242,8 @@ async fn diagnostics_come_when_asked_and_allowed() {
     assert_eq!(diagnostics["model"], "mock-1");
     assert_eq!(diagnostics["max_iterations"], 5);
     assert_eq!(diagnostics["tools"], json!(["current_time", "calculator"]));
-    assert!(diagnostics["system_prompt"].as_str().unwrap().contains("## Context"));
+    assert!(!diagnostics["system_prompt"].as_str().unwrap().contains("## Context"));
+    assert!(diagnostics["notes"].as_str().unwrap().starts_with("## Context"), "{diagnostics}");
     assert_eq!(diagnostics["context"], json!({"current_page": "home"}));
     assert_eq!(diagnostics["messages"][0]["content"], "diag");
     assert_eq!(diagnostics["raw_llm_response"], "Mock reply: diag");
@@ -276,14 +277,20 @@ async fn an_executed_server_action_reaches_the_model_as_context() {
     assert_eq!(call.body["action"], "apply_schema");
     assert_eq!(call.body["data"], json!({"schema_id": 123}));
     assert_eq!(call.body["context"]["current_page"], "schemas");
-    let system = provider.received()[0].body["messages"][0]["content"].as_str().unwrap().to_owned();
-    assert!(system.contains("## Action result"), "{system}");
-    assert!(system.contains(r#"{"applied":true,"schema_id":123}"#), "{system}");
+    let messages = provider.received()[0].body["messages"].as_array().unwrap().clone();
+    let system = messages[0]["content"].as_str().unwrap().to_owned();
     assert!(system.contains("- apply_schema: Applies a schema"), "{system}");
+    // The action's result and the page are this request's alone: they follow the question
+    // (CONTRACT.md §21), and the system prompt stays as the next turn will send it.
+    assert!(!system.contains("## Action result") && !system.contains("schemas"), "{system}");
+    let question = messages.last().unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(question.starts_with("Apply\n\n## Context\n"), "{question}");
+    assert!(question.contains("## Action result"), "{question}");
+    assert!(question.contains(r#"{"applied":true,"schema_id":123}"#), "{question}");
 }
 
 #[tokio::test]
-async fn earlier_payloads_are_listed_in_the_next_system_prompt() {
+async fn earlier_payloads_are_listed_after_the_next_question() {
     let tool = Fixture::start(vec![Scripted::json(
         200,
         json!({"text": "ok", "payload": {"type": "report", "data": {}, "summary": "Q3 report"}}),
@@ -305,8 +312,11 @@ async fn earlier_payloads_are_listed_in_the_next_system_prompt() {
     let conversation = first[0].data["conversation_id"].clone();
     app.chat("ann", json!({"message": "what reports do we have?", "conversation_id": conversation, "profile": "fx"}))
         .await;
-    let system = provider.received()[0].body["messages"][0]["content"].as_str().unwrap().to_owned();
-    assert!(system.contains(&format!("- {payload_id} (report): Q3 report")), "{system}");
+    let messages = provider.received()[0].body["messages"].as_array().unwrap().clone();
+    let question = messages.last().unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(question.starts_with("what reports do we have?\n\n## Payloads in this conversation"), "{question}");
+    assert!(question.contains(&format!("- {payload_id} (report): Q3 report")), "{question}");
+    assert!(!messages[0]["content"].as_str().unwrap().contains("Payloads"));
 }
 
 #[tokio::test]

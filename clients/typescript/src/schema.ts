@@ -453,6 +453,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["get_usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -703,7 +719,7 @@ export interface components {
             b: components["schemas"]["SideView"];
         };
         /** @description The `complete` event's payload (CONTRACT.md §5). */
-        CompletePayload: {
+        CompletePayload: components["schemas"]["Cost"] & {
             message: string;
             thinking?: string | null;
             suggested_values: components["schemas"]["SuggestedValue"][];
@@ -820,6 +836,16 @@ export interface components {
              */
             active_runs: components["schemas"]["ActiveRun"][];
         };
+        /** @description What a model call or a run cost (CONTRACT.md §18), beside its usage. */
+        Cost: {
+            /**
+             * Format: double
+             * @description US dollars, where a price is known; absent (never 0) where none is.
+             */
+            cost_usd?: number | null;
+            /** @description The usage it was priced from is chatd's estimate. */
+            cost_estimated?: boolean;
+        };
         Decided: {
             /** Format: uuid */
             approval_id: string;
@@ -868,6 +894,12 @@ export interface components {
             tools: string[];
             /** @default  */
             system_prompt: string;
+            /**
+             * @description What the request added after the history (its context, the payloads so far, an
+             *     action's result: CONTRACT.md §21), where it added anything.
+             * @default null
+             */
+            notes: string | null;
             /**
              * @description The history sent, oldest first.
              * @default []
@@ -1087,6 +1119,29 @@ export interface components {
              * @default false
              */
             "chatd.usage.estimated": boolean;
+            /**
+             * Format: int64
+             * @description The provider's prompt cache: what it read, and wrote, of this call's input.
+             * @default null
+             */
+            "gen_ai.usage.cache_read.input_tokens": number | null;
+            /**
+             * Format: int64
+             * @default null
+             */
+            "gen_ai.usage.cache_creation.input_tokens": number | null;
+            /**
+             * Format: int64
+             * @description What the request marked for the cache, in estimated tokens (CONTRACT.md §21).
+             * @default null
+             */
+            "chatd.prompt_cache.prefix_tokens": number | null;
+            /**
+             * Format: double
+             * @description What the call cost in US dollars, where its model has a price (CONTRACT.md §18).
+             * @default null
+             */
+            "chatd.cost_usd": number | null;
             /** @default [] */
             "gen_ai.response.finish_reasons": string[];
             /** @default null */
@@ -1127,7 +1182,7 @@ export interface components {
          * @enum {string}
          */
         McpState: "starting" | "ready" | "restarting" | "failed";
-        Message: {
+        Message: components["schemas"]["Cost"] & {
             /** Format: uuid */
             id: string;
             /** Format: uuid */
@@ -1497,7 +1552,7 @@ export interface components {
             for_request?: string[] | null;
         };
         /** @description A run as stored: its trace (CONTRACT.md §9), without the events. */
-        Trace: {
+        Trace: components["schemas"]["Cost"] & {
             /** Format: uuid */
             trace_id: string;
             /** Format: uuid */
@@ -1571,21 +1626,67 @@ export interface components {
             /** Format: binary */
             file: string;
         };
-        /** @description Token counts of one model call, or summed over a run. */
+        /**
+         * @description Token counts of one model call, or summed over a run (CONTRACT.md §18). `input_tokens`
+         *     is every input token, those read from or written to the provider's prompt cache
+         *     included (as OpenAI and Gemini count them; Anthropic's three counts are added up);
+         *     `output_tokens` every output token, reasoning included.
+         */
         Usage: {
             /** Format: int64 */
             input_tokens: number;
             /** Format: int64 */
             output_tokens: number;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Of the input, what the provider read from its prompt cache.
+             */
             cache_read_tokens?: number | null;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Of the input, what the provider wrote to its prompt cache (Anthropic).
+             */
+            cache_write_tokens?: number | null;
+            /**
+             * Format: int64
+             * @description Of the output, the model's reasoning.
+             */
             reasoning_tokens?: number | null;
             /**
              * @description Some of these counts are chatd's own estimate (about four characters a token): the
              *     provider sent none, or not all (CONTRACT.md §18). Absent when they are the provider's.
              */
             estimated?: boolean;
+        };
+        /** @description One group's sums. */
+        UsageGroup: {
+            key: string;
+            /** Format: int64 */
+            runs: number;
+            /** Format: int64 */
+            input_tokens: number;
+            /** Format: int64 */
+            output_tokens: number;
+            /** Format: int64 */
+            cache_read_tokens: number;
+            /** Format: int64 */
+            cache_write_tokens: number;
+            /**
+             * Format: double
+             * @description The cost of the group's runs whose cost is known; absent where none is.
+             */
+            cost_usd?: number | null;
+        };
+        /** @description `GET /api/usage`. */
+        UsageView: {
+            /** Format: date-time */
+            from: string;
+            /** Format: date-time */
+            to: string;
+            group_by: string;
+            groups: components["schemas"]["UsageGroup"][];
+            /** @description Every group's sums together (its `key` is `total`). */
+            total: components["schemas"]["UsageGroup"];
         };
         /** @description One vote, as kept in a comparison's history. */
         Vote: {
@@ -3600,6 +3701,62 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_usage: {
+        parameters: {
+            query?: {
+                /** @description RFC 3339; default 30 days before `to` */
+                from?: string;
+                /** @description RFC 3339; default now */
+                to?: string;
+                /** @description `day` (default), `model`, `profile` or `user` */
+                group_by?: string;
+                /** @description Another user's usage (admins only) */
+                user?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Sums per group and in total */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageView"];
+                };
             };
             /** @description Invalid input */
             400: {

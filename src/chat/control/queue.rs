@@ -217,6 +217,7 @@ impl Queue {
             status: TraceStatus::Cancelled,
             ended_at: now(),
             usage: Usage::default(),
+            cost_usd: None,
             error: Some(RunError::new("CANCELLED", "Cancelled before its turn came", None)),
             spans: Vec::new(),
             assistant_message: None,

@@ -218,6 +218,7 @@ async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool
         status: TraceStatus::Interrupted,
         ended_at: now(),
         usage: trace.usage.unwrap_or_default(),
+        cost_usd: trace.cost.cost_usd,
         error: Some(RunError::new("INTERRUPTED", "The server stopped during the run", Some(text))),
         spans: trace.spans.clone(),
         assistant_message: Some(message),

@@ -275,6 +275,7 @@ pub(in crate::chat) async fn fail(
         status: TraceStatus::Error,
         ended_at: now(),
         usage: trace.usage.unwrap_or_default(),
+        cost_usd: trace.cost.cost_usd,
         error: Some(RunError::new("INTERNAL", &message, None)),
         spans: trace.spans.clone(),
         assistant_message: None,

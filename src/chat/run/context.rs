@@ -16,6 +16,10 @@ use crate::store::Store;
 
 /// The share of the context window the request may fill before history is trimmed.
 pub const THRESHOLD: f64 = 0.7;
+/// The share a trim brings the request down to: trimmed, the history has room to grow for
+/// several turns before the next trim, and its first kept message (where the prefix the
+/// provider caches begins) holds meanwhile (CONTRACT.md §21).
+pub const TRIM_TO: f64 = 0.5;
 
 /// A rough token count: four characters a token, as the providers' own rules of thumb.
 pub fn estimate(text: &str) -> u64 {
@@ -43,13 +47,19 @@ fn message_tokens(message: &InputMessage) -> u64 {
 
 /// The request's size in estimated tokens.
 pub fn request_tokens(request: &ModelRequest) -> u64 {
-    let system = request.system_prompt.as_deref().map_or(0, estimate);
+    let system = request.system_prompt.as_deref().map_or(0, estimate) + request.notes.as_deref().map_or(0, estimate);
     let tools: u64 = request
         .tools
         .iter()
         .map(|t| estimate(&t.name) + estimate(&t.description) + estimate(&t.input_schema.to_string()))
         .sum();
     system + tools + request.messages.iter().map(message_tokens).sum::<u64>()
+}
+
+/// The estimated tokens of what a request marks for the provider's prompt cache: all of it
+/// but its notes, which come last and change every turn (CONTRACT.md §21).
+pub fn prefix_tokens(request: &ModelRequest) -> u64 {
+    request_tokens(request) - request.notes.as_deref().map_or(0, estimate)
 }
 
 /// What trimming did to one request.
@@ -61,8 +71,11 @@ pub struct Trimmed {
 }
 
 /// Fits `request` under `THRESHOLD` of `limit`. `protected` is how many messages at the end
-/// must stay whatever they cost (the new user message and this run's exchanges).
-pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize) -> Trimmed {
+/// must stay whatever they cost (the new user message and this run's exchanges). Trimming
+/// drops in steps: where the `previous` trim's first kept message still fits, it stays the
+/// first; else the history is trimmed down to `TRIM_TO` of the limit, so that the next trim
+/// is several turns away.
+pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize, previous: Option<&ContextState>) -> Trimmed {
     let Some(limit) = limit.filter(|l| *l > 0) else {
         return Trimmed { request: request.clone(), state: None };
     };
@@ -74,21 +87,27 @@ pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize) -> Trim
     let fixed = request_tokens(&ModelRequest { messages: Vec::new(), ..request.clone() });
     let messages = &request.messages;
     let protected = protected.min(messages.len());
-    let mut used = fixed + messages[messages.len() - protected..].iter().map(message_tokens).sum::<u64>();
-    let mut first_kept = messages.len() - protected;
-    while first_kept > 0 {
-        let cost = message_tokens(&messages[first_kept - 1]);
-        if used + cost > budget {
-            break;
+    let movable = messages.len() - protected;
+    // What the request costs from each message on: `from[i]` keeps `messages[i..]`.
+    let mut from = vec![fixed; messages.len() + 1];
+    for i in (0..messages.len()).rev() {
+        from[i] = from[i + 1] + message_tokens(&messages[i]);
+    }
+    let starts_well = |i: usize| i == movable || messages[i].is_user();
+    let held = previous
+        .and_then(|p| p.kept_from)
+        .and_then(|id| messages[..movable].iter().position(|m| m.id() == id))
+        .filter(|&i| from[i] <= budget && starts_well(i));
+    let first_kept = held.unwrap_or_else(|| {
+        let target = (f64::from(limit) * TRIM_TO) as u64;
+        // The fewest dropped that bring it under the target, and a user's turn first.
+        let mut i = (0..movable).find(|&i| from[i] <= target).unwrap_or(movable);
+        while !starts_well(i) {
+            i += 1;
         }
-        used += cost;
-        first_kept -= 1;
-    }
-    // The history must start with the user's turn.
-    while first_kept < messages.len() - protected && !messages[first_kept].is_user() {
-        used -= message_tokens(&messages[first_kept]);
-        first_kept += 1;
-    }
+        i
+    });
+    let used = from[first_kept];
     let kept = messages[first_kept..].to_vec();
     let state = ContextState {
         strategy: ContextStrategy::TrimOldest,
@@ -192,14 +211,15 @@ mod tests {
             thinking_budget: None,
             reasoning_effort: None,
             tools: Vec::new(),
+            ..ModelRequest::default()
         }
     }
 
     #[test]
     fn a_request_under_the_threshold_is_left_alone() {
         let r = request(vec![message(Role::User, "hi")]);
-        assert_eq!(fit(&r, Some(1000), 1), Trimmed { request: r.clone(), state: None });
-        assert_eq!(fit(&r, None, 1).state, None);
+        assert_eq!(fit(&r, Some(1000), 1, None), Trimmed { request: r.clone(), state: None });
+        assert_eq!(fit(&r, None, 1, None).state, None);
     }
 
     #[test]
@@ -231,10 +251,10 @@ mod tests {
             tool_turn.clone(),
             message(Role::User, "newest"),
         ];
-        let trimmed = fit(&request(messages.clone()), Some(400), 1);
+        let trimmed = fit(&request(messages.clone()), Some(560), 1, None);
         let state = trimmed.state.expect("trimmed");
-        // 70% of 400 = 280 tokens: the newest user turn, the tool exchange and the user
-        // message before it fit; the first exchange does not.
+        // Past 70% of 560, trimmed to 50% = 280 tokens: the newest user turn, the tool
+        // exchange and the user message before it fit; the first exchange does not.
         assert_eq!(trimmed.request.messages.len(), 3);
         assert_eq!(trimmed.request.messages[0].id(), messages[2].id());
         assert_eq!(trimmed.request.messages[1], tool_turn, "a call stays with its result");
@@ -244,7 +264,7 @@ mod tests {
 
         // With room only for the tool exchange, it would lead: it is dropped too, so the
         // history starts with the user.
-        let trimmed = fit(&request(messages.clone()), Some(250), 1);
+        let trimmed = fit(&request(messages.clone()), Some(250), 1, None);
         assert!(trimmed.request.messages.first().unwrap().is_user());
     }
 
@@ -252,7 +272,38 @@ mod tests {
     fn protected_messages_stay_even_over_budget() {
         let huge = "y".repeat(4000);
         let messages = vec![message(Role::User, "old"), message(Role::User, &huge)];
-        let trimmed = fit(&request(messages.clone()), Some(100), 1);
+        let trimmed = fit(&request(messages.clone()), Some(100), 1, None);
         assert_eq!(trimmed.request.messages, vec![messages[1].clone()]);
+    }
+
+    #[test]
+    fn the_first_kept_message_holds_for_several_turns() {
+        // Thirty turns of about 30 tokens a message against a limit of 1,000 tokens.
+        let (mut messages, mut previous): (Vec<InputMessage>, Option<ContextState>) = (Vec::new(), None);
+        let (mut moves, mut moves_without_steps, mut trimmed_turns) = (0, 0, 0);
+        let (mut last, mut last_without) = (None, None);
+        for turn in 0..30 {
+            messages.push(message(Role::User, &format!("question {turn} {}", "q".repeat(90))));
+            let r = request(messages.clone());
+            let fitted = fit(&r, Some(1_000), 1, previous.as_ref());
+            let fresh = fit(&r, Some(1_000), 1, None);
+            if let Some(state) = &fitted.state {
+                trimmed_turns += 1;
+                assert!(state.estimate <= 700, "turn {turn}: {}", state.estimate);
+                assert!(fitted.request.messages[0].is_user());
+                moves += usize::from(last.is_some_and(|l| Some(l) != state.kept_from));
+                last = state.kept_from;
+            }
+            if let Some(state) = &fresh.state {
+                moves_without_steps += usize::from(last_without.is_some_and(|l| Some(l) != state.kept_from));
+                last_without = state.kept_from;
+            }
+            previous = fitted.state.clone().or(previous);
+            messages.push(message(Role::Assistant, &format!("answer {turn} {}", "a".repeat(90))));
+        }
+        assert!(trimmed_turns >= 15, "{trimmed_turns}");
+        // Trimmed to 50%, the history grows for about three turns before it passes 70%.
+        assert!(moves * 3 <= trimmed_turns, "{moves} moves in {trimmed_turns} trimmed turns");
+        assert!(moves < moves_without_steps / 2, "{moves} against {moves_without_steps}");
     }
 }

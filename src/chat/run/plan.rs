@@ -17,7 +17,7 @@ use crate::chat::run::context::ContextKeeper;
 use crate::chat::run::payloads::LlmPayloadType;
 use crate::chat::run::prompt::{self, PromptParts};
 use crate::chat::shared::Shared;
-use crate::config::{PayloadSource, ProfileSettings, ProviderKind};
+use crate::config::{PayloadSource, ProfileSettings, PromptCache, ProviderKind};
 use crate::domain::{Message, Trace};
 use crate::ids::{ComparisonId, ConversationId, UserId};
 use crate::pages::{Location, PageScope};
@@ -81,6 +81,7 @@ impl Asked {
 pub(in crate::chat) struct Planner {
     settings: std::sync::Arc<crate::config::Settings>,
     providers: crate::providers::Providers,
+    prices: std::sync::Arc<crate::pricing::Prices>,
     tools: std::sync::Arc<crate::tools::Registry>,
     store: std::sync::Arc<dyn crate::store::Store>,
     files: crate::files::Files,
@@ -91,6 +92,7 @@ impl Planner {
         Self {
             settings: shared.settings.clone(),
             providers: shared.providers.clone(),
+            prices: shared.prices.clone(),
             tools: shared.tools.clone(),
             store: shared.store.clone(),
             files: shared.files.clone(),
@@ -122,7 +124,7 @@ impl Planner {
         };
         let Equipment { scope, tools, specs, gates, payload_types } =
             self.equip(profile, turn.context, turn.client_tools)?;
-        let mut system_prompt = prompt::system_prompt(&PromptParts {
+        let parts = PromptParts {
             base: turn.system_prompt.or(profile.system_prompt.as_deref()),
             scope: &scope,
             context: turn.context,
@@ -130,10 +132,9 @@ impl Planner {
             tools: &specs,
             payload_types: &payload_types,
             actions: &self.settings.actions,
-        });
-        if let Some(outcome) = turn.action_result {
-            system_prompt.push_str(&format!("\n\n## Action result\n{outcome}"));
-        }
+        };
+        let system_prompt = prompt::system_prompt(&parts);
+        let notes = prompt::notes(&parts, turn.action_result);
         let messages: Vec<InputMessage> =
             turn.earlier.iter().chain([turn.user_message]).filter_map(InputMessage::of).collect();
         let diagnostics = (turn.diagnostics && self.settings.chat.allow_diagnostics).then(|| {
@@ -144,6 +145,7 @@ impl Planner {
                 temperature: profile.temperature,
                 tools: specs.iter().map(|t| t.name.clone()).collect(),
                 system_prompt: system_prompt.clone(),
+                notes: notes.clone(),
                 messages: turn
                     .earlier
                     .iter()
@@ -172,6 +174,9 @@ impl Planner {
                 thinking_budget: profile.thinking_budget,
                 reasoning_effort: profile.reasoning_effort.clone(),
                 tools: specs,
+                notes,
+                prompt_cache: (profile.prompt_cache == PromptCache::Auto).then_some(profile.prompt_cache_ttl),
+                cache_key: Some(turn.conversation_id.to_string()),
             },
             tools,
             max_iterations: profile.max_iterations,
@@ -190,6 +195,7 @@ impl Planner {
             files: FileReader::new(self.files.clone(), user, profile.modalities.clone(), kind),
             retries: self.retries(&profile.provider),
             fallbacks: self.fallbacks(profile),
+            prices: self.prices.clone(),
         };
         Ok(Side { trace, plan })
     }
@@ -404,6 +410,7 @@ impl Planner {
             ),
             retries: self.retries(&profile.provider),
             fallbacks: self.fallbacks(profile),
+            prices: self.prices.clone(),
         })
     }
 }

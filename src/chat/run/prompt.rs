@@ -1,5 +1,8 @@
-//! The system prompt, in sections (seed 003): identity, context, payload manifest,
-//! capabilities, custom instructions, guidelines. Empty sections are left out.
+//! The system prompt, in sections (seed 003): identity, capabilities, custom instructions,
+//! guidelines; and the request's notes: its context, the payload manifest, an action's
+//! result. Empty sections are left out. The system prompt holds only what stays the same
+//! from one turn to the next, so that the provider's prompt cache keeps it with the history
+//! after it; the notes change with each request and go after the history (CONTRACT.md §21).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -35,22 +38,6 @@ pub fn system_prompt(parts: &PromptParts<'_>) -> String {
         (None, None) => (DEFAULT_IDENTITY, None),
     };
     section(&mut prompt, "Identity", identity);
-
-    if let Some(context) = parts.context.filter(|c| c.as_object().is_some_and(|o| !o.is_empty())) {
-        let json = serde_json::to_string_pretty(context).unwrap_or_default();
-        section(&mut prompt, "Context", &format!("What the user is looking at now:\n```json\n{json}\n```"));
-    }
-
-    let mut manifest = String::new();
-    for payload in parts.history.iter().flat_map(|m| &m.payloads) {
-        let id = payload["payload_id"].as_str().unwrap_or("?");
-        let kind = payload["type"].as_str().unwrap_or("?");
-        let summary = payload["summary"].as_str().unwrap_or("");
-        let _ = writeln!(manifest, "- {id} ({kind}): {summary}");
-    }
-    if !manifest.is_empty() {
-        section(&mut prompt, "Payloads in this conversation", &format!("Refer to them by id.\n{manifest}"));
-    }
 
     let mut capabilities = String::new();
     if !parts.tools.is_empty() {
@@ -98,6 +85,32 @@ pub fn system_prompt(parts: &PromptParts<'_>) -> String {
     prompt.trim_end().to_owned()
 }
 
+/// What the request adds after the history: the page context it sent, the payloads of the
+/// conversation so far, and the result of the action it executed. `None` when it adds
+/// nothing.
+pub fn notes(parts: &PromptParts<'_>, action_result: Option<&str>) -> Option<String> {
+    let mut notes = String::new();
+    if let Some(context) = parts.context.filter(|c| c.as_object().is_some_and(|o| !o.is_empty())) {
+        let json = serde_json::to_string_pretty(context).unwrap_or_default();
+        section(&mut notes, "Context", &format!("What the user is looking at now:\n```json\n{json}\n```"));
+    }
+    let mut manifest = String::new();
+    for payload in parts.history.iter().flat_map(|m| &m.payloads) {
+        let id = payload["payload_id"].as_str().unwrap_or("?");
+        let kind = payload["type"].as_str().unwrap_or("?");
+        let summary = payload["summary"].as_str().unwrap_or("");
+        let _ = writeln!(manifest, "- {id} ({kind}): {summary}");
+    }
+    if !manifest.is_empty() {
+        section(&mut notes, "Payloads in this conversation", &format!("Refer to them by id.\n{manifest}"));
+    }
+    if let Some(outcome) = action_result {
+        section(&mut notes, "Action result", outcome);
+    }
+    let notes = notes.trim_end();
+    (!notes.is_empty()).then(|| notes.to_owned())
+}
+
 fn section(prompt: &mut String, title: &str, body: &str) {
     let _ = write!(prompt, "## {title}\n{body}\n\n");
 }
@@ -116,7 +129,7 @@ mod tests {
         };
         let tools = [ToolSpec { name: "search".into(), description: "Finds articles".into(), input_schema: json!({}) }];
         let context = json!({"current_page": "reports"});
-        let prompt = system_prompt(&PromptParts {
+        let parts = PromptParts {
             base: Some("Base prompt."),
             scope: &scope,
             context: Some(&context),
@@ -124,9 +137,15 @@ mod tests {
             tools: &tools,
             payload_types: &[],
             actions: &BTreeMap::new(),
-        });
+        };
+        let prompt = system_prompt(&parts);
         assert!(prompt.starts_with("## Identity\nYou help with reports."));
-        assert!(prompt.contains("## Context\n"));
+        // What changes per request is in the notes, after the history: never in the prompt.
+        assert!(!prompt.contains("## Context") && !prompt.contains("reports\""));
+        let notes = notes(&parts, Some("Saved.")).unwrap();
+        assert!(notes.starts_with("## Context\nWhat the user is looking at now:"), "{notes}");
+        assert!(notes.ends_with("## Action result\nSaved."), "{notes}");
+        assert_eq!(super::notes(&PromptParts { context: None, ..parts }, None), None);
         assert!(prompt.contains("- search: Finds articles"));
         assert!(prompt.contains("## Instructions\nBase prompt.\n\nBe terse."));
         assert!(prompt.contains(SUGGESTED_VALUES));

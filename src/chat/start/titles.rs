@@ -55,6 +55,7 @@ impl Titles {
                 thinking_budget: None,
                 reasoning_effort: None,
                 tools: Vec::new(),
+                ..ModelRequest::default()
             };
             let Some(text) = crate::chat::run::turn::complete_text(&*provider, &request).await else { return };
             let Some(title) = model_title(&text, settings.chat.title_max_chars) else { return };

@@ -20,6 +20,7 @@ mod log;
 mod runs;
 mod starts;
 mod statements;
+mod usage;
 mod waits;
 
 pub(super) use files::{bytes_used, insert_file};
@@ -51,6 +52,8 @@ pub(super) trait Backend: Send + Sync + 'static {
     /// Whether several chatd processes may share this database (Postgres), so that a
     /// running trace may belong to another live process.
     const SHARED: bool;
+    /// The UTC day of the `started_at` column, `YYYY-MM-DD`, in this database's SQL.
+    const DAY_STARTED: &'static str;
     /// How a transaction that will write starts. SQLite needs `BEGIN IMMEDIATE`: a deferred
     /// transaction that reads first cannot wait for the write lock and fails at once.
     const BEGIN_WRITE: &'static str;

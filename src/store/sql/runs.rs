@@ -27,6 +27,9 @@ where
     for<'q> Option<JsonText>: Encode<'q, B::Db>,
     for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Option<f64>: Encode<'q, B::Db>,
+    f64: Type<B::Db>,
+    for<'q> i64: Encode<'q, B::Db> + Type<B::Db>,
 {
     async fn keyed_run(&self, user: &UserId, key: &str) -> Result<Option<KeyedRun>, StoreError> {
         let row: Option<(String, TraceId, DateTime<Utc>)> = sqlx::query_as(
@@ -85,7 +88,7 @@ where
             // Only a running trace ends: if another process already closed it (marked it
             // interrupted), this result is refused whole instead of overwriting that.
             let owner: Option<(UserId, Uuid, Uuid, Uuid)> = sqlx::query_as(
-                "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6 \
+                "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6, cost_usd = $7 \
                  where id = $1 and status in ('running', 'queued') \
                  returning user_id, user_message_id, message_id, conversation_id",
             )
@@ -95,11 +98,13 @@ where
             .bind(json(&finish.usage))
             .bind(finish.error.as_ref().map(json))
             .bind(json(&finish.spans))
+            .bind(finish.cost_usd)
             .fetch_optional(&mut *tx)
             .await?;
             let Some((user, question, answer, conversation)) = owner else {
                 return Err(StoreError::Conflict("the run has already ended".into()));
             };
+            <B as Statements>::record_spend(&mut *tx, finish.trace_id, &finish.usage, finish.cost_usd).await?;
             match &finish.assistant_message {
                 Some(message) => <B as Statements>::append_message(&mut *tx, &user, message).await?,
                 // Messages queued behind an answer that never came follow its question.

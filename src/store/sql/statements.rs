@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{Backend, Conn, Row};
 use crate::domain::Role;
-use crate::domain::{Comparison, Conversation, Message, Trace, now};
+use crate::domain::{Comparison, Conversation, Message, Trace, Usage, now};
 use crate::ids::{ComparisonId, MessageId, TraceId, UserId};
 use crate::store::rows::*;
 use crate::store::{Claim, RunStart, StoreError, Wait};
@@ -30,6 +30,15 @@ pub(super) trait Statements: Backend {
     fn lock_conversation(
         conn: &mut Conn<Self>,
         conversation: Uuid,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Writes what a run has spent so far to its row of `run_usage` (CONTRACT.md §18): the
+    /// sums of `/api/usage` and the budgets read those rows, which outlive the conversation.
+    fn record_spend(
+        conn: &mut Conn<Self>,
+        trace_id: TraceId,
+        usage: &Usage,
+        cost_usd: Option<f64>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     fn insert_conversation(
@@ -123,6 +132,10 @@ where
     for<'q> JsonText: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Option<&'q str>: Encode<'q, B::Db>,
     for<'q> Option<ComparisonId>: Encode<'q, B::Db>,
+    for<'q> Option<f64>: Encode<'q, B::Db>,
+    f64: Type<B::Db>,
+    for<'q> i64: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> TraceId: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Option<JsonText>: Encode<'q, B::Db>,
     for<'q> Option<MessageId>: Encode<'q, B::Db>,
     for<'q> Option<TraceId>: Encode<'q, B::Db>,
@@ -208,7 +221,7 @@ where
         query.push(
             "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
              thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
-             suggested_actions, cancelled, model, trace_id, usage, feedback, comparison_id, \
+             suggested_actions, cancelled, model, trace_id, usage, cost_usd, feedback, comparison_id, \
              variant, client_id, attachments, created_at) ",
         );
         query.push_values(rows, |mut row, (user, m)| {
@@ -229,6 +242,7 @@ where
                 .push_bind(m.model.as_deref())
                 .push_bind(m.trace_id)
                 .push_bind(m.usage.as_ref().map(json))
+                .push_bind(m.cost.cost_usd)
                 .push_bind(m.feedback.as_ref().map(json))
                 .push_bind(m.comparison_id)
                 .push_bind(m.variant.as_deref())
@@ -331,6 +345,32 @@ where
     async fn append_message(conn: &mut Conn<B>, user: &UserId, m: &Message) -> Result<(), StoreError> {
         <B as Statements>::insert_messages(conn, &[(user, m)]).await?;
         <B as Statements>::touch_conversation(conn, user, m).await
+    }
+
+    async fn record_spend(
+        conn: &mut Conn<B>,
+        trace_id: TraceId,
+        usage: &Usage,
+        cost_usd: Option<f64>,
+    ) -> Result<(), StoreError> {
+        let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        sqlx::query(
+            "insert into run_usage (trace_id, user_id, profile, model, started_at, input_tokens, output_tokens, \
+             cache_read_tokens, cache_write_tokens, cost_usd) \
+             select id, user_id, profile, model, started_at, $2, $3, $4, $5, $6 from traces where id = $1 \
+             on conflict (trace_id) do update set input_tokens = excluded.input_tokens, \
+             output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, \
+             cache_write_tokens = excluded.cache_write_tokens, cost_usd = excluded.cost_usd",
+        )
+        .bind(trace_id)
+        .bind(tokens(usage.input_tokens))
+        .bind(tokens(usage.output_tokens))
+        .bind(tokens(usage.cache_read_tokens.unwrap_or(0)))
+        .bind(tokens(usage.cache_write_tokens.unwrap_or(0)))
+        .bind(cost_usd)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
     }
 
     async fn touch_conversation(conn: &mut Conn<B>, user: &UserId, m: &Message) -> Result<(), StoreError> {

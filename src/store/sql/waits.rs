@@ -36,18 +36,21 @@ where
     for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> bool: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> i64: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Option<f64>: Encode<'q, B::Db>,
+    f64: Type<B::Db>,
 {
     async fn park_run(&self, park: &RunPark) -> Result<(), StoreError> {
         let chunks = write(self, async |conn| {
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
             let parked = sqlx::query(
-                "update traces set status = 'waiting', checkpoint = $2, usage = $3, spans = $4 \
+                "update traces set status = 'waiting', checkpoint = $2, usage = $3, spans = $4, cost_usd = $5 \
                  where id = $1 and status = 'running'",
             )
             .bind(park.trace_id)
             .bind(json(&park.checkpoint))
             .bind(json(&park.usage))
             .bind(json(&park.spans))
+            .bind(park.cost_usd)
             .execute(&mut *tx)
             .await?;
             if B::rows_affected(&parked) == 0 {

@@ -156,6 +156,8 @@ impl Backend for SqliteStore {
     type Db = Sqlite;
     type Writer<'a> = Writer<'a>;
     const SHARED: bool = false;
+    /// Times are RFC 3339 text in UTC: the day is its first ten characters.
+    const DAY_STARTED: &'static str = "substr(started_at, 1, 10)";
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const MANY_STATEMENTS_PER_QUERY: bool = true;
     const CLAIM_LOG: &'static str =

@@ -10,7 +10,9 @@ use super::{Ending, Output, RunPlan};
 use crate::chat::live::runs::Emitter;
 use crate::chat::run::context;
 use crate::chat::run::turn::{Turn, TurnOutput};
-use crate::domain::{AssistantTurn, CallStatus, ContextStrategy, LlmAttributes, Span, SpanTiming, Usage, now};
+use crate::domain::{
+    AssistantTurn, CallStatus, ContextState, ContextStrategy, LlmAttributes, Span, SpanTiming, Usage, now,
+};
 use crate::events::Event;
 use crate::providers::transport;
 use crate::providers::{InputMessage, ModelRequest};
@@ -34,9 +36,17 @@ pub(super) async fn call_model(
     emitter.emit(Event::Status { message: crate::events::THINKING_STATUS.to_owned() });
     let messages = &plan.request.messages;
     let protected = messages.iter().rposition(InputMessage::is_user).map_or(messages.len(), |i| messages.len() - i);
-    let mut fitted = context::fit(&plan.request, plan.context_limit, protected);
+    let mut fitted = context::fit(&plan.request, plan.context_limit, protected, None);
+    // A request that needs trimming keeps the previous trim's first message while it fits.
+    let stored = match fitted.state {
+        Some(_) => plan.context.stored().await,
+        None => None,
+    };
+    if stored.is_some() {
+        fitted = context::fit(&plan.request, plan.context_limit, protected, stored.as_ref());
+    }
     if plan.summarize_dropped {
-        summarize(plan, &mut fitted).await;
+        summarize(plan, &mut fitted, stored).await;
     }
     if output.spans.is_empty() || fitted.state.is_some() {
         plan.context.record(fitted.state.as_ref()).await;
@@ -106,7 +116,10 @@ pub(super) async fn call_model(
     let ended_at = now();
     let mut turn = turn.output;
     estimate_missing_usage(&mut turn, &fitted.request);
+    let ttl = fitted.request.prompt_cache.unwrap_or_default();
+    let cost = plan.prices.cost(&plan.provider_id, &fitted.request.model, &turn.usage, started_at, ttl);
     output.usage.add(&turn.usage);
+    output.cost.add(cost, &turn.usage);
     output.raw_text.push_str(&turn.raw_text);
     output.captured.extend(turn.captured);
     output.warnings.extend(
@@ -118,18 +131,23 @@ pub(super) async fn call_model(
     output.spans.push(Span::Llm {
         timing: SpanTiming::new(format!("chat {}", plan.request.model), started_at, ended_at),
         status: status_of(&ending),
-        attributes: LlmAttributes {
+        attributes: Box::new(LlmAttributes {
             operation_name: "chat".to_owned(),
             request_model: plan.request.model.clone(),
             input_tokens: turn.usage.input_tokens,
             output_tokens: turn.usage.output_tokens,
             usage_estimated: turn.usage.estimated,
+            cache_read_tokens: turn.usage.cache_read_tokens,
+            cache_write_tokens: turn.usage.cache_write_tokens,
+            cache_prefix_tokens: fitted.request.prompt_cache.map(|_| context::prefix_tokens(&fitted.request)),
+            cost_usd: cost,
             finish_reasons: turn.finish_reason.iter().cloned().collect(),
             context: fitted.state,
             warnings: Vec::new(),
-        },
+        }),
     });
     if turn.usage != Usage::default() {
+        crate::metrics::record_call(&plan.profile, &turn.usage, cost);
         let model = plan.request.model.clone();
         metrics::counter!("chatd_tokens_total", "model" => model.clone(), "direction" => "input")
             .increment(turn.usage.input_tokens);
@@ -138,7 +156,7 @@ pub(super) async fn call_model(
         // A call cut short by a failure or a cancel keeps its estimate in the trace (and a
         // cancelled answer's message); its stream goes on to its terminal event without one.
         if !turn.usage.estimated || matches!(ending, Ending::Completed) {
-            emitter.emit(Event::Usage(turn.usage));
+            emitter.emit(Event::Usage(Box::new(turn.usage)));
         }
     }
     output.turns.push(AssistantTurn {
@@ -183,28 +201,25 @@ fn failed_call(model: &str, started_at: chrono::DateTime<chrono::Utc>, ending: &
     Span::Llm {
         timing: SpanTiming::new(format!("chat {model}"), started_at, now()),
         status: status_of(ending),
-        attributes: LlmAttributes {
+        attributes: Box::new(LlmAttributes {
             operation_name: "chat".to_owned(),
             request_model: model.to_owned(),
             input_tokens: 0,
             output_tokens: 0,
-            usage_estimated: false,
             finish_reasons: Vec::new(),
-            context: None,
-            warnings: Vec::new(),
-        },
+            ..LlmAttributes::default()
+        }),
     }
 }
 
 /// Replaces what trimming dropped by a summary the model writes, kept in the context state
 /// and written again only when more is dropped. A failed summary leaves the trim as it is.
-async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed) {
+async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed, stored: Option<ContextState>) {
     let Some(state) = fitted.state.as_mut() else { return };
     let dropped = state.dropped;
     if dropped == 0 {
         return;
     }
-    let stored = plan.context.stored().await;
     let cached = stored.filter(|s| s.dropped_through == state.dropped_through).and_then(|s| s.summary);
     let summary = match cached {
         Some(summary) => summary,

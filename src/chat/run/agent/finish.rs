@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::chat::live::ending::End;
 use crate::chat::live::runs::Emitter;
 use crate::chat::run::payloads;
-use crate::domain::{Message, Role, RunError, Span, TraceStatus, now};
+use crate::domain::{Cost, Message, Role, RunError, Span, TraceStatus, now};
 use crate::events::{CancelledEvent, CompletePayload, ErrorEvent, Event};
 use crate::providers::ProviderErrorKind;
 use crate::store::{RunFinish, Store};
@@ -48,6 +48,8 @@ pub(super) async fn finish(
     message.model = Some(plan.request.model.clone());
     message.trace_id = Some(plan.trace_id);
     message.usage = Some(output.usage);
+    let cost = Cost::of(output.cost.usd(), Some(&output.usage));
+    message.cost = cost;
     message.tool_calls = output.turns.iter().flat_map(|t| t.tool_calls.clone()).collect();
     message.tool_history = output.tool_history.clone();
     message.payloads = output.payloads.clone();
@@ -78,6 +80,7 @@ pub(super) async fn finish(
                 model: plan.request.model.clone(),
                 finish_reason: if output.finish_reason.is_empty() { "stop".to_owned() } else { output.finish_reason },
                 usage: output.usage,
+                cost,
                 diagnostics,
             };
             (TraceStatus::Completed, Some(message), None, Event::Complete { payload: Box::new(payload) })
@@ -133,6 +136,7 @@ pub(super) async fn finish(
         status,
         ended_at: now(),
         usage: output.usage,
+        cost_usd: cost.cost_usd,
         error,
         spans: output.spans,
         assistant_message: assistant,

@@ -78,6 +78,8 @@ pub struct RunPlan {
     /// The profiles that answer instead when a model call fails retryably (CONTRACT.md
     /// §19), in order; the run goes on with the one that answered.
     pub fallbacks: Vec<Fallback>,
+    /// What each model call cost (CONTRACT.md §18).
+    pub prices: Arc<crate::pricing::Prices>,
 }
 
 /// A profile that answers a run's model call in its own profile's stead: its provider and
@@ -121,6 +123,9 @@ struct Output {
     text: String,
     thinking: String,
     usage: Usage,
+    /// What the model calls cost (a checkpoint from before costs were kept has none).
+    #[serde(default)]
+    cost: crate::pricing::RunCost,
     finish_reason: String,
     spans: Vec<Span>,
     turns: Vec<AssistantTurn>,
@@ -217,6 +222,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
                 status: TraceStatus::Error,
                 ended_at: now(),
                 usage: Usage::default(),
+                cost_usd: None,
                 error: Some(RunError::new("INTERNAL", "Internal error", None)),
                 spans: Vec::new(),
                 assistant_message: None,

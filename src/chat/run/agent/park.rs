@@ -178,7 +178,7 @@ pub(super) async fn park(
             data: serde_json::to_string(event).expect("events always serialize").into(),
         })
         .collect();
-    let (usage, spans) = (output.usage, output.spans.clone());
+    let (usage, cost_usd, spans) = (output.usage, output.cost.usd(), output.spans.clone());
     let checkpoint = Checkpoint {
         seq: emitter.seq() + events.len() as u64,
         iteration,
@@ -192,6 +192,7 @@ pub(super) async fn park(
         trace_id: plan.trace_id,
         checkpoint: serde_json::to_value(&checkpoint).expect("a checkpoint serializes"),
         usage,
+        cost_usd,
         spans,
         waits,
         events: logged,

@@ -1,0 +1,21 @@
+-- What runs cost (CONTRACT.md §18). The answer and its trace say what each cost; `run_usage`
+-- keeps one row per run for the sums of /api/usage and the budgets: apart from the
+-- conversation, so that deleting a conversation does not undo what its runs spent. A run's
+-- row is written as it ends, and meanwhile with each completed step while budgets watch it.
+alter table messages add column cost_usd real;
+alter table traces add column cost_usd real;
+create table run_usage (
+    trace_id blob primary key,
+    user_id text not null,
+    profile text not null,
+    model text not null,
+    started_at text not null,
+    input_tokens integer not null default 0,
+    output_tokens integer not null default 0,
+    cache_read_tokens integer not null default 0,
+    cache_write_tokens integer not null default 0,
+    -- null where a call had no known price
+    cost_usd real
+);
+create index run_usage_by_user on run_usage (user_id, started_at);
+create index run_usage_by_time on run_usage (started_at);
