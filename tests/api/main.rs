@@ -19,6 +19,7 @@ mod files;
 mod idempotency;
 mod legacy;
 mod mcp;
+mod money;
 mod multitask;
 mod openapi;
 mod providers;
