@@ -269,24 +269,6 @@ pub struct Limits {
     /// past them the address gets 429, whatever it sends, until its budget refills. 0: no
     /// limit.
     pub failed_auth_per_minute: u32,
-    /// Tokens (input and output) one user may spend per UTC day (CONTRACT.md §18); none:
-    /// no budget.
-    #[serde(default)]
-    pub budget_tokens_per_day: Option<u64>,
-    /// US dollars one user may spend per calendar month (UTC); none: no budget.
-    #[serde(default)]
-    pub budget_usd_per_month: Option<f64>,
-    /// Per-user budgets that replace the two above for that user.
-    #[serde(default)]
-    pub budgets: BTreeMap<String, Budget>,
-}
-
-/// One user's budgets (`limits.budgets.<user>`): each replaces the general one where given.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Budget {
-    pub tokens_per_day: Option<u64>,
-    pub usd_per_month: Option<f64>,
 }
 
 /// A model's price (`pricing.<model>`), US dollars per million tokens: it overrides the

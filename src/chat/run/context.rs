@@ -26,20 +26,37 @@ pub fn estimate(text: &str) -> u64 {
     (text.chars().count() as u64).div_ceil(4)
 }
 
-fn message_tokens(message: &InputMessage) -> u64 {
+/// Counts text's tokens with `model`'s own tokenizer where it is one of OpenAI's (the
+/// tiktoken encodings), else as [`estimate`]: for usage a provider did not report
+/// (CONTRACT.md §18). Context trimming, which counts every request, keeps to the estimate.
+pub fn tokenizer(model: &str) -> impl Fn(&str) -> u64 + use<> {
+    use tiktoken_rs::tokenizer::{Tokenizer, get_tokenizer};
+    let bpe = match get_tokenizer(model) {
+        Some(Tokenizer::O200kBase) => Some(tiktoken_rs::o200k_base_singleton()),
+        Some(Tokenizer::O200kHarmony) => Some(tiktoken_rs::o200k_harmony_singleton()),
+        Some(Tokenizer::Cl100kBase) => Some(tiktoken_rs::cl100k_base_singleton()),
+        _ => None,
+    };
+    move |text: &str| match bpe {
+        Some(bpe) => bpe.encode_ordinary(text).len() as u64,
+        None => estimate(text),
+    }
+}
+
+fn message_tokens(message: &InputMessage, count: &dyn Fn(&str) -> u64) -> u64 {
     let turns: u64 = match message {
         InputMessage::Assistant { turns, .. } => turns
             .iter()
             .map(|t| {
-                estimate(&t.text)
-                    + t.tool_calls.iter().map(|c| estimate(&c.input.to_string()) + estimate(&c.name)).sum::<u64>()
-                    + t.tool_results.iter().map(|r| estimate(&r.content)).sum::<u64>()
+                count(&t.text)
+                    + t.tool_calls.iter().map(|c| count(&c.input.to_string()) + count(&c.name)).sum::<u64>()
+                    + t.tool_results.iter().map(|r| count(&r.content)).sum::<u64>()
             })
             .sum(),
         InputMessage::User { text, files, .. } => {
-            estimate(text) + files.iter().map(crate::providers::InputFile::estimated_tokens).sum::<u64>()
+            count(text) + files.iter().map(crate::providers::InputFile::estimated_tokens).sum::<u64>()
         }
-        InputMessage::System { text, .. } => estimate(text),
+        InputMessage::System { text, .. } => count(text),
     };
     // Role markers and framing cost a few tokens a message.
     turns + 4
@@ -47,13 +64,15 @@ fn message_tokens(message: &InputMessage) -> u64 {
 
 /// The request's size in estimated tokens.
 pub fn request_tokens(request: &ModelRequest) -> u64 {
-    let system = request.system_prompt.as_deref().map_or(0, estimate) + request.notes.as_deref().map_or(0, estimate);
-    let tools: u64 = request
-        .tools
-        .iter()
-        .map(|t| estimate(&t.name) + estimate(&t.description) + estimate(&t.input_schema.to_string()))
-        .sum();
-    system + tools + request.messages.iter().map(message_tokens).sum::<u64>()
+    request_tokens_by(request, &estimate)
+}
+
+/// The request's size in tokens as `count` counts them.
+pub fn request_tokens_by(request: &ModelRequest, count: &dyn Fn(&str) -> u64) -> u64 {
+    let system = request.system_prompt.as_deref().map_or(0, count) + request.notes.as_deref().map_or(0, count);
+    let tools: u64 =
+        request.tools.iter().map(|t| count(&t.name) + count(&t.description) + count(&t.input_schema.to_string())).sum();
+    system + tools + request.messages.iter().map(|m| message_tokens(m, count)).sum::<u64>()
 }
 
 /// The estimated tokens of what a request marks for the provider's prompt cache: all of it
@@ -91,7 +110,7 @@ pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize, previou
     // What the request costs from each message on: `from[i]` keeps `messages[i..]`.
     let mut from = vec![fixed; messages.len() + 1];
     for i in (0..messages.len()).rev() {
-        from[i] = from[i + 1] + message_tokens(&messages[i]);
+        from[i] = from[i + 1] + message_tokens(&messages[i], &estimate);
     }
     let starts_well = |i: usize| i == movable || messages[i].is_user();
     let held = previous
@@ -305,5 +324,16 @@ mod tests {
         // Trimmed to 50%, the history grows for about three turns before it passes 70%.
         assert!(moves * 3 <= trimmed_turns, "{moves} moves in {trimmed_turns} trimmed turns");
         assert!(moves < moves_without_steps / 2, "{moves} against {moves_without_steps}");
+    }
+
+    #[test]
+    fn openai_models_are_counted_with_their_own_tokenizer_and_others_by_the_rule() {
+        let text = "Tokenizers split words like unbelievably into pieces; 12345 and emoji 🎉 too.";
+        let gpt = tokenizer("gpt-4o")(text);
+        // What tiktoken's o200k_base says, and not the four-characters rule.
+        assert_eq!(gpt, tiktoken_rs::o200k_base_singleton().encode_ordinary(text).len() as u64);
+        assert_ne!(gpt, estimate(text));
+        assert_eq!(tokenizer("gpt-4")(text), tiktoken_rs::cl100k_base_singleton().encode_ordinary(text).len() as u64);
+        assert_eq!(tokenizer("llama3.2:3b")(text), estimate(text));
     }
 }

@@ -240,21 +240,22 @@ async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed, stored: Option
 
 /// Counts what the provider did not (CONTRACT.md §18: usage is never invented, and never
 /// zero for work done): a call that produced something, or finished, and came back without
-/// input or output tokens gets chatd's estimate of them, marked `estimated`. A call that
+/// input or output tokens gets chatd's count of them (with the model's own tokenizer where
+/// it is OpenAI's, else four characters a token), marked `estimated`. A call that
 /// failed before producing anything did no work to count.
 fn estimate_missing_usage(turn: &mut TurnOutput, request: &ModelRequest) {
     let produced = !turn.raw_text.is_empty() || !turn.thinking.is_empty() || !turn.tool_calls.is_empty();
     if !produced && turn.finish_reason.is_none() {
         return;
     }
+    let count = context::tokenizer(&request.model);
     if turn.usage.input_tokens == 0 {
-        turn.usage.input_tokens = context::request_tokens(request);
+        turn.usage.input_tokens = context::request_tokens_by(request, &count);
         turn.usage.estimated = true;
     }
     if turn.usage.output_tokens == 0 && produced {
-        let calls: u64 =
-            turn.tool_calls.iter().map(|c| context::estimate(&c.name) + context::estimate(&c.input.to_string())).sum();
-        turn.usage.output_tokens = context::estimate(&turn.raw_text) + context::estimate(&turn.thinking) + calls;
+        let calls: u64 = turn.tool_calls.iter().map(|c| count(&c.name) + count(&c.input.to_string())).sum();
+        turn.usage.output_tokens = count(&turn.raw_text) + count(&turn.thinking) + calls;
         turn.usage.estimated = true;
     }
 }
