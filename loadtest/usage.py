@@ -31,9 +31,9 @@ def seed_sqlite(path, runs, users, share):
         rows.append((uuid.uuid4().bytes, user, PROFILES[i % 3], MODELS[i % 4], started,
                      1000 + i % 500, 100 + i % 50, 600 + i % 300, i % 200, None if i % 4 == 3 else 0.001 * (i % 7)))
         if len(rows) == 50_000:
-            db.executemany("insert into run_usage values (?,?,?,?,?,?,?,?,?,?)", rows)
+            db.executemany("insert into run_usage (trace_id, user_id, profile, model, started_at, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) values (?,?,?,?,?,?,?,?,?,?)", rows)
             rows.clear()
-    db.executemany("insert into run_usage values (?,?,?,?,?,?,?,?,?,?)", rows)
+    db.executemany("insert into run_usage (trace_id, user_id, profile, model, started_at, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) values (?,?,?,?,?,?,?,?,?,?)", rows)
     db.commit()
     db.execute("analyze")
     db.close()
@@ -41,7 +41,7 @@ def seed_sqlite(path, runs, users, share):
 
 def seed_postgres(url, runs, users, share):
     every = int(1 / share)
-    psql(url, f"""insert into run_usage select gen_random_uuid(),
+    psql(url, f"""insert into run_usage (trace_id, user_id, profile, model, started_at, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) select gen_random_uuid(),
         case when i % {every} = 0 then 'heavy' else 'user' || (i % {users}) end,
         (array['default','fast','smart'])[i % 3 + 1], (array{MODELS})[i % 4 + 1],
         now() - make_interval(mins => i % ({DAYS} * 1440)),

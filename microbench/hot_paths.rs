@@ -222,6 +222,7 @@ async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>,
             idempotency_key: None,
             asked: None,
             going_seen: None,
+            budget: None,
         };
         store.start_run(&start).await.expect("run starts");
     }

@@ -1,7 +1,7 @@
 -- What runs cost (CONTRACT.md §18). The answer and its trace say what each cost; `run_usage`
 -- keeps one row per run for the sums of /api/usage and the budgets: apart from the
 -- conversation, so that deleting a conversation does not undo what its runs spent. A run's
--- row is written as it ends, and meanwhile with each completed step while budgets watch it.
+-- row is written as it starts where a budget applies (with what it reserves), and as it ends.
 alter table messages add column cost_usd real;
 alter table traces add column cost_usd real;
 create table run_usage (
@@ -14,6 +14,10 @@ create table run_usage (
     output_tokens integer not null default 0,
     cache_read_tokens integer not null default 0,
     cache_write_tokens integer not null default 0,
+    -- what a going run holds of its user's budgets for its next model call (its request's
+    -- estimate and its output allowance); 0 once it ended
+    reserved_tokens integer not null default 0,
+    reserved_usd real not null default 0,
     -- null where a call had no known price
     cost_usd real
 );

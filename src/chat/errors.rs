@@ -22,6 +22,9 @@ pub enum ChatError {
     /// Too many runs at once for this user.
     #[error("{message}")]
     Busy { message: String, retry_after: Duration },
+    /// The user's budget is spent (CONTRACT.md §18) until `retry_after`.
+    #[error("{message}")]
+    QuotaExceeded { message: String, retry_after: Duration },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -269,6 +269,35 @@ pub struct Limits {
     /// past them the address gets 429, whatever it sends, until its budget refills. 0: no
     /// limit.
     pub failed_auth_per_minute: u32,
+    /// Tokens (input and output) one user may spend per UTC day (CONTRACT.md §18); none:
+    /// no budget.
+    #[serde(default)]
+    pub budget_tokens_per_day: Option<u64>,
+    /// US dollars one user may spend per calendar month (UTC); none: no budget.
+    #[serde(default)]
+    pub budget_usd_per_month: Option<f64>,
+    /// Budgets of one user, each replacing the general one where given.
+    #[serde(default)]
+    pub budgets: BTreeMap<String, Budget>,
+}
+
+impl Limits {
+    /// `user`'s budgets: tokens per day, US dollars per month.
+    pub fn budget_for(&self, user: &str) -> (Option<u64>, Option<f64>) {
+        let own = self.budgets.get(user);
+        (
+            own.and_then(|b| b.tokens_per_day).or(self.budget_tokens_per_day),
+            own.and_then(|b| b.usd_per_month).or(self.budget_usd_per_month),
+        )
+    }
+}
+
+/// One user's budgets (`limits.budgets.<user>`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub tokens_per_day: Option<u64>,
+    pub usd_per_month: Option<f64>,
 }
 
 /// A model's price (`pricing.<model>`), US dollars per million tokens: it overrides the

@@ -138,6 +138,8 @@ pub struct RunStart {
     /// store, a going run not among them refuses the start as [`StartOutcome::Moved`] (another
     /// replica started it meanwhile); `None`: not checked.
     pub going_seen: Option<Vec<TraceId>>,
+    /// What its runs hold of the user's budgets (CONTRACT.md §18); `None`: no budget.
+    pub budget: Option<BudgetHold>,
 }
 
 impl RunStart {
@@ -232,6 +234,9 @@ pub enum StartOutcome {
     /// A new conversation's `external_id` is the user's already: another request made the
     /// same client chat meanwhile.
     ChatTaken,
+    /// Its runs' reservations would take its user past a budget (CONTRACT.md §18): other
+    /// replicas' runs spent or reserved it meanwhile.
+    OverBudget,
 }
 
 /// What the processes sharing the store know of each other: whether the database answers, whether others share it and are heard, the runs going anywhere, heartbeats and notices.
@@ -462,6 +467,51 @@ pub trait UsageStore: Send + Sync + 'static {
         to: DateTime<Utc>,
         group_by: UsageGrouping,
     ) -> Result<Vec<UsageGroup>, StoreError>;
+    /// `user`'s spend since the day's and the month's starts, reservations apart.
+    async fn spend(&self, user: &UserId, budgets: &Budgets) -> Result<Spend, StoreError>;
+    /// Writes what a going run has spent so far (its reservation stays for its next call).
+    async fn record_progress(&self, trace_id: TraceId, usage: &Usage, cost_usd: Option<f64>) -> Result<(), StoreError>;
+}
+
+/// What a user has spent in the budgets' periods (CONTRACT.md §18): the runs that ended, the
+/// going runs' spend so far, and what the going runs hold for their next model call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Spend {
+    /// Input and output tokens since the day began.
+    pub tokens: u64,
+    pub reserved_tokens: u64,
+    /// US dollars since the month began.
+    pub usd: f64,
+    pub reserved_usd: f64,
+}
+
+/// A user's budgets and the periods they count (CONTRACT.md §18).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budgets {
+    pub tokens_per_day: Option<u64>,
+    pub usd_per_month: Option<f64>,
+    /// Where the current UTC day and calendar month began.
+    pub day_start: DateTime<Utc>,
+    pub month_start: DateTime<Utc>,
+}
+
+/// What a start holds of its user's budgets: each of its runs reserves what its next model
+/// call may spend, until it ends. Where other replicas start runs too, the start checks the
+/// budgets again in its transaction, under a lock per user.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetHold {
+    pub budgets: Budgets,
+    /// Per run.
+    pub reserve_tokens: u64,
+    pub reserve_usd: f64,
+}
+
+impl Budgets {
+    /// Whether `spend` and `more` pass a budget.
+    pub fn passed_with(&self, spend: &Spend, more_tokens: u64, more_usd: f64) -> bool {
+        self.tokens_per_day.is_some_and(|limit| spend.tokens + spend.reserved_tokens + more_tokens > limit)
+            || self.usd_per_month.is_some_and(|limit| spend.usd + spend.reserved_usd + more_usd > limit)
+    }
 }
 
 /// How `/api/usage` groups runs.

@@ -395,3 +395,113 @@ async fn over_thirty_turns_most_input_is_read_from_the_cache_and_the_prefix_move
     assert!(prefixes <= trims, "{prefixes} prefixes, {trims} trim points");
     assert!(trims < 10, "{trims} trim points in 30 turns");
 }
+
+/// A budget of `tokens` a day, with the mock's answers at most 100 tokens long.
+fn budget_config(tokens: u64) -> String {
+    format!(
+        "[limits]\nbudget_tokens_per_day = {tokens}\nmax_concurrent_runs_per_user = 100\nrequests_per_minute = 0\n\
+         [limits.budgets.bob]\ntokens_per_day = 1000000\n\
+         [profiles.default]\nprovider = \"mock\"\nmodel = \"mock-1\"\nmax_tokens = 100\n"
+    )
+}
+
+/// POSTs a message as `user`: the response's status and, where the stream opened, its frames.
+async fn start(app: &TestApp, user: &str, message: &str) -> (StatusCode, Option<String>, Vec<Frame>) {
+    let response = app
+        .client
+        .post(app.url("/api/chat/stream"))
+        .header("x-client-id", user)
+        .json(&json!({"message": message}))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+    if status != StatusCode::OK {
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["code"], "QUOTA_EXCEEDED", "{body}");
+        return (status, retry_after, Vec::new());
+    }
+    (status, retry_after, read_frames(response).await)
+}
+
+/// What `user` spent today, as `/api/usage` sums it.
+async fn spent_today(app: &TestApp, user: &str) -> u64 {
+    let (_, usage) = app.get("/api/usage", user).await;
+    usage["total"]["input_tokens"].as_u64().unwrap() + usage["total"]["output_tokens"].as_u64().unwrap()
+}
+
+both_backends! {
+    /// Starts go until the day's budget is spent, then 429 `QUOTA_EXCEEDED` until midnight
+    /// (UTC); a user with a budget of their own goes on.
+    async fn a_spent_budget_refuses_starts_until_it_resets(backend: Backend) {
+        let app = TestApp::spawn(backend, &budget_config(2000)).await;
+        let mut started = 0;
+        let refused = loop {
+            let (status, retry_after, frames) = start(&app, "ann", "hello there").await;
+            if status != StatusCode::OK {
+                break (status, retry_after);
+            }
+            assert_eq!(frames.last().unwrap().kind(), "done");
+            started += 1;
+            assert!(started < 20, "the budget never stopped a start");
+        };
+        assert_eq!(refused.0, StatusCode::TOO_MANY_REQUESTS);
+        let now = chrono::Utc::now();
+        let midnight = (now + chrono::Duration::days(1)).date_naive().and_hms_opt(0, 0, 0).unwrap().and_utc();
+        let retry_after: i64 = refused.1.expect("Retry-After").parse().unwrap();
+        assert!((retry_after - (midnight - now).num_seconds()).abs() <= 5, "{retry_after}");
+        assert!(started >= 2, "{started}");
+        // Never past the budget: each start held what its answer could spend.
+        let spent = spent_today(&app, "ann").await;
+        assert!(spent <= 2000, "{spent}");
+        // Bob's own budget is larger.
+        assert_eq!(start(&app, "bob", "hello").await.0, StatusCode::OK);
+    }
+
+    /// 20 starts at once at the edge of the budget: some start, the others are refused, and
+    /// together they never spend past it.
+    async fn a_burst_of_starts_at_the_edge_never_overspends(backend: Backend) {
+        let app = TestApp::spawn(backend, &budget_config(3000)).await;
+        start(&app, "ann", "a first answer").await;
+        let burst = (0..20).map(|i| start(&app, "ann", if i % 2 == 0 { "hello" } else { "and again" }));
+        let outcomes = futures_util::future::join_all(burst).await;
+        let ok = outcomes.iter().filter(|(s, ..)| *s == StatusCode::OK).count();
+        assert!((1..20).contains(&ok), "{ok} of 20 started");
+        let spent = spent_today(&app, "ann").await;
+        assert!(spent <= 3000, "{spent}");
+    }
+
+    /// A run whose user passes the budget while it runs finishes the model call it is in,
+    /// then ends (`finish_reason: "budget"`) instead of calling the model again.
+    async fn a_run_that_passes_its_budget_ends_after_its_model_call(backend: Backend) {
+        let app = TestApp::spawn(backend, &budget_config(1400)).await;
+        let long = "numbers and more numbers ".repeat(80);
+        let message = format!("{long} [mock:tool=calculator {{\"expression\": \"1+1\"}}] [mock:loop]");
+        let (status, _, frames) = start(&app, "ann", &message).await;
+        assert_eq!(status, StatusCode::OK);
+        let complete = complete(&frames);
+        assert_eq!(complete["finish_reason"], "budget", "{complete}");
+        let trace_id = complete["trace_id"].as_str().unwrap();
+        let (_, trace) = app.get(&format!("/api/trace/{trace_id}"), "ann").await;
+        let calls = trace["spans"].as_array().unwrap().iter().filter(|s| s["kind"] == "llm").count();
+        assert!((2..5).contains(&calls), "{calls} model calls");
+        // The next start is refused.
+        assert_eq!(start(&app, "ann", "more").await.0, StatusCode::TOO_MANY_REQUESTS);
+    }
+}
+
+/// Two replicas share one budget: a burst split between them never spends past it.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn replicas_count_each_others_spend() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let (a, b) = (TestApp::on(&db.url, &budget_config(3000)).await, TestApp::on(&db.url, &budget_config(3000)).await);
+    let burst = (0..20).map(|i| start(if i % 2 == 0 { &a } else { &b }, "ann", "hello"));
+    let outcomes = futures_util::future::join_all(burst).await;
+    let ok = outcomes.iter().filter(|(s, ..)| *s == StatusCode::OK).count();
+    assert!((1..20).contains(&ok), "{ok} of 20 started");
+    let spent = spent_today(&a, "ann").await;
+    assert!(spent <= 3000, "{spent}");
+    assert_eq!(spent, spent_today(&b, "ann").await);
+}

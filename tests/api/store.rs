@@ -58,6 +58,7 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
         idempotency_key: None,
         asked: None,
         going_seen: None,
+        budget: None,
     }
 }
 

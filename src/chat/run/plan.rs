@@ -196,6 +196,7 @@ impl Planner {
             retries: self.retries(&profile.provider),
             fallbacks: self.fallbacks(profile),
             prices: self.prices.clone(),
+            budgets: crate::chat::start::budget::budgets_of(&self.settings, user),
         };
         Ok(Side { trace, plan })
     }
@@ -411,6 +412,7 @@ impl Planner {
             retries: self.retries(&profile.provider),
             fallbacks: self.fallbacks(profile),
             prices: self.prices.clone(),
+            budgets: crate::chat::start::budget::budgets_of(&self.settings, &trace.user_id),
         })
     }
 }

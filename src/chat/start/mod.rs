@@ -3,6 +3,7 @@
 //! `Idempotency-Key` (`idempotency`); a client library's turn read onto a request
 //! (`clients`); new messages of a conversation take turns (`turns`); titles (`titles`).
 
+pub mod budget;
 pub mod clients;
 pub mod idempotency;
 pub(in crate::chat) mod prepare;

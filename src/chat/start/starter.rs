@@ -37,6 +37,15 @@ fn moved() -> ChatError {
 }
 
 /// A start's task that panicked (a bug): its request fails.
+/// The 429 of a start another replica's runs took past its user's budget meanwhile.
+fn over_budget_elsewhere(hold: Option<crate::store::BudgetHold>) -> ChatError {
+    let spent = crate::store::Spend { tokens: u64::MAX / 2, usd: f64::MAX / 2.0, ..Default::default() };
+    match hold {
+        Some(hold) => super::budget::over_budget(&hold.budgets, &spent),
+        None => ChatError::Unavailable("the run could not start".into()),
+    }
+}
+
 fn gone(_: tokio::task::JoinError) -> ChatError {
     ChatError::Unavailable("the run could not start".into())
 }
@@ -56,6 +65,7 @@ pub(in crate::chat) struct Starter {
     attachments: Attachments,
     titles: Titles,
     queue: Queue,
+    budgeter: super::budget::Budgeter,
 }
 
 impl Starter {
@@ -74,6 +84,7 @@ impl Starter {
             attachments: Attachments::new(shared),
             titles: Titles::new(shared),
             queue: Queue::new(shared),
+            budgeter: super::budget::Budgeter::new(shared),
         }
     }
 
@@ -251,6 +262,11 @@ impl Starter {
                 trace.status = TraceStatus::Queued;
             }
         }
+        // Checked last, on the plans: a user's starts take turns until each is written.
+        let (budget, _budget_turn) = match self.budgeter.hold(user, &plans).await? {
+            Some((hold, turn)) => (Some(hold), Some(turn)),
+            None => (None, None),
+        };
         let start = RunStart {
             asked: turn.asked.kept(),
             going_seen: turn.going_seen,
@@ -262,6 +278,7 @@ impl Starter {
             replica_id: self.replica_id.to_string(),
             max_running: turn.max_running,
             idempotency_key: turn.idempotency_key,
+            budget,
         };
         let reservation = turn.reservation;
         // Until the runs are started, the conversation's next message waits.
@@ -280,6 +297,8 @@ impl Starter {
                 Ok(StartOutcome::KeyTaken) => Ok(Begun::KeyTaken),
                 Ok(StartOutcome::Moved) => Ok(Begun::Moved),
                 Ok(StartOutcome::ChatTaken) => Ok(Begun::ChatTaken),
+                // Other replicas' runs spent or hold the budget meanwhile.
+                Ok(StartOutcome::OverBudget) => Err(over_budget_elsewhere(start.budget)),
                 Err(e) => Err(e.into()),
             };
             // The runs are registered now (or will never be): they count themselves, and

@@ -113,6 +113,7 @@ mod tests {
             idempotency_key: None,
             asked: None,
             going_seen: None,
+            budget: None,
         }
     }
 

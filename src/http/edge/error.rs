@@ -26,6 +26,9 @@ pub enum AppError {
     Unavailable(String),
     #[error("{message}")]
     RateLimited { message: String, retry_after: std::time::Duration },
+    /// A budget is spent (CONTRACT.md §18).
+    #[error("{message}")]
+    QuotaExceeded { message: String, retry_after: std::time::Duration },
     #[error("This method is not allowed here")]
     MethodNotAllowed,
     #[error("internal error")]
@@ -70,6 +73,7 @@ impl AppError {
             }
             AppError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE", None),
             AppError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED", None),
+            AppError::QuotaExceeded { .. } => (StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED", None),
             // Not a contract code: the closest is a bad request, with the HTTP status that says why.
             AppError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "VALIDATION_ERROR", None),
             AppError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", None),
@@ -82,7 +86,7 @@ impl IntoResponse for AppError {
         let (status, code, field) = self.parts();
         let message = self.to_string();
         let mut response = (status, Json(Envelope { code, message: &message, field })).into_response();
-        if let AppError::RateLimited { retry_after, .. } = &self {
+        if let AppError::RateLimited { retry_after, .. } | AppError::QuotaExceeded { retry_after, .. } = &self {
             let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
         }
@@ -116,6 +120,7 @@ impl From<ChatError> for AppError {
             ChatError::Conflict(message) => AppError::Conflict(message),
             ChatError::Unavailable(message) => AppError::Unavailable(message),
             ChatError::Busy { message, retry_after } => AppError::RateLimited { message, retry_after },
+            ChatError::QuotaExceeded { message, retry_after } => AppError::QuotaExceeded { message, retry_after },
             ChatError::Store(e) => e.into(),
         }
     }

@@ -13,7 +13,7 @@ use super::statements::{GOING_IN_CONVERSATION, Statements};
 use super::{Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
 use crate::domain::{Conversation, Message, Trace};
 use crate::ids::{TraceId, UserId};
-use crate::store::{RunStart, StartOutcome, StoreError};
+use crate::store::{BudgetHold, RunStart, StartOutcome, StoreError};
 
 /// A start's statements (see the module's doc).
 pub(super) trait Starts: Statements {
@@ -30,6 +30,11 @@ pub(super) trait Starts: Statements {
         conn: &mut Conn<Self>,
         starts: &[&RunStart],
     ) -> impl Future<Output = Result<(), Stop>> + Send;
+
+    /// Refuses the starts as [`StartOutcome::OverBudget`] where their runs' reservations
+    /// would take their user past a budget, counting what every replica's runs spent and
+    /// hold, under a lock per user: a burst of starts on several replicas takes turns here.
+    fn check_budgets(conn: &mut Conn<Self>, starts: &[&RunStart]) -> impl Future<Output = Result<(), Stop>> + Send;
 
     /// Refuses the starts as [`StartOutcome::Moved`] where a run of a start's conversation is going that
     /// the start did not see (another replica started it since): its message would not follow
@@ -70,6 +75,7 @@ where
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
     for<'r> (i64,): FromRow<'r, Row<B>>,
     for<'r> (Uuid, DateTime<Utc>, String, Option<Uuid>): FromRow<'r, Row<B>>,
+    for<'r> super::usage::SpendRow: FromRow<'r, Row<B>>,
     for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
@@ -107,6 +113,7 @@ where
             let written: Result<(), Stop> = async {
                 let lasts = if B::SHARED {
                     <B as Starts>::check_running_limits(&mut *tx, starts).await?;
+                    <B as Starts>::check_budgets(&mut *tx, starts).await?;
                     <B as Starts>::check_going(&mut *tx, starts).await?
                 } else {
                     Vec::new()
@@ -149,6 +156,10 @@ where
                 }
                 <B as Starts>::place_queued(&mut tx, starts, &lasts).await?;
                 let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+                if <B as Statements>::push_reservations(&mut query, starts) {
+                    B::execute(&mut *tx, query).await?;
+                }
+                let mut query = sqlx::QueryBuilder::<B::Db>::new("");
                 if <B as Statements>::push_keys(&mut query, starts) {
                     B::execute(&mut *tx, query).await.map_err(Stop::from_insert)?;
                 }
@@ -190,6 +201,33 @@ where
             let running = usize::try_from(running).unwrap_or(usize::MAX);
             if running + adding > limit {
                 return Err(Stop::Refused(StartOutcome::OverLimit(running)));
+            }
+        }
+        Ok(())
+    }
+
+    async fn check_budgets(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<(), Stop> {
+        let mut users: Vec<(&UserId, BudgetHold, u64)> = Vec::new();
+        for start in starts {
+            let (Some(hold), Some(first)) = (start.budget, start.traces.first()) else { continue };
+            match users.iter_mut().find(|(user, ..)| *user == &first.user_id) {
+                Some((_, _, runs)) => *runs += start.traces.len() as u64,
+                None => users.push((&first.user_id, hold, start.traces.len() as u64)),
+            }
+        }
+        users.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (user, hold, runs) in users {
+            sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 9))").bind(user).execute(&mut *conn).await?;
+            let budgets = hold.budgets;
+            let month = budgets.month_start.min(budgets.day_start);
+            let row: super::usage::SpendRow = sqlx::query_as(super::usage::SPEND)
+                .bind(user)
+                .bind(budgets.day_start)
+                .bind(month)
+                .fetch_one(&mut *conn)
+                .await?;
+            if budgets.passed_with(&row.into(), hold.reserve_tokens * runs, hold.reserve_usd * runs as f64) {
+                return Err(Stop::Refused(StartOutcome::OverBudget));
             }
         }
         Ok(())
@@ -275,6 +313,10 @@ where
         if starts.iter().any(|s| s.idempotency_key.is_some()) {
             query.push("; ");
             <B as Statements>::push_keys(&mut query, starts);
+        }
+        if starts.iter().any(|s| s.budget.is_some()) {
+            query.push("; ");
+            <B as Statements>::push_reservations(&mut query, starts);
         }
         query.push("; COMMIT");
         write(backend, async |conn| match transaction_as_one_query::<B>(conn, query).await {

@@ -32,6 +32,10 @@ pub(super) trait Statements: Backend {
         conversation: Uuid,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// The `run_usage` rows of starts whose user has a budget, each run with its reservation
+    /// (CONTRACT.md §18); false (and nothing pushed) where none has.
+    fn push_reservations<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, starts: &'a [&'a RunStart]) -> bool;
+
     /// Writes what a run has spent so far to its row of `run_usage` (CONTRACT.md §18): the
     /// sums of `/api/usage` and the budgets read those rows, which outlive the conversation.
     fn record_spend(
@@ -136,6 +140,7 @@ where
     f64: Type<B::Db>,
     for<'q> i64: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> TraceId: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> f64: Encode<'q, B::Db>,
     for<'q> Option<JsonText>: Encode<'q, B::Db>,
     for<'q> Option<MessageId>: Encode<'q, B::Db>,
     for<'q> Option<TraceId>: Encode<'q, B::Db>,
@@ -347,6 +352,30 @@ where
         <B as Statements>::touch_conversation(conn, user, m).await
     }
 
+    fn push_reservations<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, starts: &'a [&'a RunStart]) -> bool {
+        let held: Vec<(&Trace, &crate::store::BudgetHold)> = starts
+            .iter()
+            .filter_map(|s| Some((s, s.budget.as_ref()?)))
+            .flat_map(|(s, h)| s.traces.iter().map(move |t| (t, h)))
+            .collect();
+        if held.is_empty() {
+            return false;
+        }
+        query.push(
+            "insert into run_usage (trace_id, user_id, profile, model, started_at, reserved_tokens, reserved_usd) ",
+        );
+        query.push_values(held, |mut row, (t, hold)| {
+            row.push_bind(t.trace_id)
+                .push_bind(t.user_id.as_str())
+                .push_bind(t.profile.as_str())
+                .push_bind(t.model.as_str())
+                .push_bind(t.started_at)
+                .push_bind(i64::try_from(hold.reserve_tokens).unwrap_or(i64::MAX))
+                .push_bind(hold.reserve_usd);
+        });
+        true
+    }
+
     async fn record_spend(
         conn: &mut Conn<B>,
         trace_id: TraceId,
@@ -360,7 +389,8 @@ where
              select id, user_id, profile, model, started_at, $2, $3, $4, $5, $6 from traces where id = $1 \
              on conflict (trace_id) do update set input_tokens = excluded.input_tokens, \
              output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, \
-             cache_write_tokens = excluded.cache_write_tokens, cost_usd = excluded.cost_usd",
+             cache_write_tokens = excluded.cache_write_tokens, cost_usd = excluded.cost_usd, \
+             reserved_tokens = 0, reserved_usd = 0",
         )
         .bind(trace_id)
         .bind(tokens(usage.input_tokens))

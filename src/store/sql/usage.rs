@@ -5,7 +5,8 @@ use chrono::{DateTime, Utc};
 use sqlx::{Database, Executor, FromRow, IntoArguments, Type};
 
 use super::{Backend, Conn, Row};
-use crate::ids::UserId;
+use crate::domain::Usage;
+use crate::ids::{TraceId, UserId};
 use crate::store::*;
 
 #[derive(sqlx::FromRow)]
@@ -19,6 +20,35 @@ struct GroupRow {
     cost_usd: Option<f64>,
 }
 
+#[derive(sqlx::FromRow)]
+pub(super) struct SpendRow {
+    tokens: i64,
+    reserved_tokens: i64,
+    usd: f64,
+    reserved_usd: f64,
+}
+
+/// A user's spend since `$2` (tokens) and `$3` (US dollars), reservations apart: one read of
+/// the index on (user_id, started_at).
+pub(super) const SPEND: &str = "select \
+     cast(coalesce(sum(case when started_at >= $2 then input_tokens + output_tokens else 0 end), 0) as bigint) as tokens, \
+     cast(coalesce(sum(case when started_at >= $2 then reserved_tokens else 0 end), 0) as bigint) as reserved_tokens, \
+     cast(coalesce(sum(coalesce(cost_usd, 0)), 0) as double precision) as usd, \
+     cast(coalesce(sum(reserved_usd), 0) as double precision) as reserved_usd \
+     from run_usage where user_id = $1 and started_at >= $3";
+
+impl From<SpendRow> for Spend {
+    fn from(row: SpendRow) -> Self {
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        Spend {
+            tokens: count(row.tokens),
+            reserved_tokens: count(row.reserved_tokens),
+            usd: row.usd,
+            reserved_usd: row.reserved_usd,
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl<B> UsageStore for B
 where
@@ -26,6 +56,11 @@ where
     for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
     for<'r> GroupRow: FromRow<'r, Row<B>>,
+    for<'r> SpendRow: FromRow<'r, Row<B>>,
+    for<'q> crate::ids::TraceId: sqlx::Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> i64: sqlx::Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Option<f64>: sqlx::Encode<'q, B::Db>,
+    f64: Type<B::Db>,
     for<'q> &'q str: sqlx::Encode<'q, B::Db> + Type<B::Db>,
     for<'q> DateTime<Utc>: sqlx::Encode<'q, B::Db> + Type<B::Db>,
 {
@@ -73,5 +108,33 @@ where
                 cost_usd: r.cost_usd,
             })
             .collect())
+    }
+
+    async fn spend(&self, user: &UserId, budgets: &Budgets) -> Result<Spend, StoreError> {
+        // The earlier of the two starts bounds the read; each sum keeps to its own period.
+        let (day, month) = (budgets.day_start, budgets.month_start.min(budgets.day_start));
+        let row: SpendRow =
+            sqlx::query_as(SPEND).bind(user.as_str()).bind(day).bind(month).fetch_one(self.pool()).await?;
+        Ok(row.into())
+    }
+
+    async fn record_progress(&self, trace_id: TraceId, usage: &Usage, cost_usd: Option<f64>) -> Result<(), StoreError> {
+        let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        super::write(self, async |conn| {
+            sqlx::query(
+                "update run_usage set input_tokens = $2, output_tokens = $3, cache_read_tokens = $4, \
+                 cache_write_tokens = $5, cost_usd = $6 where trace_id = $1",
+            )
+            .bind(trace_id)
+            .bind(tokens(usage.input_tokens))
+            .bind(tokens(usage.output_tokens))
+            .bind(tokens(usage.cache_read_tokens.unwrap_or(0)))
+            .bind(tokens(usage.cache_write_tokens.unwrap_or(0)))
+            .bind(cost_usd)
+            .execute(conn)
+            .await?;
+            Ok(())
+        })
+        .await
     }
 }

@@ -80,6 +80,8 @@ pub struct RunPlan {
     pub fallbacks: Vec<Fallback>,
     /// What each model call cost (CONTRACT.md §18).
     pub prices: Arc<crate::pricing::Prices>,
+    /// The user's budgets, where any is set: the run ends once its user's spend passes one.
+    pub budgets: Option<crate::store::Budgets>,
 }
 
 /// A profile that answers a run's model call in its own profile's stead: its provider and
@@ -114,6 +116,24 @@ pub struct ToolLimits {
     pub timeout: Duration,
     pub max_output_chars: usize,
     pub max_retries: u32,
+}
+
+/// Whether the run's user has spent past a budget (CONTRACT.md §18), this run's spend so far
+/// and every other run's included (on any replica): then the run makes no further model
+/// call. Its spend so far is written first, for the others to count. A database that does
+/// not answer stops nothing.
+async fn over_budget(plan: &RunPlan, store: &Arc<dyn Store>, output: &Output) -> bool {
+    let Some(budgets) = &plan.budgets else { return false };
+    if let Err(e) = store.record_progress(plan.trace_id, &output.usage, output.cost.usd()).await {
+        tracing::warn!(error = %e, trace_id = %plan.trace_id, "could not write the run's spend so far");
+    }
+    match store.spend(&plan.user_id, budgets).await {
+        Ok(spend) => crate::chat::start::budget::spent_past(budgets, &spend),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the user's spend");
+            false
+        }
+    }
 }
 
 /// What the run produced, however it ended (kept in a waiting run's checkpoint).
@@ -331,6 +351,9 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
         plan.request.messages.push(InputMessage::Assistant { id: plan.message_id, turns: vec![turn.clone()] });
         if iteration == plan.max_iterations {
             output.finish_reason = "max_iterations".to_owned();
+        } else if over_budget(&plan, store, &output).await {
+            output.finish_reason = "budget".to_owned();
+            break;
         }
     }
     finish(&plan, emitter, store, ending, output).await;

@@ -1,0 +1,128 @@
+//! Budgets (CONTRACT.md §18): what one user may spend, in tokens per UTC day and in US
+//! dollars per calendar month. A start is refused (429 `QUOTA_EXCEEDED`, `Retry-After` until
+//! the period resets) where its runs' reservations would pass a budget: each going run holds
+//! what its next model call may spend (its request's estimate and its output allowance, and
+//! their price) until it ends, so that a burst of starts cannot all pass on the same spend.
+//! A user's starts take turns here; on a shared store the start checks again in its
+//! transaction, under a lock per user, against every replica's runs. A run that passes a
+//! budget while it runs ends after the model call it is in (`finish_reason: "budget"`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Datelike, TimeZone, Utc};
+
+use super::turns::{Turn, Turns};
+use crate::chat::errors::ChatError;
+use crate::chat::run::agent::RunPlan;
+use crate::chat::run::context;
+use crate::config::Settings;
+use crate::domain::{Usage, now};
+use crate::ids::UserId;
+use crate::pricing::Prices;
+use crate::store::{BudgetHold, Budgets, Spend, Store};
+
+/// What a run's next model call may write when its profile sets no `max_tokens`.
+pub const OUTPUT_ALLOWANCE: u64 = 1024;
+
+/// Checks starts against their users' budgets.
+#[derive(Clone)]
+pub(in crate::chat) struct Budgeter {
+    settings: Arc<Settings>,
+    store: Arc<dyn Store>,
+    prices: Arc<Prices>,
+    turns: Turns<UserId>,
+}
+
+impl Budgeter {
+    pub(in crate::chat) fn new(shared: &crate::chat::shared::Shared) -> Self {
+        Self {
+            settings: shared.settings.clone(),
+            store: shared.store.clone(),
+            prices: shared.prices.clone(),
+            turns: Turns::default(),
+        }
+    }
+
+    /// What a start of `plans` holds of `user`'s budgets, and the user's turn, to keep until
+    /// the start is written; `None` where no budget applies to the user.
+    pub(in crate::chat) async fn hold(
+        &self,
+        user: &UserId,
+        plans: &[RunPlan],
+    ) -> Result<Option<(BudgetHold, Turn<UserId>)>, ChatError> {
+        let Some(budgets) = budgets_of(&self.settings, user) else { return Ok(None) };
+        let turn = self.turns.take(user.clone()).await;
+        // The largest of the start's runs (two for a comparison), for each.
+        let (mut reserve_tokens, mut reserve_usd) = (0, 0.0_f64);
+        for plan in plans {
+            let (tokens, usd) = self.reservation(plan);
+            reserve_tokens = reserve_tokens.max(tokens);
+            reserve_usd = reserve_usd.max(usd);
+        }
+        let spend = self.store.spend(user, &budgets).await?;
+        let runs = plans.len() as u64;
+        if budgets.passed_with(&spend, reserve_tokens * runs, reserve_usd * runs as f64) {
+            return Err(over_budget(&budgets, &spend));
+        }
+        Ok(Some((BudgetHold { budgets, reserve_tokens, reserve_usd }, turn)))
+    }
+
+    /// What a run's next model call may spend: its request as estimated, and what it may
+    /// write; and its price where known (0 where not: a budget in dollars counts what has a
+    /// price).
+    fn reservation(&self, plan: &RunPlan) -> (u64, f64) {
+        let input = context::request_tokens(&plan.request);
+        let output = plan.request.max_tokens.map_or(OUTPUT_ALLOWANCE, u64::from);
+        let usage = Usage { input_tokens: input, output_tokens: output, ..Usage::default() };
+        let ttl = plan.request.prompt_cache.unwrap_or_default();
+        let usd = self.prices.cost(&plan.provider_id, &plan.request.model, &usage, now(), ttl);
+        (input + output, usd.unwrap_or(0.0))
+    }
+}
+
+/// `user`'s budgets now; `None` where none is set.
+pub fn budgets_of(settings: &Settings, user: &UserId) -> Option<Budgets> {
+    let (tokens_per_day, usd_per_month) = settings.limits.budget_for(user.as_str());
+    if tokens_per_day.is_none() && usd_per_month.is_none() {
+        return None;
+    }
+    let at = now();
+    let day_start = Utc.from_utc_datetime(&at.date_naive().and_hms_opt(0, 0, 0).expect("midnight exists"));
+    let month_start =
+        Utc.with_ymd_and_hms(at.year(), at.month(), 1, 0, 0, 0).single().expect("the first of a month exists");
+    Some(Budgets { tokens_per_day, usd_per_month, day_start, month_start })
+}
+
+/// Whether what has been spent (reservations aside) passes a budget: a going run stops.
+pub fn spent_past(budgets: &Budgets, spend: &Spend) -> bool {
+    budgets.tokens_per_day.is_some_and(|limit| spend.tokens >= limit)
+        || budgets.usd_per_month.is_some_and(|limit| spend.usd >= limit)
+}
+
+/// The 429 of a start past a budget, with the seconds until the budget it passes resets
+/// (both: the later).
+pub(in crate::chat) fn over_budget(budgets: &Budgets, spend: &Spend) -> ChatError {
+    let tokens = budgets.tokens_per_day.is_some_and(|limit| spend.tokens + spend.reserved_tokens >= limit);
+    let next_day = budgets.day_start + chrono::Duration::days(1);
+    let next_month = next_month(budgets.month_start);
+    let (resets, message) = match budgets.usd_per_month {
+        Some(limit) if spend.usd + spend.reserved_usd >= limit || !tokens => {
+            (next_month, format!("The monthly budget of ${limit} is spent, or held by the answers going"))
+        }
+        _ => (
+            next_day,
+            format!(
+                "The daily budget of {} tokens is spent, or held by the answers going",
+                budgets.tokens_per_day.unwrap_or(0)
+            ),
+        ),
+    };
+    let retry_after = (resets - now()).to_std().unwrap_or(Duration::from_secs(1)).max(Duration::from_secs(1));
+    ChatError::QuotaExceeded { message, retry_after }
+}
+
+fn next_month(start: DateTime<Utc>) -> DateTime<Utc> {
+    let (year, month) = if start.month() == 12 { (start.year() + 1, 1) } else { (start.year(), start.month() + 1) };
+    Utc.with_ymd_and_hms(year, month, 1, 0, 0, 0).single().expect("the first of a month exists")
+}
