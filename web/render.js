@@ -459,11 +459,24 @@ export class AnswerView {
 /** A trace (CONTRACT.md §9) as a summary, its spans and its events. */
 export function traceView(trace) {
   const usage = trace.usage ? `${trace.usage.input_tokens} in / ${trace.usage.output_tokens} out` : "—";
+  // What it cost (absent where its model has no price) and how much of its input the
+  // provider read from its prompt cache (CONTRACT.md §18, §21).
+  const cost =
+    typeof trace.cost_usd === "number"
+      ? `$${trace.cost_usd.toFixed(trace.cost_usd < 0.01 ? 6 : 4)}${trace.cost_estimated ? " (estimated)" : ""}`
+      : "no price";
+  const read = trace.usage?.cache_read_tokens ?? 0;
+  const cached =
+    trace.usage && trace.usage.input_tokens > 0
+      ? `${Math.round((100 * read) / trace.usage.input_tokens)}% of the input (${read} tokens)`
+      : "—";
   const facts = [
     ["Status", trace.status],
     ["Model", `${trace.model} (${trace.profile})`],
     ["Duration", trace.duration_ms === null || trace.duration_ms === undefined ? "—" : `${trace.duration_ms} ms`],
     ["Tokens", usage],
+    ["Cost", cost],
+    ["Cached", cached],
     ["Trace id", trace.trace_id],
   ];
   if (trace.error) facts.push(["Error", trace.error.message ?? JSON.stringify(trace.error)]);

@@ -110,6 +110,7 @@ async fn side(state: &AppState, user: &UserId, trace_id: TraceId, profile: &str)
         time_to_first_token_ms: first_token.map(|e| (e.at - trace.started_at).num_milliseconds()),
         duration_ms: trace.ended_at.map(|end| (end - trace.started_at).num_milliseconds()),
         usage: trace.usage,
+        cost: trace.cost,
     })
 }
 

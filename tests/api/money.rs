@@ -505,3 +505,26 @@ async fn replicas_count_each_others_spend() {
     assert!(spent <= 3000, "{spent}");
     assert_eq!(spent, spent_today(&b, "ann").await);
 }
+
+/// Each side of a comparison carries what it cost: the priced one its cost, the other none.
+#[tokio::test]
+async fn a_comparison_shows_each_sides_cost() {
+    let app = TestApp::spawn(
+        Backend::Sqlite,
+        "[pricing.\"mock-1\"]\ninput_per_mtok = 3.0\noutput_per_mtok = 15.0\n\
+         [profiles.default]\nprovider = \"mock\"\nmodel = \"mock-1\"\n[profiles.other]\nprovider = \"mock\"\nmodel = \"mock-2\"\n",
+    )
+    .await;
+    let body = json!({"message": "compare", "profile_a": "default", "profile_b": "other"});
+    let response =
+        app.client.post(app.url("/api/ab/stream")).header("x-client-id", "ann").json(&body).send().await.unwrap();
+    let frames = read_frames(response).await;
+    let comparison = frames[0].data["comparison_id"].as_str().unwrap().to_owned();
+    let (status, view) = app.get(&format!("/api/ab/{comparison}"), "ann").await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    let usage = &view["a"]["usage"];
+    let expected =
+        (usage["input_tokens"].as_f64().unwrap() * 3.0 + usage["output_tokens"].as_f64().unwrap() * 15.0) / 1e6;
+    assert!((view["a"]["cost_usd"].as_f64().unwrap() - expected).abs() < 1e-12, "{view}");
+    assert!(view["b"].get("cost_usd").is_none(), "mock-2 has no price: {view}");
+}

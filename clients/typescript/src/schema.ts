@@ -1311,7 +1311,7 @@ export interface components {
          * @description One side of a comparison: its run's trace, model, status, time to first token, duration
          *     and usage.
          */
-        SideView: {
+        SideView: components["schemas"]["Cost"] & {
             /** Format: uuid */
             trace_id: string;
             /** Format: uuid */

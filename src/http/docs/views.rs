@@ -215,6 +215,9 @@ pub struct SideView {
     pub time_to_first_token_ms: Option<i64>,
     pub duration_ms: Option<i64>,
     pub usage: Option<crate::domain::Usage>,
+    /// What the side cost (CONTRACT.md §18), where its model has a price.
+    #[serde(flatten)]
+    pub cost: crate::domain::Cost,
 }
 
 #[derive(Serialize, ToSchema)]

@@ -62,6 +62,9 @@ test("a message streams in, thinking folds away, feedback and the trace are one 
     const dialog = page.locator("#trace-dialog");
     await dialog.locator(".trace").waitFor();
     assert.match(await dialog.locator(".facts").innerText(), /Status\s+completed/);
+    // The mock model has no price: the trace says so rather than $0; nothing came from a cache.
+    assert.match(await dialog.locator(".facts").innerText(), /Cost\s+no price/);
+    assert.match(await dialog.locator(".facts").innerText(), /Cached\s+0% of the input \(0 tokens\)/);
     assert.match(await dialog.locator(".spans").innerText(), /llm/);
     assert.equal(await dialog.locator(".events li summary").first().innerText(), "1 · start");
     assert.match(await dialog.locator(".events li summary").last().innerText(), /· done$/);
