@@ -50,7 +50,8 @@ impl Prices {
     }
 
     /// What `usage` of `model`, asked of the provider `provider_id` at `at`, cost in US
-    /// dollars; `None` where no price is known. Cache writes are priced at the TTL's rate.
+    /// dollars; `None` where no price is known. Cache writes are priced at their TTL's rate:
+    /// as the provider broke them down, else as the request asked (`ttl`).
     pub fn cost(&self, provider_id: &str, model: &str, usage: &Usage, at: DateTime<Utc>, ttl: CacheTtl) -> Option<f64> {
         if let Some(price) = self.overrides.get(model) {
             return Some(priced(price, usage));
@@ -64,8 +65,13 @@ impl Prices {
         }
         if let Some(written) = usage.cache_write_tokens {
             counts.insert(UsageKey::CACHE_WRITE_TOKENS, written as f64);
-            if ttl == CacheTtl::OneHour {
-                counts.insert(UsageKey::CACHE_WRITE_1H_TOKENS, written as f64);
+            let hour = match (usage.cache_write_1h_tokens, ttl) {
+                (Some(hour), _) => hour.min(written),
+                (None, CacheTtl::OneHour) => written,
+                (None, CacheTtl::FiveMinutes) => 0,
+            };
+            if hour > 0 {
+                counts.insert(UsageKey::CACHE_WRITE_1H_TOKENS, hour as f64);
             }
         }
         let request = PriceRequest::new(model, &counts).with_timestamp(std::time::SystemTime::from(at));
@@ -186,6 +192,21 @@ mod tests {
         // An hour's cache costs more to write than five minutes'.
         let long = prices.cost("claude", model, &call, when, CacheTtl::OneHour).unwrap();
         assert!(long > cost, "{long} <= {cost}");
+        // Where the provider broke the writes down by TTL, its breakdown is priced: a third
+        // kept an hour costs between the two.
+        let split = Usage { cache_write_1h_tokens: Some(1_000), ..call };
+        let mixed = prices.cost("claude", model, &split, when, CacheTtl::FiveMinutes).unwrap();
+        assert!(cost < mixed && mixed < long, "{cost} {mixed} {long}");
+        assert_eq!(
+            prices.cost(
+                "claude",
+                model,
+                &Usage { cache_write_1h_tokens: Some(3_000), ..call },
+                when,
+                CacheTtl::FiveMinutes
+            ),
+            Some(long)
+        );
     }
 
     #[test]

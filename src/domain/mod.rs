@@ -89,6 +89,10 @@ pub struct Usage {
     /// Of the input, what the provider wrote to its prompt cache (Anthropic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write_tokens: Option<u64>,
+    /// Of those, what it keeps for an hour (Anthropic's breakdown by TTL), for the price:
+    /// the rest is kept five minutes. Not sent: the contract's usage has no such field.
+    #[serde(skip)]
+    pub cache_write_1h_tokens: Option<u64>,
     /// Of the output, the model's reasoning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_tokens: Option<u64>,
@@ -110,6 +114,7 @@ impl Usage {
         self.output_tokens += other.output_tokens;
         self.cache_read_tokens = sum(self.cache_read_tokens, other.cache_read_tokens);
         self.cache_write_tokens = sum(self.cache_write_tokens, other.cache_write_tokens);
+        self.cache_write_1h_tokens = sum(self.cache_write_1h_tokens, other.cache_write_1h_tokens);
         self.reasoning_tokens = sum(self.reasoning_tokens, other.reasoning_tokens);
         self.estimated |= other.estimated;
     }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::AppState;
 use super::error::AppError;
 use super::extract::{AppQuery, CurrentUser};
-use super::views::Refused;
+use super::views::{Missing, Refused};
 use crate::domain::now;
 use crate::ids::UserId;
 use crate::store::{UsageGroup, UsageGrouping};
@@ -50,7 +50,7 @@ const DEFAULT_PERIOD_DAYS: i64 = 30;
         ("group_by" = Option<String>, Query, description = "`day` (default), `model`, `profile` or `user`"),
         ("user" = Option<String>, Query, description = "Another user's usage (admins only)"),
     ),
-    responses((status = 200, description = "Sums per group and in total", body = UsageView), Refused))]
+    responses((status = 200, description = "Sums per group and in total", body = UsageView), Refused, Missing))]
 async fn usage(
     State(state): State<AppState>,
     CurrentUser(me): CurrentUser,

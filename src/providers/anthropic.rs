@@ -231,6 +231,9 @@ impl MessageDecoder {
             self.usage.input_tokens = uncached + read.unwrap_or(0) + written.unwrap_or(0);
             (self.usage.cache_read_tokens, self.usage.cache_write_tokens) = (read, written);
         }
+        if let Some(hour) = usage["cache_creation"]["ephemeral_1h_input_tokens"].as_u64() {
+            self.usage.cache_write_1h_tokens = Some(hour);
+        }
         if let Some(output) = usage["output_tokens"].as_u64() {
             self.usage.output_tokens = output;
         }

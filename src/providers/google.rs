@@ -181,6 +181,7 @@ impl Decoder for ResponseDecoder {
                         + usage["thoughtsTokenCount"].as_u64().unwrap_or(0),
                     cache_read_tokens: usage["cachedContentTokenCount"].as_u64(),
                     cache_write_tokens: None,
+                    cache_write_1h_tokens: None,
                     reasoning_tokens: usage["thoughtsTokenCount"].as_u64(),
                     estimated: false,
                 }));

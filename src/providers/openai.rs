@@ -218,6 +218,7 @@ impl Decoder for ChunkDecoder {
                 output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
                 cache_read_tokens: usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
                 cache_write_tokens: None,
+                cache_write_1h_tokens: None,
                 reasoning_tokens: usage["completion_tokens_details"]["reasoning_tokens"].as_u64(),
                 estimated: false,
             }));

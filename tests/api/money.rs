@@ -528,3 +528,45 @@ async fn a_comparison_shows_each_sides_cost() {
     assert!((view["a"]["cost_usd"].as_f64().unwrap() - expected).abs() < 1e-12, "{view}");
     assert!(view["b"].get("cost_usd").is_none(), "mock-2 has no price: {view}");
 }
+
+/// Gemini caches by itself: the notes follow the question as a part of their own, and what
+/// it read from its cache is reported and priced.
+#[tokio::test]
+async fn gemini_gets_the_notes_after_the_question_and_its_cache_reads_are_reported() {
+    let fixture = Fixture::start(vec![Scripted::sse(&[data(json!({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": "Hi."}]}, "finishReason": "STOP"}],
+        "usageMetadata": {"promptTokenCount": 1200, "candidatesTokenCount": 3, "cachedContentTokenCount": 1024},
+    }))])])
+    .await;
+    let app = app_on("google", &format!("{}/v1beta", fixture.base), "gemini-2.5-flash", "", "").await;
+    let frames = app.chat("ann", json!({"message": "hello", "context": {"current_page": "home"}})).await;
+    let parts = &fixture.received()[0].body["contents"][0]["parts"];
+    assert_eq!(parts[0], json!({"text": "hello"}));
+    assert!(parts[1]["text"].as_str().unwrap().starts_with("## Context\n"), "{parts}");
+    let payload = complete(&frames);
+    assert_eq!(payload["usage"]["cache_read_tokens"], 1024);
+    assert!(payload["cost_usd"].as_f64().unwrap() > 0.0, "{payload}");
+}
+
+/// `/metrics` counts each profile's tokens by kind and its cost, and its cache hit ratio.
+#[tokio::test]
+async fn metrics_count_tokens_cost_and_cache_hits_per_profile() {
+    let usage = json!({"input_tokens": 100, "cache_read_input_tokens": 900, "output_tokens": 1});
+    let fixture = Fixture::start(vec![anthropic_answer("A.", usage)]).await;
+    let config = format!(
+        "[chat]\ndefault_profile = \"metered\"\n[providers.fx]\nkind = \"anthropic\"\nbase_url = \"{}\"\n\
+         [profiles.metered]\nprovider = \"fx\"\nmodel = \"claude-sonnet-4-5\"\n",
+        fixture.base
+    );
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    app.chat("ann", json!({"message": "hello"})).await;
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("chatd_profile_tokens_total{profile=\"metered\",kind=\"input\"}"), 1000.0);
+    assert_eq!(value("chatd_profile_tokens_total{profile=\"metered\",kind=\"cache_read\"}"), 900.0);
+    assert_eq!(value("chatd_prompt_cache_hit_ratio{profile=\"metered\"}"), 0.9);
+    assert!(value("chatd_cost_usd_total{profile=\"metered\"}") > 0.0);
+}
