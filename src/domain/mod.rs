@@ -4,6 +4,7 @@
 //! state it records are in [`trace`].
 
 pub mod branch;
+pub mod budget;
 mod trace;
 
 pub use branch::{branch, branch_through};

@@ -455,6 +455,8 @@ pub trait LogStore: Send + Sync + 'static {
     async fn seal_logs(&self, traces: &[TraceId]) -> Result<(), StoreError>;
 }
 
+pub use crate::domain::budget::{Budgets, Spend};
+
 /// What runs spent (CONTRACT.md §18), summed by the database from `run_usage`.
 #[async_trait]
 pub trait UsageStore: Send + Sync + 'static {
@@ -473,28 +475,6 @@ pub trait UsageStore: Send + Sync + 'static {
     async fn record_progress(&self, trace_id: TraceId, usage: &Usage, cost_usd: Option<f64>) -> Result<(), StoreError>;
 }
 
-/// What a user has spent in the budgets' periods (CONTRACT.md §18): the runs that ended, the
-/// going runs' spend so far, and what the going runs hold for their next model call.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Spend {
-    /// Input and output tokens since the day began.
-    pub tokens: u64,
-    pub reserved_tokens: u64,
-    /// US dollars since the month began.
-    pub usd: f64,
-    pub reserved_usd: f64,
-}
-
-/// A user's budgets and the periods they count (CONTRACT.md §18).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Budgets {
-    pub tokens_per_day: Option<u64>,
-    pub usd_per_month: Option<f64>,
-    /// Where the current UTC day and calendar month began.
-    pub day_start: DateTime<Utc>,
-    pub month_start: DateTime<Utc>,
-}
-
 /// What a start holds of its user's budgets: each of its runs reserves what its next model
 /// call may spend, until it ends. Where other replicas start runs too, the start checks the
 /// budgets again in its transaction, under a lock per user.
@@ -504,14 +484,6 @@ pub struct BudgetHold {
     /// Per run.
     pub reserve_tokens: u64,
     pub reserve_usd: f64,
-}
-
-impl Budgets {
-    /// Whether `spend` and `more` pass a budget.
-    pub fn passed_with(&self, spend: &Spend, more_tokens: u64, more_usd: f64) -> bool {
-        self.tokens_per_day.is_some_and(|limit| spend.tokens + spend.reserved_tokens + more_tokens > limit)
-            || self.usd_per_month.is_some_and(|limit| spend.usd + spend.reserved_usd + more_usd > limit)
-    }
 }
 
 /// How `/api/usage` groups runs.

@@ -196,7 +196,7 @@ impl Planner {
             retries: self.retries(&profile.provider),
             fallbacks: self.fallbacks(profile),
             prices: self.prices.clone(),
-            budgets: crate::chat::start::budget::budgets_of(&self.settings, user),
+            budgets: crate::domain::budget::Budgets::of(&self.settings, user.as_str(), crate::domain::now()),
         };
         Ok(Side { trace, plan })
     }
@@ -412,7 +412,7 @@ impl Planner {
             retries: self.retries(&profile.provider),
             fallbacks: self.fallbacks(profile),
             prices: self.prices.clone(),
-            budgets: crate::chat::start::budget::budgets_of(&self.settings, &trace.user_id),
+            budgets: crate::domain::budget::Budgets::of(&self.settings, trace.user_id.as_str(), crate::domain::now()),
         })
     }
 }

@@ -10,8 +10,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Datelike, TimeZone, Utc};
-
 use super::turns::{Turn, Turns};
 use crate::chat::errors::ChatError;
 use crate::chat::run::agent::RunPlan;
@@ -51,7 +49,7 @@ impl Budgeter {
         user: &UserId,
         plans: &[RunPlan],
     ) -> Result<Option<(BudgetHold, Turn<UserId>)>, ChatError> {
-        let Some(budgets) = budgets_of(&self.settings, user) else { return Ok(None) };
+        let Some(budgets) = Budgets::of(&self.settings, user.as_str(), now()) else { return Ok(None) };
         let turn = self.turns.take(user.clone()).await;
         // The largest of the start's runs (two for a comparison), for each.
         let (mut reserve_tokens, mut reserve_usd) = (0, 0.0_f64);
@@ -81,31 +79,11 @@ impl Budgeter {
     }
 }
 
-/// `user`'s budgets now; `None` where none is set.
-pub fn budgets_of(settings: &Settings, user: &UserId) -> Option<Budgets> {
-    let (tokens_per_day, usd_per_month) = settings.limits.budget_for(user.as_str());
-    if tokens_per_day.is_none() && usd_per_month.is_none() {
-        return None;
-    }
-    let at = now();
-    let day_start = Utc.from_utc_datetime(&at.date_naive().and_hms_opt(0, 0, 0).expect("midnight exists"));
-    let month_start =
-        Utc.with_ymd_and_hms(at.year(), at.month(), 1, 0, 0, 0).single().expect("the first of a month exists");
-    Some(Budgets { tokens_per_day, usd_per_month, day_start, month_start })
-}
-
-/// Whether what has been spent (reservations aside) passes a budget: a going run stops.
-pub fn spent_past(budgets: &Budgets, spend: &Spend) -> bool {
-    budgets.tokens_per_day.is_some_and(|limit| spend.tokens >= limit)
-        || budgets.usd_per_month.is_some_and(|limit| spend.usd >= limit)
-}
-
 /// The 429 of a start past a budget, with the seconds until the budget it passes resets
 /// (both: the later).
 pub(in crate::chat) fn over_budget(budgets: &Budgets, spend: &Spend) -> ChatError {
     let tokens = budgets.tokens_per_day.is_some_and(|limit| spend.tokens + spend.reserved_tokens >= limit);
-    let next_day = budgets.day_start + chrono::Duration::days(1);
-    let next_month = next_month(budgets.month_start);
+    let (next_day, next_month) = (budgets.next_day(), budgets.next_month());
     let (resets, message) = match budgets.usd_per_month {
         Some(limit) if spend.usd + spend.reserved_usd >= limit || !tokens => {
             (next_month, format!("The monthly budget of ${limit} is spent, or held by the answers going"))
@@ -120,9 +98,4 @@ pub(in crate::chat) fn over_budget(budgets: &Budgets, spend: &Spend) -> ChatErro
     };
     let retry_after = (resets - now()).to_std().unwrap_or(Duration::from_secs(1)).max(Duration::from_secs(1));
     ChatError::QuotaExceeded { message, retry_after }
-}
-
-fn next_month(start: DateTime<Utc>) -> DateTime<Utc> {
-    let (year, month) = if start.month() == 12 { (start.year() + 1, 1) } else { (start.year(), start.month() + 1) };
-    Utc.with_ymd_and_hms(year, month, 1, 0, 0, 0).single().expect("the first of a month exists")
 }

@@ -128,7 +128,7 @@ async fn over_budget(plan: &RunPlan, store: &Arc<dyn Store>, output: &Output) ->
         tracing::warn!(error = %e, trace_id = %plan.trace_id, "could not write the run's spend so far");
     }
     match store.spend(&plan.user_id, budgets).await {
-        Ok(spend) => crate::chat::start::budget::spent_past(budgets, &spend),
+        Ok(spend) => budgets.spent(&spend),
         Err(e) => {
             tracing::warn!(error = %e, "could not read the user's spend");
             false
