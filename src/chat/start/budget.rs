@@ -18,7 +18,7 @@ use crate::config::Settings;
 use crate::domain::{Usage, now};
 use crate::ids::UserId;
 use crate::pricing::Prices;
-use crate::store::{BudgetHold, Budgets, Spend, Store};
+use crate::store::{BudgetHold, Budgets, Store};
 
 /// What a run's next model call may write when its profile sets no `max_tokens`.
 pub const OUTPUT_ALLOWANCE: u64 = 1024;
@@ -60,8 +60,11 @@ impl Budgeter {
         }
         let spend = self.store.spend(user, &budgets).await?;
         let runs = plans.len() as u64;
-        if budgets.passed_with(&spend, reserve_tokens * runs, reserve_usd * runs as f64) {
-            return Err(over_budget(&budgets, &spend));
+        let (more_tokens, more_usd) = (reserve_tokens * runs, reserve_usd * runs as f64);
+        if budgets.passed_with(&spend, more_tokens, more_usd) {
+            // Where both are passed, the month's resets later.
+            let monthly = budgets.usd_per_month.is_some_and(|limit| spend.usd + spend.reserved_usd + more_usd > limit);
+            return Err(over_budget(&budgets, monthly || budgets.tokens_per_day.is_none()));
         }
         Ok(Some((BudgetHold { budgets, reserve_tokens, reserve_usd }, turn)))
     }
@@ -79,17 +82,15 @@ impl Budgeter {
     }
 }
 
-/// The 429 of a start past a budget, with the seconds until the budget it passes resets
-/// (both: the later).
-pub(in crate::chat) fn over_budget(budgets: &Budgets, spend: &Spend) -> ChatError {
-    let tokens = budgets.tokens_per_day.is_some_and(|limit| spend.tokens + spend.reserved_tokens >= limit);
-    let (next_day, next_month) = (budgets.next_day(), budgets.next_month());
-    let (resets, message) = match budgets.usd_per_month {
-        Some(limit) if spend.usd + spend.reserved_usd >= limit || !tokens => {
-            (next_month, format!("The monthly budget of ${limit} is spent, or held by the answers going"))
+/// The 429 of a start past a budget (`monthly`: the month's in dollars, else the day's in
+/// tokens), with the seconds until it resets.
+pub(in crate::chat) fn over_budget(budgets: &Budgets, monthly: bool) -> ChatError {
+    let (resets, message) = match (monthly, budgets.usd_per_month) {
+        (true, Some(limit)) => {
+            (budgets.next_month(), format!("The monthly budget of ${limit} is spent, or held by the answers going"))
         }
         _ => (
-            next_day,
+            budgets.next_day(),
             format!(
                 "The daily budget of {} tokens is spent, or held by the answers going",
                 budgets.tokens_per_day.unwrap_or(0)

@@ -104,7 +104,7 @@ where
             let Some((user, question, answer, conversation)) = owner else {
                 return Err(StoreError::Conflict("the run has already ended".into()));
             };
-            <B as Statements>::record_spend(&mut *tx, finish.trace_id, &finish.usage, finish.cost_usd).await?;
+            <B as Statements>::record_spend(&mut *tx, finish.trace_id, &finish.usage, finish.cost_usd, true).await?;
             match &finish.assistant_message {
                 Some(message) => <B as Statements>::append_message(&mut *tx, &user, message).await?,
                 // Messages queued behind an answer that never came follow its question.

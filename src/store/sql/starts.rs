@@ -219,11 +219,10 @@ where
         for (user, hold, runs) in users {
             sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 9))").bind(user).execute(&mut *conn).await?;
             let budgets = hold.budgets;
-            let month = budgets.month_start.min(budgets.day_start);
             let row: super::usage::SpendRow = sqlx::query_as(super::usage::SPEND)
                 .bind(user)
                 .bind(budgets.day_start)
-                .bind(month)
+                .bind(budgets.month_start)
                 .fetch_one(&mut *conn)
                 .await?;
             if budgets.passed_with(&row.into(), hold.reserve_tokens * runs, hold.reserve_usd * runs as f64) {

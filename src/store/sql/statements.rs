@@ -38,11 +38,13 @@ pub(super) trait Statements: Backend {
 
     /// Writes what a run has spent so far to its row of `run_usage` (CONTRACT.md §18): the
     /// sums of `/api/usage` and the budgets read those rows, which outlive the conversation.
+    /// A run that `ended` gives back what it held of its user's budgets; a going one keeps it.
     fn record_spend(
         conn: &mut Conn<Self>,
         trace_id: TraceId,
         usage: &Usage,
         cost_usd: Option<f64>,
+        ended: bool,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     fn insert_conversation(
@@ -141,6 +143,7 @@ where
     for<'q> i64: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> TraceId: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> f64: Encode<'q, B::Db>,
+    for<'q> bool: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Option<JsonText>: Encode<'q, B::Db>,
     for<'q> Option<MessageId>: Encode<'q, B::Db>,
     for<'q> Option<TraceId>: Encode<'q, B::Db>,
@@ -381,6 +384,7 @@ where
         trace_id: TraceId,
         usage: &Usage,
         cost_usd: Option<f64>,
+        ended: bool,
     ) -> Result<(), StoreError> {
         let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         sqlx::query(
@@ -390,7 +394,8 @@ where
              on conflict (trace_id) do update set input_tokens = excluded.input_tokens, \
              output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, \
              cache_write_tokens = excluded.cache_write_tokens, cost_usd = excluded.cost_usd, \
-             reserved_tokens = 0, reserved_usd = 0",
+             reserved_tokens = case when $7 then 0 else run_usage.reserved_tokens end, \
+             reserved_usd = case when $7 then 0 else run_usage.reserved_usd end",
         )
         .bind(trace_id)
         .bind(tokens(usage.input_tokens))
@@ -398,6 +403,7 @@ where
         .bind(tokens(usage.cache_read_tokens.unwrap_or(0)))
         .bind(tokens(usage.cache_write_tokens.unwrap_or(0)))
         .bind(cost_usd)
+        .bind(ended)
         .execute(&mut *conn)
         .await?;
         Ok(())

@@ -4,7 +4,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::{Database, Executor, FromRow, IntoArguments, Type};
 
-use super::{Backend, Conn, Row};
+use super::statements::Statements;
+use super::{Conn, Row};
 use crate::domain::Usage;
 use crate::ids::{TraceId, UserId};
 use crate::store::*;
@@ -52,7 +53,7 @@ impl From<SpendRow> for Spend {
 #[async_trait::async_trait]
 impl<B> UsageStore for B
 where
-    B: Backend,
+    B: Statements,
     for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
     for<'r> GroupRow: FromRow<'r, Row<B>>,
@@ -111,30 +112,18 @@ where
     }
 
     async fn spend(&self, user: &UserId, budgets: &Budgets) -> Result<Spend, StoreError> {
-        // The earlier of the two starts bounds the read; each sum keeps to its own period.
-        let (day, month) = (budgets.day_start, budgets.month_start.min(budgets.day_start));
-        let row: SpendRow =
-            sqlx::query_as(SPEND).bind(user.as_str()).bind(day).bind(month).fetch_one(self.pool()).await?;
+        // The month (which holds the day) bounds the read; each sum keeps to its own period.
+        let row: SpendRow = sqlx::query_as(SPEND)
+            .bind(user.as_str())
+            .bind(budgets.day_start)
+            .bind(budgets.month_start)
+            .fetch_one(self.pool())
+            .await?;
         Ok(row.into())
     }
 
     async fn record_progress(&self, trace_id: TraceId, usage: &Usage, cost_usd: Option<f64>) -> Result<(), StoreError> {
-        let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        super::write(self, async |conn| {
-            sqlx::query(
-                "update run_usage set input_tokens = $2, output_tokens = $3, cache_read_tokens = $4, \
-                 cache_write_tokens = $5, cost_usd = $6 where trace_id = $1",
-            )
-            .bind(trace_id)
-            .bind(tokens(usage.input_tokens))
-            .bind(tokens(usage.output_tokens))
-            .bind(tokens(usage.cache_read_tokens.unwrap_or(0)))
-            .bind(tokens(usage.cache_write_tokens.unwrap_or(0)))
-            .bind(cost_usd)
-            .execute(conn)
-            .await?;
-            Ok(())
-        })
-        .await
+        super::write(self, async |conn| <B as Statements>::record_spend(conn, trace_id, usage, cost_usd, false).await)
+            .await
     }
 }
