@@ -295,6 +295,27 @@ impl Settings {
                 "stream.flush_max_events and limits.max_page_size must be at least 1".to_owned(),
             ));
         }
+        // A price or a dollar budget below 0 (or not a number) would make every cost a lie.
+        let bad_price = self.pricing.iter().find(|(_, p)| {
+            [Some(p.input_per_mtok), Some(p.output_per_mtok), p.cache_read_per_mtok, p.cache_write_per_mtok]
+                .into_iter()
+                .flatten()
+                .any(|v| !(v.is_finite() && v >= 0.0))
+        });
+        if let Some((model, _)) = bad_price {
+            return Err(ConfigError::Invalid(format!(
+                "pricing.\"{model}\": every price must be a number of US dollars per million tokens, 0 or more"
+            )));
+        }
+        let usd_budgets = std::iter::once(("limits.budget_usd_per_month".to_owned(), self.limits.budget_usd_per_month))
+            .chain(
+                self.limits.budgets.iter().map(|(u, b)| (format!("limits.budgets.{u}.usd_per_month"), b.usd_per_month)),
+            );
+        for (key, usd) in usd_budgets {
+            if usd.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
+                return Err(ConfigError::Invalid(format!("{key} must be a number of US dollars, 0 or more")));
+            }
+        }
         let runs = &self.runs;
         if !(runs.heartbeat_secs > 0.0 && runs.takeover_after_secs > runs.heartbeat_secs) {
             return Err(ConfigError::Invalid(format!(
@@ -553,5 +574,14 @@ mod tests {
     fn token_mode_needs_tokens() {
         let err = Settings::with_overrides("[auth]\nmode = \"token\"").unwrap_err();
         assert!(err.to_string().contains("auth.tokens"), "{err}");
+    }
+
+    #[test]
+    fn negative_prices_and_budgets_are_refused_with_their_key() {
+        let price = Settings::with_overrides("[pricing.\"m\"]\ninput_per_mtok = -1.0\noutput_per_mtok = 1.0\n");
+        assert!(price.unwrap_err().to_string().contains("pricing.\"m\""));
+        let budget = Settings::with_overrides("[limits.budgets.ann]\nusd_per_month = -5.0\n");
+        assert!(budget.unwrap_err().to_string().contains("limits.budgets.ann.usd_per_month"));
+        assert!(Settings::with_overrides("[limits]\nbudget_usd_per_month = 0.0\n").is_ok());
     }
 }
