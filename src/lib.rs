@@ -8,10 +8,9 @@ pub mod events;
 pub mod files;
 pub mod http;
 pub mod ids;
-pub mod metrics;
-pub mod pages;
 pub mod pricing;
 pub mod providers;
+pub mod report;
 pub mod store;
 pub mod tools;
 pub mod wake;
@@ -42,7 +41,7 @@ impl App {
     /// `server.host:server.port` (port 0 picks a free one).
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let settings = Arc::new(settings);
-        metrics::handle();
+        report::metrics::handle();
         let store = store::connect(settings.database.url.expose(), settings.database.max_connections).await?;
         let log = EventLog::start(
             store.clone(),
@@ -58,7 +57,11 @@ impl App {
             );
         }
         let shutdown = CancellationToken::new();
-        crate::metrics::spawn_upkeep(shutdown.clone());
+        crate::report::metrics::spawn_upkeep(shutdown.clone());
+        // Runs are exported as OTLP traces where an endpoint is configured (CONTRACT.md §18).
+        report::otlp::start(&settings);
+        // What runs, votes and feedback report is written to the webhook outbox from here on.
+        report::webhooks::start(store.clone(), &settings.webhooks, shutdown.clone());
         let mcp_wait =
             Duration::try_from_secs_f64(settings.tools.mcp_start_wait_secs.max(0.0)).unwrap_or(Duration::MAX);
         let mcp = McpManager::start(&settings.mcp_servers, mcp_wait, shutdown.clone());
@@ -147,6 +150,7 @@ impl Shutdown {
         self.state.chat.start_draining();
         self.state.chat.drain(grace).await;
         self.state.shutdown.cancel();
+        report::otlp::flush().await;
     }
 }
 

@@ -15,13 +15,18 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
+pub mod pages;
+mod report;
 mod sections;
+mod tools;
 
+pub use report::*;
 pub use sections::*;
 use sections::{
     all_tools, default_connect_timeout, default_max_iterations, default_max_retries, default_retry_base,
     default_retry_max, default_stream_timeout,
 };
+pub use tools::*;
 
 /// The defaults shipped in the repository, compiled in so the binary runs from any folder.
 const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -61,6 +66,12 @@ pub struct Settings {
     /// Prices per model that override or add to the price table (CONTRACT.md §18).
     #[serde(default)]
     pub pricing: BTreeMap<String, ModelPricing>,
+    /// Signed webhooks (CONTRACT.md §18).
+    #[serde(default)]
+    pub webhooks: WebhooksSettings,
+    /// Traces exported over OTLP (CONTRACT.md §18).
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
 }
 
 /// A secret string: deserialized as is, printed and serialized as `***`.
@@ -324,6 +335,8 @@ impl Settings {
                 runs.takeover_after_secs, runs.heartbeat_secs
             )));
         }
+        self.webhooks.check().map_err(ConfigError::Invalid)?;
+        self.webhooks.resolve_secrets().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 }

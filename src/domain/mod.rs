@@ -6,6 +6,7 @@
 pub mod branch;
 pub mod budget;
 mod trace;
+pub mod webhook;
 
 pub use branch::{branch, branch_through};
 pub use trace::{

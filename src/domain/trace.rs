@@ -28,6 +28,10 @@ pub struct Trace {
     pub spans: Vec<Span>,
     pub comparison_id: Option<ComparisonId>,
     pub variant: Option<String>,
+    /// The starting request's `traceparent` (W3C Trace Context), where traces are exported
+    /// and one came: the run's OTLP spans join that trace (CONTRACT.md §18). Not shown.
+    #[serde(skip)]
+    pub traceparent: Option<String>,
 }
 
 impl Trace {
@@ -50,6 +54,7 @@ impl Trace {
             spans: Vec::new(),
             comparison_id: None,
             variant: None,
+            traceparent: None,
         }
     }
 }

@@ -25,7 +25,7 @@ async fn healthz() -> Json<StatusBody> {
 #[utoipa::path(get, operation_id = "metrics", path = "/metrics", tag = "health",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 async fn metrics() -> String {
-    crate::metrics::handle().render()
+    crate::report::metrics::handle().render()
 }
 
 #[utoipa::path(get, operation_id = "readyz", path = "/readyz", tag = "health", responses((status = 200, description = "The database answers and takes writes, and (on Postgres) the other replicas' notices are heard", body = StatusBody), (status = 503, description = "It does not, the notice listener is reconnecting, or the server is shutting down", body = ErrorBody)))]

@@ -11,11 +11,10 @@ mod edge;
 mod files;
 mod health;
 mod legacy;
+mod records;
 pub mod server;
 mod sse;
 mod tools;
-mod traces;
-mod usage;
 mod waits;
 
 use docs::web;
@@ -90,19 +89,22 @@ pub fn router(state: AppState) -> Router {
     // The endpoints that start runs take a message's files inline too (`data:` URLs, which
     // is how `useChat` sends files): room for one file of `files.max_bytes` in base64.
     let inline_file = usize::try_from(state.settings.files.max_bytes.div_ceil(3) * 4).unwrap_or(usize::MAX);
-    let starts_runs = Router::new()
+    let mut starts_runs = Router::new()
         .merge(chat::routes())
         .merge(ab::routes())
         .merge(legacy::routes())
         .merge(ai_sdk::routes())
         .merge(agui::routes())
         .layer(DefaultBodyLimit::max(body_limit.saturating_add(inline_file)));
+    // Where runs are exported as traces, a start's `traceparent` is kept for its run's spans.
+    if crate::report::otlp::enabled() {
+        starts_runs = starts_runs.layer(axum::middleware::from_fn(crate::report::otlp::remember_traceparent));
+    }
     Router::new()
         .merge(health::routes())
         .merge(conversations::routes())
         .merge(starts_runs)
-        .merge(traces::routes())
-        .merge(usage::routes())
+        .merge(records::routes())
         .merge(waits::routes())
         .merge(files::routes(state.settings.files.max_bytes))
         .merge(tools::routes())
@@ -115,7 +117,7 @@ pub fn router(state: AppState) -> Router {
         )
         .fallback(|| async { error::AppError::not_found("No such endpoint") })
         .method_not_allowed_fallback(|| async { error::AppError::MethodNotAllowed })
-        .route_layer(axum::middleware::from_fn(crate::metrics::track))
+        .route_layer(axum::middleware::from_fn(crate::report::metrics::track))
         .layer(DefaultBodyLimit::max(body_limit))
         // A request body that stops coming fails instead of holding its connection.
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(Duration::from_secs(

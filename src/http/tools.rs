@@ -10,7 +10,7 @@ use super::AppState;
 use super::error::AppError;
 use super::extract::{AppQuery, CurrentUser};
 use super::views::*;
-use crate::pages::{Location, PageScope};
+use crate::config::pages::{Location, PageScope};
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/api/tools", get(list))

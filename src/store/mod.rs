@@ -5,6 +5,7 @@
 //! [`StoreError::NotFound`] for another user's ids.
 
 mod chunks;
+mod outbox;
 mod postgres;
 mod rows;
 mod sql;
@@ -24,6 +25,7 @@ use crate::domain::{
 use crate::events::LoggedEvent;
 use crate::ids::{ComparisonId, ConversationId, FileId, MessageId, TraceId, UserId};
 
+pub use outbox::{Attempted, Claimed, Delivery, DeliveryFilter, DeliveryStatus, OutboxStore};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use waits::{Claim, RunPark, Settled, Settlement, Wait, WaitKey, WaitKind};
@@ -511,9 +513,15 @@ pub struct UsageGroup {
 }
 
 /// The whole store: each concern's methods (CONTRACT.md's data, as the chat service uses it).
-pub trait Store: ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore + UsageStore {}
+pub trait Store:
+    ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore + UsageStore + OutboxStore
+{
+}
 
-impl<T> Store for T where T: ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore + UsageStore {}
+impl<T> Store for T where
+    T: ClusterStore + ConversationStore + FileStore + RunStore + WaitStore + LogStore + UsageStore + OutboxStore
+{
+}
 
 /// The lock on one file's bytes (see [`Store::lock_bytes`]): files are kept once per
 /// content, so a new file's row and the deletion of bytes no row names any more must not

@@ -27,6 +27,7 @@ pub struct PostgresStore {
     /// Whether the notice listener is connected (see [`Store::hears_others`]); true until
     /// it is known not to be.
     listening: Arc<AtomicBool>,
+    outbox: std::sync::OnceLock<crate::domain::webhook::Outbox>,
 }
 
 impl PostgresStore {
@@ -51,7 +52,12 @@ impl PostgresStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
-        Ok(Self { pool, origin: uuid::Uuid::new_v4().simple().to_string(), listening: Arc::new(AtomicBool::new(true)) })
+        Ok(Self {
+            pool,
+            origin: uuid::Uuid::new_v4().simple().to_string(),
+            listening: Arc::new(AtomicBool::new(true)),
+            outbox: Default::default(),
+        })
     }
 }
 
@@ -77,6 +83,11 @@ impl Backend for PostgresStore {
     const MANY_STATEMENTS_PER_QUERY: bool = false;
     const CLAIM_LOG: &'static str = "";
     const LOCK_ROW: &'static str = " for update";
+    const SKIP_LOCKED: &'static str = " for update skip locked";
+
+    fn outbox(&self) -> &std::sync::OnceLock<crate::domain::webhook::Outbox> {
+        &self.outbox
+    }
 
     fn pool(&self) -> &PgPool {
         &self.pool

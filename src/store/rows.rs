@@ -151,7 +151,7 @@ impl TryFrom<MessageRow> for Message {
 }
 
 pub const TRACE_COLUMNS: &str = "id, conversation_id, user_id, user_message_id, message_id, \
-     status, model, profile, started_at, ended_at, usage, cost_usd, error, spans, comparison_id, variant";
+     status, model, profile, started_at, ended_at, usage, cost_usd, error, spans, comparison_id, variant, traceparent";
 
 #[derive(sqlx::FromRow)]
 pub struct TraceRow {
@@ -171,6 +171,7 @@ pub struct TraceRow {
     spans: Json<Vec<Value>>,
     comparison_id: Option<ComparisonId>,
     variant: Option<String>,
+    traceparent: Option<String>,
 }
 
 impl TryFrom<TraceRow> for Trace {
@@ -194,6 +195,7 @@ impl TryFrom<TraceRow> for Trace {
             spans: row.spans.0.into_iter().filter_map(|span| lenient::<Span>("span", span)).collect(),
             comparison_id: row.comparison_id,
             variant: row.variant,
+            traceparent: row.traceparent,
         })
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::pages::PageScope;
+use crate::config::pages::PageScope;
 pub use crate::providers::ToolSpec;
 
 /// The MCP side of the registry: the tools of the servers that are ready now.

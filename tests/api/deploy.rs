@@ -36,6 +36,9 @@ fn the_compose_file_is_a_real_deployment_whose_settings_check() {
     assert!(chatd.contains("healthcheck:") && chatd.contains("/readyz"), "a healthcheck");
     assert!(chatd.contains("- chatd-data:/data"), "chatd's data folder (the image's VOLUME) on a named volume");
     assert!(compose.contains("\nvolumes:\n  pgdata:\n  chatd-data:\n"), "both volumes are named");
+    let jaeger = compose.split("\n  jaeger:\n").nth(1).expect("a trace collector");
+    assert!(jaeger.contains("profiles: [\"tracing\"]"), "optional: started only with its profile");
+    assert!(chatd.contains("OTEL_EXPORTER_OTLP_ENDPOINT: ${OTEL_EXPORTER_OTLP_ENDPOINT:-}"), "off unless asked for");
     // The mounted config, read where the container reads it from.
     let mount = chatd
         .lines()

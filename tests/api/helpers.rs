@@ -280,6 +280,11 @@ pub struct Replica {
 
 impl Replica {
     pub async fn start(database_url: &str, extra: &str) -> Self {
+        Self::start_with_env(database_url, extra, &[]).await
+    }
+
+    /// The same, with environment variables of its own.
+    pub async fn start_with_env(database_url: &str, extra: &str, env: &[(&str, &str)]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let dir = tempfile::tempdir().unwrap().keep();
         let config = dir.join("chatd.toml");
@@ -291,6 +296,7 @@ impl Replica {
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -58,6 +58,8 @@ fn every_route_is_documented() {
         ("get", "/healthz"),
         ("get", "/readyz"),
         ("get", "/metrics"),
+        ("get", "/api/usage"),
+        ("get", "/api/webhooks/deliveries"),
     ] {
         assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} is not in the document");
     }

@@ -687,3 +687,56 @@ both_backends! {
         lock.release().await;
     }
 }
+
+both_backends! {
+    /// A webhook message is written in the same transaction as what it reports: a run's end
+    /// writes one; an end refused (the run had ended) writes none; and where the message
+    /// cannot be written, the end is not written either.
+    async fn a_runs_end_and_its_webhook_message_are_one_write(backend: Backend) {
+        use chatd::config::{WebhookEvent, WebhookSettings, WebhooksSettings};
+        use chatd::store::DeliveryFilter;
+        let (store, db) = open(backend).await;
+        let mut settings = WebhooksSettings::default();
+        let endpoint = WebhookSettings {
+            url: "http://127.0.0.1:9/".into(),
+            events: vec![WebhookEvent::RunCompleted, WebhookEvent::RunFailed],
+            secret_env: None,
+            secret_file: None,
+            secret: None,
+        };
+        settings.endpoints.insert("billing".into(), endpoint);
+        store.report_to(chatd::domain::webhook::Outbox::new(&settings));
+        let all = DeliveryFilter { limit: 10, ..DeliveryFilter::default() };
+
+        let first = conversation("ann", "first");
+        let start = run_start(&first, true);
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+        let mut answer = Message::new(first.id, Some(start.user_message.id), Role::Assistant, "answer".into());
+        answer.id = start.traces[0].message_id;
+        store.finish_run(&ended(&start.traces[0], Some(answer))).await.unwrap();
+        let written = store.deliveries(&all).await.unwrap();
+        assert_eq!(written.len(), 1);
+        assert_eq!((written[0].event.as_str(), written[0].endpoint.as_str()), ("run.completed", "billing"));
+        assert!(matches!(store.finish_run(&ended(&start.traces[0], None)).await, Err(StoreError::Conflict(_))));
+        assert_eq!(store.deliveries(&all).await.unwrap().len(), 1, "a refused end reports nothing");
+        assert_eq!(store.outbox_depth().await.unwrap(), 1);
+
+        let second = conversation("ann", "second");
+        let start = run_start(&second, true);
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+        const HIDE: &str = "alter table webhook_outbox rename to webhook_outbox_gone";
+        match backend {
+            Backend::Sqlite => {
+                let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url).await.unwrap();
+                sqlx::query(HIDE).execute(&mut conn).await.unwrap();
+            }
+            Backend::Postgres => {
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url).await.unwrap();
+                sqlx::query(HIDE).execute(&mut conn).await.unwrap();
+            }
+        }
+        assert!(store.finish_run(&ended(&start.traces[0], None)).await.is_err(), "its message could not be written");
+        let trace = store.get_trace(&user("ann"), start.traces[0].trace_id).await.unwrap();
+        assert_eq!(trace.status, TraceStatus::Running, "so its end was not written either");
+    }
+}

@@ -469,6 +469,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/webhooks/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_webhook_deliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -860,6 +876,41 @@ export interface components {
             /** @description Why it was denied; the model is told. */
             reason?: string | null;
         };
+        /** @description `GET /api/webhooks/deliveries`. */
+        DeliveriesView: {
+            /** @description Newest first. */
+            deliveries: components["schemas"]["Delivery"][];
+        };
+        /** @description A delivery as `GET /api/webhooks/deliveries` shows it. */
+        Delivery: {
+            /** @description The `webhook-id` of every attempt. */
+            id: string;
+            endpoint: string;
+            type: string;
+            status: components["schemas"]["DeliveryStatus"];
+            /** Format: int32 */
+            attempts: number;
+            /**
+             * Format: int32
+             * @description The receiver's HTTP status at the last attempt, where it answered.
+             */
+            last_status?: number | null;
+            last_error?: string | null;
+            /** Format: date-time */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description When a pending delivery is tried next.
+             */
+            next_attempt_at?: string | null;
+            /** Format: date-time */
+            delivered_at?: string | null;
+        };
+        /**
+         * @description What a delivery is now.
+         * @enum {string}
+         */
+        DeliveryStatus: "pending" | "delivered" | "failed" | "disabled";
         /** @description One message of the history, as [`Diagnostics`] shows it. */
         DiagnosticMessage: {
             role: components["schemas"]["Role"];
@@ -3756,6 +3807,69 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UsageView"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Rate limited */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_webhook_deliveries: {
+        parameters: {
+            query?: {
+                /** @description `pending`, `delivered`, `failed` or `disabled` */
+                status?: string;
+                /** @description One endpoint's (its id in `webhooks.<id>`) */
+                endpoint?: string;
+                /** @description 1..`limits.max_page_size`; default 50 */
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The newest deliveries */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveriesView"];
                 };
             };
             /** @description Invalid input */

@@ -36,7 +36,13 @@ pub async fn end(store: &Arc<dyn Store>, emitter: &mut Emitter, end: End) {
     let run = emitter.run().clone();
     run.set_ending();
     let saved = match end.record {
-        Some(record) => save(store, record).await,
+        Some(record) => {
+            let saved = save(store, record).await;
+            if saved {
+                crate::report::otlp::export_run(store.clone(), run.user_id.clone(), run.trace_id);
+            }
+            saved
+        }
         None => true,
     };
     let terminal = match saved {

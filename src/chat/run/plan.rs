@@ -17,10 +17,10 @@ use crate::chat::run::context::ContextKeeper;
 use crate::chat::run::payloads::LlmPayloadType;
 use crate::chat::run::prompt::{self, PromptParts};
 use crate::chat::shared::Shared;
+use crate::config::pages::{Location, PageScope};
 use crate::config::{PayloadSource, ProfileSettings, PromptCache, ProviderKind};
 use crate::domain::{Message, Trace};
 use crate::ids::{ComparisonId, ConversationId, UserId};
-use crate::pages::{Location, PageScope};
 use crate::providers::transport::Retries;
 use crate::providers::{InputMessage, ModelRequest, ToolSpec};
 
@@ -120,6 +120,7 @@ impl Planner {
         let trace = Trace {
             comparison_id: comparison.map(|(id, _)| id),
             variant: comparison.map(|(_, v)| v.to_owned()),
+            traceparent: crate::report::otlp::incoming_traceparent(),
             ..Trace::start(user, turn.user_message, &profile.model, profile_name)
         };
         let Equipment { scope, tools, specs, gates, payload_types } =

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::payloads::{LlmPayloadType, SUGGESTED_ACTIONS, SUGGESTED_VALUES};
 use crate::config::ActionSettings;
+use crate::config::pages::PageScope;
 use crate::domain::Message;
-use crate::pages::PageScope;
 use crate::providers::ToolSpec;
 
 pub struct PromptParts<'a> {

@@ -131,7 +131,8 @@ impl Starter {
         // A client that leaves while its request is checked must not leave the files it sent
         // behind: the start goes on (or cleans up) in a task of its own.
         let (service, user) = (Arc::clone(self), user.clone());
-        tokio::spawn(async move { service.start_here(&user, request).await }).await.map_err(gone)?
+        let start = async move { service.start_here(&user, request).await };
+        tokio::spawn(crate::report::otlp::carrying_traceparent(start)).await.map_err(gone)?
     }
 
     async fn start_here(
@@ -189,7 +190,7 @@ impl Starter {
         let (service, user, request) = (Arc::clone(self), user.clone(), request.clone());
         let (profile_a, profile_b) = (profile_a.to_owned(), profile_b.to_owned());
         // As in `start`: the start outlives a client that leaves.
-        tokio::spawn(async move {
+        tokio::spawn(crate::report::otlp::carrying_traceparent(async move {
             let (mut tries, action) = (0, ActionOutcome::new());
             loop {
                 let Checked::Ready(turn) = service.preparer.prepare(&user, &request, 2, &action).await? else {
@@ -207,7 +208,7 @@ impl Starter {
                     begun => return Ok(begun),
                 }
             }
-        })
+        }))
         .await
         .map_err(gone)?
     }

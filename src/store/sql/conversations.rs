@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::statements::Statements;
 use super::{Conn, Row, write};
+use crate::domain::webhook::{FeedbackReport, Report, VoteReport};
 use crate::domain::{Comparison, ContextState, Conversation, Feedback, Message, Preference, Vote, now};
 use crate::ids::{ComparisonId, ConversationId, MessageId, UserId};
 use crate::store::rows::*;
@@ -173,16 +174,29 @@ where
             "update messages set feedback = $3 where id = $1 and user_id = $2 \
              returning {MESSAGE_COLUMNS}"
         );
-        let row: Option<MessageRow> = write(self, async |conn| {
-            Ok(sqlx::query_as(&sql)
+        write(self, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+            let row: Option<MessageRow> = sqlx::query_as(&sql)
                 .bind(message_id)
                 .bind(user)
                 .bind(feedback.as_ref().map(json))
-                .fetch_optional(conn)
-                .await?)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let message: Message = row.ok_or(StoreError::NotFound)?.try_into()?;
+            // Feedback given (set or changed) is reported; a cleared one is not.
+            if let Some(feedback) = feedback.filter(|f| f.rating.is_some() || f.comment.is_some()) {
+                let report = FeedbackReport {
+                    message_id,
+                    conversation_id: message.conversation_id,
+                    user_id: user.clone(),
+                    feedback,
+                };
+                super::outbox::report(self, &mut *tx, &Report::Feedback(report)).await?;
+            }
+            tx.commit().await?;
+            Ok(message)
         })
-        .await?;
-        row.ok_or(StoreError::NotFound)?.try_into()
+        .await
     }
 
     async fn get_message(&self, user: &UserId, id: MessageId) -> Result<Message, StoreError> {
@@ -291,6 +305,7 @@ where
             .bind(trace)
             .execute(&mut *tx)
             .await?;
+            super::outbox::report(self, &mut *tx, &Report::Voted(VoteReport::from(&comparison))).await?;
             tx.commit().await?;
             Ok(comparison)
         })

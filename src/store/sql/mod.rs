@@ -17,6 +17,7 @@ mod cluster;
 mod conversations;
 mod files;
 mod log;
+mod outbox;
 mod runs;
 mod starts;
 mod statements;
@@ -84,6 +85,11 @@ pub(super) trait Backend: Send + Sync + 'static {
     /// Added to the read of a waiting run's trace in a decision's transaction: decisions on
     /// one run take turns (Postgres: `for update`; SQLite's writer is one at a time anyway).
     const LOCK_ROW: &'static str;
+    /// Added to the select of the webhook messages a process claims: replicas claim
+    /// different ones (Postgres: `for update skip locked`; SQLite has one process).
+    const SKIP_LOCKED: &'static str;
+    /// Which endpoints take which reports (see [`OutboxStore::report_to`]).
+    fn outbox(&self) -> &std::sync::OnceLock<crate::domain::webhook::Outbox>;
     /// Logs events within a write transaction on `conn` (a run that parks logs the requests
     /// it waits on with its state); [`logged_within`](Self::logged_within) is told what was
     /// written once the transaction commits.

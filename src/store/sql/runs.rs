@@ -4,10 +4,12 @@ use chrono::{DateTime, Utc};
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
+use super::outbox::{REPORTED_RUN, ReportedRun};
 use super::starts::Starts;
 use super::statements::Statements;
 use super::{Conn, Row, write};
 use crate::domain::Trace;
+use crate::domain::webhook::{Report, ReportedError, RunReport};
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
 use crate::store::rows::*;
 use crate::store::*;
@@ -19,7 +21,7 @@ where
     for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
     for<'r> TraceRow: FromRow<'r, Row<B>>,
-    for<'r> (UserId, Uuid, Uuid, Uuid): FromRow<'r, Row<B>>,
+    for<'r> ReportedRun: FromRow<'r, Row<B>>,
     for<'r> (String, TraceId, DateTime<Utc>): FromRow<'r, Row<B>>,
     for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
@@ -87,24 +89,31 @@ where
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
             // Only a running trace ends: if another process already closed it (marked it
             // interrupted), this result is refused whole instead of overwriting that.
-            let owner: Option<(UserId, Uuid, Uuid, Uuid)> = sqlx::query_as(
+            let sql = format!(
                 "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6, cost_usd = $7 \
                  where id = $1 and status in ('running', 'queued') \
-                 returning user_id, user_message_id, message_id, conversation_id",
-            )
-            .bind(finish.trace_id)
-            .bind(finish.status.as_str())
-            .bind(finish.ended_at)
-            .bind(json(&finish.usage))
-            .bind(finish.error.as_ref().map(json))
-            .bind(json(&finish.spans))
-            .bind(finish.cost_usd)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some((user, question, answer, conversation)) = owner else {
+                 returning {REPORTED_RUN}"
+            );
+            let owner: Option<ReportedRun> = sqlx::query_as(&sql)
+                .bind(finish.trace_id)
+                .bind(finish.status.as_str())
+                .bind(finish.ended_at)
+                .bind(json(&finish.usage))
+                .bind(finish.error.as_ref().map(json))
+                .bind(json(&finish.spans))
+                .bind(finish.cost_usd)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(ended) = owner else {
                 return Err(StoreError::Conflict("the run has already ended".into()));
             };
+            let (user, question, answer, conversation) =
+                (ended.user_id.clone(), ended.user_message_id, ended.message_id, ended.conversation_id);
             <B as Statements>::record_spend(&mut *tx, finish.trace_id, &finish.usage, finish.cost_usd, true).await?;
+            let answered_by = finish.assistant_message.as_ref().and_then(|m| m.model.clone());
+            let report = ended.report(finish.trace_id, finish.status, finish.usage, finish.cost_usd, answered_by);
+            let error = finish.error.as_ref().map(ReportedError::from);
+            super::outbox::report(self, &mut *tx, &Report::Run(RunReport { error, ..report })).await?;
             match &finish.assistant_message {
                 Some(message) => <B as Statements>::append_message(&mut *tx, &user, message).await?,
                 // Messages queued behind an answer that never came follow its question.

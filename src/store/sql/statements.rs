@@ -314,7 +314,7 @@ where
     fn push_traces<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a Trace, &'a str, Option<&'a Value>)]) {
         query.push(
             "insert into traces (id, conversation_id, user_id, user_message_id, message_id, status, \
-             model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at, checkpoint) ",
+             model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at, checkpoint, traceparent) ",
         );
         query.push_values(rows, |mut row, (t, replica_id, queued)| {
             row.push_bind(t.trace_id)
@@ -331,7 +331,8 @@ where
                 .push_bind(t.variant.as_deref())
                 .push_bind(*replica_id)
                 .push_bind(t.started_at)
-                .push_bind(queued.map(json));
+                .push_bind(queued.map(json))
+                .push_bind(t.traceparent.as_deref());
         });
     }
 

@@ -6,10 +6,12 @@ use sqlx::types::Json;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
+use super::outbox::{REPORTED_RUN, ReportedRun};
 use super::statements::{GOING_IN_CONVERSATION, Statements};
 use super::{Conn, Row, write};
 use crate::domain::TraceStatus;
 use crate::domain::now;
+use crate::domain::webhook::{Report, RunReport};
 use crate::ids::{TraceId, UserId};
 use crate::store::rows::*;
 use crate::store::*;
@@ -25,6 +27,7 @@ where
     for<'r> (Uuid, Option<Uuid>, String, DateTime<Utc>): FromRow<'r, Row<B>>,
     for<'r> (Uuid, DateTime<Utc>, String, Option<Uuid>): FromRow<'r, Row<B>>,
     for<'r> WaitRow: FromRow<'r, Row<B>>,
+    for<'r> ReportedRun: FromRow<'r, Row<B>>,
     for<'r> (Uuid,): FromRow<'r, Row<B>>,
     for<'r> (String,): FromRow<'r, Row<B>>,
     for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
@@ -42,20 +45,21 @@ where
     async fn park_run(&self, park: &RunPark) -> Result<(), StoreError> {
         let chunks = write(self, async |conn| {
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
-            let parked = sqlx::query(
+            let sql = format!(
                 "update traces set status = 'waiting', checkpoint = $2, usage = $3, spans = $4, cost_usd = $5 \
-                 where id = $1 and status = 'running'",
-            )
-            .bind(park.trace_id)
-            .bind(json(&park.checkpoint))
-            .bind(json(&park.usage))
-            .bind(json(&park.spans))
-            .bind(park.cost_usd)
-            .execute(&mut *tx)
-            .await?;
-            if B::rows_affected(&parked) == 0 {
+                 where id = $1 and status = 'running' returning {REPORTED_RUN}"
+            );
+            let parked: Option<ReportedRun> = sqlx::query_as(&sql)
+                .bind(park.trace_id)
+                .bind(json(&park.checkpoint))
+                .bind(json(&park.usage))
+                .bind(json(&park.spans))
+                .bind(park.cost_usd)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(parked) = parked else {
                 return Err(StoreError::Conflict("the run has already ended".into()));
-            }
+            };
             let mut query = sqlx::QueryBuilder::<B::Db>::new(
                 "insert into run_waits (id, trace_id, user_id, kind, tool_call_id, tool, input, created_at, expires_at) ",
             );
@@ -72,6 +76,9 @@ where
             });
             B::execute(&mut *tx, query).await?;
             let chunks = self.log_within(&mut tx, &park.events).await?;
+            let report = parked.report(park.trace_id, TraceStatus::Waiting, park.usage, park.cost_usd, None);
+            let waiting_for = park.waits.iter().map(|w| w.kind.as_str()).collect();
+            super::outbox::report(self, &mut *tx, &Report::Run(RunReport { waiting_for, ..report })).await?;
             tx.commit().await?;
             Ok(chunks)
         })

@@ -46,6 +46,7 @@ pub struct SqliteStore {
     /// The id the next chunk gets: above every id in the table, so a run's chunks are all
     /// after its `log_from` (taken only while holding the writer).
     next_chunk_id: AtomicI64,
+    outbox: std::sync::OnceLock<crate::domain::webhook::Outbox>,
     /// The locks on files' bytes (see [`Store::lock_bytes`](super::Store::lock_bytes)),
     /// one per stripe of sha256s: one process has the file, so a lock in memory is enough.
     bytes_locks: Vec<Arc<tokio::sync::Mutex<()>>>,
@@ -104,6 +105,7 @@ impl SqliteStore {
             health,
             chunk_ids: Mutex::default(),
             next_chunk_id: AtomicI64::new(last_chunk_id + 1),
+            outbox: Default::default(),
             bytes_locks: (0..BYTES_LOCK_STRIPES).map(|_| Arc::default()).collect(),
             _checkpoints: stop.drop_guard(),
         })
@@ -163,6 +165,11 @@ impl Backend for SqliteStore {
     const CLAIM_LOG: &'static str =
         ", log_sealed = 0, log_from = (select coalesce(max(id), 0) from trace_event_chunks)";
     const LOCK_ROW: &'static str = "";
+    const SKIP_LOCKED: &'static str = "";
+
+    fn outbox(&self) -> &std::sync::OnceLock<crate::domain::webhook::Outbox> {
+        &self.outbox
+    }
 
     fn pool(&self) -> &SqlitePool {
         &self.pool

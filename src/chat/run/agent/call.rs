@@ -147,7 +147,7 @@ pub(super) async fn call_model(
         }),
     });
     if turn.usage != Usage::default() {
-        crate::metrics::record_call(&plan.profile, &turn.usage, cost);
+        crate::report::metrics::record_call(&plan.profile, &turn.usage, cost);
         let model = plan.request.model.clone();
         metrics::counter!("chatd_tokens_total", "model" => model.clone(), "direction" => "input")
             .increment(turn.usage.input_tokens);

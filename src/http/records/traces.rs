@@ -4,11 +4,11 @@ use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 
-use super::AppState;
-use super::error::AppError;
-use super::extract::{CurrentUser, IdPath};
-use super::views::*;
 use crate::domain::Trace;
+use crate::http::AppState;
+use crate::http::error::AppError;
+use crate::http::extract::{CurrentUser, IdPath};
+use crate::http::views::*;
 use crate::ids::{MessageId, TraceId};
 
 pub fn routes() -> Router<AppState> {

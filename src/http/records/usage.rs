@@ -8,11 +8,11 @@ use axum::{Json, Router};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::AppState;
-use super::error::AppError;
-use super::extract::{AppQuery, CurrentUser};
-use super::views::{Missing, Refused};
 use crate::domain::now;
+use crate::http::AppState;
+use crate::http::error::AppError;
+use crate::http::extract::{AppQuery, CurrentUser};
+use crate::http::views::{Missing, Refused};
 use crate::ids::UserId;
 use crate::store::{UsageGroup, UsageGrouping};
 
