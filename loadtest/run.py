@@ -10,11 +10,14 @@ Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open s
 ratios against the direct path of the same run. Usage:
 
   loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1] [--repeat N] [--chatd BIN]
-                  [--encodings native,ui,agui] [--postgres URL]
+                  [--encodings native,ui,agui] [--postgres URL] [--extra-config FILE]
 
 --postgres measures chatd on Postgres instead of SQLite: each scenario gets a database of its
 own, made beside the one URL names (which must allow CREATE DATABASE; scripts/postgres.sh
 prints one) and dropped after.
+
+--extra-config FILE adds its TOML to chatd's config: webhooks or telemetry on, to measure
+what they cost against a run without (a receiver for them is the caller's to start).
 
 --encodings also measures the same streams through chatd's other vocabularies of a run: the AI
 SDK's UI message stream (`ui`, POST /api/ui/chat) and AG-UI (`agui`, POST /api/agui), each
@@ -123,6 +126,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="measure the direct and chatd paths this many times each")
     ap.add_argument("--chatd", default=os.path.join(REL, "chatd"), help="the chatd binary to measure (to compare two builds)")
     ap.add_argument("--postgres", metavar="URL", help="measure chatd on Postgres (a fresh database beside URL's per scenario)")
+    ap.add_argument("--extra-config", metavar="FILE", help="TOML added to chatd's config (webhooks, telemetry: their cost)")
     ap.add_argument("--encodings", default="native",
                     help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's)")
     args = ap.parse_args()
@@ -179,6 +183,9 @@ provider = "mock"
 model = "mock"
 tools = ["{'*' if sc.get('tool') else 'none'}"]
 """)
+            if args.extra_config:
+                with open(args.extra_config) as extra:
+                    f.write("\n" + extra.read())
         chatd_log = open(os.path.join(work, "chatd.log"), "w")
         chatd = start([args.chatd, "--config", config], env={"RUST_LOG": "warn"}, log=chatd_log)
         litellm = None

@@ -20,8 +20,10 @@ use crate::domain::now;
 use crate::domain::webhook::Outbox;
 use crate::store::{Attempted, Claimed, DeliveryStatus, Store};
 
-/// How often the outbox is looked at for due messages.
-const POLL_EVERY: Duration = Duration::from_millis(500);
+/// How often the outbox is looked at for due messages: messages this process writes wake
+/// the task at once; other replicas' messages, and attempts falling due, are found by
+/// looking.
+const POLL_EVERY: Duration = Duration::from_secs(1);
 /// How often the outbox's depth is read for `/metrics`.
 const DEPTH_EVERY: Duration = Duration::from_secs(5);
 /// Delivered, failed and disabled messages are kept this long for
@@ -124,6 +126,7 @@ impl Deliverer {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
+                () = self.store.outbox_written() => {}
                 _ = poll.tick() => {}
                 _ = depth.tick() => {
                     self.reconcile_disabled().await;

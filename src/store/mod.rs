@@ -25,7 +25,7 @@ use crate::domain::{
 use crate::events::LoggedEvent;
 use crate::ids::{ComparisonId, ConversationId, FileId, MessageId, TraceId, UserId};
 
-pub use outbox::{Attempted, Claimed, Delivery, DeliveryFilter, DeliveryStatus, OutboxStore};
+pub use outbox::{Attempted, Claimed, Delivery, DeliveryFilter, DeliveryStatus, OutboxState, OutboxStore};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use waits::{Claim, RunPark, Settled, Settlement, Wait, WaitKey, WaitKind};

@@ -8,6 +8,15 @@ use serde::Serialize;
 use super::StoreError;
 use crate::domain::webhook::Outbox;
 
+/// What a backend keeps of the outbox: which endpoints take which reports (set once, at
+/// start-up), and the signal that this process wrote messages (the delivery task waits on
+/// it, instead of looking every moment).
+#[derive(Debug, Default)]
+pub struct OutboxState {
+    pub takers: std::sync::OnceLock<Outbox>,
+    pub written: tokio::sync::Notify,
+}
+
 /// What a delivery is now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -91,6 +100,9 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// From now on, what this store writes that an endpoint of `outbox` takes is put in the
     /// outbox in the same transaction (set once, at start-up).
     fn report_to(&self, outbox: Outbox);
+    /// Returns once this process has written messages since the last call (at once if it
+    /// has); other processes' messages are found by looking.
+    async fn outbox_written(&self);
     /// Claims up to `limit` messages due at `now` for one attempt each, held until
     /// `held_until` (a process that dies meanwhile lets them fall due again then); their
     /// attempts are counted at the claim. Replicas never claim the same message at once.

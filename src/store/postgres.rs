@@ -27,7 +27,7 @@ pub struct PostgresStore {
     /// Whether the notice listener is connected (see [`Store::hears_others`]); true until
     /// it is known not to be.
     listening: Arc<AtomicBool>,
-    outbox: std::sync::OnceLock<crate::domain::webhook::Outbox>,
+    outbox: crate::store::OutboxState,
 }
 
 impl PostgresStore {
@@ -85,7 +85,7 @@ impl Backend for PostgresStore {
     const LOCK_ROW: &'static str = " for update";
     const SKIP_LOCKED: &'static str = " for update skip locked";
 
-    fn outbox(&self) -> &std::sync::OnceLock<crate::domain::webhook::Outbox> {
+    fn outbox(&self) -> &crate::store::OutboxState {
         &self.outbox
     }
 

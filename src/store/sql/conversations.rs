@@ -184,6 +184,7 @@ where
                 .await?;
             let message: Message = row.ok_or(StoreError::NotFound)?.try_into()?;
             // Feedback given (set or changed) is reported; a cleared one is not.
+            let mut reported = false;
             if let Some(feedback) = feedback.filter(|f| f.rating.is_some() || f.comment.is_some()) {
                 let report = FeedbackReport {
                     message_id,
@@ -191,9 +192,10 @@ where
                     user_id: user.clone(),
                     feedback,
                 };
-                super::outbox::report(self, &mut *tx, &Report::Feedback(report)).await?;
+                reported = super::outbox::report(self, &mut *tx, &Report::Feedback(report)).await?;
             }
             tx.commit().await?;
+            super::outbox::written(self, reported);
             Ok(message)
         })
         .await
@@ -305,8 +307,9 @@ where
             .bind(trace)
             .execute(&mut *tx)
             .await?;
-            super::outbox::report(self, &mut *tx, &Report::Voted(VoteReport::from(&comparison))).await?;
+            let reported = super::outbox::report(self, &mut *tx, &Report::Voted(VoteReport::from(&comparison))).await?;
             tx.commit().await?;
+            super::outbox::written(self, reported);
             Ok(comparison)
         })
         .await

@@ -89,7 +89,7 @@ pub(super) trait Backend: Send + Sync + 'static {
     /// different ones (Postgres: `for update skip locked`; SQLite has one process).
     const SKIP_LOCKED: &'static str;
     /// Which endpoints take which reports (see [`OutboxStore::report_to`]).
-    fn outbox(&self) -> &std::sync::OnceLock<crate::domain::webhook::Outbox>;
+    fn outbox(&self) -> &crate::store::OutboxState;
     /// Logs events within a write transaction on `conn` (a run that parks logs the requests
     /// it waits on with its state); [`logged_within`](Self::logged_within) is told what was
     /// written once the transaction commits.

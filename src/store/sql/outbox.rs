@@ -13,8 +13,9 @@ use crate::ids::{ConversationId, MessageId, TraceId, UserId};
 use crate::store::*;
 
 /// Writes the messages `report` makes (one per endpoint that takes it) on `conn`, within
-/// the caller's transaction: none where no endpoint takes it.
-pub(super) async fn report<B>(backend: &B, conn: &mut Conn<B>, report: &Report) -> Result<(), StoreError>
+/// the caller's transaction: none where no endpoint takes it. Whether it wrote any: the
+/// caller tells the delivery task once its transaction committed ([`written`]).
+pub(super) async fn report<B>(backend: &B, conn: &mut Conn<B>, report: &Report) -> Result<bool, StoreError>
 where
     B: Backend,
     for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
@@ -22,7 +23,7 @@ where
     for<'q> &'q str: sqlx::Encode<'q, B::Db> + Type<B::Db>,
     for<'q> DateTime<Utc>: sqlx::Encode<'q, B::Db> + Type<B::Db>,
 {
-    let Some(outbox) = backend.outbox().get().filter(|o| o.takes(report.event())) else { return Ok(()) };
+    let Some(outbox) = backend.outbox().takers.get().filter(|o| o.takes(report.event())) else { return Ok(false) };
     let at = crate::domain::now();
     let messages = outbox.messages(report, at);
     let mut query = sqlx::QueryBuilder::<B::Db>::new(
@@ -37,7 +38,14 @@ where
             .push_bind(m.created_at);
     });
     B::execute(conn, query).await?;
-    Ok(())
+    Ok(true)
+}
+
+/// Tells this process's delivery task that messages were written (after their commit).
+pub(super) fn written<B: Backend>(backend: &B, reported: bool) {
+    if reported {
+        backend.outbox().written.notify_one();
+    }
 }
 
 /// The columns of a trace that a report of its run needs ([`ReportedRun`]).
@@ -144,9 +152,13 @@ where
     for<'q> Option<DateTime<Utc>>: sqlx::Encode<'q, B::Db>,
 {
     fn report_to(&self, outbox: Outbox) {
-        if self.outbox().set(outbox).is_err() {
+        if self.outbox().takers.set(outbox).is_err() {
             tracing::warn!("the webhook outbox was set twice; the first setting stays");
         }
+    }
+
+    async fn outbox_written(&self) {
+        self.outbox().written.notified().await;
     }
 
     async fn claim_deliveries(

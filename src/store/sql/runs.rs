@@ -113,7 +113,7 @@ where
             let answered_by = finish.assistant_message.as_ref().and_then(|m| m.model.clone());
             let report = ended.report(finish.trace_id, finish.status, finish.usage, finish.cost_usd, answered_by);
             let error = finish.error.as_ref().map(ReportedError::from);
-            super::outbox::report(self, &mut *tx, &Report::Run(RunReport { error, ..report })).await?;
+            let reported = super::outbox::report(self, &mut *tx, &Report::Run(RunReport { error, ..report })).await?;
             match &finish.assistant_message {
                 Some(message) => <B as Statements>::append_message(&mut *tx, &user, message).await?,
                 // Messages queued behind an answer that never came follow its question.
@@ -123,6 +123,7 @@ where
                 }
             }
             tx.commit().await?;
+            super::outbox::written(self, reported);
             Ok(())
         })
         .await

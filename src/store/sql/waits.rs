@@ -78,8 +78,9 @@ where
             let chunks = self.log_within(&mut tx, &park.events).await?;
             let report = parked.report(park.trace_id, TraceStatus::Waiting, park.usage, park.cost_usd, None);
             let waiting_for = park.waits.iter().map(|w| w.kind.as_str()).collect();
-            super::outbox::report(self, &mut *tx, &Report::Run(RunReport { waiting_for, ..report })).await?;
+            let reported = super::outbox::report(self, &mut *tx, &Report::Run(RunReport { waiting_for, ..report })).await?;
             tx.commit().await?;
+            super::outbox::written(self, reported);
             Ok(chunks)
         })
         .await?;

@@ -46,7 +46,7 @@ pub struct SqliteStore {
     /// The id the next chunk gets: above every id in the table, so a run's chunks are all
     /// after its `log_from` (taken only while holding the writer).
     next_chunk_id: AtomicI64,
-    outbox: std::sync::OnceLock<crate::domain::webhook::Outbox>,
+    outbox: crate::store::OutboxState,
     /// The locks on files' bytes (see [`Store::lock_bytes`](super::Store::lock_bytes)),
     /// one per stripe of sha256s: one process has the file, so a lock in memory is enough.
     bytes_locks: Vec<Arc<tokio::sync::Mutex<()>>>,
@@ -167,7 +167,7 @@ impl Backend for SqliteStore {
     const LOCK_ROW: &'static str = "";
     const SKIP_LOCKED: &'static str = "";
 
-    fn outbox(&self) -> &std::sync::OnceLock<crate::domain::webhook::Outbox> {
+    fn outbox(&self) -> &crate::store::OutboxState {
         &self.outbox
     }
 
