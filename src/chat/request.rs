@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::ids::{ConversationId, FileId, MessageId};
 
 /// The body of `POST /api/chat/stream` (CONTRACT.md §4).
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub message: String,

@@ -2,9 +2,8 @@
 //! store. One cloneable [`AppState`]; one [`AppError`](error::AppError) envelope.
 
 mod ab;
-mod agui;
-mod ai_sdk;
 mod chat;
+mod clients;
 mod conversations;
 mod docs;
 mod edge;
@@ -93,8 +92,7 @@ pub fn router(state: AppState) -> Router {
         .merge(chat::routes())
         .merge(ab::routes())
         .merge(legacy::routes())
-        .merge(ai_sdk::routes())
-        .merge(agui::routes())
+        .merge(clients::starting())
         .layer(DefaultBodyLimit::max(body_limit.saturating_add(inline_file)));
     // Where runs are exported as traces, a start's `traceparent` is kept for its run's spans.
     if crate::report::otlp::enabled() {

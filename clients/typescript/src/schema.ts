@@ -533,6 +533,60 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/models": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** `GET /v1/models`: the profiles, as models. */
+        get: operations["openai_list_models"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/responses": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** `POST /v1/responses`: a run, answered whole or streamed. */
+        post: operations["openai_create_response"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/responses/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * `GET /v1/responses/{id}`: the response as it stands; with `stream=true`, its events
+         *     (after `starting_after`), live to its end, from any replica.
+         */
+        get: operations["openai_retrieve_response"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -861,6 +915,48 @@ export interface components {
             cost_usd?: number | null;
             /** @description The usage it was priced from is chatd's estimate. */
             cost_estimated?: boolean;
+        };
+        /** @description `POST /v1/responses`. */
+        CreateResponseBody: {
+            /** @description A chatd profile (`GET /v1/models` lists them). */
+            model: string;
+            /** @description A string, or input items (`message`, `function_call_output`, `mcp_approval_response`). */
+            input?: Record<string, never>;
+            /** @description Added to the profile's system prompt for this response. */
+            instructions?: string | null;
+            /** @description A conversation's id (`conv_…`), or `{"id": …}`. */
+            conversation?: Record<string, never> | null;
+            /** @description Continues from that response's answer (its branch). */
+            previous_response_id?: string | null;
+            stream?: boolean;
+            background?: boolean;
+            /** @description chatd keeps every run: `false` is refused. */
+            store?: boolean | null;
+            /** @description `function` tools are client tools (CONTRACT.md §15); chatd's own are the profile's. */
+            tools?: Record<string, never>[];
+            /** Format: int32 */
+            max_output_tokens?: number | null;
+            /** Format: double */
+            temperature?: number | null;
+            metadata?: Record<string, never> | null;
+            tool_choice?: Record<string, never> | null;
+            parallel_tool_calls?: boolean | null;
+            /** Format: double */
+            top_p?: number | null;
+            reasoning?: Record<string, never> | null;
+            include?: Record<string, never> | null;
+            text?: Record<string, never> | null;
+            truncation?: string | null;
+            user?: string | null;
+            safety_identifier?: string | null;
+            prompt_cache_key?: string | null;
+            prompt_cache_retention?: string | null;
+            service_tier?: string | null;
+            stream_options?: Record<string, never> | null;
+            /** Format: int32 */
+            max_tool_calls?: number | null;
+            /** Format: int32 */
+            top_logprobs?: number | null;
         };
         Decided: {
             /** Format: uuid */
@@ -1275,6 +1371,31 @@ export interface components {
          * @enum {string}
          */
         Multitask: "reject" | "enqueue" | "interrupt" | "rollback";
+        OpenAiError: {
+            message: string;
+            /** @description `invalid_request_error`, `authentication_error`, `not_found_error`, `rate_limit_error`, … */
+            type: string;
+            /** @description The request's field at fault, where there is one. */
+            param?: string | null;
+            /** @description The contract's error code, in lower case. */
+            code?: string | null;
+        };
+        /** @description An error, as OpenAI answers it. */
+        OpenAiErrorBody: {
+            error: components["schemas"]["OpenAiError"];
+        };
+        OpenAiModel: {
+            id: string;
+            object: string;
+            /** Format: int64 */
+            created: number;
+            owned_by: string;
+        };
+        /** @description `GET /v1/models`. */
+        OpenAiModelList: {
+            object: string;
+            data: components["schemas"]["OpenAiModel"][];
+        };
         /**
          * @description A vote on an A/B comparison.
          * @enum {string}
@@ -1302,6 +1423,102 @@ export interface components {
         ProviderKind: "anthropic" | "openai" | "google" | "openai_compatible" | "mock";
         /** @enum {string} */
         Rating: "up" | "down";
+        ResponseConversation: {
+            id: string;
+        };
+        /** @description Why a response failed: OpenAI's code where one fits, with chatd's message. */
+        ResponseError: {
+            code: string;
+            message: string;
+        };
+        ResponseIncompleteDetails: {
+            reason: string;
+        };
+        ResponseInputTokensDetails: {
+            /** Format: int64 */
+            cached_tokens: number;
+        };
+        /** @description The Response object. */
+        ResponseObject: {
+            id: string;
+            object: string;
+            /** Format: int64 */
+            created_at: number;
+            status: components["schemas"]["ResponseStatus"];
+            /** @description The profile that answered the request (a "model" to the SDKs). */
+            model: string;
+            output: components["schemas"]["ResponseOutputItem"][];
+            usage?: null | components["schemas"]["ResponseUsage"];
+            conversation?: null | components["schemas"]["ResponseConversation"];
+            previous_response_id?: string | null;
+            error?: null | components["schemas"]["ResponseError"];
+            incomplete_details?: null | components["schemas"]["ResponseIncompleteDetails"];
+            instructions?: string | null;
+            metadata: Record<string, never>;
+            parallel_tool_calls: boolean;
+            tool_choice: string;
+            tools: Record<string, never>[];
+            /** Format: double */
+            temperature?: number | null;
+            /** Format: double */
+            top_p?: number | null;
+            store: boolean;
+            background: boolean;
+        };
+        /** @description An output item. */
+        ResponseOutputItem: {
+            id: string;
+            summary: components["schemas"]["ResponseSummaryText"][];
+            /** @enum {string} */
+            type: "reasoning";
+        } | {
+            id: string;
+            role: string;
+            status: string;
+            content: components["schemas"]["ResponseOutputText"][];
+            /** @enum {string} */
+            type: "message";
+        } | {
+            id: string;
+            server_label: string;
+            name: string;
+            arguments: string;
+            output?: string | null;
+            error?: string | null;
+            status: string;
+            /** @enum {string} */
+            type: "mcp_call";
+        };
+        ResponseOutputText: {
+            type: string;
+            text: string;
+            annotations: Record<string, never>[];
+            logprobs: Record<string, never>[];
+        };
+        ResponseOutputTokensDetails: {
+            /** Format: int64 */
+            reasoning_tokens: number;
+        };
+        /**
+         * @description A response's state.
+         * @enum {string}
+         */
+        ResponseStatus: "in_progress" | "completed" | "failed" | "cancelled" | "incomplete";
+        ResponseSummaryText: {
+            type: string;
+            text: string;
+        };
+        /** @description Usage as the SDKs read it: flat counts only (the Agents SDK refuses nested details). */
+        ResponseUsage: {
+            /** Format: int64 */
+            input_tokens: number;
+            input_tokens_details: components["schemas"]["ResponseInputTokensDetails"];
+            /** Format: int64 */
+            output_tokens: number;
+            output_tokens_details: components["schemas"]["ResponseOutputTokensDetails"];
+            /** Format: int64 */
+            total_tokens: number;
+        };
         /**
          * @description An answer to one interrupt: an approval (`payload.approved`, `payload.reason`; `cancelled`
          *     denies it) or a client tool's result (`payload`; `cancelled` is an error result).
@@ -3975,6 +4192,242 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    openai_list_models: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The profiles, as models */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiModelList"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+        };
+    };
+    openai_create_response: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateResponseBody"];
+            };
+        };
+        responses: {
+            /** @description The Response (`stream: false`), or its events as SSE (`stream: true`: `event: <type>`, `data: <event>`) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResponseObject"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+        };
+    };
+    openai_retrieve_response: {
+        parameters: {
+            query?: {
+                /** @description Its events as SSE, live to its end */
+                stream?: boolean;
+                /** @description With `stream`: only the events numbered after this */
+                starting_after?: number;
+                /** @description Accepted; chatd adds no obfuscation */
+                include_obfuscation?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description `resp_<trace id>` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The Response, or (`stream=true`) its events as SSE */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResponseObject"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
                 };
             };
         };

@@ -21,11 +21,12 @@ use crate::http::views::{ErrorBody, Event, LegacyEvent};
         crate::http::legacy::stream, crate::http::legacy::load, crate::http::legacy::list,
         crate::http::health::healthz, crate::http::health::ready, crate::http::health::metrics, crate::http::health::profiles,
         crate::http::tools::list,
-        crate::http::ai_sdk::chat, crate::http::ai_sdk::resume, crate::http::agui::run,
+        crate::http::clients::ai_sdk::chat, crate::http::clients::ai_sdk::resume, crate::http::clients::agui::run,
+        crate::http::clients::openai::models, crate::http::clients::openai::create, crate::http::clients::openai::retrieve,
         crate::http::waits::decide, crate::http::waits::tool_result,
         crate::http::files::upload, crate::http::files::download, crate::http::files::delete,
     ),
-    components(schemas(Event, ErrorBody, LegacyEvent)),
+    components(schemas(Event, ErrorBody, LegacyEvent, crate::http::clients::openai::object::ErrorBody)),
     tags(
         (name = "chat", description = "Send a message; resume or cancel its run"),
         (name = "conversations", description = "Conversations, messages, feedback and branches"),
@@ -34,6 +35,7 @@ use crate::http::views::{ErrorBody, Event, LegacyEvent};
         (name = "ab", description = "A/B comparisons and votes"),
         (name = "legacy", description = "The older vocabulary of the same API"),
         (name = "clients", description = "The same runs for the AI SDK's useChat and AG-UI clients"),
+        (name = "openai", description = "The same runs as the OpenAI Responses API, for the openai SDKs (errors in OpenAI's shape)"),
         (name = "files", description = "Attachments: upload, read back, delete"),
         (name = "health", description = "Liveness, readiness, profiles, tools"),
     )

@@ -1,0 +1,369 @@
+//! What `client.responses.create(...)` sends (CONTRACT.md §20), as types: nothing of it is
+//! read by hand. Fields the SDKs send that chatd has no use for are named, accepted and
+//! left aside; any other field is refused, as in every body.
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use super::object::parse_id;
+use crate::chat::request::{AttachmentRef, ChatRequest, ClientTool};
+use crate::http::error::AppError;
+use crate::ids::{ConversationId, FileId};
+
+/// `POST /v1/responses`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = CreateResponseBody)]
+#[serde(deny_unknown_fields)]
+// The fields after `metadata` are sent by the SDKs and accepted without being applied.
+#[allow(dead_code)]
+pub struct CreateResponse {
+    /// A chatd profile (`GET /v1/models` lists them).
+    pub model: String,
+    /// A string, or input items (`message`, `function_call_output`, `mcp_approval_response`).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub input: Option<Input>,
+    /// Added to the profile's system prompt for this response.
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// A conversation's id (`conv_…`), or `{"id": …}`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub conversation: Option<ConversationParam>,
+    /// Continues from that response's answer (its branch).
+    #[serde(default)]
+    pub previous_response_id: Option<String>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub background: bool,
+    /// chatd keeps every run: `false` is refused.
+    #[serde(default)]
+    pub store: Option<bool>,
+    /// `function` tools are client tools (CONTRACT.md §15); chatd's own are the profile's.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Vec<Value>,
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Map<String, Value>>,
+    // Sent by the SDKs, not used by chatd.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub reasoning: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub include: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub text: Option<Value>,
+    #[serde(default)]
+    pub truncation: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub safety_identifier: Option<String>,
+    #[serde(default)]
+    pub prompt_cache_key: Option<String>,
+    #[serde(default)]
+    pub prompt_cache_retention: Option<String>,
+    #[serde(default)]
+    pub service_tier: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub stream_options: Option<Value>,
+    #[serde(default)]
+    pub max_tool_calls: Option<u32>,
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+}
+
+/// `input`: a string, or items.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Input {
+    Text(String),
+    Items(Vec<InputItem>),
+}
+
+/// `conversation`: an id, or an object with one.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ConversationParam {
+    Id(String),
+    Object { id: String },
+}
+
+impl ConversationParam {
+    fn id(&self) -> &str {
+        match self {
+            ConversationParam::Id(id) | ConversationParam::Object { id } => id,
+        }
+    }
+}
+
+/// An input item. A message may leave out its `type` (the SDKs send `{role, content}`); items
+/// of the model's own output sent back (a reasoning item, an assistant message, a tool call)
+/// are history chatd keeps itself.
+#[derive(Debug)]
+pub enum InputItem {
+    Message(MessageItem),
+    FunctionCallOutput(FunctionCallOutput),
+    McpApprovalResponse(McpApprovalResponse),
+    /// An item of an earlier output, sent back.
+    Echoed,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum TaggedItem {
+    Message(MessageItem),
+    FunctionCallOutput(FunctionCallOutput),
+    McpApprovalResponse(McpApprovalResponse),
+    #[serde(other)]
+    Echoed,
+}
+
+impl<'de> Deserialize<'de> for InputItem {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut value = Value::deserialize(deserializer)?;
+        if let Value::Object(item) = &mut value {
+            item.entry("type").or_insert_with(|| "message".into());
+        }
+        Ok(match TaggedItem::deserialize(value).map_err(D::Error::custom)? {
+            TaggedItem::Message(m) => InputItem::Message(m),
+            TaggedItem::FunctionCallOutput(o) => InputItem::FunctionCallOutput(o),
+            TaggedItem::McpApprovalResponse(r) => InputItem::McpApprovalResponse(r),
+            TaggedItem::Echoed => InputItem::Echoed,
+        })
+    }
+}
+
+/// A message item (its `id` and `status`, on items sent back, are not read).
+#[derive(Debug, Deserialize)]
+pub struct MessageItem {
+    pub role: String,
+    pub content: Content,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    InputText {
+        text: String,
+    },
+    OutputText {
+        text: String,
+    },
+    Refusal {},
+    /// An image: a `data:` URL (or, where allowed, an http(s) one), or a stored file.
+    InputImage {
+        #[serde(default)]
+        image_url: Option<String>,
+        #[serde(default)]
+        file_id: Option<String>,
+    },
+    /// A file: its bytes as a `data:` URL, a URL, or a stored file.
+    InputFile {
+        #[serde(default)]
+        file_id: Option<String>,
+        #[serde(default)]
+        file_data: Option<String>,
+        #[serde(default)]
+        file_url: Option<String>,
+        #[serde(default)]
+        filename: Option<String>,
+    },
+}
+
+/// A client tool's result (CONTRACT.md §15): refused for now (not built yet).
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallOutput {}
+
+/// A decision on a call that waits for approval (CONTRACT.md §15): refused for now (not
+/// built yet).
+#[derive(Debug, Deserialize)]
+pub struct McpApprovalResponse {}
+
+/// Where a new response's message goes, from `conversation` and `previous_response_id`.
+pub enum Placement {
+    /// A new conversation.
+    New,
+    /// After the conversation's active branch.
+    Conversation(ConversationId),
+    /// After that response's answer: its run's trace.
+    After(crate::ids::TraceId),
+}
+
+impl CreateResponse {
+    /// What is refused before anything is read or stored.
+    pub fn check(&self) -> Result<(), AppError> {
+        if self.store == Some(false) {
+            return Err(AppError::validation("store", "chatd keeps every response: store must be true or left out"));
+        }
+        if self.background {
+            return Err(AppError::validation("background", "background responses are not built yet"));
+        }
+        let not_yet = [
+            ("instructions", self.instructions.is_some()),
+            ("max_output_tokens", self.max_output_tokens.is_some()),
+            ("temperature", self.temperature.is_some()),
+            ("metadata", self.metadata.as_ref().is_some_and(|m| !m.is_empty())),
+            ("tools", self.tools.iter().any(|t| t.get("type").and_then(Value::as_str) == Some("function"))),
+        ];
+        if let Some((field, _)) = not_yet.into_iter().find(|(_, given)| *given) {
+            return Err(AppError::validation(field, format!("{field} is not built yet in chatd's Responses API")));
+        }
+        if self.conversation.is_some() && self.previous_response_id.is_some() {
+            return Err(AppError::validation(
+                "previous_response_id",
+                "give conversation or previous_response_id, not both",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn placement(&self) -> Result<Placement, AppError> {
+        if let Some(previous) = &self.previous_response_id {
+            let id = parse_id("resp", previous).ok_or_else(|| AppError::NotFound {
+                field: Some("previous_response_id".into()),
+                message: "Response not found".into(),
+            })?;
+            return Ok(Placement::After(id.into()));
+        }
+        match &self.conversation {
+            Some(conversation) => {
+                parse_id("conv", conversation.id()).map(|id| Placement::Conversation(id.into())).ok_or_else(|| {
+                    AppError::NotFound { field: Some("conversation".into()), message: "Conversation not found".into() }
+                })
+            }
+            None => Ok(Placement::New),
+        }
+    }
+
+    /// The chat request this asks for: its last user message, with its files, and its
+    /// function tools as client tools.
+    pub fn request(&self) -> Result<ChatRequest, AppError> {
+        let (message, attachments) = match &self.input {
+            None => (String::new(), Vec::new()),
+            Some(Input::Text(text)) => (text.clone(), Vec::new()),
+            Some(Input::Items(items)) => {
+                let user = items.iter().rev().find_map(|item| match item {
+                    InputItem::Message(m) if m.role == "user" => Some(m),
+                    _ => None,
+                });
+                let Some(user) = user else {
+                    if items
+                        .iter()
+                        .any(|i| matches!(i, InputItem::FunctionCallOutput(_) | InputItem::McpApprovalResponse(_)))
+                    {
+                        return Err(AppError::validation(
+                            "input",
+                            "function_call_output and mcp_approval_response are not built yet",
+                        ));
+                    }
+                    return Err(AppError::validation("input", "input holds no user message"));
+                };
+                user.text_and_files()?
+            }
+        };
+        if message.trim().is_empty() && attachments.is_empty() {
+            return Err(AppError::validation("input", "input is empty: send a user message"));
+        }
+        let client_tools = self
+            .tools
+            .iter()
+            .filter(|tool| tool.get("type").and_then(Value::as_str) == Some("function"))
+            .map(|tool| {
+                serde_json::from_value::<FunctionTool>(tool.clone())
+                    .map(|f| ClientTool {
+                        name: f.name,
+                        description: f.description.unwrap_or_default(),
+                        parameters: f.parameters,
+                    })
+                    .map_err(|e| AppError::validation("tools", format!("a function tool: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ChatRequest {
+            message,
+            profile: Some(self.model.clone()),
+            attachments,
+            client_tools,
+            ..ChatRequest::default()
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct FunctionTool {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default = "object_schema")]
+    parameters: Value,
+}
+
+fn object_schema() -> Value {
+    serde_json::json!({"type": "object", "properties": {}})
+}
+
+impl MessageItem {
+    /// The message's text (its text parts joined) and its files.
+    fn text_and_files(&self) -> Result<(String, Vec<AttachmentRef>), AppError> {
+        let parts = match &self.content {
+            Content::Text(text) => return Ok((text.clone(), Vec::new())),
+            Content::Parts(parts) => parts,
+        };
+        let (mut text, mut files) = (String::new(), Vec::new());
+        for part in parts {
+            match part {
+                ContentPart::InputText { text: t } | ContentPart::OutputText { text: t, .. } => {
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text.push_str(t);
+                }
+                ContentPart::Refusal {} => {}
+                ContentPart::InputImage { image_url, file_id, .. } => files.push(attachment(file_id, image_url, None)?),
+                ContentPart::InputFile { file_id, file_data, file_url, filename } => {
+                    files.push(attachment(file_id, &file_data.clone().or(file_url.clone()), filename.clone())?)
+                }
+            }
+        }
+        Ok((text, files))
+    }
+}
+
+/// A file part as an attachment (CONTRACT.md §14): a stored file's id, or a URL.
+fn attachment(file_id: &Option<String>, url: &Option<String>, name: Option<String>) -> Result<AttachmentRef, AppError> {
+    match (file_id, url) {
+        (Some(id), _) => {
+            let id = parse_id("file", id).ok_or_else(|| AppError::NotFound {
+                field: Some("input".into()),
+                message: format!("File {id} not found"),
+            })?;
+            Ok(AttachmentRef::file(FileId(id)))
+        }
+        (None, Some(url)) => Ok(AttachmentRef::url(url.clone(), name)),
+        (None, None) => Err(AppError::validation("input", "a file part needs a file_id or its data")),
+    }
+}

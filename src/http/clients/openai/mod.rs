@@ -1,0 +1,157 @@
+//! The OpenAI Responses API over chatd's runs (CONTRACT.md §20): what the `openai` SDKs send
+//! to `base_url = http://<chatd>/v1` (`body`), answered with the Response object and its
+//! streaming events (`object`, `stream`). A response is a run: its id names the run's
+//! trace, its conversation is a chatd conversation, its stream a function of the run's log.
+//! Errors are OpenAI's shape (`object::rewrite`, over every `/v1` route).
+
+pub mod body;
+pub mod object;
+mod stream;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response as HttpResponse};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use serde::Deserialize;
+
+use self::body::{CreateResponse, Placement};
+use self::object::{Model, ModelList, Refused, Response, parse_id};
+use self::stream::{ResponsesSse, replay};
+use crate::chat::Started;
+use crate::http::AppState;
+use crate::http::chat::until_done;
+use crate::http::error::AppError;
+use crate::http::extract::{AppQuery, CurrentUser, KeyedJson};
+use crate::http::sse::sse;
+use crate::ids::{TraceId, UserId};
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/responses", post(create))
+        .route("/v1/responses/{id}", get(retrieve))
+        .layer(axum::middleware::map_response(object::rewrite))
+}
+
+/// `GET /v1/models`: the profiles, as models.
+#[utoipa::path(get, operation_id = "openai_list_models", path = "/v1/models", tag = "openai",
+    responses((status = 200, description = "The profiles, as models", body = ModelList), Refused))]
+pub async fn models(State(state): State<AppState>, CurrentUser(_): CurrentUser) -> Json<ModelList> {
+    let created = 0;
+    let data = state
+        .settings
+        .profiles
+        .iter()
+        .map(|(id, p)| Model { id: id.clone(), object: "model", created, owned_by: p.provider.clone() })
+        .collect();
+    Json(ModelList { object: "list", data })
+}
+
+/// `POST /v1/responses`: a run, answered whole or streamed.
+#[utoipa::path(post, operation_id = "openai_create_response", path = "/v1/responses", tag = "openai",
+    request_body = CreateResponse,
+    responses(
+        (status = 200, description = "The Response (`stream: false`), or its events as SSE (`stream: true`: `event: <type>`, `data: <event>`)", body = Response),
+        Refused))]
+pub async fn create(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    KeyedJson(key, body): KeyedJson<CreateResponse>,
+) -> Result<HttpResponse, AppError> {
+    body.check()?;
+    let mut request = body.request()?;
+    match body.placement()? {
+        Placement::New => {}
+        Placement::Conversation(id) => request.conversation_id = Some(id),
+        Placement::After(trace_id) => {
+            let previous = state.store.get_trace(&user, trace_id).await.map_err(|e| match e {
+                crate::store::StoreError::NotFound => AppError::NotFound {
+                    field: Some("previous_response_id".into()),
+                    message: "Response not found".into(),
+                },
+                e => e.into(),
+            })?;
+            request.conversation_id = Some(previous.conversation_id);
+            request.parent_message_id = Some(previous.message_id);
+        }
+    }
+    request.idempotency_key = key;
+    let frames = match state.chat.start_once(&user, request).await? {
+        // Until the run ends, or waits (a response of a run that waits is part of what is
+        // not built yet: it ends there).
+        Started::New(run) => until_done(&state, run, false).boxed(),
+        Started::Again(trace) => state.chat.follow(*trace, 0, false).boxed(),
+    };
+    if body.stream {
+        return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(None))));
+    }
+    // Answered whole: the run's events, to its end, through the same translation as a stream.
+    let mut events = Vec::new();
+    let mut frames = frames;
+    while let Some(frame) = frames.next().await {
+        if let Some(event) = frame.event {
+            events.push(event);
+        }
+    }
+    Ok(Json(replay(events.iter().map(|e| &**e))).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrieveQuery {
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    starting_after: Option<u64>,
+    #[serde(default)]
+    include_obfuscation: Option<bool>,
+}
+
+/// `GET /v1/responses/{id}`: the response as it stands; with `stream=true`, its events
+/// (after `starting_after`), live to its end, from any replica.
+#[utoipa::path(get, operation_id = "openai_retrieve_response", path = "/v1/responses/{id}", tag = "openai",
+    params(
+        ("id" = String, Path, description = "`resp_<trace id>`"),
+        ("stream" = Option<bool>, Query, description = "Its events as SSE, live to its end"),
+        ("starting_after" = Option<u64>, Query, description = "With `stream`: only the events numbered after this"),
+        ("include_obfuscation" = Option<bool>, Query, description = "Accepted; chatd adds no obfuscation"),
+    ),
+    responses(
+        (status = 200, description = "The Response, or (`stream=true`) its events as SSE", body = Response),
+        Refused))]
+pub async fn retrieve(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(id): Path<String>,
+    AppQuery(query): AppQuery<RetrieveQuery>,
+) -> Result<HttpResponse, AppError> {
+    let _ = query.include_obfuscation;
+    let trace_id = response_trace(&id)?;
+    let trace = state.store.get_trace(&user, trace_id).await.map_err(AppError::missing("Response not found"))?;
+    if query.stream {
+        let frames = match state.chat.resume(&user, trace_id, 0, true).await? {
+            crate::chat::Resumed::Frames(frames) => frames,
+            crate::chat::Resumed::HeardAll => futures_util::stream::empty().boxed(),
+        };
+        return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(query.starting_after))));
+    }
+    Ok(Json(stored(&state, &user, trace.trace_id).await?).into_response())
+}
+
+/// A response as its run's log has it now.
+async fn stored(state: &AppState, _user: &UserId, trace_id: TraceId) -> Result<Response, AppError> {
+    let logged = state.store.trace_events(trace_id, 0).await?;
+    Ok(replay(logged.iter().filter_map(|e| e.event.as_ref())))
+}
+
+fn response_trace(id: &str) -> Result<TraceId, AppError> {
+    parse_id("resp", id).map(TraceId::from).ok_or_else(|| AppError::not_found("Response not found"))
+}
+
+/// The events' stream as OpenAI serves it (`text/event-stream`, no caching).
+fn responses_sse(mut response: HttpResponse) -> HttpResponse {
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}

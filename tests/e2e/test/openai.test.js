@@ -1,0 +1,166 @@
+// The official `openai` TypeScript SDK (pinned in package.json) against chatd's Responses API
+// (CONTRACT.md §20), with `baseURL` pointed at chatd and nothing else chatd-specific. Its
+// strict stream helper (`responses.stream`) rebuilds every answer from the events; what it
+// and the plain calls return is compared with what chatd stored.
+
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import { startChatd } from "../support/harness.js";
+
+let chatd;
+before(async () => {
+  chatd = await startChatd();
+});
+after(async () => {
+  await chatd?.stop();
+});
+
+/** A client as `user` (auth mode `none`: the X-Client-Id header; the key is not read). */
+const client = (user) =>
+  new OpenAI({ baseURL: `${chatd.base}/v1`, apiKey: "unused", defaultHeaders: { "x-client-id": user }, maxRetries: 0 });
+
+const conversationId = (id) => id.replace(/^conv_/, "").replace(/^(.{8})(.{4})(.{4})(.{4})(.{12})$/, "$1-$2-$3-$4-$5");
+
+async function stored(user, conversation) {
+  const { status, body } = await chatd.api(`/api/conversations/${conversationId(conversation)}`, user);
+  assert.equal(status, 200);
+  return body;
+}
+
+test("the profiles are the models", async () => {
+  const models = await client("oa-models").models.list();
+  const ids = models.data.map((m) => m.id).sort();
+  assert.deepEqual(ids, ["default", "other", "vetted"]);
+  assert.ok(models.data.every((m) => m.object === "model"));
+});
+
+test("a plain answer is what chatd stored", async () => {
+  const openai = client("oa-plain");
+  const response = await openai.responses.create({ model: "default", input: "Hello there" });
+  assert.equal(response.object, "response");
+  assert.equal(response.status, "completed");
+  assert.equal(response.model, "default");
+  assert.equal(response.output_text, "Mock reply: Hello there");
+  const conversation = await stored("oa-plain", response.conversation.id);
+  assert.equal(conversation.messages.at(-1).content, response.output_text);
+  assert.equal(conversation.messages.at(-1).role, "assistant");
+  assert.ok(response.usage.output_tokens > 0);
+  assert.equal(response.usage.total_tokens, response.usage.input_tokens + response.usage.output_tokens);
+  assert.equal(typeof response.usage.input_tokens_details.cached_tokens, "number");
+  const reasoning = response.output.find((item) => item.type === "reasoning");
+  assert.ok(reasoning?.summary[0].text.length > 0, "the mock's thinking, as a reasoning summary");
+
+  const again = await openai.responses.retrieve(response.id);
+  assert.equal(again.output_text, response.output_text);
+  assert.equal(again.status, "completed");
+});
+
+test("the stream helper rebuilds the stored answer, numbered densely from 0", async () => {
+  const openai = client("oa-stream");
+  const stream = openai.responses.stream({ model: "default", input: "Stream this [mock:words=30]" });
+  const numbers = [];
+  const types = [];
+  stream.on("event", (event) => {
+    numbers.push(event.sequence_number);
+    types.push(event.type);
+  });
+  const response = await stream.finalResponse();
+  assert.deepEqual(numbers, numbers.map((_, i) => i), "dense sequence numbers from 0");
+  assert.equal(types[0], "response.created");
+  assert.equal(types.at(-1), "response.completed");
+  const conversation = await stored("oa-stream", response.conversation.id);
+  assert.equal(response.output_text, conversation.messages.at(-1).content);
+  assert.ok(response.output_text.split(" ").length >= 30);
+
+  // The same events again from the log, after any number N: exactly those after N, as numbered.
+  const all = [];
+  for await (const event of await openai.responses.retrieve(response.id, { stream: true })) all.push(event);
+  assert.deepEqual(all.map((e) => e.sequence_number), numbers);
+  assert.deepEqual(all.map((e) => e.type), types);
+  const n = 5;
+  const rest = [];
+  for await (const event of await openai.responses.retrieve(response.id, { stream: true, starting_after: n })) {
+    rest.push(event);
+  }
+  assert.deepEqual(rest.map((e) => e.sequence_number), numbers.slice(n + 1));
+});
+
+test("turns continue a conversation, and previous_response_id branches from an answer", async () => {
+  const openai = client("oa-turns");
+  const first = await openai.responses.create({ model: "default", input: "First question" });
+  const second = await openai.responses.create({
+    model: "default",
+    input: "Second question",
+    conversation: first.conversation.id,
+  });
+  assert.equal(second.conversation.id, first.conversation.id);
+  let conversation = await stored("oa-turns", first.conversation.id);
+  assert.deepEqual(
+    conversation.messages.map((m) => m.content),
+    ["First question", first.output_text, "Second question", second.output_text],
+  );
+  // From the first answer again: a sibling of the second question, on the active branch.
+  const branched = await openai.responses.create({
+    model: "other",
+    input: [{ role: "user", content: [{ type: "input_text", text: "Another second question" }] }],
+    previous_response_id: first.id,
+  });
+  assert.equal(branched.output_text, "Mock reply: Another second question");
+  conversation = await stored("oa-turns", first.conversation.id);
+  assert.deepEqual(
+    conversation.messages.map((m) => m.content),
+    ["First question", first.output_text, "Another second question", branched.output_text],
+  );
+});
+
+test("a tool chatd runs itself is an mcp_call item", async () => {
+  const openai = client("oa-tools");
+  const stream = openai.responses.stream({
+    model: "default",
+    input: 'Add them [mock:tool=calculator {"expression": "2 + 40"}]',
+  });
+  const response = await stream.finalResponse();
+  const call = response.output.find((item) => item.type === "mcp_call");
+  assert.ok(call, JSON.stringify(response.output));
+  assert.equal(call.name, "calculator");
+  assert.equal(call.server_label, "chatd");
+  assert.deepEqual(JSON.parse(call.arguments), { expression: "2 + 40" });
+  assert.match(call.output, /42/);
+  assert.equal(call.status, "completed");
+  // The stored answer keeps where the call stood (`[[tool:0]]`); the output has the call as
+  // an item between the answer's text items instead.
+  const conversation = await stored("oa-tools", response.conversation.id);
+  const withoutMarkers = (content) => content.replace(/(\n\n)?\[\[tool:\d+\]\]/g, "");
+  assert.equal(response.output_text, withoutMarkers(conversation.messages.at(-1).content));
+  assert.deepEqual(response.output.map((item) => item.type), ["reasoning", "message", "mcp_call", "reasoning", "message"]);
+});
+
+test("each refusal is the SDK's typed error", async () => {
+  const openai = client("oa-errors");
+  await assert.rejects(openai.responses.create({ model: "nope", input: "Hi" }), (e) => {
+    assert.ok(e instanceof OpenAI.NotFoundError, e.constructor.name);
+    assert.equal(e.status, 404);
+    assert.match(e.message, /nope/);
+    return true;
+  });
+  await assert.rejects(openai.responses.create({ model: "default", input: "Hi", store: false }), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError, e.constructor.name);
+    assert.equal(e.param, "store");
+    return true;
+  });
+  await assert.rejects(openai.responses.create({ model: "default", input: "" }), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError);
+    assert.equal(e.param, "input");
+    return true;
+  });
+  const mine = await openai.responses.create({ model: "default", input: "Mine" });
+  await assert.rejects(client("oa-someone-else").responses.retrieve(mine.id), (e) => {
+    assert.ok(e instanceof OpenAI.NotFoundError, e.constructor.name);
+    return true;
+  });
+  await assert.rejects(
+    client("oa-someone-else").responses.create({ model: "default", input: "Hi", previous_response_id: mine.id }),
+    (e) => e instanceof OpenAI.NotFoundError && e.param === "previous_response_id",
+  );
+});
