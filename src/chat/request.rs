@@ -43,6 +43,10 @@ pub struct ChatRequest {
     /// The request's `Idempotency-Key` header (CONTRACT.md §16); never read from a body.
     #[serde(skip)]
     pub idempotency_key: Option<crate::domain::IdempotencyKey>,
+    /// What a client's request adds to the system prompt's instructions for this run (the
+    /// Responses API's `instructions`, CONTRACT.md §20); never read from this body.
+    #[serde(skip)]
+    pub instructions: Option<String>,
 }
 
 /// An attachment as a request names it: a stored file, or a URL (`data:` or, where

@@ -12,7 +12,8 @@
 //! fail after N text chunks; `[mock:fail_once_after=N]` the same, on the first try of each
 //! model call of a run only (a retry answers); `[mock:tool=NAME {"arg": …}]` call a tool (several of them: a
 //! parallel turn), then, once the results are back, answer with what the tools said;
-//! `[mock:loop]` call the tools again on every turn (to reach `max_iterations`).
+//! `[mock:loop]` call the tools again on every turn (to reach `max_iterations`);
+//! `[mock:instructions]` answer with what the system prompt's instructions say.
 
 use std::time::Duration;
 
@@ -44,6 +45,8 @@ struct Script {
     fail_once_after: Option<usize>,
     tools: Vec<(String, String)>,
     repeat_tools: bool,
+    /// Answer with the system prompt's instructions (`[mock:instructions]`).
+    echo_instructions: bool,
 }
 
 const WORDS: [&str; 12] =
@@ -84,6 +87,7 @@ impl MockProvider {
                     script.tools.push((name.to_owned(), args.trim().to_owned()));
                 }
                 ("loop", _) => script.repeat_tools = true,
+                ("instructions", _) => script.echo_instructions = true,
                 ("error", kind) => {
                     script.error = Some(match kind {
                         "unauthorized" => ProviderErrorKind::Unauthorized,
@@ -171,6 +175,12 @@ impl LlmProvider for MockProvider {
             if self.failed_once.lock().expect("mock lock").insert(call) {
                 script.fail_after = Some(n);
             }
+        }
+        if script.echo_instructions {
+            // What the prompt's "## Instructions" section says, up to the next section.
+            let prompt = request.system_prompt.as_deref().unwrap_or_default();
+            let said = prompt.split("## Instructions\n").nth(1).and_then(|s| s.split("\n\n## ").next());
+            script.text = format!("Instructions: {}", said.unwrap_or("none"));
         }
         for file in files {
             script.text.push_str(&format!(" [{}]", acknowledge(file)));

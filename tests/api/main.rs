@@ -26,6 +26,7 @@ mod otlp;
 mod providers;
 mod queue;
 mod readme;
+mod responses;
 mod runs;
 mod s3;
 mod security;

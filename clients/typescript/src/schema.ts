@@ -587,6 +587,43 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/responses/{id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * `POST /v1/responses/{id}/cancel`: cancels its run (CONTRACT.md §6) and answers the
+         *     response once the run ended; a response that had ended already is answered as it is.
+         */
+        post: operations["openai_cancel_response"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/responses/{id}/input_items": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** `GET /v1/responses/{id}/input_items`: what the response was asked (its user message). */
+        get: operations["openai_list_input_items"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1433,6 +1470,26 @@ export interface components {
         };
         ResponseIncompleteDetails: {
             reason: string;
+        };
+        /** @description `GET /v1/responses/{id}/input_items`. */
+        ResponseInputItemList: {
+            object: string;
+            data: components["schemas"]["ResponseInputMessage"][];
+            first_id?: string | null;
+            last_id?: string | null;
+            has_more: boolean;
+        };
+        /** @description A user message, as an input item. */
+        ResponseInputMessage: {
+            id: string;
+            type: string;
+            role: string;
+            status: string;
+            content: components["schemas"]["ResponseInputText"][];
+        };
+        ResponseInputText: {
+            type: string;
+            text: string;
         };
         ResponseInputTokensDetails: {
             /** Format: int64 */
@@ -4374,6 +4431,167 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ResponseObject"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+        };
+    };
+    openai_cancel_response: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `resp_<trace id>` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The Response, `cancelled` (or as it ended) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResponseObject"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+        };
+    };
+    openai_list_input_items: {
+        parameters: {
+            query?: {
+                /** @description Accepted: a response has one input item */
+                after?: string;
+                /** @description Accepted */
+                limit?: number;
+                /** @description Accepted */
+                order?: string;
+            };
+            header?: never;
+            path: {
+                /** @description `resp_<trace id>` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The input items */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResponseInputItemList"];
                 };
             };
             /** @description Invalid input */

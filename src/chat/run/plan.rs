@@ -52,6 +52,8 @@ pub(in crate::chat) struct Ask<'a> {
     pub(in crate::chat) context: Option<&'a Value>,
     pub(in crate::chat) client_tools: &'a [ClientTool],
     pub(in crate::chat) diagnostics: bool,
+    /// The request's own instructions, added to the system prompt's.
+    pub(in crate::chat) instructions: Option<&'a str>,
 }
 
 /// What a run was asked beside its message, kept with its trace where it is not all
@@ -65,13 +67,18 @@ pub(in crate::chat) struct Asked {
     pub(in crate::chat) diagnostics: bool,
     /// An executed action's outcome (it ran when the message was sent).
     pub(in crate::chat) action_result: Option<String>,
+    /// The request's own instructions (CONTRACT.md §20).
+    pub(in crate::chat) instructions: Option<String>,
 }
 
 impl Asked {
     /// What a trace keeps of it: nothing where it is all defaults.
     pub(in crate::chat) fn kept(&self) -> Option<Value> {
-        let defaults =
-            self.context.is_none() && self.client_tools.is_empty() && !self.diagnostics && self.action_result.is_none();
+        let defaults = self.context.is_none()
+            && self.client_tools.is_empty()
+            && !self.diagnostics
+            && self.action_result.is_none()
+            && self.instructions.is_none();
         (!defaults).then(|| serde_json::to_value(self).expect("plain data"))
     }
 }
@@ -133,6 +140,7 @@ impl Planner {
             tools: &specs,
             payload_types: &payload_types,
             actions: &self.settings.actions,
+            instructions: turn.instructions,
         };
         let system_prompt = prompt::system_prompt(&parts);
         let notes = prompt::notes(&parts, turn.action_result);
@@ -345,6 +353,7 @@ impl Planner {
             context: asked.context.as_ref(),
             client_tools: &asked.client_tools,
             diagnostics: asked.diagnostics,
+            instructions: asked.instructions.as_deref(),
         };
         let comparison = trace.comparison_id.zip(trace.variant.as_deref());
         let mut side = self.plan(user, &ask, &trace.profile, comparison).map_err(|e| e.to_string())?;

@@ -26,6 +26,9 @@ pub struct PromptParts<'a> {
     pub tools: &'a [ToolSpec],
     pub payload_types: &'a [LlmPayloadType],
     pub actions: &'a BTreeMap<String, ActionSettings>,
+    /// The request's own instructions (the Responses API's `instructions`), after the
+    /// profile's and the page's.
+    pub instructions: Option<&'a str>,
 }
 
 const DEFAULT_IDENTITY: &str = "You are a helpful assistant.";
@@ -65,8 +68,11 @@ pub fn system_prompt(parts: &PromptParts<'_>) -> String {
         section(&mut prompt, "Capabilities", capabilities.trim_end());
     }
 
-    let instructions: Vec<&str> =
-        extra.into_iter().chain(parts.scope.instructions.iter().map(String::as_str)).collect();
+    let instructions: Vec<&str> = extra
+        .into_iter()
+        .chain(parts.scope.instructions.iter().map(String::as_str))
+        .chain(parts.instructions)
+        .collect();
     if !instructions.is_empty() {
         section(&mut prompt, "Instructions", &instructions.join("\n\n"));
     }
@@ -137,6 +143,7 @@ mod tests {
             tools: &tools,
             payload_types: &[],
             actions: &BTreeMap::new(),
+            instructions: Some("Answer in French."),
         };
         let prompt = system_prompt(&parts);
         assert!(prompt.starts_with("## Identity\nYou help with reports."));
@@ -147,7 +154,7 @@ mod tests {
         assert!(notes.ends_with("## Action result\nSaved."), "{notes}");
         assert_eq!(super::notes(&PromptParts { context: None, ..parts }, None), None);
         assert!(prompt.contains("- search: Finds articles"));
-        assert!(prompt.contains("## Instructions\nBase prompt.\n\nBe terse."));
+        assert!(prompt.contains("## Instructions\nBase prompt.\n\nBe terse.\n\nAnswer in French."));
         assert!(prompt.contains(SUGGESTED_VALUES));
         assert!(!prompt.contains("Payloads in this conversation"));
     }

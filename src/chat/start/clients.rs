@@ -145,6 +145,7 @@ impl Starter {
                 message_id: turn.message_id,
             },
             idempotency_key: None,
+            instructions: None,
         };
         // A new message needs nothing from the history here (`prepare` reads it): only an edit
         // or a regenerate looks a message up.

@@ -159,6 +159,7 @@ impl Preparer {
             client_tools: request.client_tools.clone(),
             diagnostics: request.diagnostics,
             action_result: action_result.clone(),
+            instructions: request.instructions.clone(),
         };
         let (going_seen, max_running) = self.cluster.start_checks(existing.is_some(), &going, limit);
         Ok(Checked::Ready(Box::new(Prepared {
@@ -299,6 +300,7 @@ impl Prepared {
             context: request.context.as_ref(),
             client_tools: &request.client_tools,
             diagnostics: request.diagnostics,
+            instructions: request.instructions.as_deref(),
         }
     }
 }

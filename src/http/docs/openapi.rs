@@ -23,6 +23,7 @@ use crate::http::views::{ErrorBody, Event, LegacyEvent};
         crate::http::tools::list,
         crate::http::clients::ai_sdk::chat, crate::http::clients::ai_sdk::resume, crate::http::clients::agui::run,
         crate::http::clients::openai::models, crate::http::clients::openai::create, crate::http::clients::openai::retrieve,
+        crate::http::clients::openai::cancel, crate::http::clients::openai::input_items,
         crate::http::waits::decide, crate::http::waits::tool_result,
         crate::http::files::upload, crate::http::files::download, crate::http::files::delete,
     ),

@@ -164,3 +164,65 @@ test("each refusal is the SDK's typed error", async () => {
     (e) => e instanceof OpenAI.NotFoundError && e.param === "previous_response_id",
   );
 });
+
+test("a background response answers at once, and its events are read after any number", async () => {
+  const openai = client("oa-background");
+  const begun = await openai.responses.create({
+    model: "default",
+    input: "Take your time [mock:words=60] [mock:delay=20]",
+    background: true,
+  });
+  assert.equal(begun.background, true);
+  assert.equal(begun.status, "in_progress");
+  assert.equal(begun.output.length, 0);
+  // A resume from the raw stream, after event 3: exactly the later events, as numbered.
+  const rest = [];
+  for await (const event of await openai.responses.retrieve(begun.id, { stream: true, starting_after: 3 })) {
+    rest.push(event);
+  }
+  assert.equal(rest[0].sequence_number, 4);
+  assert.deepEqual(rest.map((e) => e.sequence_number), rest.map((_, i) => i + 4));
+  assert.equal(rest.at(-1).type, "response.completed");
+  const done = await openai.responses.retrieve(begun.id);
+  assert.equal(done.status, "completed");
+  assert.equal(done.output_text, rest.at(-1).response.output.find((i) => i.type === "message").content[0].text);
+  const conversation = await stored("oa-background", done.conversation.id);
+  assert.equal(conversation.messages.at(-1).content, done.output_text);
+  const items = await openai.responses.inputItems.list(begun.id);
+  assert.deepEqual(
+    items.data.map((item) => [item.type, item.role, item.content[0].text]),
+    [["message", "user", "Take your time [mock:words=60] [mock:delay=20]"]],
+  );
+});
+
+test("cancel stops a background response, which says so", async () => {
+  const openai = client("oa-cancel");
+  const begun = await openai.responses.create({
+    model: "default",
+    input: "A long one [mock:words=400] [mock:delay=20]",
+    background: true,
+  });
+  const cancelled = await openai.responses.cancel(begun.id);
+  assert.equal(cancelled.status, "cancelled");
+  assert.equal((await openai.responses.retrieve(begun.id)).status, "cancelled");
+  const { body } = await chatd.api(`/api/trace/${begun.id.replace(/^resp_/, "").replace(/^(.{8})(.{4})(.{4})(.{4})(.{12})$/, "$1-$2-$3-$4-$5")}`, "oa-cancel");
+  assert.equal(body.status, "cancelled");
+  // Cancelling again answers the response as it ended.
+  assert.equal((await openai.responses.cancel(begun.id)).status, "cancelled");
+});
+
+test("instructions add to the profile's for this response only", async () => {
+  const openai = client("oa-instructions");
+  const told = await openai.responses.create({
+    model: "default",
+    instructions: "Answer like a pirate.",
+    input: "What do you follow? [mock:instructions]",
+  });
+  assert.equal(told.output_text, "Instructions: Answer like a pirate.");
+  const next = await openai.responses.create({
+    model: "default",
+    input: "And now? [mock:instructions]",
+    previous_response_id: told.id,
+  });
+  assert.equal(next.output_text, "Instructions: none", "not kept for the next response");
+});

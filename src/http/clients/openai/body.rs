@@ -220,11 +220,13 @@ impl CreateResponse {
         if self.store == Some(false) {
             return Err(AppError::validation("store", "chatd keeps every response: store must be true or left out"));
         }
-        if self.background {
-            return Err(AppError::validation("background", "background responses are not built yet"));
+        if self.background && self.stream {
+            return Err(AppError::validation(
+                "stream",
+                "a background response is read with GET /v1/responses/{id}?stream=true",
+            ));
         }
         let not_yet = [
-            ("instructions", self.instructions.is_some()),
             ("max_output_tokens", self.max_output_tokens.is_some()),
             ("temperature", self.temperature.is_some()),
             ("metadata", self.metadata.as_ref().is_some_and(|m| !m.is_empty())),
@@ -303,11 +305,13 @@ impl CreateResponse {
                     .map_err(|e| AppError::validation("tools", format!("a function tool: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let instructions = self.instructions.clone().filter(|i| !i.trim().is_empty());
         Ok(ChatRequest {
             message,
             profile: Some(self.model.clone()),
             attachments,
             client_tools,
+            instructions,
             ..ChatRequest::default()
         })
     }

@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 
 use self::body::{CreateResponse, Placement};
-use self::object::{Model, ModelList, Refused, Response, parse_id};
+use self::object::{InputItemList, InputMessage, Model, ModelList, Refused, Response, parse_id};
 use self::stream::{ResponsesSse, replay};
 use crate::chat::Started;
 use crate::http::AppState;
@@ -25,13 +25,15 @@ use crate::http::chat::until_done;
 use crate::http::error::AppError;
 use crate::http::extract::{AppQuery, CurrentUser, KeyedJson};
 use crate::http::sse::sse;
-use crate::ids::{TraceId, UserId};
+use crate::ids::TraceId;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/models", get(models))
         .route("/v1/responses", post(create))
         .route("/v1/responses/{id}", get(retrieve))
+        .route("/v1/responses/{id}/cancel", post(cancel))
+        .route("/v1/responses/{id}/input_items", get(input_items))
         .layer(axum::middleware::map_response(object::rewrite))
 }
 
@@ -78,6 +80,15 @@ pub async fn create(
         }
     }
     request.idempotency_key = key;
+    let profile = request.profile.clone().unwrap_or_default();
+    if body.background {
+        // Answered at once; the run goes on, its events readable from any replica.
+        let response = match state.chat.start_once(&user, request).await? {
+            Started::New(run) => Response::begun(run.trace_id, run.conversation_id, run.message_id, &profile),
+            Started::Again(trace) => stored(&state, trace.trace_id).await?,
+        };
+        return Ok(Json(Response { background: true, ..response }).into_response());
+    }
     let frames = match state.chat.start_once(&user, request).await? {
         // Until the run ends, or waits (a response of a run that waits is part of what is
         // not built yet: it ends there).
@@ -137,11 +148,77 @@ pub async fn retrieve(
         };
         return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(query.starting_after))));
     }
-    Ok(Json(stored(&state, &user, trace.trace_id).await?).into_response())
+    Ok(Json(stored(&state, trace.trace_id).await?).into_response())
+}
+
+/// `POST /v1/responses/{id}/cancel`: cancels its run (CONTRACT.md §6) and answers the
+/// response once the run ended; a response that had ended already is answered as it is.
+#[utoipa::path(post, operation_id = "openai_cancel_response", path = "/v1/responses/{id}/cancel", tag = "openai",
+    params(("id" = String, Path, description = "`resp_<trace id>`")),
+    responses((status = 200, description = "The Response, `cancelled` (or as it ended)", body = Response), Refused))]
+pub async fn cancel(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(id): Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let trace_id = response_trace(&id)?;
+    state.store.get_trace(&user, trace_id).await.map_err(AppError::missing("Response not found"))?;
+    match state.chat.cancel(&user, crate::chat::CancelTarget::Trace(trace_id)).await {
+        Ok(_) | Err(crate::chat::ControlError::Ended(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Its end, heard live or read from its log: the response it came to.
+    let mut events = Vec::new();
+    if let crate::chat::Resumed::Frames(mut frames) = state.chat.resume(&user, trace_id, 0, false).await? {
+        while let Some(frame) = frames.next().await {
+            events.extend(frame.event);
+        }
+    }
+    Ok(Json(replay(events.iter().map(|e| &**e))).into_response())
+}
+
+/// `GET /v1/responses/{id}/input_items`: what the response was asked (its user message).
+#[utoipa::path(get, operation_id = "openai_list_input_items", path = "/v1/responses/{id}/input_items", tag = "openai",
+    params(
+        ("id" = String, Path, description = "`resp_<trace id>`"),
+        ("after" = Option<String>, Query, description = "Accepted: a response has one input item"),
+        ("limit" = Option<u32>, Query, description = "Accepted"),
+        ("order" = Option<String>, Query, description = "Accepted"),
+    ),
+    responses((status = 200, description = "The input items", body = InputItemList), Refused))]
+pub async fn input_items(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(id): Path<String>,
+    AppQuery(query): AppQuery<ListQuery>,
+) -> Result<Json<InputItemList>, AppError> {
+    let trace_id = response_trace(&id)?;
+    let trace = state.store.get_trace(&user, trace_id).await.map_err(AppError::missing("Response not found"))?;
+    let message =
+        state.store.get_message(&user, trace.user_message_id).await.map_err(AppError::missing("Response not found"))?;
+    let item = InputMessage::of(&message);
+    // One item: nothing comes after it.
+    let data = if query.after.as_deref() == Some(item.id.as_str()) { Vec::new() } else { vec![item] };
+    Ok(Json(InputItemList::of(data)))
+}
+
+/// The list's query: a response has one input item, so only `after` changes the answer.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct ListQuery {
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<u32>,
+    #[serde(default)]
+    order: Option<String>,
+    #[serde(default, rename = "include[]")]
+    include: Option<String>,
 }
 
 /// A response as its run's log has it now.
-async fn stored(state: &AppState, _user: &UserId, trace_id: TraceId) -> Result<Response, AppError> {
+async fn stored(state: &AppState, trace_id: TraceId) -> Result<Response, AppError> {
     let logged = state.store.trace_events(trace_id, 0).await?;
     Ok(replay(logged.iter().filter_map(|e| e.event.as_ref())))
 }

@@ -100,6 +100,18 @@ impl Default for Response {
 }
 
 impl Response {
+    /// A response whose run has just begun (a background one, answered at once).
+    pub fn begun(trace_id: TraceId, conversation: ConversationId, message_id: MessageId, profile: &str) -> Self {
+        Response {
+            id: response_id(trace_id),
+            created_at: trace_id.0.get_timestamp().map_or(0, |t| t.to_unix().0 as i64),
+            model: profile.to_owned(),
+            conversation: Some(ConversationRef { id: conversation_id(conversation) }),
+            message_id: Some(message_id),
+            ..Response::default()
+        }
+    }
+
     /// What the ids of this response's items are made from: its answer's id.
     pub fn message_key(&self) -> String {
         self.message_id.map(|m| m.0.simple().to_string()).unwrap_or_default()
@@ -236,6 +248,57 @@ impl From<Usage> for ResponseUsage {
             output_tokens_details: OutputDetails { reasoning_tokens: u.reasoning_tokens.unwrap_or(0) },
             total_tokens: u.input_tokens + u.output_tokens,
         }
+    }
+}
+
+/// A user message, as an input item.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ResponseInputMessage)]
+pub struct InputMessage {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub role: &'static str,
+    pub status: &'static str,
+    pub content: Vec<InputText>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ResponseInputText)]
+pub struct InputText {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub text: String,
+}
+
+impl InputMessage {
+    pub fn of(message: &crate::domain::Message) -> Self {
+        InputMessage {
+            id: format!("msg_{}", message.id.0.simple()),
+            kind: "message",
+            role: "user",
+            status: "completed",
+            content: vec![InputText { kind: "input_text", text: message.content.clone() }],
+        }
+    }
+}
+
+/// `GET /v1/responses/{id}/input_items`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ResponseInputItemList)]
+pub struct InputItemList {
+    pub object: &'static str,
+    pub data: Vec<InputMessage>,
+    pub first_id: Option<String>,
+    pub last_id: Option<String>,
+    pub has_more: bool,
+}
+
+impl InputItemList {
+    pub fn of(data: Vec<InputMessage>) -> Self {
+        let first_id = data.first().map(|m| m.id.clone());
+        let last_id = data.last().map(|m| m.id.clone());
+        InputItemList { object: "list", data, first_id, last_id, has_more: false }
     }
 }
 

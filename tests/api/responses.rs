@@ -1,0 +1,51 @@
+//! The OpenAI Responses API across replicas (CONTRACT.md §20): the SDKs themselves drive
+//! the rest (tests/e2e/test/openai.test.js); here a background response started on one
+//! Postgres replica is read on another, its events numbered as on the first.
+
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// The events of `GET /v1/responses/{id}?stream=true[&starting_after=N]` on `app`.
+async fn events(app: &TestApp, id: &str, starting_after: Option<u64>) -> Vec<Value> {
+    let mut url = app.url(&format!("/v1/responses/{id}?stream=true"));
+    if let Some(n) = starting_after {
+        url.push_str(&format!("&starting_after={n}"));
+    }
+    let response = app.client.get(url).header("x-client-id", "ann").send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream().eventsource();
+    let mut events = Vec::new();
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(30), stream.next()).await.expect("events") {
+        let event = event.expect("well-formed SSE");
+        let data: Value = serde_json::from_str(&event.data).unwrap();
+        assert_eq!(event.event, data["type"].as_str().unwrap(), "the event line names its type");
+        events.push(data);
+    }
+    events
+}
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_background_response_is_read_on_another_replica_with_the_same_numbers() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let (a, b) = (TestApp::on(&db.url, "").await, TestApp::on(&db.url, "").await);
+    let body = json!({"model": "default", "input": "Slowly [mock:words=40] [mock:delay=30]", "background": true});
+    let (status, begun) = a.post("/v1/responses", "ann", body).await;
+    assert_eq!(status, 200, "{begun}");
+    assert_eq!((begun["status"].as_str(), begun["background"].as_bool()), (Some("in_progress"), Some(true)));
+    let id = begun["id"].as_str().unwrap();
+    // On the other replica, after event 6, while the run goes on; then whole, on the first.
+    let after = events(&b, id, Some(6)).await;
+    let whole = events(&a, id, None).await;
+    let numbers: Vec<u64> = whole.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, (0..whole.len() as u64).collect::<Vec<_>>(), "dense from 0");
+    assert_eq!(after, whole[7..].to_vec(), "exactly the events after 6, as numbered on the first");
+    assert_eq!(whole.last().unwrap()["type"], "response.completed");
+    let (_, other) = b.get(&format!("/v1/responses/{id}"), "bob").await;
+    assert_eq!(other["error"]["type"], "not_found_error", "another user's: {other}");
+}
