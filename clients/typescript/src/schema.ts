@@ -533,6 +533,54 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/conversations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["openai_create_conversation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/conversations/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["openai_retrieve_conversation"];
+        put?: never;
+        post: operations["openai_update_conversation"];
+        delete: operations["openai_delete_conversation"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/conversations/{id}/items": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["openai_list_conversation_items"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/models": {
         parameters: {
             query?: never;
@@ -1408,6 +1456,45 @@ export interface components {
          * @enum {string}
          */
         Multitask: "reject" | "enqueue" | "interrupt" | "rollback";
+        /** @description A conversation, as the SDKs read it. */
+        OpenAiConversation: {
+            id: string;
+            object: string;
+            /** Format: int64 */
+            created_at: number;
+            metadata: Record<string, never>;
+        };
+        /** @description `POST /v1/conversations`. */
+        OpenAiConversationBody: {
+            /** @description Items to start it with: none yet (a message is added by a response). */
+            items?: Record<string, never>[] | null;
+            metadata?: Record<string, never> | null;
+        };
+        OpenAiConversationDeleted: {
+            id: string;
+            object: string;
+            deleted: boolean;
+        };
+        /** @description A message of the conversation, as an item. */
+        OpenAiConversationItem: {
+            id: string;
+            type: string;
+            role: string;
+            status: string;
+            content: components["schemas"]["OpenAiItemContent"][];
+        };
+        /** @description `GET /v1/conversations/{id}/items`. */
+        OpenAiConversationItems: {
+            object: string;
+            data: components["schemas"]["OpenAiConversationItem"][];
+            first_id?: string | null;
+            last_id?: string | null;
+            has_more: boolean;
+        };
+        /** @description `POST /v1/conversations/{id}`. */
+        OpenAiConversationUpdate: {
+            metadata: Record<string, never>;
+        };
         OpenAiError: {
             message: string;
             /** @description `invalid_request_error`, `authentication_error`, `not_found_error`, `rate_limit_error`, … */
@@ -1420,6 +1507,13 @@ export interface components {
         /** @description An error, as OpenAI answers it. */
         OpenAiErrorBody: {
             error: components["schemas"]["OpenAiError"];
+        };
+        OpenAiItemContent: {
+            /** @description `input_text` (the user's) or `output_text` (the answer's). */
+            type: string;
+            text: string;
+            /** @description On `output_text` only. */
+            annotations?: Record<string, never>[] | null;
         };
         OpenAiModel: {
             id: string;
@@ -4249,6 +4343,403 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    openai_create_conversation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["OpenAiConversationBody"];
+            };
+        };
+        responses: {
+            /** @description The conversation */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiConversation"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+        };
+    };
+    openai_retrieve_conversation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `conv_<conversation id>` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The conversation */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiConversation"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+        };
+    };
+    openai_update_conversation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `conv_<conversation id>` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["OpenAiConversationUpdate"];
+            };
+        };
+        responses: {
+            /** @description The conversation, its metadata replaced */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiConversation"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+        };
+    };
+    openai_delete_conversation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `conv_<conversation id>` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted with its messages and runs */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiConversationDeleted"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+        };
+    };
+    openai_list_conversation_items: {
+        parameters: {
+            query?: {
+                /** @description The items after this one, in the order asked */
+                after?: string;
+                /** @description 1..100; default 20 */
+                limit?: number;
+                /** @description `desc` (default: newest first) or `asc` */
+                order?: string;
+            };
+            header?: never;
+            path: {
+                /** @description `conv_<conversation id>` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The active branch's messages as items */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiConversationItems"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Missing or invalid credentials */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Unknown, or another user's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Rate limited, or over a budget */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
+                };
+            };
+            /** @description Shutting down, or the database is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAiErrorBody"];
                 };
             };
         };

@@ -226,3 +226,44 @@ test("instructions add to the profile's for this response only", async () => {
   });
   assert.equal(next.output_text, "Instructions: none", "not kept for the next response");
 });
+
+test("a conversation of the Conversations API is chatd's, across turns and listed as items", async () => {
+  const openai = client("oa-conversations");
+  const conversation = await openai.conversations.create({ metadata: { topic: "weather" } });
+  assert.equal(conversation.object, "conversation");
+  assert.deepEqual(conversation.metadata, { topic: "weather" });
+  const first = await openai.responses.create({ model: "default", input: "Is it raining?", conversation: conversation.id });
+  assert.equal(first.conversation.id, conversation.id);
+  const second = await openai.responses.create({
+    model: "default",
+    input: 'And how warm? [mock:tool=calculator {"expression": "20 + 1"}]',
+    conversation: { id: conversation.id },
+  });
+  // The native API sees the same conversation, with its metadata.
+  const native = await stored("oa-conversations", conversation.id);
+  assert.deepEqual(native.metadata, { topic: "weather" });
+  assert.equal(native.messages.length, 4);
+  // Items, oldest first, and paged newest first as the SDK pages them.
+  const items = [];
+  for await (const item of openai.conversations.items.list(conversation.id, { order: "asc", limit: 1 })) items.push(item);
+  assert.deepEqual(
+    items.map((item) => [item.role, item.content[0].type, item.content[0].text]),
+    [
+      ["user", "input_text", "Is it raining?"],
+      ["assistant", "output_text", first.output_text],
+      ["user", "input_text", 'And how warm? [mock:tool=calculator {"expression": "20 + 1"}]'],
+      ["assistant", "output_text", second.output_text],
+    ],
+  );
+  const newest = await openai.conversations.items.list(conversation.id, { limit: 2 });
+  assert.deepEqual(newest.data.map((item) => item.role), ["assistant", "user"]);
+  assert.equal(newest.has_more, true);
+  const updated = await openai.conversations.update(conversation.id, { metadata: { topic: "climate" } });
+  assert.deepEqual(updated.metadata, { topic: "climate" });
+  assert.deepEqual((await openai.conversations.retrieve(conversation.id)).metadata, { topic: "climate" });
+  const deleted = await openai.conversations.delete(conversation.id);
+  assert.deepEqual(deleted, { id: conversation.id, object: "conversation.deleted", deleted: true });
+  await assert.rejects(openai.conversations.retrieve(conversation.id), (e) => e instanceof OpenAI.NotFoundError);
+  assert.equal((await chatd.api(`/api/conversations/${conversationId(conversation.id)}`, "oa-conversations")).status, 404);
+  await assert.rejects(client("oa-other").responses.create({ model: "default", input: "x", conversation: first.conversation.id }), (e) => e instanceof OpenAI.NotFoundError);
+});

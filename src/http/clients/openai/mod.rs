@@ -5,6 +5,7 @@
 //! Errors are OpenAI's shape (`object::rewrite`, over every `/v1` route).
 
 pub mod body;
+pub mod conversations;
 pub mod object;
 mod stream;
 
@@ -34,6 +35,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/responses/{id}", get(retrieve))
         .route("/v1/responses/{id}/cancel", post(cancel))
         .route("/v1/responses/{id}/input_items", get(input_items))
+        .merge(conversations::routes())
         .layer(axum::middleware::map_response(object::rewrite))
 }
 
