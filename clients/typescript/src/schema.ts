@@ -1565,26 +1565,6 @@ export interface components {
         ResponseIncompleteDetails: {
             reason: string;
         };
-        /** @description `GET /v1/responses/{id}/input_items`. */
-        ResponseInputItemList: {
-            object: string;
-            data: components["schemas"]["ResponseInputMessage"][];
-            first_id?: string | null;
-            last_id?: string | null;
-            has_more: boolean;
-        };
-        /** @description A user message, as an input item. */
-        ResponseInputMessage: {
-            id: string;
-            type: string;
-            role: string;
-            status: string;
-            content: components["schemas"]["ResponseInputText"][];
-        };
-        ResponseInputText: {
-            type: string;
-            text: string;
-        };
         ResponseInputTokensDetails: {
             /** Format: int64 */
             cached_tokens: number;
@@ -5082,7 +5062,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["ResponseInputItemList"];
+                    "application/json": components["schemas"]["OpenAiConversationItems"];
                 };
             };
             /** @description Invalid input */

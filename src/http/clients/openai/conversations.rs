@@ -101,7 +101,8 @@ pub struct ItemContent {
 }
 
 impl Item {
-    fn of(message: &Message) -> Option<Self> {
+    /// A user's or an answer's message as an item; `None` for another role.
+    pub fn of(message: &Message) -> Option<Self> {
         let (role, content) = match message.role {
             Role::User => {
                 ("user", ItemContent { kind: "input_text", text: message.content.clone(), annotations: None })
@@ -154,6 +155,13 @@ pub struct ItemList {
     pub first_id: Option<String>,
     pub last_id: Option<String>,
     pub has_more: bool,
+}
+
+impl ItemList {
+    pub fn of(data: Vec<Item>, has_more: bool) -> Self {
+        let (first_id, last_id) = (data.first().map(|i| i.id.clone()), data.last().map(|i| i.id.clone()));
+        ItemList { object: "list", data, first_id, last_id, has_more }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -291,8 +299,7 @@ pub async fn items(
     }
     let has_more = items.len() > limit as usize;
     items.truncate(limit as usize);
-    let (first_id, last_id) = (items.first().map(|i| i.id.clone()), items.last().map(|i| i.id.clone()));
-    Ok(Json(ItemList { object: "list", data: items, first_id, last_id, has_more }))
+    Ok(Json(ItemList::of(items, has_more)))
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 
 use self::body::{CreateResponse, Placement};
-use self::object::{InputItemList, InputMessage, Model, ModelList, Refused, Response, parse_id};
+use self::conversations::{Item, ItemList};
+use self::object::{Model, ModelList, Refused, Response, parse_id};
 use self::stream::{ResponsesSse, replay};
 use crate::chat::Started;
 use crate::http::AppState;
@@ -187,21 +188,21 @@ pub async fn cancel(
         ("limit" = Option<u32>, Query, description = "Accepted"),
         ("order" = Option<String>, Query, description = "Accepted"),
     ),
-    responses((status = 200, description = "The input items", body = InputItemList), Refused))]
+    responses((status = 200, description = "The input items", body = ItemList), Refused))]
 pub async fn input_items(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     Path(id): Path<String>,
     AppQuery(query): AppQuery<ListQuery>,
-) -> Result<Json<InputItemList>, AppError> {
+) -> Result<Json<ItemList>, AppError> {
     let trace_id = response_trace(&id)?;
     let trace = state.store.get_trace(&user, trace_id).await.map_err(AppError::missing("Response not found"))?;
     let message =
         state.store.get_message(&user, trace.user_message_id).await.map_err(AppError::missing("Response not found"))?;
-    let item = InputMessage::of(&message);
+    let item = Item::of(&message).ok_or_else(|| AppError::not_found("Response not found"))?;
     // One item: nothing comes after it.
     let data = if query.after.as_deref() == Some(item.id.as_str()) { Vec::new() } else { vec![item] };
-    Ok(Json(InputItemList::of(data)))
+    Ok(Json(ItemList::of(data, false)))
 }
 
 /// The list's query: a response has one input item, so only `after` changes the answer.

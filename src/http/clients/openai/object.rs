@@ -251,57 +251,6 @@ impl From<Usage> for ResponseUsage {
     }
 }
 
-/// A user message, as an input item.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[schema(as = ResponseInputMessage)]
-pub struct InputMessage {
-    pub id: String,
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub role: &'static str,
-    pub status: &'static str,
-    pub content: Vec<InputText>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[schema(as = ResponseInputText)]
-pub struct InputText {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub text: String,
-}
-
-impl InputMessage {
-    pub fn of(message: &crate::domain::Message) -> Self {
-        InputMessage {
-            id: format!("msg_{}", message.id.0.simple()),
-            kind: "message",
-            role: "user",
-            status: "completed",
-            content: vec![InputText { kind: "input_text", text: message.content.clone() }],
-        }
-    }
-}
-
-/// `GET /v1/responses/{id}/input_items`.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[schema(as = ResponseInputItemList)]
-pub struct InputItemList {
-    pub object: &'static str,
-    pub data: Vec<InputMessage>,
-    pub first_id: Option<String>,
-    pub last_id: Option<String>,
-    pub has_more: bool,
-}
-
-impl InputItemList {
-    pub fn of(data: Vec<InputMessage>) -> Self {
-        let first_id = data.first().map(|m| m.id.clone());
-        let last_id = data.last().map(|m| m.id.clone());
-        InputItemList { object: "list", data, first_id, last_id, has_more: false }
-    }
-}
-
 /// `GET /v1/models`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[schema(as = OpenAiModelList)]
