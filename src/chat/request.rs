@@ -47,6 +47,12 @@ pub struct ChatRequest {
     /// Responses API's `instructions`, CONTRACT.md §20); never read from this body.
     #[serde(skip)]
     pub instructions: Option<String>,
+    /// This run's output limit and temperature over the profile's (the Responses API's
+    /// `max_output_tokens` and `temperature`); never read from this body.
+    #[serde(skip)]
+    pub max_tokens: Option<u32>,
+    #[serde(skip)]
+    pub temperature: Option<f32>,
 }
 
 /// An attachment as a request names it: a stored file, or a URL (`data:` or, where

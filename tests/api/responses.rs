@@ -49,3 +49,44 @@ async fn a_background_response_is_read_on_another_replica_with_the_same_numbers(
     let (_, other) = b.get(&format!("/v1/responses/{id}"), "bob").await;
     assert_eq!(other["error"]["type"], "not_found_error", "another user's: {other}");
 }
+
+/// `instructions`, `max_output_tokens` and `temperature` reach the model for that response
+/// only (an OpenAI-compatible server of the fixture records each request).
+#[tokio::test]
+async fn a_responses_settings_reach_the_model_for_that_response_only() {
+    use crate::fixture::*;
+    let answer = || {
+        Scripted::sse(&[
+            data(json!({"choices": [{"index": 0, "delta": {"content": "Sure."}, "finish_reason": "stop"}]})),
+            data(json!({"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 2}})),
+            "data: [DONE]\n\n".to_owned(),
+        ])
+    };
+    let fixture = Fixture::start(vec![answer(), answer()]).await;
+    let config = format!(
+        "[providers.fx]\nkind = \"openai_compatible\"\nbase_url = \"{}/v1\"\n\
+         [profiles.fx]\nprovider = \"fx\"\nmodel = \"small\"\nmax_tokens = 500\ntemperature = 0.9\nsystem_prompt = \"Be kind.\"\n",
+        fixture.base
+    );
+    let app = TestApp::spawn(Backend::Sqlite, &config).await;
+    let body = json!({"model": "fx", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 77, "temperature": 0.25});
+    let (status, first) = app.post("/v1/responses", "ann", body).await;
+    assert_eq!(status, 200, "{first}");
+    let (status, _) = app
+        .post("/v1/responses", "ann", json!({"model": "fx", "input": "Again", "previous_response_id": first["id"]}))
+        .await;
+    assert_eq!(status, 200);
+    let received = fixture.received();
+    let (asked, next) = (&received[0].body, &received[1].body);
+    assert_eq!((asked["max_tokens"].as_u64(), asked["temperature"].as_f64()), (Some(77), Some(0.25)));
+    let system = asked["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("## Identity\nBe kind.") && system.contains("## Instructions\nBe brief."), "{system}");
+    assert_eq!(
+        (next["max_tokens"].as_u64(), next["temperature"].as_f64().map(|t| (t * 10.0).round())),
+        (Some(500), Some(9.0))
+    );
+    assert!(!next["messages"][0]["content"].as_str().unwrap().contains("Be brief."), "for that response only");
+    let (status, refused) =
+        app.post("/v1/responses", "ann", json!({"model": "fx", "input": "x", "temperature": 3})).await;
+    assert_eq!((status.as_u16(), refused["error"]["param"].as_str()), (400, Some("temperature")));
+}

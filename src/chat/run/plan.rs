@@ -54,6 +54,9 @@ pub(in crate::chat) struct Ask<'a> {
     pub(in crate::chat) diagnostics: bool,
     /// The request's own instructions, added to the system prompt's.
     pub(in crate::chat) instructions: Option<&'a str>,
+    /// The request's output limit and temperature, over the profile's.
+    pub(in crate::chat) max_tokens: Option<u32>,
+    pub(in crate::chat) temperature: Option<f32>,
 }
 
 /// What a run was asked beside its message, kept with its trace where it is not all
@@ -67,8 +70,10 @@ pub(in crate::chat) struct Asked {
     pub(in crate::chat) diagnostics: bool,
     /// An executed action's outcome (it ran when the message was sent).
     pub(in crate::chat) action_result: Option<String>,
-    /// The request's own instructions (CONTRACT.md §20).
+    /// The request's own instructions, output limit and temperature (CONTRACT.md §20).
     pub(in crate::chat) instructions: Option<String>,
+    pub(in crate::chat) max_tokens: Option<u32>,
+    pub(in crate::chat) temperature: Option<f32>,
 }
 
 impl Asked {
@@ -78,7 +83,9 @@ impl Asked {
             && self.client_tools.is_empty()
             && !self.diagnostics
             && self.action_result.is_none()
-            && self.instructions.is_none();
+            && self.instructions.is_none()
+            && self.max_tokens.is_none()
+            && self.temperature.is_none();
         (!defaults).then(|| serde_json::to_value(self).expect("plain data"))
     }
 }
@@ -149,9 +156,9 @@ impl Planner {
         let diagnostics = (turn.diagnostics && self.settings.chat.allow_diagnostics).then(|| {
             Box::new(Diagnostics {
                 model: profile.model.clone(),
-                max_tokens: profile.max_tokens,
+                max_tokens: turn.max_tokens.or(profile.max_tokens),
                 max_iterations: profile.max_iterations,
-                temperature: profile.temperature,
+                temperature: turn.temperature.or(profile.temperature),
                 tools: specs.iter().map(|t| t.name.clone()).collect(),
                 system_prompt: system_prompt.clone(),
                 notes: notes.clone(),
@@ -177,8 +184,8 @@ impl Planner {
                 model: profile.model.clone(),
                 system_prompt: Some(system_prompt),
                 messages,
-                temperature: profile.temperature,
-                max_tokens: profile.max_tokens,
+                temperature: turn.temperature.or(profile.temperature),
+                max_tokens: turn.max_tokens.or(profile.max_tokens),
                 enable_thinking: profile.enable_thinking,
                 thinking_budget: profile.thinking_budget,
                 reasoning_effort: profile.reasoning_effort.clone(),
@@ -354,6 +361,8 @@ impl Planner {
             client_tools: &asked.client_tools,
             diagnostics: asked.diagnostics,
             instructions: asked.instructions.as_deref(),
+            max_tokens: asked.max_tokens,
+            temperature: asked.temperature,
         };
         let comparison = trace.comparison_id.zip(trace.variant.as_deref());
         let mut side = self.plan(user, &ask, &trace.profile, comparison).map_err(|e| e.to_string())?;

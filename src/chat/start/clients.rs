@@ -146,6 +146,8 @@ impl Starter {
             },
             idempotency_key: None,
             instructions: None,
+            max_tokens: None,
+            temperature: None,
         };
         // A new message needs nothing from the history here (`prepare` reads it): only an edit
         // or a regenerate looks a message up.

@@ -160,6 +160,8 @@ impl Preparer {
             diagnostics: request.diagnostics,
             action_result: action_result.clone(),
             instructions: request.instructions.clone(),
+            max_tokens: request.max_tokens,
+            temperature: request.temperature,
         };
         let (going_seen, max_running) = self.cluster.start_checks(existing.is_some(), &going, limit);
         Ok(Checked::Ready(Box::new(Prepared {
@@ -301,6 +303,8 @@ impl Prepared {
             client_tools: &request.client_tools,
             diagnostics: request.diagnostics,
             instructions: request.instructions.as_deref(),
+            max_tokens: request.max_tokens,
+            temperature: request.temperature,
         }
     }
 }

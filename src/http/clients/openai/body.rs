@@ -227,13 +227,17 @@ impl CreateResponse {
             ));
         }
         let not_yet = [
-            ("max_output_tokens", self.max_output_tokens.is_some()),
-            ("temperature", self.temperature.is_some()),
             ("metadata", self.metadata.as_ref().is_some_and(|m| !m.is_empty())),
             ("tools", self.tools.iter().any(|t| t.get("type").and_then(Value::as_str) == Some("function"))),
         ];
         if let Some((field, _)) = not_yet.into_iter().find(|(_, given)| *given) {
             return Err(AppError::validation(field, format!("{field} is not built yet in chatd's Responses API")));
+        }
+        if self.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+            return Err(AppError::validation("temperature", "temperature must be between 0 and 2"));
+        }
+        if self.max_output_tokens == Some(0) {
+            return Err(AppError::validation("max_output_tokens", "max_output_tokens must be at least 1"));
         }
         if self.conversation.is_some() && self.previous_response_id.is_some() {
             return Err(AppError::validation(
@@ -312,6 +316,8 @@ impl CreateResponse {
             attachments,
             client_tools,
             instructions,
+            max_tokens: self.max_output_tokens,
+            temperature: self.temperature.map(|t| t as f32),
             ..ChatRequest::default()
         })
     }
