@@ -10,7 +10,7 @@ Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open s
 ratios against the direct path of the same run. Usage:
 
   loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1] [--repeat N] [--chatd BIN]
-                  [--encodings native,ui,agui] [--postgres URL] [--extra-config FILE]
+                  [--encodings native,ui,agui,responses] [--postgres URL] [--extra-config FILE]
 
 --postgres measures chatd on Postgres instead of SQLite: each scenario gets a database of its
 own, made beside the one URL names (which must allow CREATE DATABASE; scripts/postgres.sh
@@ -20,7 +20,8 @@ prints one) and dropped after.
 what they cost against a run without (a receiver for them is the caller's to start).
 
 --encodings also measures the same streams through chatd's other vocabularies of a run: the AI
-SDK's UI message stream (`ui`, POST /api/ui/chat) and AG-UI (`agui`, POST /api/agui), each
+SDK's UI message stream (`ui`, POST /api/ui/chat), AG-UI (`agui`, POST /api/agui) and the OpenAI Responses API
+(`responses`, POST /v1/responses with stream: true), each
 reported as its CPU against the native stream's in the same run.
 
 Single runs on a shared 2-core machine vary by 20 % and more; --repeat N measures the
@@ -128,7 +129,7 @@ def main():
     ap.add_argument("--postgres", metavar="URL", help="measure chatd on Postgres (a fresh database beside URL's per scenario)")
     ap.add_argument("--extra-config", metavar="FILE", help="TOML added to chatd's config (webhooks, telemetry: their cost)")
     ap.add_argument("--encodings", default="native",
-                    help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's)")
+                    help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's), responses (the OpenAI Responses API's)")
     args = ap.parse_args()
     # The bench needs many sockets (chatd holds two per stream: the client's and the model's);
     # it raises its own limit, inherited by what it starts. chatd's defaults do not change.
@@ -269,6 +270,7 @@ ENCODINGS = {
                                          "messages": [{"id": "m", "role": "user", "parts": [{"type": "text", "text": "go"}]}]}),
     "agui": ("/api/agui", lambda tag: {"threadId": f"bench-{tag}-{{n}}", "runId": "r",
                                         "messages": [{"id": "m", "role": "user", "content": "go"}]}),
+    "responses": ("/v1/responses", lambda tag: {"model": "default", "input": "go", "stream": True}),
 }
 
 

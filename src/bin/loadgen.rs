@@ -1,7 +1,7 @@
 //! A load generator for SSE chat endpoints: opens N concurrent streams, parses every event,
 //! and prints one JSON line of figures: time to first event, gaps between events, total
 //! time, bytes, events, errors, and whether every stream ended properly (`done` for chatd,
-//! `[DONE]` for OpenAI-style servers and the AI SDK's stream, `RUN_FINISHED` for AG-UI). With `--verify`, also checks that chatd persisted each
+//! `[DONE]` for OpenAI-style servers and the AI SDK's stream, `RUN_FINISHED` for AG-UI, the terminal event for the Responses API). With `--verify`, also checks that chatd persisted each
 //! answer.
 //!
 //! With `--probes`, once every stream has its first event (the burst of starts is over), it
@@ -137,8 +137,17 @@ async fn one(
                     if data["type"] == "start" {
                         stream.conversation_id = data["conversation_id"].as_str().map(str::to_owned);
                     }
-                    // chatd's `done`; AG-UI's run ends with its RUN_FINISHED or RUN_ERROR.
-                    if matches!(data["type"].as_str(), Some("done" | "RUN_FINISHED" | "RUN_ERROR")) {
+                    // chatd's `done`; AG-UI's run ends with its RUN_FINISHED or RUN_ERROR; a
+                    // Responses stream with its terminal event.
+                    let last = [
+                        "done",
+                        "RUN_FINISHED",
+                        "RUN_ERROR",
+                        "response.completed",
+                        "response.failed",
+                        "response.incomplete",
+                    ];
+                    if data["type"].as_str().is_some_and(|t| last.contains(&t)) {
                         stream.ended = true;
                     }
                 }
