@@ -89,6 +89,10 @@ impl ReportedRun {
     }
 }
 
+/// Marks an endpoint's (`$1`) pending messages `disabled`, at `$2`.
+const DROP_PENDING: &str = "update webhook_outbox set status = 'disabled', next_attempt_at = $2, \
+     last_error = 'the endpoint is disabled (it answered 410 Gone)' where endpoint = $1 and status = 'pending'";
+
 #[derive(sqlx::FromRow)]
 struct ClaimedRow {
     id: String,
@@ -220,13 +224,7 @@ where
             .bind(at)
             .execute(&mut *tx)
             .await?;
-            sqlx::query(
-                "update webhook_outbox set status = 'disabled', last_error = 'the endpoint answered 410 Gone' \
-                 where endpoint = $1 and status = 'pending'",
-            )
-            .bind(endpoint)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(DROP_PENDING).bind(endpoint).bind(at).execute(&mut *tx).await?;
             tx.commit().await?;
             Ok(())
         })
@@ -251,17 +249,9 @@ where
     }
 
     async fn drop_pending(&self, endpoint: &str, at: DateTime<Utc>) -> Result<u64, StoreError> {
-        let done = write(self, async |conn| {
-            Ok(sqlx::query(
-                "update webhook_outbox set status = 'disabled', next_attempt_at = $2, \
-                 last_error = 'the endpoint is disabled (it answered 410 Gone)' where endpoint = $1 and status = 'pending'",
-            )
-            .bind(endpoint)
-            .bind(at)
-            .execute(conn)
-            .await?)
-        })
-        .await?;
+        let done =
+            write(self, async |conn| Ok(sqlx::query(DROP_PENDING).bind(endpoint).bind(at).execute(conn).await?))
+                .await?;
         Ok(B::rows_affected(&done))
     }
 

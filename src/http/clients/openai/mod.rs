@@ -102,14 +102,7 @@ pub async fn create(
         return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(None))));
     }
     // Answered whole: the run's events, to its end, through the same translation as a stream.
-    let mut events = Vec::new();
-    let mut frames = frames;
-    while let Some(frame) = frames.next().await {
-        if let Some(event) = frame.event {
-            events.push(event);
-        }
-    }
-    Ok(Json(replay(events.iter().map(|e| &**e))).into_response())
+    Ok(Json(answered(frames).await).into_response())
 }
 
 #[derive(Deserialize)]
@@ -119,7 +112,9 @@ pub struct RetrieveQuery {
     stream: bool,
     #[serde(default)]
     starting_after: Option<u64>,
+    /// Accepted: chatd adds no obfuscation.
     #[serde(default)]
+    #[allow(dead_code)]
     include_obfuscation: Option<bool>,
 }
 
@@ -141,14 +136,10 @@ pub async fn retrieve(
     Path(id): Path<String>,
     AppQuery(query): AppQuery<RetrieveQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let _ = query.include_obfuscation;
     let trace_id = response_trace(&id)?;
     let trace = state.store.get_trace(&user, trace_id).await.map_err(AppError::missing("Response not found"))?;
     if query.stream {
-        let frames = match state.chat.resume(&user, trace_id, 0, true).await? {
-            crate::chat::Resumed::Frames(frames) => frames,
-            crate::chat::Resumed::HeardAll => futures_util::stream::empty().boxed(),
-        };
+        let frames = run_frames(&state, &user, trace_id, true).await?;
         return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(query.starting_after))));
     }
     Ok(Json(stored(&state, trace.trace_id).await?).into_response())
@@ -171,13 +162,8 @@ pub async fn cancel(
         Err(e) => return Err(e.into()),
     }
     // Its end, heard live or read from its log: the response it came to.
-    let mut events = Vec::new();
-    if let crate::chat::Resumed::Frames(mut frames) = state.chat.resume(&user, trace_id, 0, false).await? {
-        while let Some(frame) = frames.next().await {
-            events.extend(frame.event);
-        }
-    }
-    Ok(Json(replay(events.iter().map(|e| &**e))).into_response())
+    let frames = run_frames(&state, &user, trace_id, false).await?;
+    Ok(Json(answered(frames).await).into_response())
 }
 
 /// `GET /v1/responses/{id}/input_items`: what the response was asked (its user message).
@@ -218,6 +204,26 @@ pub struct ListQuery {
     order: Option<String>,
     #[serde(default, rename = "include[]")]
     include: Option<String>,
+}
+
+/// A run's frames from its first, live to its end (or, without `through_waits`, to where it
+/// waits), from its log where it ended.
+async fn run_frames(
+    state: &AppState,
+    user: &crate::ids::UserId,
+    trace_id: TraceId,
+    through_waits: bool,
+) -> Result<futures_util::stream::BoxStream<'static, crate::chat::Frame>, AppError> {
+    Ok(match state.chat.resume(user, trace_id, 0, through_waits).await? {
+        crate::chat::Resumed::Frames(frames) => frames,
+        crate::chat::Resumed::HeardAll => futures_util::stream::empty().boxed(),
+    })
+}
+
+/// The response a run's frames come to, read to their end.
+async fn answered(frames: impl futures_util::Stream<Item = crate::chat::Frame>) -> Response {
+    let events: Vec<_> = frames.filter_map(|frame| async move { frame.event }).collect().await;
+    replay(events.iter().map(|e| &**e))
 }
 
 /// A response as its run's log has it now.

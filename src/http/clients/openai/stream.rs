@@ -97,7 +97,7 @@ impl ResponseEvents {
                 let item_id = self.item_id(index);
                 let fields =
                     Fields::SummaryDelta { item_id: &item_id, output_index: index, summary_index: 0, delta: text };
-                self.emit("response.reasoning_summary_text.delta", fields, out);
+                self.push("response.reasoning_summary_text.delta", fields, out);
             }
             Event::TextDelta { text } => {
                 if is_tool_marker(text) {
@@ -120,7 +120,7 @@ impl ResponseEvents {
                     delta: text,
                     logprobs: [],
                 };
-                self.emit("response.output_text.delta", fields, out);
+                self.push("response.output_text.delta", fields, out);
             }
             // What this model call said is void: its open item ends here, and is not in the
             // response's output.
@@ -133,28 +133,24 @@ impl ResponseEvents {
                 self.close(out);
                 let arguments = serde_json::to_string(&start.input).unwrap_or_default();
                 let index = self.response.output.len();
+                let item_id = format!("mcp_{}", start.tool_call_id);
                 self.response.output.push(OutputItem::McpCall {
-                    id: format!("mcp_{}", start.tool_call_id),
+                    id: item_id.clone(),
                     server_label: server_label(&start.tool).to_owned(),
                     name: start.tool.clone(),
-                    arguments,
+                    arguments: arguments.clone(),
                     output: None,
                     error: None,
                     status: "in_progress",
                 });
                 self.calls.push((start.tool_call_id.clone(), index));
                 self.item_event("response.output_item.added", index, out);
-                let item_id = self.item_id(index);
-                let arguments = match &self.response.output[index] {
-                    OutputItem::McpCall { arguments, .. } => arguments.clone(),
-                    _ => String::new(),
-                };
-                self.emit(
+                self.push(
                     "response.mcp_call_arguments.done",
                     Fields::Arguments { item_id: &item_id, output_index: index, arguments: &arguments },
                     out,
                 );
-                self.emit(
+                self.push(
                     "response.mcp_call.in_progress",
                     Fields::Call { item_id: &item_id, output_index: index },
                     out,
@@ -180,7 +176,7 @@ impl ResponseEvents {
                 }
                 let item_id = self.item_id(index);
                 let kind = if ok { "response.mcp_call.completed" } else { "response.mcp_call.failed" };
-                self.emit(kind, Fields::Call { item_id: &item_id, output_index: index }, out);
+                self.push(kind, Fields::Call { item_id: &item_id, output_index: index }, out);
                 self.item_event("response.output_item.done", index, out);
             }
             Event::Usage(usage) => self.response.usage = Some((**usage).into()),
@@ -199,19 +195,19 @@ impl ResponseEvents {
                     Status::Incomplete => "response.incomplete",
                     _ => "response.completed",
                 };
-                self.finish(kind, out);
+                self.lifecycle(kind, out);
             }
             Event::Cancelled(_) => {
                 self.close(out);
                 self.response.status = Status::Cancelled;
                 self.response.incomplete_details = Some(IncompleteDetails { reason: "cancelled" });
-                self.finish("response.incomplete", out);
+                self.lifecycle("response.incomplete", out);
             }
             Event::Error(error) => {
                 self.close(out);
                 self.response.status = Status::Failed;
                 self.response.error = Some(ResponseError::of(&error.code, &error.message));
-                self.finish("response.failed", out);
+                self.lifecycle("response.failed", out);
             }
             _ => {}
         }
@@ -234,7 +230,7 @@ impl ResponseEvents {
         self.item_event("response.output_item.added", index, out);
         let part = serde_json::json!({"type": "summary_text", "text": ""});
         let fields = Fields::SummaryPart { item_id: &id, output_index: index, summary_index: 0, part };
-        self.emit("response.reasoning_summary_part.added", fields, out);
+        self.push("response.reasoning_summary_part.added", fields, out);
     }
 
     fn open_message(&mut self, out: &mut Vec<(&'static str, String)>) {
@@ -250,7 +246,7 @@ impl ResponseEvents {
         self.item_event("response.output_item.added", index, out);
         let part = serde_json::json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
         let fields = Fields::Part { item_id: &id, output_index: index, content_index: 0, part };
-        self.emit("response.content_part.added", fields, out);
+        self.push("response.content_part.added", fields, out);
     }
 
     /// Ends the open reasoning or message item: its text's `done`, its part's, the item's.
@@ -267,10 +263,10 @@ impl ResponseEvents {
                 let text = summary[0].text.clone();
                 let fields =
                     Fields::SummaryDone { item_id: &item_id, output_index: index, summary_index: 0, text: &text };
-                self.emit("response.reasoning_summary_text.done", fields, out);
+                self.push("response.reasoning_summary_text.done", fields, out);
                 let part = serde_json::json!({"type": "summary_text", "text": text});
                 let fields = Fields::SummaryPart { item_id: &item_id, output_index: index, summary_index: 0, part };
-                self.emit("response.reasoning_summary_part.done", fields, out);
+                self.push("response.reasoning_summary_part.done", fields, out);
             }
             OutputItem::Message { content, status, .. } => {
                 *status = if voided { "incomplete" } else { "completed" };
@@ -282,19 +278,14 @@ impl ResponseEvents {
                     text: &text,
                     logprobs: [],
                 };
-                self.emit("response.output_text.done", fields, out);
+                self.push("response.output_text.done", fields, out);
                 let part = serde_json::json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
                 let fields = Fields::Part { item_id: &item_id, output_index: index, content_index: 0, part };
-                self.emit("response.content_part.done", fields, out);
+                self.push("response.content_part.done", fields, out);
             }
             OutputItem::McpCall { .. } => {}
         }
         self.item_event("response.output_item.done", index, out);
-    }
-
-    fn finish(&mut self, kind: &'static str, out: &mut Vec<(&'static str, String)>) {
-        let response = self.response();
-        self.push(kind, Fields::Lifecycle { response: &response }, out);
     }
 
     fn lifecycle(&mut self, kind: &'static str, out: &mut Vec<(&'static str, String)>) {
@@ -305,10 +296,6 @@ impl ResponseEvents {
     fn item_event(&mut self, kind: &'static str, index: usize, out: &mut Vec<(&'static str, String)>) {
         let item = self.response.output[index].clone();
         self.push(kind, Fields::Item { output_index: index, item: &item }, out);
-    }
-
-    fn emit(&mut self, kind: &'static str, fields: Fields<'_>, out: &mut Vec<(&'static str, String)>) {
-        self.push(kind, fields, out);
     }
 
     fn push(&mut self, kind: &'static str, fields: Fields<'_>, out: &mut Vec<(&'static str, String)>) {
