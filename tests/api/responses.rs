@@ -90,3 +90,53 @@ async fn a_responses_settings_reach_the_model_for_that_response_only() {
         app.post("/v1/responses", "ann", json!({"model": "fx", "input": "x", "temperature": 3})).await;
     assert_eq!((status.as_u16(), refused["error"]["param"].as_str()), (400, Some("temperature")));
 }
+
+/// A client tool's call ends a response on one Postgres replica; its output, sent to the
+/// other, continues the same run there, as a response of its own (`resp_<trace>_<seq>`),
+/// numbered from 0 and read the same on either replica. A seq where no wait ended names no
+/// response.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_client_tools_output_continues_the_run_on_another_replica() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let (a, b) = (TestApp::on(&db.url, "").await, TestApp::on(&db.url, "").await);
+    let clock = json!({"type": "function", "name": "clock", "parameters": {"type": "object", "properties": {}}});
+    let body = json!({"model": "default", "input": "Time? [mock:tool=clock {}]", "tools": [clock]});
+    let (status, first) = a.post("/v1/responses", "ann", body).await;
+    assert_eq!(status, 200, "{first}");
+    let call = first["output"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!((call["type"].as_str(), call["name"].as_str()), (Some("function_call"), Some("clock")));
+    assert_eq!(first["status"], "completed");
+
+    let output = json!([{"type": "function_call_output", "call_id": call["call_id"], "output": "noon"}]);
+    let (status, refused) = b.post("/v1/responses", "ann", json!({"model": "default", "input": output})).await;
+    assert_eq!(status, 400, "no response named: {refused}");
+    assert_eq!(refused["error"]["param"], "previous_response_id");
+    let body = json!({"model": "default", "input": output, "previous_response_id": first["id"]});
+    let (status, second) = b.post("/v1/responses", "ann", body).await;
+    assert_eq!(status, 200, "{second}");
+    let id = second["id"].as_str().unwrap();
+    assert!(id.starts_with(&format!("{}_", first["id"].as_str().unwrap())), "{id}");
+    let text =
+        second["output"].as_array().unwrap().iter().find(|i| i["type"] == "message").unwrap()["content"][0]["text"]
+            .clone();
+    assert!(text.as_str().unwrap().contains("clock said noon"), "{second}");
+
+    // Each response, read on the other replica, is as it was answered; its events too.
+    let (_, first_again) = b.get(&format!("/v1/responses/{}", first["id"].as_str().unwrap()), "ann").await;
+    assert_eq!(first_again["output"], first["output"]);
+    let (_, second_again) = a.get(&format!("/v1/responses/{id}"), "ann").await;
+    assert_eq!(second_again["output"], second["output"]);
+    let whole = events(&a, id, None).await;
+    let numbers: Vec<u64> = whole.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, (0..whole.len() as u64).collect::<Vec<_>>(), "dense from 0");
+    assert_eq!(whole.last().unwrap()["response"]["output"], second["output"]);
+    assert_eq!(events(&b, id, Some(2)).await, whole[3..].to_vec());
+    let first_events = events(&b, first["id"].as_str().unwrap(), None).await;
+    assert_eq!(first_events.last().unwrap()["type"], "response.completed");
+    assert_eq!(first_events.last().unwrap()["response"]["output"], first["output"]);
+
+    let seq: u64 = id.rsplit('_').next().unwrap().parse().unwrap();
+    let (status, _) = a.get(&format!("/v1/responses/{}_{}", first["id"].as_str().unwrap(), seq - 1), "ann").await;
+    assert_eq!(status, 404, "no wait ended at {}", seq - 1);
+}

@@ -607,7 +607,10 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** `POST /v1/responses`: a run, answered whole or streamed. */
+        /**
+         * `POST /v1/responses`: a run, answered whole or streamed; or, when its input answers a
+         *     waiting run's calls, that run's events after its wait.
+         */
         post: operations["openai_create_response"];
         delete?: never;
         options?: never;
@@ -1619,6 +1622,21 @@ export interface components {
             status: string;
             /** @enum {string} */
             type: "mcp_call";
+        } | {
+            id: string;
+            call_id: string;
+            name: string;
+            arguments: string;
+            status: string;
+            /** @enum {string} */
+            type: "function_call";
+        } | {
+            id: string;
+            server_label: string;
+            name: string;
+            arguments: string;
+            /** @enum {string} */
+            type: "mcp_approval_request";
         };
         ResponseOutputText: {
             type: string;

@@ -267,3 +267,105 @@ test("a conversation of the Conversations API is chatd's, across turns and liste
   assert.equal((await chatd.api(`/api/conversations/${conversationId(conversation.id)}`, "oa-conversations")).status, 404);
   await assert.rejects(client("oa-other").responses.create({ model: "default", input: "x", conversation: first.conversation.id }), (e) => e instanceof OpenAI.NotFoundError);
 });
+
+const clock = {
+  type: "function",
+  name: "clock",
+  description: "The time now in a zone",
+  parameters: { type: "object", properties: { zone: { type: "string" } }, required: ["zone"] },
+  strict: false,
+};
+
+test("a function tool's call ends the response, and its output continues the same run", async () => {
+  const openai = client("oa-function");
+  const first = await openai.responses.create({
+    model: "default",
+    input: 'What time is it? [mock:tool=clock {"zone": "UTC"}]',
+    tools: [clock],
+  });
+  assert.equal(first.status, "completed");
+  const call = first.output.find((item) => item.type === "function_call");
+  assert.ok(call, JSON.stringify(first.output));
+  assert.equal(call.name, "clock");
+  assert.deepEqual(JSON.parse(call.arguments), { zone: "UTC" });
+  assert.equal(first.output.at(-1), call, "the call is the response's last item");
+
+  // Streamed, through the SDK's strict helper: the same run goes on after its wait.
+  const stream = openai.responses.stream({
+    model: "default",
+    previous_response_id: first.id,
+    input: [{ type: "function_call_output", call_id: call.call_id, output: "10:04 UTC" }],
+    tools: [clock],
+  });
+  const numbers = [];
+  stream.on("event", (event) => numbers.push(event.sequence_number));
+  const second = await stream.finalResponse();
+  assert.deepEqual(numbers, numbers.map((_, i) => i), "numbered from 0 again");
+  assert.equal(second.status, "completed");
+  assert.ok(second.id.startsWith(`${first.id}_`), `${second.id} goes on with ${first.id}`);
+  assert.ok(second.output_text.length > 0);
+  assert.ok(!second.output.some((item) => item.type === "function_call"));
+
+  // One run, one answer: the native API sees the call's output in it.
+  const conversation = await stored("oa-function", first.conversation.id);
+  assert.equal(conversation.messages.length, 2);
+  const answer = conversation.messages.at(-1);
+  assert.equal(answer.tool_history[0].tool_name, "clock");
+  assert.equal(answer.tool_history[0].output, "10:04 UTC");
+  const withoutMarkers = (content) => content.replace(/(\n\n)?\[\[tool:\d+\]\]/g, "");
+  assert.equal(withoutMarkers(answer.content), first.output_text + second.output_text);
+
+  // Each response reads back as it was, from the log; sent again, the output gets the same one.
+  assert.deepEqual((await openai.responses.retrieve(first.id)).output, first.output);
+  assert.equal((await openai.responses.retrieve(second.id)).output_text, second.output_text);
+  const again = await openai.responses.create({
+    model: "default",
+    previous_response_id: first.id,
+    input: [{ type: "function_call_output", call_id: call.call_id, output: "10:04 UTC" }],
+  });
+  assert.equal(again.id, second.id);
+  assert.equal(again.output_text, second.output_text);
+});
+
+test("a call that needs approval ends the response, and the decision continues the same run", async () => {
+  const openai = client("oa-approval");
+  const first = await openai.responses.create({
+    model: "vetted",
+    input: 'Add them [mock:tool=calculator {"expression": "2 + 40"}]',
+  });
+  const request = first.output.find((item) => item.type === "mcp_approval_request");
+  assert.ok(request, JSON.stringify(first.output));
+  assert.equal(request.name, "calculator");
+  assert.equal(request.server_label, "chatd");
+  assert.deepEqual(JSON.parse(request.arguments), { expression: "2 + 40" });
+  const second = await openai.responses.create({
+    model: "vetted",
+    previous_response_id: first.id,
+    input: [{ type: "mcp_approval_response", approval_request_id: request.id, approve: true }],
+  });
+  const call = second.output.find((item) => item.type === "mcp_call");
+  assert.ok(call, JSON.stringify(second.output));
+  assert.match(call.output, /42/);
+  assert.equal(second.status, "completed");
+  // A denial, in another run: the call does not run, and the model is told.
+  const asked = await openai.responses.create({
+    model: "vetted",
+    input: 'Add more [mock:tool=calculator {"expression": "1 + 1"}]',
+  });
+  const denied = await openai.responses.create({
+    model: "vetted",
+    previous_response_id: asked.id,
+    input: [
+      {
+        type: "mcp_approval_response",
+        approval_request_id: asked.output.at(-1).id,
+        approve: false,
+        reason: "not now",
+      },
+    ],
+  });
+  assert.equal(denied.status, "completed");
+  assert.ok(!denied.output.some((item) => item.type === "mcp_call"));
+  const conversation = await stored("oa-approval", asked.conversation.id);
+  assert.match(conversation.messages.at(-1).tool_history[0].output, /denied.*not now/);
+});

@@ -6,10 +6,11 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use super::object::parse_id;
+use super::object::{parse_id, parse_request_id, parse_response_id};
+use crate::chat::control::waits::WaitAnswer;
 use crate::chat::request::{AttachmentRef, ChatRequest, ClientTool};
 use crate::http::error::AppError;
-use crate::ids::{ConversationId, FileId};
+use crate::ids::{ConversationId, FileId, TraceId};
 
 /// `POST /v1/responses`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -122,7 +123,9 @@ pub enum InputItem {
     Message(MessageItem),
     FunctionCallOutput(FunctionCallOutput),
     McpApprovalResponse(McpApprovalResponse),
-    /// An item of an earlier output, sent back.
+    /// A client tool's call of an earlier output, sent back: its id names its run.
+    FunctionCall(FunctionCall),
+    /// Any other item of an earlier output, sent back.
     Echoed,
 }
 
@@ -132,6 +135,7 @@ enum TaggedItem {
     Message(MessageItem),
     FunctionCallOutput(FunctionCallOutput),
     McpApprovalResponse(McpApprovalResponse),
+    FunctionCall(FunctionCall),
     #[serde(other)]
     Echoed,
 }
@@ -146,6 +150,7 @@ impl<'de> Deserialize<'de> for InputItem {
             TaggedItem::Message(m) => InputItem::Message(m),
             TaggedItem::FunctionCallOutput(o) => InputItem::FunctionCallOutput(o),
             TaggedItem::McpApprovalResponse(r) => InputItem::McpApprovalResponse(r),
+            TaggedItem::FunctionCall(c) => InputItem::FunctionCall(c),
             TaggedItem::Echoed => InputItem::Echoed,
         })
     }
@@ -195,14 +200,37 @@ pub enum ContentPart {
     },
 }
 
-/// A client tool's result (CONTRACT.md §15): refused for now (not built yet).
+/// A client tool's result (CONTRACT.md §15): text, or content parts whose text is taken.
 #[derive(Debug, Deserialize)]
-pub struct FunctionCallOutput {}
+pub struct FunctionCallOutput {
+    pub call_id: String,
+    pub output: Value,
+}
 
-/// A decision on a call that waits for approval (CONTRACT.md §15): refused for now (not
-/// built yet).
+/// A decision on a call that waits for approval (CONTRACT.md §15).
 #[derive(Debug, Deserialize)]
-pub struct McpApprovalResponse {}
+pub struct McpApprovalResponse {
+    /// The `mcp_approval_request` item's id.
+    pub approval_request_id: String,
+    pub approve: bool,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// A `function_call` item sent back (only its ids are read).
+#[derive(Debug, Deserialize)]
+pub struct FunctionCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub call_id: String,
+}
+
+/// What a request's input answers of a run that waits: the client tools' results and the
+/// decisions, and the run the items name (a decision's request id, or a call's sent back).
+pub struct Answers {
+    pub answers: Vec<WaitAnswer>,
+    pub named: Option<TraceId>,
+}
 
 /// Where a new response's message goes, from `conversation` and `previous_response_id`.
 pub enum Placement {
@@ -210,8 +238,9 @@ pub enum Placement {
     New,
     /// After the conversation's active branch.
     Conversation(ConversationId),
-    /// After that response's answer: its run's trace.
-    After(crate::ids::TraceId),
+    /// After that response's answer: its run's trace, and the seq after which the
+    /// response's events begin.
+    After(TraceId, u64),
 }
 
 impl CreateResponse {
@@ -226,12 +255,8 @@ impl CreateResponse {
                 "a background response is read with GET /v1/responses/{id}?stream=true",
             ));
         }
-        let not_yet = [
-            ("metadata", self.metadata.as_ref().is_some_and(|m| !m.is_empty())),
-            ("tools", self.tools.iter().any(|t| t.get("type").and_then(Value::as_str) == Some("function"))),
-        ];
-        if let Some((field, _)) = not_yet.into_iter().find(|(_, given)| *given) {
-            return Err(AppError::validation(field, format!("{field} is not built yet in chatd's Responses API")));
+        if self.metadata.as_ref().is_some_and(|m| !m.is_empty()) {
+            return Err(AppError::validation("metadata", "metadata is not built yet in chatd's Responses API"));
         }
         if self.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
             return Err(AppError::validation("temperature", "temperature must be between 0 and 2"));
@@ -250,11 +275,11 @@ impl CreateResponse {
 
     pub fn placement(&self) -> Result<Placement, AppError> {
         if let Some(previous) = &self.previous_response_id {
-            let id = parse_id("resp", previous).ok_or_else(|| AppError::NotFound {
+            let (trace_id, from) = parse_response_id(previous).ok_or_else(|| AppError::NotFound {
                 field: Some("previous_response_id".into()),
                 message: "Response not found".into(),
             })?;
-            return Ok(Placement::After(id.into()));
+            return Ok(Placement::After(trace_id, from));
         }
         match &self.conversation {
             Some(conversation) => {
@@ -264,6 +289,51 @@ impl CreateResponse {
             }
             None => Ok(Placement::New),
         }
+    }
+
+    /// What the input answers of a waiting run, when its last items do (after its last user
+    /// message: the items before are history sent back, chatd's own already).
+    pub fn answers(&self) -> Result<Option<Answers>, AppError> {
+        let Some(Input::Items(items)) = &self.input else { return Ok(None) };
+        let last_user = items.iter().rposition(|i| matches!(i, InputItem::Message(m) if m.role == "user"));
+        let after = &items[last_user.map_or(0, |i| i + 1)..];
+        let mut answers = Answers { answers: Vec::new(), named: None };
+        for item in after {
+            match item {
+                InputItem::FunctionCallOutput(FunctionCallOutput { call_id, output }) => {
+                    // The call it answers, sent back before it, names its run.
+                    let call = items.iter().find_map(|i| match i {
+                        InputItem::FunctionCall(c) if c.call_id == *call_id => c.id.as_deref(),
+                        _ => None,
+                    });
+                    answers.named = answers.named.or(call.and_then(|id| parse_request_id("fc", id)).map(|(t, _)| t));
+                    answers.answers.push(WaitAnswer::Result {
+                        tool_call_id: call_id.clone(),
+                        output: output_text(output),
+                        is_error: false,
+                    });
+                }
+                InputItem::McpApprovalResponse(McpApprovalResponse { approval_request_id, approve, reason }) => {
+                    let Some((trace, approval)) = parse_request_id("mcpr", approval_request_id) else {
+                        return Err(AppError::NotFound {
+                            field: Some("input".into()),
+                            message: format!("Approval request {approval_request_id} not found"),
+                        });
+                    };
+                    let approval_id = uuid::Uuid::try_parse(approval).map_err(|_| {
+                        AppError::validation("input", format!("{approval_request_id} is no approval request's id"))
+                    })?;
+                    answers.named = answers.named.or(Some(trace));
+                    answers.answers.push(WaitAnswer::Approval {
+                        approval_id,
+                        approved: *approve,
+                        reason: reason.clone(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok((!answers.answers.is_empty()).then_some(answers))
     }
 
     /// The chat request this asks for: its last user message, with its files, and its
@@ -278,15 +348,6 @@ impl CreateResponse {
                     _ => None,
                 });
                 let Some(user) = user else {
-                    if items
-                        .iter()
-                        .any(|i| matches!(i, InputItem::FunctionCallOutput(_) | InputItem::McpApprovalResponse(_)))
-                    {
-                        return Err(AppError::validation(
-                            "input",
-                            "function_call_output and mcp_approval_response are not built yet",
-                        ));
-                    }
                     return Err(AppError::validation("input", "input holds no user message"));
                 };
                 user.text_and_files()?
@@ -330,6 +391,17 @@ struct FunctionTool {
     description: Option<String>,
     #[serde(default = "object_schema")]
     parameters: Value,
+}
+
+/// A tool's output as the model gets it: text as it is, content parts' text joined, any
+/// other JSON as its text.
+fn output_text(output: &Value) -> String {
+    match output {
+        Value::Array(parts) if parts.iter().all(|p| p.get("text").is_some_and(Value::is_string)) => {
+            parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n")
+        }
+        other => crate::chat::control::waits::output_text(other),
+    }
 }
 
 fn object_schema() -> Value {

@@ -19,15 +19,16 @@ use serde::Deserialize;
 
 use self::body::{CreateResponse, Placement};
 use self::conversations::{Item, ItemList};
-use self::object::{Model, ModelList, Refused, Response, parse_id};
-use self::stream::{ResponsesSse, replay};
+use self::object::{Model, ModelList, Refused, Response, parse_response_id};
+use self::stream::{ResponseEvents, ResponsesSse, replay, response_frames};
 use crate::chat::Started;
+use crate::domain::Trace;
 use crate::http::AppState;
 use crate::http::chat::until_done;
 use crate::http::error::AppError;
 use crate::http::extract::{AppQuery, CurrentUser, KeyedJson};
 use crate::http::sse::sse;
-use crate::ids::TraceId;
+use crate::ids::{TraceId, UserId};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -54,7 +55,8 @@ pub async fn models(State(state): State<AppState>, CurrentUser(_): CurrentUser) 
     Json(ModelList { object: "list", data })
 }
 
-/// `POST /v1/responses`: a run, answered whole or streamed.
+/// `POST /v1/responses`: a run, answered whole or streamed; or, when its input answers a
+/// waiting run's calls, that run's events after its wait.
 #[utoipa::path(post, operation_id = "openai_create_response", path = "/v1/responses", tag = "openai",
     request_body = CreateResponse,
     responses(
@@ -66,18 +68,15 @@ pub async fn create(
     KeyedJson(key, body): KeyedJson<CreateResponse>,
 ) -> Result<HttpResponse, AppError> {
     body.check()?;
+    if let Some(answers) = body.answers()? {
+        return continued(&state, &user, &body, answers).await;
+    }
     let mut request = body.request()?;
     match body.placement()? {
         Placement::New => {}
         Placement::Conversation(id) => request.conversation_id = Some(id),
-        Placement::After(trace_id) => {
-            let previous = state.store.get_trace(&user, trace_id).await.map_err(|e| match e {
-                crate::store::StoreError::NotFound => AppError::NotFound {
-                    field: Some("previous_response_id".into()),
-                    message: "Response not found".into(),
-                },
-                e => e.into(),
-            })?;
+        Placement::After(trace_id, _) => {
+            let previous = state.store.get_trace(&user, trace_id).await.map_err(previous_missing)?;
             request.conversation_id = Some(previous.conversation_id);
             request.parent_message_id = Some(previous.message_id);
         }
@@ -88,21 +87,101 @@ pub async fn create(
         // Answered at once; the run goes on, its events readable from any replica.
         let response = match state.chat.start_once(&user, request).await? {
             Started::New(run) => Response::begun(run.trace_id, run.conversation_id, run.message_id, &profile),
-            Started::Again(trace) => stored(&state, trace.trace_id).await?,
+            Started::Again(trace) => {
+                let (events, logged) = response_log(&state, trace.trace_id, 0).await?;
+                replay(events, logged.iter().filter_map(|e| e.event.as_ref()))
+            }
         };
         return Ok(Json(Response { background: true, ..response }).into_response());
     }
     let frames = match state.chat.start_once(&user, request).await? {
-        // Until the run ends, or waits (a response of a run that waits is part of what is
-        // not built yet: it ends there).
+        // Until the run ends, or waits: the next response goes on from there.
         Started::New(run) => until_done(&state, run, false).boxed(),
         Started::Again(trace) => state.chat.follow(*trace, 0, false).boxed(),
     };
-    if body.stream {
-        return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(None))));
+    Ok(respond(&state, body.stream, ResponseEvents::new(), frames).await)
+}
+
+/// A response whose input answers the calls a run waits on (CONTRACT.md §15): they are
+/// settled, and the run goes on; the response is its events after the wait. The run is
+/// the one `previous_response_id` names, else the one the answered items name, else the
+/// conversation's waiting run. Sent again once the run went on, it gets the same response.
+async fn continued(
+    state: &AppState,
+    user: &UserId,
+    body: &CreateResponse,
+    answers: body::Answers,
+) -> Result<HttpResponse, AppError> {
+    let (trace_id, previous) = match (body.placement()?, answers.named) {
+        (Placement::After(trace_id, from), _) => (trace_id, Some(from)),
+        (_, Some(named)) => (named, None),
+        (Placement::Conversation(id), None) => {
+            let going = state.store.running_in_conversation(user, id).await?;
+            let waiting = going.into_iter().find(|trace| trace.status == crate::domain::TraceStatus::Waiting);
+            let trace = waiting.ok_or_else(|| AppError::Conflict("No response of this conversation waits".into()))?;
+            (trace.trace_id, None)
+        }
+        (Placement::New, None) => {
+            return Err(AppError::validation(
+                "previous_response_id",
+                "function_call_output and mcp_approval_response answer a response: give its previous_response_id",
+            ));
+        }
+    };
+    let trace = state.store.get_trace(user, trace_id).await.map_err(previous_missing)?;
+    let (trace, from) = match state.chat.answer_waits(user, trace.message_id, answers.answers).await? {
+        Some(answered) => (answered.trace, answered.waited_to),
+        None => {
+            let logged = state.store.trace_events(trace_id, previous.unwrap_or(0) as i64).await?;
+            let from = previous.and_then(|_| next_response(logged.iter().map(|e| (e.seq as u64, e.event.as_ref()))));
+            let from =
+                from.ok_or_else(|| AppError::Conflict("That response does not wait for these answers".into()))?;
+            (trace, from)
+        }
+    };
+    let (events, _) = response_log(state, trace.trace_id, from).await?;
+    if body.background {
+        return Ok(Json(Response { background: true, ..events.response() }).into_response());
     }
-    // Answered whole: the run's events, to its end, through the same translation as a stream.
-    Ok(Json(answered(frames).await).into_response())
+    let frames = state.chat.follow(trace, from, false).boxed();
+    Ok(respond(state, body.stream, events, frames).await)
+}
+
+/// Where the response after the one whose events are `logged` begins: the seq of the last
+/// request of the wait that ended it, if the run went on after it.
+fn next_response<'a>(logged: impl Iterator<Item = (u64, Option<&'a crate::events::Event>)>) -> Option<u64> {
+    let mut cut = stream::Cut::default();
+    let mut last = None;
+    for (seq, event) in logged {
+        if !cut.keeps(event) {
+            return last;
+        }
+        last = Some(seq);
+    }
+    None
+}
+
+/// A response's events, streamed, or read to its end and answered whole.
+async fn respond(
+    state: &AppState,
+    stream: bool,
+    events: ResponseEvents,
+    frames: futures_util::stream::BoxStream<'static, crate::chat::Frame>,
+) -> HttpResponse {
+    let frames = response_frames(frames);
+    if stream {
+        return responses_sse(sse(state, frames, ResponsesSse::new(events, None)));
+    }
+    Json(answered(events, frames).await).into_response()
+}
+
+fn previous_missing(e: crate::store::StoreError) -> AppError {
+    match e {
+        crate::store::StoreError::NotFound => {
+            AppError::NotFound { field: Some("previous_response_id".into()), message: "Response not found".into() }
+        }
+        e => e.into(),
+    }
 }
 
 #[derive(Deserialize)]
@@ -136,13 +215,13 @@ pub async fn retrieve(
     Path(id): Path<String>,
     AppQuery(query): AppQuery<RetrieveQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let trace_id = response_trace(&id)?;
-    let trace = state.store.get_trace(&user, trace_id).await.map_err(AppError::missing("Response not found"))?;
+    let (trace, from) = response_of(&state, &user, &id).await?;
+    let (events, logged) = response_log(&state, trace.trace_id, from).await?;
     if query.stream {
-        let frames = run_frames(&state, &user, trace_id, true).await?;
-        return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(query.starting_after))));
+        let frames = response_frames(run_frames(&state, &user, trace.trace_id, from).await?);
+        return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(events, query.starting_after))));
     }
-    Ok(Json(stored(&state, trace.trace_id).await?).into_response())
+    Ok(Json(replay(events, logged.iter().filter_map(|e| e.event.as_ref()))).into_response())
 }
 
 /// `POST /v1/responses/{id}/cancel`: cancels its run (CONTRACT.md §6) and answers the
@@ -155,15 +234,15 @@ pub async fn cancel(
     CurrentUser(user): CurrentUser,
     Path(id): Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    let trace_id = response_trace(&id)?;
-    state.store.get_trace(&user, trace_id).await.map_err(AppError::missing("Response not found"))?;
-    match state.chat.cancel(&user, crate::chat::CancelTarget::Trace(trace_id)).await {
+    let (trace, from) = response_of(&state, &user, &id).await?;
+    let (events, _) = response_log(&state, trace.trace_id, from).await?;
+    match state.chat.cancel(&user, crate::chat::CancelTarget::Trace(trace.trace_id)).await {
         Ok(_) | Err(crate::chat::ControlError::Ended(_)) => {}
         Err(e) => return Err(e.into()),
     }
     // Its end, heard live or read from its log: the response it came to.
-    let frames = run_frames(&state, &user, trace_id, false).await?;
-    Ok(Json(answered(frames).await).into_response())
+    let frames = response_frames(run_frames(&state, &user, trace.trace_id, from).await?);
+    Ok(Json(answered(events, frames).await).into_response())
 }
 
 /// `GET /v1/responses/{id}/input_items`: what the response was asked (its user message).
@@ -181,8 +260,7 @@ pub async fn input_items(
     Path(id): Path<String>,
     AppQuery(query): AppQuery<ListQuery>,
 ) -> Result<Json<ItemList>, AppError> {
-    let trace_id = response_trace(&id)?;
-    let trace = state.store.get_trace(&user, trace_id).await.map_err(AppError::missing("Response not found"))?;
+    let (trace, _) = response_of(&state, &user, &id).await?;
     let message =
         state.store.get_message(&user, trace.user_message_id).await.map_err(AppError::missing("Response not found"))?;
     let item = Item::of(&message).ok_or_else(|| AppError::not_found("Response not found"))?;
@@ -206,34 +284,56 @@ pub struct ListQuery {
     include: Option<String>,
 }
 
-/// A run's frames from its first, live to its end (or, without `through_waits`, to where it
-/// waits), from its log where it ended.
+/// A run's frames after `from`, live to its end or to where it waits, from its log where
+/// it ended.
 async fn run_frames(
     state: &AppState,
-    user: &crate::ids::UserId,
+    user: &UserId,
     trace_id: TraceId,
-    through_waits: bool,
+    from: u64,
 ) -> Result<futures_util::stream::BoxStream<'static, crate::chat::Frame>, AppError> {
-    Ok(match state.chat.resume(user, trace_id, 0, through_waits).await? {
+    Ok(match state.chat.resume(user, trace_id, from, false).await? {
         crate::chat::Resumed::Frames(frames) => frames,
         crate::chat::Resumed::HeardAll => futures_util::stream::empty().boxed(),
     })
 }
 
 /// The response a run's frames come to, read to their end.
-async fn answered(frames: impl futures_util::Stream<Item = crate::chat::Frame>) -> Response {
-    let events: Vec<_> = frames.filter_map(|frame| async move { frame.event }).collect().await;
-    replay(events.iter().map(|e| &**e))
+async fn answered(events: ResponseEvents, frames: impl futures_util::Stream<Item = crate::chat::Frame>) -> Response {
+    let events_read: Vec<_> = frames.filter_map(|frame| async move { frame.event }).collect().await;
+    replay(events, events_read.iter().map(|e| &**e))
 }
 
-/// A response as its run's log has it now.
-async fn stored(state: &AppState, trace_id: TraceId) -> Result<Response, AppError> {
-    let logged = state.store.trace_events(trace_id, 0).await?;
-    Ok(replay(logged.iter().filter_map(|e| e.event.as_ref())))
+/// The user's response `id`: its run's trace, and the seq after which its events begin.
+async fn response_of(state: &AppState, user: &UserId, id: &str) -> Result<(Trace, u64), AppError> {
+    let (trace_id, from) = parse_response_id(id).ok_or_else(|| AppError::not_found("Response not found"))?;
+    let trace = state.store.get_trace(user, trace_id).await.map_err(AppError::missing("Response not found"))?;
+    Ok((trace, from))
 }
 
-fn response_trace(id: &str) -> Result<TraceId, AppError> {
-    parse_id("resp", id).map(TraceId::from).ok_or_else(|| AppError::not_found("Response not found"))
+/// The run's log read for its response beginning after `from`: the events that build it,
+/// knowing what came before, and the logged events after `from`. A response that goes on
+/// after a wait begins right after that wait's last request: any other `from` is none.
+async fn response_log(
+    state: &AppState,
+    trace_id: TraceId,
+    from: u64,
+) -> Result<(ResponseEvents, Vec<crate::events::LoggedEvent>), AppError> {
+    let mut logged = state.store.trace_events(trace_id, 0).await?;
+    if from == 0 {
+        return Ok((ResponseEvents::new(), logged));
+    }
+    let at = logged.partition_point(|e| (e.seq as u64) <= from);
+    let request =
+        |e: Option<&crate::events::LoggedEvent>| e.and_then(|e| e.event.as_ref()).is_some_and(stream::is_request);
+    let ends_a_wait =
+        at > 0 && logged[at - 1].seq as u64 == from && request(logged.get(at - 1)) && !request(logged.get(at));
+    if !ends_a_wait {
+        return Err(AppError::not_found("Response not found"));
+    }
+    let events =
+        ResponseEvents::after(from, logged[..at].iter().filter_map(|e| Some((e.seq as u64, e.event.as_ref()?))));
+    Ok((events, logged.split_off(at)))
 }
 
 /// The events' stream as OpenAI serves it (`text/event-stream`, no caching).

@@ -20,6 +20,23 @@ pub fn conversation_id(id: ConversationId) -> String {
     format!("conv_{}", id.0.simple())
 }
 
+/// The run and the seq after which a response's events begin, behind its id:
+/// `resp_<trace id>` (a run's first response, 0) or `resp_<trace id>_<seq>` (one that goes on
+/// after a wait).
+pub fn parse_response_id(id: &str) -> Option<(TraceId, u64)> {
+    let (trace, from) = match id.strip_prefix("resp_").and_then(|rest| rest.split_once('_')) {
+        Some((trace, from)) => (trace, from.parse().ok().filter(|from| *from > 0)?),
+        None => (id, 0),
+    };
+    Some((TraceId::from(parse_id("resp", trace)?), from))
+}
+
+/// The run behind an item id of a wait's request, `<prefix>_<trace id>_<rest>`, and its rest.
+pub fn parse_request_id<'a>(prefix: &str, id: &'a str) -> Option<(TraceId, &'a str)> {
+    let (trace, rest) = id.strip_prefix(prefix)?.strip_prefix('_')?.split_once('_')?;
+    Some((TraceId::from(uuid::Uuid::try_parse(trace).ok()?), rest))
+}
+
 /// The id behind `prefix_<uuid>` (or a bare UUID, as chatd's own endpoints name it).
 pub fn parse_id(prefix: &str, text: &str) -> Option<uuid::Uuid> {
     let bare = text.strip_prefix(prefix).and_then(|t| t.strip_prefix('_')).unwrap_or(text);
@@ -69,6 +86,12 @@ pub struct Response {
     /// The answer's stored message, whose id the message item carries.
     #[serde(skip)]
     pub message_id: Option<MessageId>,
+    /// The run it is of.
+    #[serde(skip)]
+    pub trace_id: Option<TraceId>,
+    /// The seq in its run's log after which its events begin (0: the run's first response).
+    #[serde(skip)]
+    pub from: u64,
 }
 
 impl Default for Response {
@@ -95,6 +118,8 @@ impl Default for Response {
             store: true,
             background: false,
             message_id: None,
+            trace_id: None,
+            from: 0,
         }
     }
 }
@@ -108,13 +133,24 @@ impl Response {
             model: profile.to_owned(),
             conversation: Some(ConversationRef { id: conversation_id(conversation) }),
             message_id: Some(message_id),
+            trace_id: Some(trace_id),
             ..Response::default()
         }
     }
 
-    /// What the ids of this response's items are made from: its answer's id.
+    /// What the ids of this response's items are made from: its answer's id (and, for a
+    /// response that goes on after a wait, where it begins).
     pub fn message_key(&self) -> String {
-        self.message_id.map(|m| m.0.simple().to_string()).unwrap_or_default()
+        let message = self.message_id.map(|m| m.0.simple().to_string()).unwrap_or_default();
+        match self.from {
+            0 => message,
+            from => format!("{message}_{from}"),
+        }
+    }
+
+    /// Its run's trace id, as the ids of its requests' items carry it.
+    pub fn trace_key(&self) -> String {
+        self.trace_id.map(|t| t.0.simple().to_string()).unwrap_or_default()
     }
 }
 
@@ -169,6 +205,12 @@ pub enum OutputItem {
         error: Option<String>,
         status: &'static str,
     },
+    /// A call of a client tool (a `function` tool of the request): the client runs it and
+    /// sends its `function_call_output`. Its id is `fc_<trace id>_<index>`.
+    FunctionCall { id: String, call_id: String, name: String, arguments: String, status: &'static str },
+    /// A call waiting for a person's approval: the client sends its `mcp_approval_response`.
+    /// Its id is `mcpr_<trace id>_<approval id>`.
+    McpApprovalRequest { id: String, server_label: String, name: String, arguments: String },
 }
 
 impl OutputItem {
@@ -192,7 +234,11 @@ impl OutputItem {
 
     pub fn id(&self) -> &str {
         match self {
-            OutputItem::Reasoning { id, .. } | OutputItem::Message { id, .. } | OutputItem::McpCall { id, .. } => id,
+            OutputItem::Reasoning { id, .. }
+            | OutputItem::Message { id, .. }
+            | OutputItem::McpCall { id, .. }
+            | OutputItem::FunctionCall { id, .. }
+            | OutputItem::McpApprovalRequest { id, .. } => id,
         }
     }
 }

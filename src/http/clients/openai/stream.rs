@@ -7,6 +7,11 @@
 //! terminal event carries the whole `output` (the Agents SDK builds its result from it
 //! alone). Text a `step_reset` voided stays in the stream as an item done `incomplete`, and
 //! is left out of the response's `output`.
+//!
+//! A run that waits (CONTRACT.md §15) is several responses: each wait's requests end one
+//! (`completed`, with its `function_call` and `mcp_approval_request` items), and the run's
+//! events after them are the next one's, `resp_<trace id>_<seq>` after the seq of the last
+//! request ([`Cut`] finds where a response's events end).
 
 use serde::Serialize;
 use serde_json::Value;
@@ -39,7 +44,52 @@ enum Fields<'a> {
     SummaryDelta { item_id: &'a str, output_index: usize, summary_index: usize, delta: &'a str },
     SummaryDone { item_id: &'a str, output_index: usize, summary_index: usize, text: &'a str },
     Arguments { item_id: &'a str, output_index: usize, arguments: &'a str },
+    ArgumentsDelta { item_id: &'a str, output_index: usize, delta: &'a str },
     Call { item_id: &'a str, output_index: usize },
+}
+
+/// Whether `event` is a waiting run's request (a client tool's call, or a call waiting for
+/// approval): the requests of a wait end the response they are in.
+pub(super) fn is_request(event: &Event) -> bool {
+    matches!(event, Event::ToolApprovalRequest(_) | Event::ToolResultRequest(_))
+}
+
+/// Where one response's events end in its run's events: after a wait's requests, at the
+/// first event that is not one.
+#[derive(Default)]
+pub struct Cut {
+    waited: bool,
+}
+
+impl Cut {
+    /// Whether `event`, the next of the run, is still the response's.
+    pub fn keeps(&mut self, event: Option<&Event>) -> bool {
+        let request = event.is_some_and(is_request);
+        let past = self.waited && !request;
+        self.waited = request;
+        !past
+    }
+}
+
+/// `frames` of a run, from a response's first, cut where that response ends.
+pub fn response_frames(
+    frames: impl futures_util::Stream<Item = Frame> + Send + 'static,
+) -> impl futures_util::Stream<Item = Frame> + Send + 'static {
+    use futures_util::StreamExt;
+    let mut cut = Cut::default();
+    frames.take_while(move |frame| std::future::ready(cut.keeps(frame.event.as_deref())))
+}
+
+/// A tool call of the run.
+struct Call {
+    id: String,
+    tool: String,
+    /// Its input, as JSON text.
+    arguments: String,
+    /// A client tool's (a `function_call`, never an `mcp_call`).
+    client: bool,
+    /// Its `mcp_call` item in this response, once it ran.
+    item: Option<usize>,
 }
 
 /// The Responses events of one run, and the response they build.
@@ -52,11 +102,17 @@ pub struct ResponseEvents {
     voided: Vec<usize>,
     /// How many text items and reasoning items this run opened (their ids' suffixes).
     opened: usize,
-    /// Each server tool call's item, by its call id.
-    calls: Vec<(String, usize)>,
+    /// The run's tool calls so far.
+    calls: Vec<Call>,
+    /// Whether `response.created` was sent (a continuation's is, at its first event).
+    begun: bool,
+    /// The last event was a wait's request: a stream that ends here ends the response
+    /// ([`end`](Self::end)).
+    waiting: bool,
 }
 
 impl ResponseEvents {
+    /// A run's first response: its `start` event begins it.
     pub fn new() -> Self {
         Self {
             response: Response::default(),
@@ -65,7 +121,32 @@ impl ResponseEvents {
             voided: Vec::new(),
             opened: 0,
             calls: Vec::new(),
+            begun: false,
+            waiting: false,
         }
+    }
+
+    /// The response that goes on after a wait whose last request was the run's event
+    /// `from`, knowing the run's calls from its events up to it (`logged`, from its `start`).
+    pub fn after<'a>(from: u64, logged: impl IntoIterator<Item = (u64, &'a Event)>) -> Self {
+        let (mut earlier, mut scratch) = (Self::new(), Vec::new());
+        for (_, event) in logged.into_iter().take_while(|(seq, _)| *seq <= from) {
+            earlier.translate(event, &mut scratch);
+            scratch.clear();
+        }
+        let before = earlier.response;
+        let response = Response {
+            id: format!("{}_{from}", before.id),
+            created_at: before.created_at,
+            model: before.model,
+            conversation: before.conversation,
+            message_id: before.message_id,
+            trace_id: before.trace_id,
+            from,
+            ..Response::default()
+        };
+        let calls = earlier.calls.into_iter().map(|call| Call { item: None, ..call }).collect();
+        Self { response, calls, ..Self::new() }
     }
 
     /// The response as the events so far built it (its `output` without voided items).
@@ -78,12 +159,13 @@ impl ResponseEvents {
 
     /// The Responses events `event` makes, each serialized with its number.
     pub fn translate(&mut self, event: &Event, out: &mut Vec<(&'static str, String)>) {
+        if let Event::Start(start) = event {
+            self.response = Response::started(start);
+        }
+        self.begin(out);
+        self.waiting = is_request(event);
         match event {
-            Event::Start(start) => {
-                self.response = Response::started(start);
-                self.lifecycle("response.created", out);
-                self.lifecycle("response.in_progress", out);
-            }
+            Event::Start(_) => {}
             Event::ThinkingDelta { text } => {
                 let Some(text) = part_delta(&self.open, text) else { return };
                 if !matches!(self.open, Open::Reasoning(_)) {
@@ -129,42 +211,29 @@ impl ResponseEvents {
                 self.voided.push(index);
                 self.close(out);
             }
-            Event::ToolStart(start) => {
-                self.close(out);
-                let arguments = serde_json::to_string(&start.input).unwrap_or_default();
-                let index = self.response.output.len();
-                let item_id = format!("mcp_{}", start.tool_call_id);
-                self.response.output.push(OutputItem::McpCall {
-                    id: item_id.clone(),
-                    server_label: server_label(&start.tool).to_owned(),
-                    name: start.tool.clone(),
-                    arguments: arguments.clone(),
-                    output: None,
-                    error: None,
-                    status: "in_progress",
-                });
-                self.calls.push((start.tool_call_id.clone(), index));
-                self.item_event("response.output_item.added", index, out);
-                self.push(
-                    "response.mcp_call_arguments.done",
-                    Fields::Arguments { item_id: &item_id, output_index: index, arguments: &arguments },
-                    out,
-                );
-                self.push(
-                    "response.mcp_call.in_progress",
-                    Fields::Call { item_id: &item_id, output_index: index },
-                    out,
-                );
+            // A server tool's call is an item once it runs (a call that waits for approval
+            // is a request first, and runs in the response that goes on after it).
+            Event::ToolStart(start) => self.calls.push(Call {
+                id: start.tool_call_id.clone(),
+                tool: start.tool.clone(),
+                arguments: serde_json::to_string(&start.input).unwrap_or_default(),
+                client: false,
+                item: None,
+            }),
+            Event::ToolProgress(progress) => {
+                self.call_item(&progress.tool_call_id, out);
             }
             Event::ToolOutput { tool_call_id, output, .. } => {
-                if let Some(index) = self.call(tool_call_id)
+                if let Some(index) = self.call_item(tool_call_id, out)
                     && let OutputItem::McpCall { output: kept, .. } = &mut self.response.output[index]
                 {
                     kept.get_or_insert_default().push_str(output);
                 }
             }
             Event::ToolComplete(complete) => {
-                let Some(index) = self.call(&complete.tool_call_id) else { return };
+                let ran = complete.status != crate::domain::ToolStatus::Denied;
+                let Some(index) = self.call(&complete.tool_call_id).filter(|c| ran || c.item.is_some()) else { return };
+                let Some(index) = index.item.or_else(|| self.call_item(&complete.tool_call_id, out)) else { return };
                 let ok = matches!(complete.status, crate::domain::ToolStatus::Success);
                 if let OutputItem::McpCall { status, error, output, .. } = &mut self.response.output[index] {
                     *status = if ok { "completed" } else { "failed" };
@@ -177,6 +246,52 @@ impl ResponseEvents {
                 let item_id = self.item_id(index);
                 let kind = if ok { "response.mcp_call.completed" } else { "response.mcp_call.failed" };
                 self.push(kind, Fields::Call { item_id: &item_id, output_index: index }, out);
+                self.item_event("response.output_item.done", index, out);
+            }
+            Event::ToolResultRequest(request) => {
+                // Run by the client: never an `mcp_call`.
+                match self.calls.iter_mut().find(|c| c.id == request.tool_call_id) {
+                    Some(call) => call.client = true,
+                    None => self.calls.push(Call {
+                        id: request.tool_call_id.clone(),
+                        tool: request.tool.clone(),
+                        arguments: String::new(),
+                        client: true,
+                        item: None,
+                    }),
+                }
+                self.close(out);
+                let arguments = serde_json::to_string(&request.input).unwrap_or_default();
+                let index = self.response.output.len();
+                let item_id = format!("fc_{}_{}", self.response.trace_key(), request.index);
+                self.response.output.push(OutputItem::FunctionCall {
+                    id: item_id.clone(),
+                    call_id: request.tool_call_id.clone(),
+                    name: request.tool.clone(),
+                    arguments: String::new(),
+                    status: "in_progress",
+                });
+                self.item_event("response.output_item.added", index, out);
+                let fields = Fields::ArgumentsDelta { item_id: &item_id, output_index: index, delta: &arguments };
+                self.push("response.function_call_arguments.delta", fields, out);
+                let fields = Fields::Arguments { item_id: &item_id, output_index: index, arguments: &arguments };
+                self.push("response.function_call_arguments.done", fields, out);
+                if let OutputItem::FunctionCall { arguments: kept, status, .. } = &mut self.response.output[index] {
+                    *kept = arguments;
+                    *status = "completed";
+                }
+                self.item_event("response.output_item.done", index, out);
+            }
+            Event::ToolApprovalRequest(request) => {
+                self.close(out);
+                let index = self.response.output.len();
+                self.response.output.push(OutputItem::McpApprovalRequest {
+                    id: format!("mcpr_{}_{}", self.response.trace_key(), request.approval_id.replace('-', "")),
+                    server_label: server_label(&request.tool).to_owned(),
+                    name: request.tool.clone(),
+                    arguments: serde_json::to_string(&request.input).unwrap_or_default(),
+                });
+                self.item_event("response.output_item.added", index, out);
                 self.item_event("response.output_item.done", index, out);
             }
             Event::Usage(usage) => self.response.usage = Some((**usage).into()),
@@ -213,8 +328,56 @@ impl ResponseEvents {
         }
     }
 
-    fn call(&self, tool_call_id: &str) -> Option<usize> {
-        self.calls.iter().find(|(id, _)| id == tool_call_id).map(|(_, index)| *index)
+    /// Where the events end without the run's own ending: a response whose run waits ends
+    /// `completed` with its requests' items.
+    pub fn end(&mut self, out: &mut Vec<(&'static str, String)>) {
+        if !std::mem::take(&mut self.waiting) {
+            return;
+        }
+        self.close(out);
+        self.response.status = Status::Completed;
+        self.response.usage.get_or_insert_with(|| crate::domain::Usage::default().into());
+        self.lifecycle("response.completed", out);
+    }
+
+    /// `response.created` and `.in_progress`, before the response's first other event.
+    fn begin(&mut self, out: &mut Vec<(&'static str, String)>) {
+        if !std::mem::replace(&mut self.begun, true) {
+            self.lifecycle("response.created", out);
+            self.lifecycle("response.in_progress", out);
+        }
+    }
+
+    fn call(&self, tool_call_id: &str) -> Option<&Call> {
+        self.calls.iter().find(|c| c.id == tool_call_id)
+    }
+
+    /// The output item of server tool call `tool_call_id`, added now if it is not yet.
+    fn call_item(&mut self, tool_call_id: &str, out: &mut Vec<(&'static str, String)>) -> Option<usize> {
+        let slot = self.calls.iter().position(|c| c.id == tool_call_id && !c.client)?;
+        if let Some(index) = self.calls[slot].item {
+            return Some(index);
+        }
+        self.close(out);
+        let index = self.response.output.len();
+        let call = &mut self.calls[slot];
+        call.item = Some(index);
+        let item_id = format!("mcp_{}", call.id);
+        let arguments = call.arguments.clone();
+        self.response.output.push(OutputItem::McpCall {
+            id: item_id.clone(),
+            server_label: server_label(&call.tool).to_owned(),
+            name: call.tool.clone(),
+            arguments: arguments.clone(),
+            output: None,
+            error: None,
+            status: "in_progress",
+        });
+        self.item_event("response.output_item.added", index, out);
+        let fields = Fields::Arguments { item_id: &item_id, output_index: index, arguments: &arguments };
+        self.push("response.mcp_call_arguments.done", fields, out);
+        self.push("response.mcp_call.in_progress", Fields::Call { item_id: &item_id, output_index: index }, out);
+        Some(index)
     }
 
     fn item_id(&self, index: usize) -> String {
@@ -283,7 +446,7 @@ impl ResponseEvents {
                 let fields = Fields::Part { item_id: &item_id, output_index: index, content_index: 0, part };
                 self.push("response.content_part.done", fields, out);
             }
-            OutputItem::McpCall { .. } => {}
+            OutputItem::McpCall { .. } | OutputItem::FunctionCall { .. } | OutputItem::McpApprovalRequest { .. } => {}
         }
         self.item_event("response.output_item.done", index, out);
     }
@@ -319,18 +482,12 @@ pub struct ResponsesSse {
 }
 
 impl ResponsesSse {
-    pub fn new(starting_after: Option<u64>) -> Self {
-        Self { events: ResponseEvents::new(), starting_after, scratch: Vec::new() }
+    pub fn new(events: ResponseEvents, starting_after: Option<u64>) -> Self {
+        Self { events, starting_after, scratch: Vec::new() }
     }
-}
 
-impl Encoder for ResponsesSse {
-    type Item = Frame;
-
-    fn encode(&mut self, frame: &Frame, out: &mut String) {
-        let Some(event) = frame.event.as_deref() else { return };
-        let first = self.events.next;
-        self.events.translate(event, &mut self.scratch);
+    /// Writes the events translated since `first`, those after `starting_after`.
+    fn write(&mut self, first: u64, out: &mut String) {
         for (n, (kind, data)) in self.scratch.drain(..).enumerate() {
             if self.starting_after.is_some_and(|after| first + (n as u64) <= after) {
                 continue;
@@ -344,14 +501,32 @@ impl Encoder for ResponsesSse {
     }
 }
 
-/// The response `events` of a whole run build (`StartEvent` first).
-pub fn replay<'a>(events: impl IntoIterator<Item = &'a Event>) -> Response {
-    let mut translated = ResponseEvents::new();
-    let mut scratch = Vec::new();
-    for event in events {
+impl Encoder for ResponsesSse {
+    type Item = Frame;
+
+    fn encode(&mut self, frame: &Frame, out: &mut String) {
+        let Some(event) = frame.event.as_deref() else { return };
+        let first = self.events.next;
+        self.events.translate(event, &mut self.scratch);
+        self.write(first, out);
+    }
+
+    fn end(&mut self, out: &mut String) {
+        let first = self.events.next;
+        self.events.end(&mut self.scratch);
+        self.write(first, out);
+    }
+}
+
+/// The response a run's `events` build, from the response's first (the run's `start`, for
+/// its first response) to where it ends.
+pub fn replay<'a>(mut translated: ResponseEvents, events: impl IntoIterator<Item = &'a Event>) -> Response {
+    let (mut scratch, mut cut) = (Vec::new(), Cut::default());
+    for event in events.into_iter().take_while(|event| cut.keeps(Some(event))) {
         translated.translate(event, &mut scratch);
         scratch.clear();
     }
+    translated.end(&mut scratch);
     translated.response()
 }
 
@@ -366,6 +541,7 @@ impl Response {
                 id: super::object::conversation_id(start.conversation_id),
             }),
             message_id: Some(start.message_id),
+            trace_id: Some(start.trace_id),
             ..Response::default()
         }
     }
