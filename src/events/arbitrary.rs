@@ -65,6 +65,52 @@ pub fn run_events() -> impl Strategy<Value = Vec<Event>> {
         .prop_map(|(calls, ending, cut)| build(&calls, ending, cut))
 }
 
+/// A run's events to where it waits (CONTRACT.md §15): `start` …, then a model call's
+/// requests, a client tool's result or a person's approval (of a call that started), for
+/// one to three calls; no terminal event, no `done`.
+pub fn waiting_run_events() -> impl Strategy<Value = Vec<Event>> {
+    let approvals = prop::collection::vec(any::<bool>(), 1..4);
+    (prop::collection::vec(model_call(), 1..3), approvals, any::<prop::sample::Index>()).prop_map(
+        |(calls, approvals, cut)| {
+            // (A completed run is not cut: its end goes, its requests come instead.)
+            let mut events = build(&calls, Ending::Complete, cut);
+            events.truncate(events.len() - 2);
+            let index = events.iter().filter(|e| matches!(e, Event::ToolComplete(_))).count() as u32;
+            let (mut starts, mut requests) = (Vec::new(), Vec::new());
+            for (n, approval) in (index..).zip(approvals) {
+                let (tool_call_id, input) = (format!("wait_{n}"), json!({"n": n}));
+                if approval {
+                    starts.push(Event::ToolStart(Box::new(ToolStartEvent {
+                        tool_call_id: tool_call_id.clone(),
+                        tool: "mcp:deploy".into(),
+                        input: input.clone(),
+                        index: n,
+                        timestamp: chrono::Utc::now(),
+                    })));
+                    requests.push(Event::ToolApprovalRequest(Box::new(ToolApprovalRequestEvent {
+                        approval_id: uuid::Uuid::now_v7().to_string(),
+                        tool_call_id,
+                        tool: "mcp:deploy".into(),
+                        input,
+                        index: n,
+                        expires_at: chrono::Utc::now(),
+                    })));
+                } else {
+                    requests.push(Event::ToolResultRequest(Box::new(ToolResultRequestEvent {
+                        tool_call_id,
+                        tool: "clock".into(),
+                        input,
+                        index: n,
+                    })));
+                }
+            }
+            events.extend(starts);
+            events.extend(requests);
+            events
+        },
+    )
+}
+
 fn build(model_calls: &[ModelCall], ending: Ending, cut: prop::sample::Index) -> Vec<Event> {
     let (conversation_id, message_id, trace_id) = (ConversationId::new(), MessageId::new(), TraceId::new());
     let mut body = Vec::new();

@@ -1602,6 +1602,7 @@ export interface components {
         /** @description An output item. */
         ResponseOutputItem: {
             id: string;
+            status: string;
             summary: components["schemas"]["ResponseSummaryText"][];
             /** @enum {string} */
             type: "reasoning";

@@ -8,6 +8,8 @@ pub mod body;
 pub mod conversations;
 pub mod object;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, header};

@@ -192,7 +192,7 @@ impl ResponseError {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputItem {
     /// The model's thinking, as a summary.
-    Reasoning { id: String, summary: Vec<SummaryText> },
+    Reasoning { id: String, status: &'static str, summary: Vec<SummaryText> },
     /// The answer's clean text.
     Message { id: String, role: &'static str, status: &'static str, content: Vec<OutputText> },
     /// A tool chatd ran itself (a built-in, an HTTP tool, an MCP server's).
@@ -214,22 +214,14 @@ pub enum OutputItem {
 }
 
 impl OutputItem {
+    /// A reasoning item as it is added: its summary part follows.
     pub fn reasoning(id: String) -> Self {
-        OutputItem::Reasoning { id, summary: vec![SummaryText { kind: "summary_text", text: String::new() }] }
+        OutputItem::Reasoning { id, status: "in_progress", summary: Vec::new() }
     }
 
+    /// A message item as it is added: its text part follows.
     pub fn message(id: String) -> Self {
-        OutputItem::Message {
-            id,
-            role: "assistant",
-            status: "in_progress",
-            content: vec![OutputText {
-                kind: "output_text",
-                text: String::new(),
-                annotations: Vec::new(),
-                logprobs: Vec::new(),
-            }],
-        }
+        OutputItem::Message { id, role: "assistant", status: "in_progress", content: Vec::new() }
     }
 
     pub fn id(&self) -> &str {

@@ -16,7 +16,9 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::object::{IncompleteDetails, OutputItem, Response, ResponseError, Status, response_id};
+use super::object::{
+    IncompleteDetails, OutputItem, OutputText, Response, ResponseError, Status, SummaryText, response_id,
+};
 use crate::chat::Frame;
 use crate::events::parts::{Open, is_tool_marker, part_delta};
 use crate::events::{Event, StartEvent};
@@ -100,6 +102,8 @@ pub struct ResponseEvents {
     open: Open,
     /// Output items voided by a `step_reset`: streamed, but not in the response's `output`.
     voided: Vec<usize>,
+    /// The first output item of the model call going on (what a `step_reset` voids).
+    step_first: usize,
     /// How many text items and reasoning items this run opened (their ids' suffixes).
     opened: usize,
     /// The run's tool calls so far.
@@ -119,6 +123,7 @@ impl ResponseEvents {
             next: 0,
             open: Open::Nothing,
             voided: Vec::new(),
+            step_first: 0,
             opened: 0,
             calls: Vec::new(),
             begun: false,
@@ -182,10 +187,11 @@ impl ResponseEvents {
                 self.push("response.reasoning_summary_text.delta", fields, out);
             }
             Event::TextDelta { text } => {
-                if is_tool_marker(text) {
+                // Sent as it is (the answer's text is its items' text), without the tool
+                // markers: a call is an item of its own.
+                if is_tool_marker(text) || text.is_empty() {
                     return;
                 }
-                let Some(text) = part_delta(&self.open, text) else { return };
                 if !matches!(self.open, Open::Text(_)) {
                     self.close(out);
                     self.open_message(out);
@@ -206,9 +212,16 @@ impl ResponseEvents {
             }
             // What this model call said is void: its open item ends here, and is not in the
             // response's output.
-            Event::StepReset { .. } if !matches!(self.open, Open::Nothing) => {
-                let index = self.response.output.len() - 1;
-                self.voided.push(index);
+            // Each model call says its own items.
+            Event::StepStart { .. } => {
+                self.close(out);
+                self.step_first = self.response.output.len();
+            }
+            Event::StepReset { .. } => {
+                let said = self.step_first..self.response.output.len();
+                self.voided.extend(said.filter(|&i| {
+                    matches!(self.response.output[i], OutputItem::Message { .. } | OutputItem::Reasoning { .. })
+                }));
                 self.close(out);
             }
             // A server tool's call is an item once it runs (a call that waits for approval
@@ -296,7 +309,7 @@ impl ResponseEvents {
             }
             Event::Usage(usage) => self.response.usage = Some((**usage).into()),
             Event::Complete { payload } => {
-                self.close(out);
+                self.settle(out);
                 self.response.usage = Some(payload.usage.into());
                 self.response.status = match payload.finish_reason.as_str() {
                     "length" | "budget" => Status::Incomplete,
@@ -313,13 +326,13 @@ impl ResponseEvents {
                 self.lifecycle(kind, out);
             }
             Event::Cancelled(_) => {
-                self.close(out);
+                self.settle(out);
                 self.response.status = Status::Cancelled;
                 self.response.incomplete_details = Some(IncompleteDetails { reason: "cancelled" });
                 self.lifecycle("response.incomplete", out);
             }
             Event::Error(error) => {
-                self.close(out);
+                self.settle(out);
                 self.response.status = Status::Failed;
                 self.response.error = Some(ResponseError::of(&error.code, &error.message));
                 self.lifecycle("response.failed", out);
@@ -334,10 +347,24 @@ impl ResponseEvents {
         if !std::mem::take(&mut self.waiting) {
             return;
         }
-        self.close(out);
+        self.settle(out);
         self.response.status = Status::Completed;
         self.response.usage.get_or_insert_with(|| crate::domain::Usage::default().into());
         self.lifecycle("response.completed", out);
+    }
+
+    /// Before the response ends: the open item is done, and so is any call cut short (its
+    /// status `incomplete`).
+    fn settle(&mut self, out: &mut Vec<(&'static str, String)>) {
+        self.close(out);
+        for index in 0..self.response.output.len() {
+            if let OutputItem::McpCall { status, .. } = &mut self.response.output[index]
+                && *status == "in_progress"
+            {
+                *status = "incomplete";
+                self.item_event("response.output_item.done", index, out);
+            }
+        }
     }
 
     /// `response.created` and `.in_progress`, before the response's first other event.
@@ -391,6 +418,9 @@ impl ResponseEvents {
         self.response.output.push(OutputItem::reasoning(id.clone()));
         self.open = Open::Reasoning(id.clone());
         self.item_event("response.output_item.added", index, out);
+        if let OutputItem::Reasoning { summary, .. } = &mut self.response.output[index] {
+            summary.push(SummaryText { kind: "summary_text", text: String::new() });
+        }
         let part = serde_json::json!({"type": "summary_text", "text": ""});
         let fields = Fields::SummaryPart { item_id: &id, output_index: index, summary_index: 0, part };
         self.push("response.reasoning_summary_part.added", fields, out);
@@ -407,6 +437,14 @@ impl ResponseEvents {
         self.response.output.push(OutputItem::message(id.clone()));
         self.open = Open::Text(id.clone());
         self.item_event("response.output_item.added", index, out);
+        if let OutputItem::Message { content, .. } = &mut self.response.output[index] {
+            content.push(OutputText {
+                kind: "output_text",
+                text: String::new(),
+                annotations: Vec::new(),
+                logprobs: Vec::new(),
+            });
+        }
         let part = serde_json::json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
         let fields = Fields::Part { item_id: &id, output_index: index, content_index: 0, part };
         self.push("response.content_part.added", fields, out);
@@ -422,7 +460,8 @@ impl ResponseEvents {
         let voided = self.voided.contains(&index);
         let item_id = self.item_id(index);
         match &mut self.response.output[index] {
-            OutputItem::Reasoning { summary, .. } => {
+            OutputItem::Reasoning { summary, status, .. } => {
+                *status = if voided { "incomplete" } else { "completed" };
                 let text = summary[0].text.clone();
                 let fields =
                     Fields::SummaryDone { item_id: &item_id, output_index: index, summary_index: 0, text: &text };
