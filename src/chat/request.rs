@@ -53,6 +53,9 @@ pub struct ChatRequest {
     pub max_tokens: Option<u32>,
     #[serde(skip)]
     pub temperature: Option<f32>,
+    /// Kept with the run's trace (the Responses API's `metadata`); never read from this body.
+    #[serde(skip)]
+    pub metadata: Option<Value>,
 }
 
 /// An attachment as a request names it: a stored file, or a URL (`data:` or, where

@@ -32,6 +32,10 @@ pub struct Trace {
     /// and one came: the run's OTLP spans join that trace (CONTRACT.md §18). Not shown.
     #[serde(skip)]
     pub traceparent: Option<String>,
+    /// The starting request's `metadata` (the Responses API's, CONTRACT.md §20), answered
+    /// with each of its responses. Not shown.
+    #[serde(skip)]
+    pub metadata: Option<serde_json::Value>,
 }
 
 impl Trace {
@@ -55,6 +59,7 @@ impl Trace {
             comparison_id: None,
             variant: None,
             traceparent: None,
+            metadata: None,
         }
     }
 }

@@ -329,6 +329,18 @@ pub trait ConversationStore: Send + Sync + 'static {
     /// Deletes the user's answer `id` (a cancelled run's, rolled back: CONTRACT.md §16);
     /// where it was the active branch's end, its question is.
     async fn delete_answer(&self, user: &UserId, id: MessageId) -> Result<(), StoreError>;
+    /// Adds `messages` to the end of the conversation's active branch, each after the one
+    /// before (their `parent_id`s are set here, the first's to the branch's end then); the
+    /// last becomes its end. Returns them as stored.
+    async fn append_messages(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        messages: Vec<Message>,
+    ) -> Result<Vec<Message>, StoreError>;
+    /// Deletes the user's message `id`, one that no message follows (else `Conflict`); where
+    /// it was the active branch's end, the message before it is.
+    async fn delete_last_message(&self, user: &UserId, id: MessageId) -> Result<(), StoreError>;
     /// Makes `leaf` the end of the conversation's active branch.
     async fn set_active_leaf(
         &self,

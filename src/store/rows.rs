@@ -151,7 +151,7 @@ impl TryFrom<MessageRow> for Message {
 }
 
 pub const TRACE_COLUMNS: &str = "id, conversation_id, user_id, user_message_id, message_id, \
-     status, model, profile, started_at, ended_at, usage, cost_usd, error, spans, comparison_id, variant, traceparent";
+     status, model, profile, started_at, ended_at, usage, cost_usd, error, spans, comparison_id, variant, traceparent, metadata";
 
 #[derive(sqlx::FromRow)]
 pub struct TraceRow {
@@ -172,6 +172,7 @@ pub struct TraceRow {
     comparison_id: Option<ComparisonId>,
     variant: Option<String>,
     traceparent: Option<String>,
+    metadata: Option<Json<Value>>,
 }
 
 impl TryFrom<TraceRow> for Trace {
@@ -196,6 +197,7 @@ impl TryFrom<TraceRow> for Trace {
             comparison_id: row.comparison_id,
             variant: row.variant,
             traceparent: row.traceparent,
+            metadata: row.metadata.map(|j| j.0),
         })
     }
 }

@@ -101,7 +101,8 @@ async fn a_client_tools_output_continues_the_run_on_another_replica() {
     let db = TestDb::new(Backend::Postgres).await;
     let (a, b) = (TestApp::on(&db.url, "").await, TestApp::on(&db.url, "").await);
     let clock = json!({"type": "function", "name": "clock", "parameters": {"type": "object", "properties": {}}});
-    let body = json!({"model": "default", "input": "Time? [mock:tool=clock {}]", "tools": [clock]});
+    let body =
+        json!({"model": "default", "input": "Time? [mock:tool=clock {}]", "tools": [clock], "metadata": {"desk": "7"}});
     let (status, first) = a.post("/v1/responses", "ann", body).await;
     assert_eq!(status, 200, "{first}");
     let call = first["output"].as_array().unwrap().last().unwrap().clone();
@@ -117,6 +118,7 @@ async fn a_client_tools_output_continues_the_run_on_another_replica() {
     assert_eq!(status, 200, "{second}");
     let id = second["id"].as_str().unwrap();
     assert!(id.starts_with(&format!("{}_", first["id"].as_str().unwrap())), "{id}");
+    assert_eq!(second["metadata"], json!({"desk": "7"}), "the run's metadata, on each of its responses");
     let text =
         second["output"].as_array().unwrap().iter().find(|i| i["type"] == "message").unwrap()["content"][0]["text"]
             .clone();

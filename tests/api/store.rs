@@ -373,6 +373,34 @@ both_backends! {
         assert_eq!(store.context_state(&user("ann"), c.id).await.unwrap(), None, "deleted with the conversation");
     }
 
+    /// Messages added without a run (the Conversations API's items) follow the active
+    /// branch in order and become its end; only a message nothing follows is deleted, and
+    /// the one before it becomes the end again.
+    async fn messages_are_appended_to_the_branch_and_the_last_one_deleted(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let ann = user("ann");
+        let c = conversation("ann", "items");
+        store.create_conversation(&c).await.unwrap();
+        let message = |role, text: &str| Message::new(c.id, None, role, text.into());
+        let first = store.append_messages(&ann, c.id, vec![message(Role::User, "one")]).await.unwrap();
+        let more = vec![message(Role::Assistant, "two"), message(Role::User, "three")];
+        let added = store.append_messages(&ann, c.id, more).await.unwrap();
+        assert_eq!(added[0].parent_id, Some(first[0].id));
+        assert_eq!(added[1].parent_id, Some(added[0].id));
+        let loaded = store.get_conversation(&ann, c.id).await.unwrap();
+        assert_eq!((loaded.active_leaf_id, loaded.message_count), (Some(added[1].id), 3));
+        let refused = store.append_messages(&user("bob"), c.id, vec![message(Role::User, "mine?")]).await;
+        assert!(matches!(refused, Err(StoreError::NotFound)), "another user's conversation");
+
+        let followed = store.delete_last_message(&ann, added[0].id).await;
+        assert!(matches!(followed, Err(StoreError::Conflict(_))), "a message another follows stays");
+        store.delete_last_message(&ann, added[1].id).await.unwrap();
+        let loaded = store.get_conversation(&ann, c.id).await.unwrap();
+        assert_eq!((loaded.active_leaf_id, loaded.message_count), (Some(added[0].id), 2));
+        let texts: Vec<String> = store.messages(&ann, c.id).await.unwrap().into_iter().map(|m| m.content).collect();
+        assert_eq!(texts, ["one", "two"]);
+    }
+
     async fn the_cursor_breaks_ties_on_equal_times(backend: Backend) {
         let (store, _db) = open(backend).await;
         let at = now();

@@ -665,7 +665,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** `GET /v1/responses/{id}/input_items`: what the response was asked (its user message). */
+        /**
+         * `GET /v1/responses/{id}/input_items`: what the response was sent: its user message, or
+         *     (a response that goes on after a wait) its answers to the calls its run waited on.
+         */
         get: operations["openai_list_input_items"];
         put?: never;
         post?: never;
@@ -1469,7 +1472,7 @@ export interface components {
         };
         /** @description `POST /v1/conversations`. */
         OpenAiConversationBody: {
-            /** @description Items to start it with: none yet (a message is added by a response). */
+            /** @description Messages to start it with (user and assistant messages, text only). */
             items?: Record<string, never>[] | null;
             metadata?: Record<string, never> | null;
         };
@@ -1567,6 +1570,34 @@ export interface components {
         };
         ResponseIncompleteDetails: {
             reason: string;
+        };
+        /** @description An answer to a call a run waited on, as the run's log shows it settled. */
+        ResponseInputAnswer: {
+            id: string;
+            call_id: string;
+            output: string;
+            status: string;
+            /** @enum {string} */
+            type: "function_call_output";
+        } | {
+            id: string;
+            approval_request_id: string;
+            approve: boolean;
+            /** @enum {string} */
+            type: "mcp_approval_response";
+        };
+        /**
+         * @description An item of a response's input: its user message, or an answer to a call its run waited
+         *     on (the input of a response that goes on after a wait).
+         */
+        ResponseInputItem: components["schemas"]["OpenAiConversationItem"] | components["schemas"]["ResponseInputAnswer"];
+        /** @description `GET /v1/responses/{id}/input_items`. */
+        ResponseInputItemList: {
+            object: string;
+            data: components["schemas"]["ResponseInputItem"][];
+            first_id?: string | null;
+            last_id?: string | null;
+            has_more: boolean;
         };
         ResponseInputTokensDetails: {
             /** Format: int64 */
@@ -5059,16 +5090,16 @@ export interface operations {
     openai_list_input_items: {
         parameters: {
             query?: {
-                /** @description Accepted: a response has one input item */
+                /** @description The items after this one, in the order asked */
                 after?: string;
-                /** @description Accepted */
+                /** @description 1..100; default 20 */
                 limit?: number;
-                /** @description Accepted */
+                /** @description `desc` (default) or `asc` */
                 order?: string;
             };
             header?: never;
             path: {
-                /** @description `resp_<trace id>` */
+                /** @description `resp_<trace id>`, or `resp_<trace id>_<seq>` */
                 id: string;
             };
             cookie?: never;
@@ -5081,7 +5112,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["OpenAiConversationItems"];
+                    "application/json": components["schemas"]["ResponseInputItemList"];
                 };
             };
             /** @description Invalid input */

@@ -57,6 +57,8 @@ pub(in crate::chat) struct Ask<'a> {
     /// The request's output limit and temperature, over the profile's.
     pub(in crate::chat) max_tokens: Option<u32>,
     pub(in crate::chat) temperature: Option<f32>,
+    /// Kept with its trace (the Responses API's `metadata`).
+    pub(in crate::chat) metadata: Option<&'a Value>,
 }
 
 /// What a run was asked beside its message, kept with its trace where it is not all
@@ -135,6 +137,7 @@ impl Planner {
             comparison_id: comparison.map(|(id, _)| id),
             variant: comparison.map(|(_, v)| v.to_owned()),
             traceparent: crate::report::otlp::incoming_traceparent(),
+            metadata: turn.metadata.cloned(),
             ..Trace::start(user, turn.user_message, &profile.model, profile_name)
         };
         let Equipment { scope, tools, specs, gates, payload_types } =
@@ -363,6 +366,7 @@ impl Planner {
             instructions: asked.instructions.as_deref(),
             max_tokens: asked.max_tokens,
             temperature: asked.temperature,
+            metadata: trace.metadata.as_ref(),
         };
         let comparison = trace.comparison_id.zip(trace.variant.as_deref());
         let mut side = self.plan(user, &ask, &trace.profile, comparison).map_err(|e| e.to_string())?;

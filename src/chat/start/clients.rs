@@ -148,6 +148,7 @@ impl Starter {
             instructions: None,
             max_tokens: None,
             temperature: None,
+            metadata: None,
         };
         // A new message needs nothing from the history here (`prepare` reads it): only an edit
         // or a regenerate looks a message up.

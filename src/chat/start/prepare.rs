@@ -305,6 +305,7 @@ impl Prepared {
             instructions: request.instructions.as_deref(),
             max_tokens: request.max_tokens,
             temperature: request.temperature,
+            metadata: request.metadata.as_ref(),
         }
     }
 }

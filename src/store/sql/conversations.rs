@@ -218,17 +218,59 @@ where
             .fetch_optional(&mut *tx)
             .await?;
             let Some((conversation, parent)) = found else { return Err(StoreError::NotFound) };
-            sqlx::query("delete from messages where id = $1").bind(id).execute(&mut *tx).await?;
             <B as Statements>::follow_question(&mut tx, conversation, id, parent.map(MessageId)).await?;
-            sqlx::query(
-                "update conversations set message_count = message_count - 1, \
-                 active_leaf_id = case when active_leaf_id = $2 then $3 else active_leaf_id end where id = $1",
-            )
-            .bind(conversation)
-            .bind(id)
-            .bind(parent)
-            .execute(&mut *tx)
-            .await?;
+            <B as Statements>::remove_message(&mut tx, conversation, id, parent.map(MessageId)).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn append_messages(
+        &self,
+        user: &UserId,
+        conversation_id: ConversationId,
+        mut messages: Vec<Message>,
+    ) -> Result<Vec<Message>, StoreError> {
+        write(self, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(&mut *conn, B::BEGIN_WRITE).await?;
+            let found: Option<(Uuid, Option<Uuid>)> =
+                sqlx::query_as("select id, active_leaf_id from conversations where id = $1 and user_id = $2")
+                    .bind(conversation_id)
+                    .bind(user)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let Some((_, mut parent)) = found else { return Err(StoreError::NotFound) };
+            for m in &mut messages {
+                (m.conversation_id, m.parent_id) = (conversation_id, parent.map(MessageId));
+                <B as Statements>::append_message(&mut tx, user, m).await?;
+                parent = Some(m.id.0);
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+        .await?;
+        Ok(messages)
+    }
+
+    async fn delete_last_message(&self, user: &UserId, id: MessageId) -> Result<(), StoreError> {
+        write(self, async |conn| {
+            let mut tx = sqlx::Connection::begin_with(&mut *conn, B::BEGIN_WRITE).await?;
+            let found: Option<(Uuid, Option<Uuid>)> =
+                sqlx::query_as("select conversation_id, parent_id from messages where id = $1 and user_id = $2")
+                    .bind(id)
+                    .bind(user)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let Some((conversation, parent)) = found else { return Err(StoreError::NotFound) };
+            let followed: Option<(Uuid,)> = sqlx::query_as("select id from messages where parent_id = $1 limit 1")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if followed.is_some() {
+                return Err(StoreError::Conflict("Other messages follow this one".into()));
+            }
+            <B as Statements>::remove_message(&mut tx, conversation, id, parent.map(MessageId)).await?;
             tx.commit().await?;
             Ok(())
         })

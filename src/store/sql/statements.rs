@@ -92,6 +92,15 @@ pub(super) trait Statements: Backend {
         question: Option<MessageId>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Deletes message `id` of `conversation` and uncounts it; where it was the active leaf,
+    /// `parent` is.
+    fn remove_message(
+        conn: &mut Conn<Self>,
+        conversation: Uuid,
+        id: MessageId,
+        parent: Option<MessageId>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Inserts a message and makes it the conversation's active leaf.
     fn append_message(
         conn: &mut Conn<Self>,
@@ -314,7 +323,7 @@ where
     fn push_traces<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a Trace, &'a str, Option<&'a Value>)]) {
         query.push(
             "insert into traces (id, conversation_id, user_id, user_message_id, message_id, status, \
-             model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at, checkpoint, traceparent) ",
+             model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at, checkpoint, traceparent, metadata) ",
         );
         query.push_values(rows, |mut row, (t, replica_id, queued)| {
             row.push_bind(t.trace_id)
@@ -332,7 +341,8 @@ where
                 .push_bind(*replica_id)
                 .push_bind(t.started_at)
                 .push_bind(queued.map(json))
-                .push_bind(t.traceparent.as_deref());
+                .push_bind(t.traceparent.as_deref())
+                .push_bind(t.metadata.as_ref().map(json));
         });
     }
 
@@ -348,6 +358,25 @@ where
             .bind(question)
             .execute(&mut *conn)
             .await?;
+        Ok(())
+    }
+
+    async fn remove_message(
+        conn: &mut Conn<B>,
+        conversation: Uuid,
+        id: MessageId,
+        parent: Option<MessageId>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("delete from messages where id = $1").bind(id).execute(&mut *conn).await?;
+        sqlx::query(
+            "update conversations set message_count = message_count - 1, \
+             active_leaf_id = case when active_leaf_id = $2 then $3 else active_leaf_id end where id = $1",
+        )
+        .bind(conversation)
+        .bind(id)
+        .bind(parent)
+        .execute(&mut *conn)
+        .await?;
         Ok(())
     }
 

@@ -325,6 +325,14 @@ test("a function tool's call ends the response, and its output continues the sam
   });
   assert.equal(again.id, second.id);
   assert.equal(again.output_text, second.output_text);
+  // What each was sent: the question, then the call's output.
+  const asked = await openai.responses.inputItems.list(first.id);
+  assert.deepEqual(asked.data.map((item) => item.type), ["message"]);
+  const sent = await openai.responses.inputItems.list(second.id);
+  assert.deepEqual(
+    sent.data.map((item) => [item.type, item.call_id, item.output]),
+    [["function_call_output", call.call_id, "10:04 UTC"]],
+  );
 });
 
 test("a call that needs approval ends the response, and the decision continues the same run", async () => {
@@ -347,6 +355,11 @@ test("a call that needs approval ends the response, and the decision continues t
   assert.ok(call, JSON.stringify(second.output));
   assert.match(call.output, /42/);
   assert.equal(second.status, "completed");
+  const decided = await openai.responses.inputItems.list(second.id);
+  assert.deepEqual(
+    decided.data.map((item) => [item.type, item.approval_request_id, item.approve]),
+    [["mcp_approval_response", request.id, true]],
+  );
   // A denial, in another run: the call does not run, and the model is told.
   const asked = await openai.responses.create({
     model: "vetted",
@@ -368,4 +381,68 @@ test("a call that needs approval ends the response, and the decision continues t
   assert.ok(!denied.output.some((item) => item.type === "mcp_call"));
   const conversation = await stored("oa-approval", asked.conversation.id);
   assert.match(conversation.messages.at(-1).tool_history[0].output, /denied.*not now/);
+});
+
+test("items added to a conversation without a response are its history, and its last one can go", async () => {
+  const openai = client("oa-items");
+  const conversation = await openai.conversations.create({
+    items: [{ type: "message", role: "user", content: "My name is Ada." }],
+  });
+  const added = await openai.conversations.items.create(conversation.id, {
+    items: [
+      { type: "message", role: "assistant", content: [{ type: "output_text", text: "Hello Ada." }] },
+      { type: "message", role: "user", content: [{ type: "input_text", text: "I like tea." }] },
+    ],
+  });
+  assert.deepEqual(added.data.map((item) => [item.role, item.content[0].text]), [
+    ["assistant", "Hello Ada."],
+    ["user", "I like tea."],
+  ]);
+  const one = await openai.conversations.items.retrieve(added.data[1].id, { conversation_id: conversation.id });
+  assert.equal(one.content[0].text, "I like tea.");
+
+  // The last item goes; a response then answers after what is left.
+  const after = await openai.conversations.items.delete(added.data[1].id, { conversation_id: conversation.id });
+  assert.equal(after.id, conversation.id);
+  const answered = await openai.responses.create({ model: "default", input: "What is my name?", conversation: conversation.id });
+  const native = await stored("oa-items", conversation.id);
+  assert.deepEqual(
+    native.messages.map((m) => [m.role, m.content]),
+    [
+      ["user", "My name is Ada."],
+      ["assistant", "Hello Ada."],
+      ["user", "What is my name?"],
+      ["assistant", answered.output_text],
+    ],
+  );
+  // An item others follow stays; so does an item of another type.
+  await assert.rejects(
+    openai.conversations.items.delete(added.data[0].id, { conversation_id: conversation.id }),
+    (e) => e instanceof OpenAI.ConflictError,
+  );
+  await assert.rejects(
+    openai.conversations.items.create(conversation.id, {
+      items: [{ type: "message", role: "system", content: "Be terse." }],
+    }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === "items",
+  );
+});
+
+test("metadata is kept with the response, read back and streamed, and bounded as OpenAI bounds it", async () => {
+  const openai = client("oa-metadata");
+  const metadata = { ticket: "T-42", team: "support" };
+  const response = await openai.responses.create({ model: "default", input: "Tag me", metadata });
+  assert.deepEqual(response.metadata, metadata);
+  assert.deepEqual((await openai.responses.retrieve(response.id)).metadata, metadata);
+  const events = [];
+  for await (const event of await openai.responses.retrieve(response.id, { stream: true })) events.push(event);
+  assert.deepEqual(events[0].response.metadata, metadata);
+  assert.deepEqual(events.at(-1).response.metadata, metadata);
+  const next = await openai.responses.create({ model: "default", input: "Untagged", previous_response_id: response.id });
+  assert.deepEqual(next.metadata, {}, "a response's own, not its conversation's");
+  const many = Object.fromEntries(Array.from({ length: 17 }, (_, i) => [`k${i}`, "v"]));
+  await assert.rejects(
+    openai.responses.create({ model: "default", input: "Too many", metadata: many }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === "metadata",
+  );
 });

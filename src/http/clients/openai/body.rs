@@ -255,8 +255,8 @@ impl CreateResponse {
                 "a background response is read with GET /v1/responses/{id}?stream=true",
             ));
         }
-        if self.metadata.as_ref().is_some_and(|m| !m.is_empty()) {
-            return Err(AppError::validation("metadata", "metadata is not built yet in chatd's Responses API"));
+        if let Some(metadata) = &self.metadata {
+            check_metadata(metadata)?;
         }
         if self.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
             return Err(AppError::validation("temperature", "temperature must be between 0 and 2"));
@@ -379,6 +379,7 @@ impl CreateResponse {
             instructions,
             max_tokens: self.max_output_tokens,
             temperature: self.temperature.map(|t| t as f32),
+            metadata: self.metadata.clone().filter(|m| !m.is_empty()).map(Value::Object),
             ..ChatRequest::default()
         })
     }
@@ -391,6 +392,30 @@ struct FunctionTool {
     description: Option<String>,
     #[serde(default = "object_schema")]
     parameters: Value,
+}
+
+/// `metadata` as OpenAI bounds it: at most 16 keys of up to 64 characters, each with a
+/// string of up to 512.
+fn check_metadata(metadata: &serde_json::Map<String, Value>) -> Result<(), AppError> {
+    if metadata.len() > 16 {
+        return Err(AppError::validation("metadata", "metadata holds at most 16 keys"));
+    }
+    for (key, value) in metadata {
+        if key.chars().count() > 64 {
+            return Err(AppError::validation("metadata", format!("metadata key '{key}' is longer than 64 characters")));
+        }
+        match value {
+            Value::String(text) if text.chars().count() <= 512 => {}
+            Value::String(_) => {
+                return Err(AppError::validation(
+                    "metadata",
+                    format!("metadata '{key}' is longer than 512 characters"),
+                ));
+            }
+            _ => return Err(AppError::validation("metadata", format!("metadata '{key}' must be a string"))),
+        }
+    }
+    Ok(())
 }
 
 /// A tool's output as the model gets it: text as it is, content parts' text joined, any
@@ -410,7 +435,7 @@ fn object_schema() -> Value {
 
 impl MessageItem {
     /// The message's text (its text parts joined) and its files.
-    fn text_and_files(&self) -> Result<(String, Vec<AttachmentRef>), AppError> {
+    pub(super) fn text_and_files(&self) -> Result<(String, Vec<AttachmentRef>), AppError> {
         let parts = match &self.content {
             Content::Text(text) => return Ok((text.clone(), Vec::new())),
             Content::Parts(parts) => parts,

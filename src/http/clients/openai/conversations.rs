@@ -7,6 +7,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::body::MessageItem;
 use super::object::{Refused, conversation_id, parse_id};
 use crate::domain::{Conversation, Message, Role};
 use crate::http::AppState;
@@ -20,7 +21,8 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/conversations", post(create))
         .route("/v1/conversations/{id}", get(retrieve).post(update).delete(delete))
-        .route("/v1/conversations/{id}/items", get(items))
+        .route("/v1/conversations/{id}/items", get(items).post(add_items))
+        .route("/v1/conversations/{id}/items/{item_id}", get(item).delete(delete_item))
 }
 
 /// A conversation, as the SDKs read it.
@@ -49,13 +51,55 @@ impl From<&Conversation> for ConversationObject {
 #[serde(deny_unknown_fields)]
 #[schema(as = OpenAiConversationBody)]
 pub struct CreateBody {
-    /// Items to start it with: none yet (a message is added by a response).
+    /// Messages to start it with (user and assistant messages, text only).
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
-    pub items: Option<Vec<Value>>,
+    pub items: Option<Vec<MessageItem>>,
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<serde_json::Map<String, Value>>,
+}
+
+/// `POST /v1/conversations/{id}/items`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = OpenAiConversationItemsBody)]
+pub struct AddItemsBody {
+    /// User and assistant messages, text only (a file comes with a response).
+    #[schema(value_type = Vec<Object>)]
+    pub items: Vec<MessageItem>,
+}
+
+/// The messages a conversation's new items are, after the active branch: user messages,
+/// and answers stored as they are given (without a run), of text only (a file comes with a
+/// response, which reads it).
+fn messages_of(items: &[MessageItem]) -> Result<Vec<Message>, AppError> {
+    if items.len() > MAX_LIMIT as usize {
+        return Err(AppError::validation("items", format!("at most {MAX_LIMIT} items at once")));
+    }
+    items
+        .iter()
+        .map(|item| {
+            let role = match item.role.as_str() {
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                other => {
+                    return Err(AppError::validation(
+                        "items",
+                        format!("a conversation's items are user and assistant messages, not '{other}'"),
+                    ));
+                }
+            };
+            let (text, files) = item.text_and_files()?;
+            if !files.is_empty() {
+                return Err(AppError::validation("items", "a file comes with a response: POST /v1/responses"));
+            }
+            if text.trim().is_empty() {
+                return Err(AppError::validation("items", "an item's text is empty"));
+            }
+            Ok(Message::new(ConversationId::new(), None, role, text))
+        })
+        .collect()
 }
 
 /// `POST /v1/conversations/{id}`.
@@ -164,6 +208,7 @@ impl ItemList {
     }
 }
 
+/// A list's query, for conversation items and a response's input items.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ItemsQuery {
@@ -177,6 +222,32 @@ pub struct ItemsQuery {
     #[serde(default, rename = "include[]")]
     #[allow(dead_code)]
     include: Option<String>,
+}
+
+impl ItemsQuery {
+    /// The page of `items` (oldest first) the query asks for, in its order (newest first
+    /// unless `asc`), after its `after`, at most `limit`; and whether more follow.
+    pub fn page<T>(&self, mut items: Vec<T>, id: impl Fn(&T) -> &str) -> Result<(Vec<T>, bool), AppError> {
+        let limit = self.limit.unwrap_or(DEFAULT_LIMIT);
+        if !(1..=MAX_LIMIT).contains(&limit) {
+            return Err(AppError::validation("limit", format!("`limit` must be between 1 and {MAX_LIMIT}")));
+        }
+        match self.order.as_deref() {
+            None | Some("desc") => items.reverse(),
+            Some("asc") => {}
+            Some(other) => return Err(AppError::validation("order", format!("Unknown order '{other}': asc or desc"))),
+        }
+        if let Some(after) = &self.after {
+            let at = items.iter().position(|item| id(item) == after).ok_or_else(|| AppError::NotFound {
+                field: Some("after".into()),
+                message: format!("No item {after} in this list"),
+            })?;
+            items.drain(..=at);
+        }
+        let has_more = items.len() > limit as usize;
+        items.truncate(limit as usize);
+        Ok((items, has_more))
+    }
 }
 
 /// Items listed when `limit` is not given, and at most.
@@ -196,14 +267,15 @@ pub async fn create(
     CurrentUser(user): CurrentUser,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<Json<ConversationObject>, AppError> {
-    if body.items.as_ref().is_some_and(|items| !items.is_empty()) {
-        return Err(AppError::validation("items", "items are not built yet: add a message with POST /v1/responses"));
-    }
+    let messages = messages_of(body.items.as_deref().unwrap_or_default())?;
     let conversation = Conversation {
         metadata: Value::Object(body.metadata.unwrap_or_default()),
         ..Conversation::new(&user, "New conversation".to_owned())
     };
     state.store.create_conversation(&conversation).await?;
+    if !messages.is_empty() {
+        state.store.append_messages(&user, conversation.id, messages).await?;
+    }
     Ok(Json(ConversationObject::from(&conversation)))
 }
 
@@ -278,28 +350,77 @@ pub async fn items(
     AppQuery(query): AppQuery<ItemsQuery>,
 ) -> Result<Json<ItemList>, AppError> {
     let conversation = owned(&state, &user, &id).await?;
-    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(AppError::validation("limit", format!("`limit` must be between 1 and {MAX_LIMIT}")));
-    }
     let messages = state.store.messages(&user, conversation.id).await?;
-    let mut items: Vec<Item> =
+    let items: Vec<Item> =
         crate::domain::branch(&messages, conversation.active_leaf_id).iter().filter_map(Item::of).collect();
-    match query.order.as_deref() {
-        None | Some("desc") => items.reverse(),
-        Some("asc") => {}
-        Some(other) => return Err(AppError::validation("order", format!("Unknown order '{other}': asc or desc"))),
-    }
-    if let Some(after) = &query.after {
-        let at = items.iter().position(|item| &item.id == after).ok_or_else(|| AppError::NotFound {
-            field: Some("after".into()),
-            message: format!("No item {after} in this conversation"),
-        })?;
-        items.drain(..=at);
-    }
-    let has_more = items.len() > limit as usize;
-    items.truncate(limit as usize);
+    let (items, has_more) = query.page(items, |item| &item.id)?;
     Ok(Json(ItemList::of(items, has_more)))
+}
+
+#[utoipa::path(post, operation_id = "openai_create_conversation_items", path = "/v1/conversations/{id}/items", tag = "openai",
+    params(("id" = String, Path, description = "`conv_<conversation id>`")), request_body = AddItemsBody,
+    responses((status = 200, description = "The items added, after the active branch, in order", body = ItemList), Refused))]
+pub async fn add_items(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(id): Path<String>,
+    AppJson(body): AppJson<AddItemsBody>,
+) -> Result<Json<ItemList>, AppError> {
+    let conversation = owned(&state, &user, &id).await?;
+    let messages = messages_of(&body.items)?;
+    let added = state.store.append_messages(&user, conversation.id, messages).await?;
+    Ok(Json(ItemList::of(added.iter().filter_map(Item::of).collect(), false)))
+}
+
+/// A message of the user's conversation `id`, by its item id.
+async fn owned_item(
+    state: &AppState,
+    user: &UserId,
+    id: &str,
+    item_id: &str,
+) -> Result<(Conversation, Message), AppError> {
+    let conversation = owned(state, user, id).await?;
+    let missing = || AppError::not_found(format!("No item {item_id} in this conversation"));
+    let message_id = parse_id("msg", item_id).ok_or_else(missing)?;
+    let message = state.store.get_message(user, message_id.into()).await.map_err(|_| missing())?;
+    if message.conversation_id != conversation.id {
+        return Err(missing());
+    }
+    Ok((conversation, message))
+}
+
+#[utoipa::path(get, operation_id = "openai_retrieve_conversation_item", path = "/v1/conversations/{id}/items/{item_id}", tag = "openai",
+    params(("id" = String, Path, description = "`conv_<conversation id>`"), ("item_id" = String, Path, description = "`msg_<message id>`")),
+    responses((status = 200, description = "The item", body = Item), Refused))]
+pub async fn item(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path((id, item_id)): Path<(String, String)>,
+) -> Result<Json<Item>, AppError> {
+    let (_, message) = owned_item(&state, &user, &id, &item_id).await?;
+    Item::of(&message).map(Json).ok_or_else(|| AppError::not_found(format!("No item {item_id} in this conversation")))
+}
+
+/// `DELETE /v1/conversations/{id}/items/{item_id}`: the conversation's last message goes
+/// (what the Agents SDK's session does to take its last item back); a message others
+/// follow, or an answer whose run is going, stays (409).
+#[utoipa::path(delete, operation_id = "openai_delete_conversation_item", path = "/v1/conversations/{id}/items/{item_id}", tag = "openai",
+    params(("id" = String, Path, description = "`conv_<conversation id>`"), ("item_id" = String, Path, description = "`msg_<message id>`")),
+    responses((status = 200, description = "The conversation, without the item", body = ConversationObject), Refused))]
+pub async fn delete_item(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path((id, item_id)): Path<(String, String)>,
+) -> Result<Json<ConversationObject>, AppError> {
+    let (conversation, message) = owned_item(&state, &user, &id, &item_id).await?;
+    if let Some(trace_id) = message.trace_id
+        && let Ok(trace) = state.store.get_trace(&user, trace_id).await
+        && trace.ended_at.is_none()
+    {
+        return Err(AppError::Conflict("This answer's run is going: cancel it first".into()));
+    }
+    state.store.delete_last_message(&user, message.id).await?;
+    Ok(Json(ConversationObject::from(&conversation)))
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 
 use self::body::{CreateResponse, Placement};
-use self::conversations::{Item, ItemList};
-use self::object::{Model, ModelList, Refused, Response, parse_response_id};
+use self::conversations::Item;
+use self::object::{InputItem, InputItemList, Model, ModelList, Refused, Response, parse_response_id};
 use self::stream::{ResponseEvents, ResponsesSse, replay, response_frames};
 use crate::chat::Started;
 use crate::domain::Trace;
@@ -85,12 +85,17 @@ pub async fn create(
     }
     request.idempotency_key = key;
     let profile = request.profile.clone().unwrap_or_default();
+    let request_metadata = request.metadata.clone();
+    let metadata = body.metadata.as_ref().filter(|m| !m.is_empty());
     if body.background {
         // Answered at once; the run goes on, its events readable from any replica.
         let response = match state.chat.start_once(&user, request).await? {
-            Started::New(run) => Response::begun(run.trace_id, run.conversation_id, run.message_id, &profile),
+            Started::New(run) => Response {
+                metadata: metadata.cloned().unwrap_or_default(),
+                ..Response::begun(run.trace_id, run.conversation_id, run.message_id, &profile)
+            },
             Started::Again(trace) => {
-                let (events, logged) = response_log(&state, trace.trace_id, 0).await?;
+                let (events, logged) = response_log(&state, &trace, 0).await?;
                 replay(events, logged.iter().filter_map(|e| e.event.as_ref()))
             }
         };
@@ -101,7 +106,8 @@ pub async fn create(
         Started::New(run) => until_done(&state, run, false).boxed(),
         Started::Again(trace) => state.chat.follow(*trace, 0, false).boxed(),
     };
-    Ok(respond(&state, body.stream, ResponseEvents::new(), frames).await)
+    let events = ResponseEvents::new().with_metadata(request_metadata.as_ref());
+    Ok(respond(&state, body.stream, events, frames).await)
 }
 
 /// A response whose input answers the calls a run waits on (CONTRACT.md §15): they are
@@ -141,7 +147,7 @@ async fn continued(
             (trace, from)
         }
     };
-    let (events, _) = response_log(state, trace.trace_id, from).await?;
+    let (events, _) = response_log(state, &trace, from).await?;
     if body.background {
         return Ok(Json(Response { background: true, ..events.response() }).into_response());
     }
@@ -218,7 +224,7 @@ pub async fn retrieve(
     AppQuery(query): AppQuery<RetrieveQuery>,
 ) -> Result<HttpResponse, AppError> {
     let (trace, from) = response_of(&state, &user, &id).await?;
-    let (events, logged) = response_log(&state, trace.trace_id, from).await?;
+    let (events, logged) = response_log(&state, &trace, from).await?;
     if query.stream {
         let frames = response_frames(run_frames(&state, &user, trace.trace_id, from).await?);
         return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(events, query.starting_after))));
@@ -237,7 +243,7 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> Result<HttpResponse, AppError> {
     let (trace, from) = response_of(&state, &user, &id).await?;
-    let (events, _) = response_log(&state, trace.trace_id, from).await?;
+    let (events, _) = response_log(&state, &trace, from).await?;
     match state.chat.cancel(&user, crate::chat::CancelTarget::Trace(trace.trace_id)).await {
         Ok(_) | Err(crate::chat::ControlError::Ended(_)) => {}
         Err(e) => return Err(e.into()),
@@ -247,43 +253,43 @@ pub async fn cancel(
     Ok(Json(answered(events, frames).await).into_response())
 }
 
-/// `GET /v1/responses/{id}/input_items`: what the response was asked (its user message).
+/// `GET /v1/responses/{id}/input_items`: what the response was sent: its user message, or
+/// (a response that goes on after a wait) its answers to the calls its run waited on.
 #[utoipa::path(get, operation_id = "openai_list_input_items", path = "/v1/responses/{id}/input_items", tag = "openai",
     params(
-        ("id" = String, Path, description = "`resp_<trace id>`"),
-        ("after" = Option<String>, Query, description = "Accepted: a response has one input item"),
-        ("limit" = Option<u32>, Query, description = "Accepted"),
-        ("order" = Option<String>, Query, description = "Accepted"),
+        ("id" = String, Path, description = "`resp_<trace id>`, or `resp_<trace id>_<seq>`"),
+        ("after" = Option<String>, Query, description = "The items after this one, in the order asked"),
+        ("limit" = Option<u32>, Query, description = "1..100; default 20"),
+        ("order" = Option<String>, Query, description = "`desc` (default) or `asc`"),
     ),
-    responses((status = 200, description = "The input items", body = ItemList), Refused))]
+    responses((status = 200, description = "The input items", body = InputItemList), Refused))]
 pub async fn input_items(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     Path(id): Path<String>,
-    AppQuery(query): AppQuery<ListQuery>,
-) -> Result<Json<ItemList>, AppError> {
-    let (trace, _) = response_of(&state, &user, &id).await?;
-    let message =
-        state.store.get_message(&user, trace.user_message_id).await.map_err(AppError::missing("Response not found"))?;
-    let item = Item::of(&message).ok_or_else(|| AppError::not_found("Response not found"))?;
-    // One item: nothing comes after it.
-    let data = if query.after.as_deref() == Some(item.id.as_str()) { Vec::new() } else { vec![item] };
-    Ok(Json(ItemList::of(data, false)))
-}
-
-/// The list's query: a response has one input item, so only `after` changes the answer.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct ListQuery {
-    #[serde(default)]
-    after: Option<String>,
-    #[serde(default)]
-    limit: Option<u32>,
-    #[serde(default)]
-    order: Option<String>,
-    #[serde(default, rename = "include[]")]
-    include: Option<String>,
+    AppQuery(query): AppQuery<conversations::ItemsQuery>,
+) -> Result<Json<InputItemList>, AppError> {
+    let (trace, from) = response_of(&state, &user, &id).await?;
+    let items = if from == 0 {
+        let message = state
+            .store
+            .get_message(&user, trace.user_message_id)
+            .await
+            .map_err(AppError::missing("Response not found"))?;
+        vec![InputItem::Message(Item::of(&message).ok_or_else(|| AppError::not_found("Response not found"))?)]
+    } else {
+        let logged = state.store.trace_events(trace.trace_id, 0).await?;
+        if !ends_a_wait(&logged, from) {
+            return Err(AppError::not_found("Response not found"));
+        }
+        let logged: Vec<(u64, &crate::events::Event)> =
+            logged.iter().filter_map(|e| Some((e.seq as u64, e.event.as_ref()?))).collect();
+        let key = trace.trace_id.0.simple().to_string();
+        stream::answers_sent(&key, from, &logged).into_iter().map(InputItem::Answer).collect()
+    };
+    let (items, has_more) = query.page(items, InputItem::id)?;
+    let (first_id, last_id) = (items.first().map(|i| i.id().to_owned()), items.last().map(|i| i.id().to_owned()));
+    Ok(Json(InputItemList { object: "list", data: items, first_id, last_id, has_more }))
 }
 
 /// A run's frames after `from`, live to its end or to where it waits, from its log where
@@ -318,24 +324,29 @@ async fn response_of(state: &AppState, user: &UserId, id: &str) -> Result<(Trace
 /// after a wait begins right after that wait's last request: any other `from` is none.
 async fn response_log(
     state: &AppState,
-    trace_id: TraceId,
+    trace: &Trace,
     from: u64,
 ) -> Result<(ResponseEvents, Vec<crate::events::LoggedEvent>), AppError> {
-    let mut logged = state.store.trace_events(trace_id, 0).await?;
+    let mut logged = state.store.trace_events(trace.trace_id, 0).await?;
     if from == 0 {
-        return Ok((ResponseEvents::new(), logged));
+        return Ok((ResponseEvents::new().with_metadata(trace.metadata.as_ref()), logged));
     }
+    if !ends_a_wait(&logged, from) {
+        return Err(AppError::not_found("Response not found"));
+    }
+    let at = logged.partition_point(|e| (e.seq as u64) <= from);
+    let earlier = logged[..at].iter().filter_map(|e| Some((e.seq as u64, e.event.as_ref()?)));
+    let events = ResponseEvents::new().with_metadata(trace.metadata.as_ref()).after(from, earlier);
+    Ok((events, logged.split_off(at)))
+}
+
+/// Whether a wait's requests end at seq `from` of a run's log: where a response that goes on
+/// after a wait begins (any other `from` is no response's).
+fn ends_a_wait(logged: &[crate::events::LoggedEvent], from: u64) -> bool {
     let at = logged.partition_point(|e| (e.seq as u64) <= from);
     let request =
         |e: Option<&crate::events::LoggedEvent>| e.and_then(|e| e.event.as_ref()).is_some_and(stream::is_request);
-    let ends_a_wait =
-        at > 0 && logged[at - 1].seq as u64 == from && request(logged.get(at - 1)) && !request(logged.get(at));
-    if !ends_a_wait {
-        return Err(AppError::not_found("Response not found"));
-    }
-    let events =
-        ResponseEvents::after(from, logged[..at].iter().filter_map(|e| Some((e.seq as u64, e.event.as_ref()?))));
-    Ok((events, logged.split_off(at)))
+    at > 0 && logged[at - 1].seq as u64 == from && request(logged.get(at - 1)) && !request(logged.get(at))
 }
 
 /// The events' stream as OpenAI serves it (`text/event-stream`, no caching).

@@ -289,6 +289,47 @@ impl From<Usage> for ResponseUsage {
     }
 }
 
+/// An item of a response's input: its user message, or an answer to a call its run waited
+/// on (the input of a response that goes on after a wait).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ResponseInputItem)]
+#[serde(untagged)]
+pub enum InputItem {
+    Message(super::conversations::Item),
+    Answer(Answer),
+}
+
+impl InputItem {
+    pub fn id(&self) -> &str {
+        match self {
+            InputItem::Message(item) => &item.id,
+            InputItem::Answer(Answer::FunctionCallOutput { id, .. } | Answer::McpApprovalResponse { id, .. }) => id,
+        }
+    }
+}
+
+/// An answer to a call a run waited on, as the run's log shows it settled.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ResponseInputAnswer)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Answer {
+    /// A client tool's result: `fco_<trace id>_<index>`.
+    FunctionCallOutput { id: String, call_id: String, output: String, status: &'static str },
+    /// A decision: `mcpa_<trace id>_<approval id>`.
+    McpApprovalResponse { id: String, approval_request_id: String, approve: bool },
+}
+
+/// `GET /v1/responses/{id}/input_items`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ResponseInputItemList)]
+pub struct InputItemList {
+    pub object: &'static str,
+    pub data: Vec<InputItem>,
+    pub first_id: Option<String>,
+    pub last_id: Option<String>,
+    pub has_more: bool,
+}
+
 /// `GET /v1/models`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[schema(as = OpenAiModelList)]

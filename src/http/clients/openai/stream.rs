@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::object::{
-    IncompleteDetails, OutputItem, OutputText, Response, ResponseError, Status, SummaryText, response_id,
+    Answer, IncompleteDetails, OutputItem, OutputText, Response, ResponseError, Status, SummaryText, response_id,
 };
 use crate::chat::Frame;
 use crate::events::parts::{Open, is_tool_marker, part_delta};
@@ -133,8 +133,8 @@ impl ResponseEvents {
 
     /// The response that goes on after a wait whose last request was the run's event
     /// `from`, knowing the run's calls from its events up to it (`logged`, from its `start`).
-    pub fn after<'a>(from: u64, logged: impl IntoIterator<Item = (u64, &'a Event)>) -> Self {
-        let (mut earlier, mut scratch) = (Self::new(), Vec::new());
+    pub fn after<'a>(self, from: u64, logged: impl IntoIterator<Item = (u64, &'a Event)>) -> Self {
+        let (mut earlier, mut scratch) = (self, Vec::new());
         for (_, event) in logged.into_iter().take_while(|(seq, _)| *seq <= from) {
             earlier.translate(event, &mut scratch);
             scratch.clear();
@@ -147,11 +147,20 @@ impl ResponseEvents {
             conversation: before.conversation,
             message_id: before.message_id,
             trace_id: before.trace_id,
+            metadata: before.metadata,
             from,
             ..Response::default()
         };
         let calls = earlier.calls.into_iter().map(|call| Call { item: None, ..call }).collect();
         Self { response, calls, ..Self::new() }
+    }
+
+    /// With the `metadata` its run was started with.
+    pub fn with_metadata(mut self, metadata: Option<&Value>) -> Self {
+        if let Some(Value::Object(metadata)) = metadata {
+            self.response.metadata = metadata.clone();
+        }
+        self
     }
 
     /// The response as the events so far built it (its `output` without voided items).
@@ -165,7 +174,8 @@ impl ResponseEvents {
     /// The Responses events `event` makes, each serialized with its number.
     pub fn translate(&mut self, event: &Event, out: &mut Vec<(&'static str, String)>) {
         if let Event::Start(start) = event {
-            self.response = Response::started(start);
+            let metadata = std::mem::take(&mut self.response.metadata);
+            self.response = Response { metadata, ..Response::started(start) };
         }
         self.begin(out);
         self.waiting = is_request(event);
@@ -555,6 +565,51 @@ impl Encoder for ResponsesSse {
         self.events.end(&mut self.scratch);
         self.write(first, out);
     }
+}
+
+/// What the response that goes on after the wait whose last request was seq `from` was
+/// sent, as the run's log (`logged`, in order) shows its calls settled: a client tool's
+/// output, an approval's decision, for each request of that wait.
+pub fn answers_sent(trace_key: &str, from: u64, logged: &[(u64, &Event)]) -> Vec<Answer> {
+    let at = logged.partition_point(|(seq, _)| *seq <= from);
+    let requests = logged[..at].iter().rev().take_while(|(_, e)| is_request(e)).collect::<Vec<_>>();
+    let mut cut = Cut::default();
+    let after: Vec<&Event> = logged[at..].iter().map(|(_, e)| *e).take_while(|e| cut.keeps(Some(e))).collect();
+    let output = |id: &str| {
+        after.iter().find_map(|e| match e {
+            Event::ToolOutput { tool_call_id, output, .. } if tool_call_id == id => Some(output.clone()),
+            _ => None,
+        })
+    };
+    let ended = |id: &str| {
+        after.iter().find_map(|e| match e {
+            Event::ToolComplete(c) if c.tool_call_id == id => Some(c.status),
+            _ => None,
+        })
+    };
+    requests
+        .into_iter()
+        .rev()
+        .filter_map(|(_, request)| match request {
+            Event::ToolResultRequest(r) => Some(Answer::FunctionCallOutput {
+                id: format!("fco_{trace_key}_{}", r.index),
+                call_id: r.tool_call_id.clone(),
+                output: output(&r.tool_call_id).unwrap_or_default(),
+                status: "completed",
+            }),
+            // Settled, since the run went on: a denied call (or one whose approval expired)
+            // ends `denied`; an approved one runs.
+            Event::ToolApprovalRequest(r) => {
+                let approval = r.approval_id.replace('-', "");
+                Some(Answer::McpApprovalResponse {
+                    id: format!("mcpa_{trace_key}_{approval}"),
+                    approval_request_id: format!("mcpr_{trace_key}_{approval}"),
+                    approve: ended(&r.tool_call_id) != Some(crate::domain::ToolStatus::Denied),
+                })
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The response a run's `events` build, from the response's first (the run's `start`, for
