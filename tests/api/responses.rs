@@ -142,3 +142,78 @@ async fn a_client_tools_output_continues_the_run_on_another_replica() {
     let (status, _) = a.get(&format!("/v1/responses/{}_{}", first["id"].as_str().unwrap(), seq - 1), "ann").await;
     assert_eq!(status, 404, "no wait ended at {}", seq - 1);
 }
+
+/// The official Python SDK, set up as the README says, against a real chatd: a plain answer,
+/// the stream helper, a function tool continued in the same run, and the typed errors.
+#[tokio::test]
+async fn the_python_sdk_works_as_the_readme_sets_it_up() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("target/report/venv/bin/python");
+    assert!(python.exists(), "the openai Python SDK is not installed: run scripts/report-peers.sh");
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let output = tokio::process::Command::new(python)
+        .arg(root.join("tests/fixtures/openai_client.py"))
+        .arg(app.url("/v1"))
+        .arg("py")
+        .output()
+        .await
+        .expect("python runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+
+    let plain = &report["plain"];
+    assert_eq!(
+        (plain["status"].as_str(), plain["text"].as_str()),
+        (Some("completed"), Some("Mock reply: Hello from Python"))
+    );
+    let conversation =
+        uuid::Uuid::parse_str(plain["conversation"].as_str().unwrap().trim_start_matches("conv_")).unwrap();
+    let (_, conversation) = app.get(&format!("/api/conversations/{conversation}"), "py").await;
+    assert_eq!(conversation["messages"][1]["content"], plain["text"]);
+
+    let streamed = &report["streamed"];
+    let numbers: Vec<u64> = streamed["numbers"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect();
+    assert_eq!(numbers, (0..numbers.len() as u64).collect::<Vec<_>>(), "dense from 0");
+    let (_, again) = app.get(&format!("/v1/responses/{}", streamed["id"].as_str().unwrap()), "py").await;
+    assert_eq!(
+        again["output"].as_array().unwrap().iter().find(|i| i["type"] == "message").unwrap()["content"][0]["text"],
+        streamed["text"]
+    );
+
+    let function = &report["function"];
+    assert_eq!((function["name"].as_str(), &function["arguments"]), (Some("clock"), &json!({"zone": "UTC"})));
+    assert!(function["second"].as_str().unwrap().starts_with(function["first"].as_str().unwrap()), "{function}");
+    assert!(function["text"].as_str().unwrap().contains("clock said noon UTC"), "{function}");
+
+    let errors = &report["errors"];
+    assert_eq!(errors["unknown model"], json!({"class": "NotFoundError", "status": 404, "param": "model"}));
+    assert_eq!(errors["store false"], json!({"class": "BadRequestError", "status": 400, "param": "store"}));
+    assert_eq!(errors["empty input"], json!({"class": "BadRequestError", "status": 400, "param": "input"}));
+}
+
+/// A request sent again with its `Idempotency-Key` (as a client's retry) gets the response
+/// its first try started, not a second run.
+#[tokio::test]
+async fn a_retry_with_the_same_idempotency_key_gets_the_same_response() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let send = || async {
+        let response = app
+            .client
+            .post(app.url("/v1/responses"))
+            .header("x-client-id", "ann")
+            .header("idempotency-key", "retry-1")
+            .json(&json!({"model": "default", "input": "Once only"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.json::<Value>().await.unwrap()
+    };
+    let (first, second) = (send().await, send().await);
+    assert_eq!(first["id"], second["id"]);
+    assert_eq!(first["output"], second["output"]);
+    let conversation = first["conversation"]["id"].as_str().unwrap().trim_start_matches("conv_");
+    let (_, stored) =
+        app.get(&format!("/api/conversations/{}", uuid::Uuid::parse_str(conversation).unwrap()), "ann").await;
+    assert_eq!(stored["messages"].as_array().unwrap().len(), 2, "one question, one answer");
+}

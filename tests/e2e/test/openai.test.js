@@ -446,3 +446,24 @@ test("metadata is kept with the response, read back and streamed, and bounded as
     (e) => e instanceof OpenAI.BadRequestError && e.param === "metadata",
   );
 });
+
+test("an input_image is an attachment the model gets, kept with the question", async () => {
+  const openai = client("oa-image");
+  const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+  const response = await openai.responses.create({
+    model: "default",
+    input: [
+      {
+        role: "user",
+        content: [
+          { type: "input_text", text: "What is in it?" },
+          { type: "input_image", image_url: `data:image/png;base64,${png}`, detail: "auto" },
+        ],
+      },
+    ],
+  });
+  assert.match(response.output_text, /\[1 image 1×1 png\]/, response.output_text);
+  const conversation = await stored("oa-image", response.conversation.id);
+  assert.equal(conversation.messages[0].attachments.length, 1);
+  assert.equal(conversation.messages[0].attachments[0].media_type, "image/png");
+});
