@@ -4,6 +4,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import OpenAI from "openai";
 import { inPage, MAX_MESSAGE_CHARS, mockWords, openPage, screenshot, startChatd, withChatdAndBrowser } from "../support/harness.js";
 
 let chatd;
@@ -406,6 +407,22 @@ test("conversations: newest first, rename, delete", (t) =>
     // The list is drawn again once the delete is answered: after the empty chat, at times.
     await second.waitFor({ state: "detached" });
     assert.equal(await page.locator("#conversations .conv").count(), 0);
+  }));
+
+test("a conversation the openai SDK made is on the page, with its answer", (t) =>
+  withPage(t, "openai", async ({ page, user }) => {
+    const openai = new OpenAI({
+      baseURL: `${chatd.base}/v1`,
+      apiKey: "unused",
+      defaultHeaders: { "x-client-id": user },
+      maxRetries: 0,
+    });
+    const response = await openai.responses.create({ model: "default", input: "Asked through the SDK" });
+    await page.reload();
+    await page.locator("#conversations .conv-open", { hasText: "Asked through the SDK" }).click();
+    await finished(page).waitFor();
+    assert.equal(await page.locator(".msg.user").innerText(), "Asked through the SDK");
+    assert.equal((await answers(page).locator(".body").innerText()).trim(), response.output_text);
   }));
 
 test("with auth mode token, the page asks for a token and uses the pasted one", async (t) => {
