@@ -1,8 +1,10 @@
 //! Criterion benchmarks of the per-token hot paths, each beside a baseline measured in the
 //! same run, so the figures read as ratios:
 //!
-//! - `parse/*`: provider SSE bytes to provider events (eventsource-stream + our decoders), per
-//!   wire format, against `parse/forward` (handing the same reads on untouched).
+//! - `parse/*`: provider SSE bytes to provider events (chatd's SSE parser + our decoders), per
+//!   wire format, against `parse/forward` (handing the same reads on untouched); and the SSE
+//!   frames alone, by chatd's parser (`parse/frames`) and by eventsource-stream
+//!   (`parse/frames-eventsource-stream`, what chatd used before).
 //! - `clean`: provider events to client events (`<think>` splitting, control characters,
 //!   markers), against `clean/concat` (only appending each text to the answer).
 //! - `serialize`: client events to their JSON text, once per event.
@@ -105,6 +107,25 @@ fn parse(c: &mut Criterion) {
                     black_box(&sink);
                 }
             },
+            BatchSize::SmallInput,
+        )
+    });
+    let frames = |chunks: Vec<Bytes>| futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+    group.bench_function("frames", |b| {
+        b.iter_batched(
+            || reads(&openai),
+            |chunks| {
+                let read = chatd::providers::sse::frames(frames(chunks)).map(|f| f.map(|_| ()).is_ok());
+                runtime.block_on(read.collect::<Vec<_>>())
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("frames-eventsource-stream", |b| {
+        use eventsource_stream::Eventsource;
+        b.iter_batched(
+            || reads(&openai),
+            |chunks| runtime.block_on(frames(chunks).eventsource().map(|f| f.is_ok()).collect::<Vec<_>>()),
             BatchSize::SmallInput,
         )
     });

@@ -7,6 +7,7 @@ mod google;
 mod input;
 mod mock;
 mod openai;
+pub mod sse;
 pub mod transport;
 
 use std::collections::HashMap;

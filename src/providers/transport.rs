@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use eventsource_stream::{Event as SseFrame, EventStreamError, Eventsource};
+use eventsource_stream::Event as SseFrame;
 use futures_util::{Stream, StreamExt};
 use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::Value;
 
+use super::sse::Broken;
 use super::{ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::{ProviderSettings, Secret};
 
@@ -196,79 +197,6 @@ fn secs(value: f64) -> Duration {
     Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(Duration::MAX)
 }
 
-/// The most bytes one SSE frame (its lines up to the blank line that ends it) may have: a
-/// larger one fails the run as unparsable instead of growing without bound.
-pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
-
-/// What [`lines`] found wrong in the bytes themselves.
-#[derive(Debug)]
-enum Cut<E> {
-    Transport(E),
-    TooLarge,
-}
-
-impl<E: std::fmt::Display> std::fmt::Display for Cut<E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Cut::Transport(e) => e.fmt(f),
-            Cut::TooLarge => write!(f, "an SSE frame longer than {MAX_FRAME_BYTES} bytes"),
-        }
-    }
-}
-
-/// Hands the SSE parser whole lines only, each in one piece: complete lines of a chunk as
-/// slices of it (no copy), a line split across chunks gathered first. eventsource-stream
-/// parses its whole buffer again for each piece it is given, and copies what is left after
-/// each line, so a large read of many lines, or one long line arriving in many pieces (a
-/// megabyte-sized frame), cost time quadratic in its length; line by line, it is linear.
-/// A frame above [`MAX_FRAME_BYTES`] ends the stream with an error.
-fn lines<S, E>(bytes: S) -> impl Stream<Item = Result<Bytes, Cut<E>>> + Send
-where
-    S: Stream<Item = Result<Bytes, E>> + Send,
-    E: Send,
-{
-    async_stream::stream! {
-        let mut bytes = std::pin::pin!(bytes);
-        let mut partial = bytes::BytesMut::new();
-        // Bytes of the frame so far, before `partial`.
-        let mut frame_bytes = 0usize;
-        while let Some(chunk) = bytes.next().await {
-            let mut rest = match chunk {
-                Ok(rest) => rest,
-                Err(e) => {
-                    yield Err(Cut::Transport(e));
-                    return;
-                }
-            };
-            while let Some(at) = memchr::memchr(b'\n', &rest) {
-                let piece = rest.split_to(at + 1);
-                let line = if partial.is_empty() {
-                    piece
-                } else {
-                    partial.extend_from_slice(&piece);
-                    partial.split().freeze()
-                };
-                // A blank line ends a frame.
-                let blank = line.as_ref() == b"\n" || line.as_ref() == b"\r\n";
-                frame_bytes = if blank { 0 } else { frame_bytes + line.len() };
-                if frame_bytes > MAX_FRAME_BYTES {
-                    yield Err(Cut::TooLarge);
-                    return;
-                }
-                yield Ok(line);
-            }
-            if frame_bytes + partial.len() + rest.len() > MAX_FRAME_BYTES {
-                yield Err(Cut::TooLarge);
-                return;
-            }
-            partial.extend_from_slice(&rest);
-        }
-        if !partial.is_empty() {
-            yield Ok(partial.freeze());
-        }
-    }
-}
-
 /// Runs `decoder` over an SSE byte stream. Frames may be split anywhere between chunks.
 /// Ends after the terminal frame; a stream that stops before it is an error.
 pub fn decode<S, E>(bytes: S, mut decoder: impl Decoder, first_byte: Duration, idle: Duration) -> ProviderStream
@@ -277,7 +205,7 @@ where
     E: std::fmt::Display + Send + 'static,
 {
     async_stream::stream! {
-        let mut frames = Box::pin(lines(bytes).eventsource());
+        let mut frames = Box::pin(super::sse::frames(bytes));
         let mut out = Vec::new();
         // One timer for the whole stream. A frame only notes the time; the timer, when it
         // fires, moves itself to `last frame + idle` if frames came meanwhile (re-arming a
@@ -323,13 +251,13 @@ where
                 }
                 // Bytes that are no SSE (not UTF-8, not parsable, a frame too large) are a
                 // broken answer, not a broken connection: trying again would not mend them.
-                Some(Err(EventStreamError::Transport(Cut::Transport(e)))) => {
+                Some(Err(Broken::Transport(e))) => {
                     tracing::warn!(error = %e, "provider stream broke");
                     yield Err(if begun { cut_off_error() } else { network_error() });
                     return;
                 }
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "provider stream is not SSE");
+                Some(Err(Broken::Fault(fault))) => {
+                    tracing::warn!(error = %fault, "provider stream is not SSE");
                     yield Err(parse_error());
                     return;
                 }
@@ -472,31 +400,4 @@ fn truncate(text: &str, max: usize) -> &str {
 /// Joins a configured API root and a path without doubling or losing the slash.
 pub fn join(base: &str, path: &str) -> String {
     format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn chunks_become_whole_lines_and_errors_pass_through() {
-        let chunks = vec![Ok(Bytes::from("data: a\n\ndata: b")), Ok(Bytes::from("c\r\n\r\n")), Err("cut")];
-        let pieces: Vec<Result<Bytes, String>> =
-            lines(futures_util::stream::iter(chunks)).map(|p| p.map_err(|e| e.to_string())).collect().await;
-        let expected = ["data: a\n", "\n", "data: bc\r\n", "\r\n"].map(|p| Ok(Bytes::from(p)));
-        assert_eq!(pieces[..4], expected);
-        assert_eq!(pieces[4], Err("cut".to_owned()));
-        assert_eq!(pieces.len(), 5);
-    }
-
-    #[tokio::test]
-    async fn a_frame_above_the_cap_ends_the_lines() {
-        let line = Bytes::from(vec![b'x'; 1024 * 1024]);
-        let chunks = (0..9).map(|_| Ok::<_, String>(line.clone()));
-        let pieces: Vec<_> = lines(futures_util::stream::iter(chunks)).collect().await;
-        assert!(matches!(pieces.as_slice(), [Err(Cut::TooLarge)]), "{pieces:?}");
-        let frames = ["data: 1\n", "\n"].map(|p| Ok::<_, String>(Bytes::from(p)));
-        let small: Vec<_> = lines(futures_util::stream::iter(frames)).collect().await;
-        assert_eq!(small.len(), 2);
-    }
 }
