@@ -573,11 +573,9 @@ async function stop() {
   }
 }
 
-/** After a reload: shows the conversation, then follows the saved run from its last event. */
-async function resumeSaved() {
-  const saved = JSON.parse(sessionStorage.getItem(RUN_KEY) ?? "null");
+/** After a reload: shows the conversation, then follows the saved run (see `start`) from its last event. */
+async function resumeSaved(saved) {
   if (!saved) return false;
-  sessionStorage.removeItem(RUN_KEY);
   page.mine.add(saved.trace_id); // before the conversation's stream opens
   if (!(await openConversation(saved.conversation_id))) return true;
   if (document.querySelector(`.msg[data-message-id="${saved.message_id}"]`)) return true; // stored since
@@ -938,11 +936,16 @@ function wire() {
 }
 
 async function start() {
+  // What the page was opened with, read before anything waits: a message sent while the
+  // lists load saves its own run and puts its own conversation in the address.
+  const saved = JSON.parse(sessionStorage.getItem(RUN_KEY) ?? "null");
+  sessionStorage.removeItem(RUN_KEY);
+  const id = location.hash.match(/^#\/c\/([0-9a-f-]{36})$/)?.[1];
   wire();
   await Promise.all([loadProfiles(), loadConversations()]);
-  if (await resumeSaved()) return;
-  const id = location.hash.match(/^#\/c\/([0-9a-f-]{36})$/)?.[1];
-  if (id) await openConversation(id);
+  // Unless a message was sent meanwhile: its conversation is what the page shows.
+  if (!page.conversationId && !page.run && !(await resumeSaved(saved)) && id) await openConversation(id);
+  document.body.dataset.started = "true";
 }
 
 start();

@@ -284,6 +284,34 @@ test("errors show in the banner with the contract's messages", (t) =>
     await screenshot(page, "error-refused");
   }));
 
+test("a message sent while the page's lists still load keeps its answer on the page", async () => {
+  // The page reads its lists first; a message sent meanwhile is what it shows then, not a run
+  // to resume (it saves itself for a reload as it streams).
+  const context = await browser.newContext();
+  context.setDefaultTimeout(15_000);
+  await context.addInitScript((id) => localStorage.setItem("chatd.clientId", id), `e2e-early-${process.pid}`);
+  const page = await context.newPage();
+  let letThrough;
+  const held = new Promise((resolve) => (letThrough = resolve));
+  await page.route((url) => url.pathname === "/api/conversations", async (route) => {
+    await held;
+    await route.continue();
+  });
+  try {
+    await page.goto(`${chatd.base}/`);
+    // A failed run's answer is not stored: drawing the conversation anew from the server
+    // would lose it.
+    await send(page, "Early [mock:error=unauthorized]");
+    await finished(page, "error").waitFor();
+    letThrough();
+    await page.locator("body[data-started]").waitFor();
+    assert.equal(await finished(page, "error").locator(".mark.error").innerText(), "Failed: Invalid API key");
+  } finally {
+    letThrough();
+    await context.close();
+  }
+});
+
 test("a model call that fails mid-answer and is asked again shows only what survived", (t) =>
   withPage(t, "step-reset", async ({ page }) => {
     // The mock fails after two chunks every time: each retry voids what the call said
