@@ -9,12 +9,14 @@ Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open s
 (d) a tool-calling run. Prints one table and writes target/bench/results.json. Figures are
 ratios against the direct path of the same run. Usage:
 
-  loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--provider-http1] [--repeat N] [--chatd BIN]
+  loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--backends sqlite,postgres]
+                  [--provider-http http2,http1] [--repeat N] [--chatd BIN]
                   [--encodings native,ui,agui,responses] [--postgres URL] [--extra-config FILE]
 
---postgres measures chatd on Postgres instead of SQLite: each scenario gets a database of its
-own, made beside the one URL names (which must allow CREATE DATABASE; scripts/postgres.sh
-prints one) and dropped after.
+--backends measures chatd on each database in turn (both by default). On Postgres each
+scenario gets a database of its own, made beside the one --postgres URL names (else
+CHATD_TEST_POSTGRES_URL's, else the one scripts/postgres.sh starts; it must allow CREATE
+DATABASE) and dropped after.
 
 --extra-config FILE adds its TOML to chatd's config: webhooks or telemetry on, to measure
 what they cost against a run without (a receiver for them is the caller's to start).
@@ -27,8 +29,10 @@ reported as its CPU against the native stream's in the same run.
 Single runs on a shared 2-core machine vary by 20 % and more; --repeat N measures the
 direct and chatd paths N times in turn, on the same processes, and also prints the medians.
 
-chatd reaches the mock over HTTP/2 (`http2 = true` on the provider), so that its streams
-share one connection; --provider-http1 measures one HTTP/1.1 connection per stream instead.
+--provider-http says how chatd reaches the mock, each in turn (both by default): `http2`
+(`http2 = true` on the provider: its streams share one connection) and `http1` (one HTTP/1.1
+connection per stream, as Ollama, vLLM and llama.cpp are reached). --provider-http1 is
+--provider-http http1.
 """
 import argparse, json, os, resource, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.request
 from statistics import median
@@ -122,11 +126,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller scenarios")
     ap.add_argument("--litellm", action="store_true", help="also measure the LiteLLM proxy")
     ap.add_argument("--scenarios", default="a,b,c,d")
-    ap.add_argument("--provider-http1", action="store_true",
-                    help="chatd reaches the mock over HTTP/1.1, one connection per stream, instead of HTTP/2")
+    ap.add_argument("--backends", default="sqlite,postgres", help="comma-separated: sqlite, postgres (each in turn)")
+    ap.add_argument("--provider-http", default="http2,http1",
+                    help="comma-separated: http2 (one shared connection to the mock), http1 (one per stream)")
+    ap.add_argument("--provider-http1", action="store_true", help="the same as --provider-http http1")
     ap.add_argument("--repeat", type=int, default=1, help="measure the direct and chatd paths this many times each")
     ap.add_argument("--chatd", default=os.path.join(REL, "chatd"), help="the chatd binary to measure (to compare two builds)")
-    ap.add_argument("--postgres", metavar="URL", help="measure chatd on Postgres (a fresh database beside URL's per scenario)")
+    ap.add_argument("--postgres", metavar="URL", help="the Postgres to make each scenario's database beside")
     ap.add_argument("--extra-config", metavar="FILE", help="TOML added to chatd's config (webhooks, telemetry: their cost)")
     ap.add_argument("--encodings", default="native",
                     help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's), responses (the OpenAI Responses API's)")
@@ -151,21 +157,39 @@ def main():
         "d": dict(name="tools", streams=16 if q else 64, tokens=50, delay=0, tool="calculator"),
     }
     litellm_bin = install_litellm() if args.litellm else None
+    backends = args.backends.split(",")
+    postgres = args.postgres or os.environ.get("CHATD_TEST_POSTGRES_URL")
+    if "postgres" in backends and not postgres:
+        started = subprocess.run([os.path.join(ROOT, "scripts", "postgres.sh")], capture_output=True, text=True)
+        postgres = started.stdout.strip() if started.returncode == 0 else None
+        if not postgres:
+            raise SystemExit("no Postgres to measure on: give --postgres URL, or --backends sqlite")
+    transports = ["http1"] if args.provider_http1 else args.provider_http.split(",")
     results = []
-    for key in args.scenarios.split(","):
-        sc = scenarios[key]
-        work = tempfile.mkdtemp(prefix="chatd-bench-")
-        mock_port, chatd_port, litellm_port = free_port(), free_port(), free_port()
-        mock_cmd = [os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", str(sc["tokens"]), "--delay-ms", str(sc["delay"])]
-        if sc.get("tool"):
-            mock_cmd += ["--tool", sc["tool"]]
-        mock = start(mock_cmd)
-        config = os.path.join(work, "chatd.toml")
-        database = f"sqlite://{work}/chatd.db"
-        if args.postgres:
-            database = fresh_postgres(args.postgres, os.path.basename(work))
-        with open(config, "w") as f:
-            f.write(f"""[server]
+    for backend in backends:
+        for http in transports:
+            print(f"\n== chatd on {backend}, HTTP/{'1.1' if http == 'http1' else '2'} to the model ==")
+            for key in args.scenarios.split(","):
+                results.extend(run_scenario(args, key, scenarios[key], postgres if backend == "postgres" else None,
+                                            http == "http1", litellm_bin, {"backend": backend, "provider_http": http}))
+    with open(os.path.join(OUT, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+
+
+def run_scenario(args, key, sc, postgres, http1, litellm_bin, labels):
+    """One scenario on one backend and transport: its rows, reported as they come."""
+    work = tempfile.mkdtemp(prefix="chatd-bench-")
+    mock_port, chatd_port, litellm_port = free_port(), free_port(), free_port()
+    mock_cmd = [os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", str(sc["tokens"]), "--delay-ms", str(sc["delay"])]
+    if sc.get("tool"):
+        mock_cmd += ["--tool", sc["tool"]]
+    mock = start(mock_cmd)
+    config = os.path.join(work, "chatd.toml")
+    database = f"sqlite://{work}/chatd.db"
+    if postgres:
+        database = fresh_postgres(postgres, os.path.basename(work))
+    with open(config, "w") as f:
+        f.write(f"""[server]
 port = {chatd_port}
 [database]
 url = "{database}"
@@ -178,37 +202,37 @@ builtins = ["calculator"]
 kind = "openai_compatible"
 base_url = "http://127.0.0.1:{mock_port}/v1"
 max_retries = 0
-http2 = {'false' if args.provider_http1 else 'true'}
+http2 = {'false' if http1 else 'true'}
 [profiles.default]
 provider = "mock"
 model = "mock"
 tools = ["{'*' if sc.get('tool') else 'none'}"]
 """)
-            if args.extra_config:
-                with open(args.extra_config) as extra:
-                    f.write("\n" + extra.read())
-        chatd_log = open(os.path.join(work, "chatd.log"), "w")
-        chatd = start([args.chatd, "--config", config], env={"RUST_LOG": "warn"}, log=chatd_log)
-        litellm = None
-        try:
-            wait_http(f"http://127.0.0.1:{chatd_port}/readyz")
-            openai_body = {"model": "mock", "messages": [{"role": "user", "content": "go"}], "stream": True}
-            if sc.get("tool"):
-                openai_body["tools"] = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
-            time.sleep(0.2)
-            probes = sc.get("probes", 0)
-            reps = []
-            for rep in range(max(args.repeat, 1)):
-                row = {"scenario": key, **sc, "run": rep + 1}
-                measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes)
-                for encoding in [e for e in args.encodings.split(",") if e in ENCODINGS]:
-                    measure_encoding(row, encoding, sc, chatd_port, chatd, probes)
-                reps.append(row)
-                if rep + 1 < args.repeat:
-                    report(row)
-            if litellm_bin:
-                with open(os.path.join(work, "litellm.yaml"), "w") as f:
-                    f.write(f"""model_list:
+        if args.extra_config:
+            with open(args.extra_config) as extra:
+                f.write("\n" + extra.read())
+    chatd_log = open(os.path.join(work, "chatd.log"), "w")
+    chatd = start([args.chatd, "--config", config], env={"RUST_LOG": "warn"}, log=chatd_log)
+    litellm = None
+    try:
+        wait_http(f"http://127.0.0.1:{chatd_port}/readyz")
+        openai_body = {"model": "mock", "messages": [{"role": "user", "content": "go"}], "stream": True}
+        if sc.get("tool"):
+            openai_body["tools"] = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+        time.sleep(0.2)
+        probes = sc.get("probes", 0)
+        reps = []
+        for rep in range(max(args.repeat, 1)):
+            row = {"scenario": key, **sc, **labels, "run": rep + 1}
+            measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes)
+            for encoding in [e for e in args.encodings.split(",") if e in ENCODINGS]:
+                measure_encoding(row, encoding, sc, chatd_port, chatd, probes)
+            reps.append(row)
+            if rep + 1 < args.repeat:
+                report(row)
+        if litellm_bin:
+            with open(os.path.join(work, "litellm.yaml"), "w") as f:
+                f.write(f"""model_list:
   - model_name: mock
     litellm_params:
       model: openai/mock
@@ -217,27 +241,25 @@ tools = ["{'*' if sc.get('tool') else 'none'}"]
 general_settings:
   master_key: {MASTER_KEY}
 """)
-                litellm = start([litellm_bin, "--config", os.path.join(work, "litellm.yaml"), "--port", str(litellm_port), "--num_workers", "1"],
-                                env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"},
-                                log=open(os.path.join(work, "litellm.log"), "w"))
-                wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", 180)
-                row["litellm"] = loadgen("litellm", f"http://127.0.0.1:{litellm_port}/v1/chat/completions", openai_body, sc["streams"],
-                                         headers=[f"Authorization: Bearer {MASTER_KEY}"], probes=probes)
-            results.extend(reps)
-            report(row)
-            if len(reps) > 1:
-                report_medians(reps)
-        finally:
-            stop(litellm)
-            stop(chatd)
-            stop(mock)
-            chatd_log.close()
-            shutil.rmtree(work, ignore_errors=True)
-            if args.postgres:
-                name = database.rpartition("/")[2]
-                subprocess.run(["psql", args.postgres, "-q", "-c", f"drop database if exists {name}"])
-    with open(os.path.join(OUT, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+            litellm = start([litellm_bin, "--config", os.path.join(work, "litellm.yaml"), "--port", str(litellm_port), "--num_workers", "1"],
+                            env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"},
+                            log=open(os.path.join(work, "litellm.log"), "w"))
+            wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", 180)
+            row["litellm"] = loadgen("litellm", f"http://127.0.0.1:{litellm_port}/v1/chat/completions", openai_body, sc["streams"],
+                                     headers=[f"Authorization: Bearer {MASTER_KEY}"], probes=probes)
+        report(row)
+        if len(reps) > 1:
+            report_medians(reps)
+    finally:
+        stop(litellm)
+        stop(chatd)
+        stop(mock)
+        chatd_log.close()
+        shutil.rmtree(work, ignore_errors=True)
+        if postgres:
+            name = database.rpartition("/")[2]
+            subprocess.run(["psql", postgres, "-q", "-c", f"drop database if exists {name}"])
+    return reps
 
 
 def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
