@@ -85,13 +85,12 @@ pub async fn create(
     }
     request.idempotency_key = key;
     let profile = request.profile.clone().unwrap_or_default();
-    let request_metadata = request.metadata.clone();
-    let metadata = body.metadata.as_ref().filter(|m| !m.is_empty());
+    let events = ResponseEvents::new().with_metadata(request.metadata.as_ref());
     if body.background {
         // Answered at once; the run goes on, its events readable from any replica.
         let response = match state.chat.start_once(&user, request).await? {
             Started::New(run) => Response {
-                metadata: metadata.cloned().unwrap_or_default(),
+                metadata: events.response().metadata,
                 ..Response::begun(run.trace_id, run.conversation_id, run.message_id, &profile)
             },
             Started::Again(trace) => {
@@ -106,7 +105,6 @@ pub async fn create(
         Started::New(run) => until_done(&state, run, false).boxed(),
         Started::Again(trace) => state.chat.follow(*trace, 0, false).boxed(),
     };
-    let events = ResponseEvents::new().with_metadata(request_metadata.as_ref());
     Ok(respond(&state, body.stream, events, frames).await)
 }
 
