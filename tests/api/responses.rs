@@ -217,3 +217,45 @@ async fn a_retry_with_the_same_idempotency_key_gets_the_same_response() {
         app.get(&format!("/api/conversations/{}", uuid::Uuid::parse_str(conversation).unwrap()), "ann").await;
     assert_eq!(stored["messages"].as_array().unwrap().len(), 2, "one question, one answer");
 }
+
+/// `/v1` asks for the same credentials and keeps the same limits and budgets as every other
+/// start, each refusal in OpenAI's shape with the status the SDKs map to their typed errors.
+#[tokio::test]
+async fn the_responses_api_keeps_the_same_credentials_limits_and_budgets() {
+    let config = "[auth]\nmode = \"token\"\n[auth.tokens]\n\"tok-ann\" = \"ann\"\n\
+                  [limits]\nmax_message_chars = 40\nbudget_tokens_per_day = 1\nrequests_per_minute = 0\n";
+    let app = TestApp::spawn(Backend::Sqlite, config).await;
+    let send = |token: Option<&'static str>, input: &'static str| {
+        let mut request = app.client.post(app.url("/v1/responses")).json(&json!({"model": "default", "input": input}));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let (status, retry_after) = (response.status(), response.headers().get("retry-after").cloned());
+            (status, retry_after, response.json::<Value>().await.unwrap())
+        }
+    };
+    for token in [None, Some("tok-wrong")] {
+        let (status, _, body) = send(token, "Hi").await;
+        assert_eq!(status, 401);
+        assert_eq!(
+            (body["error"]["type"].as_str(), body["error"]["code"].as_str()),
+            (Some("authentication_error"), Some("unauthorized"))
+        );
+    }
+    let (status, _, body) = send(Some("tok-ann"), "A message far longer than forty characters, refused").await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(
+        (body["error"]["type"].as_str(), body["error"]["param"].as_str()),
+        (Some("invalid_request_error"), Some("input"))
+    );
+    // A day's budget of one token: a start cannot hold what an answer may take.
+    let (status, retry_after, body) = send(Some("tok-ann"), "Hi").await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(
+        (body["error"]["type"].as_str(), body["error"]["code"].as_str()),
+        (Some("rate_limit_error"), Some("quota_exceeded"))
+    );
+    assert!(retry_after.is_some(), "Retry-After kept");
+}
