@@ -259,3 +259,31 @@ async fn the_responses_api_keeps_the_same_credentials_limits_and_budgets() {
     );
     assert!(retry_after.is_some(), "Retry-After kept");
 }
+
+/// A response whose run waits on two calls is answered for both at once: answers for one
+/// are refused before anything is settled, naming what is missing.
+#[tokio::test]
+async fn every_call_a_response_waits_on_is_answered_at_once() {
+    let app = TestApp::spawn(Backend::Sqlite, "").await;
+    let clock = json!({"type": "function", "name": "clock", "parameters": {"type": "object", "properties": {}}});
+    let body = json!({"model": "default", "input": "Two [mock:tool=clock {\"n\": 1}] [mock:tool=clock {\"n\": 2}]", "tools": [clock]});
+    let (status, first) = app.post("/v1/responses", "ann", body).await;
+    assert_eq!(status, 200, "{first}");
+    let calls: Vec<String> = first["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .map(|i| i["call_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(calls.len(), 2, "{first}");
+    let output = |call: &str| json!({"type": "function_call_output", "call_id": call, "output": "noon"});
+    let one = json!({"model": "default", "previous_response_id": first["id"], "input": [output(&calls[0])]});
+    let (status, refused) = app.post("/v1/responses", "ann", one).await;
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "input");
+    assert!(refused["error"]["message"].as_str().unwrap().contains(&calls[1]), "{refused}");
+    let both = json!({"model": "default", "previous_response_id": first["id"], "input": [output(&calls[0]), output(&calls[1])]});
+    let (status, second) = app.post("/v1/responses", "ann", both).await;
+    assert_eq!((status.as_u16(), second["status"].as_str()), (200, Some("completed")), "{second}");
+}

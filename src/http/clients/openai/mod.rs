@@ -24,6 +24,7 @@ use self::conversations::Item;
 use self::object::{InputItem, InputItemList, Model, ModelList, Refused, Response, parse_response_id};
 use self::stream::{ResponseEvents, ResponsesSse, replay, response_frames};
 use crate::chat::Started;
+use crate::chat::control::waits::WaitAnswer;
 use crate::domain::Trace;
 use crate::http::AppState;
 use crate::http::chat::until_done;
@@ -135,6 +136,9 @@ async fn continued(
         }
     };
     let trace = state.store.get_trace(user, trace_id).await.map_err(previous_missing)?;
+    if trace.status == crate::domain::TraceStatus::Waiting {
+        unanswered(state, &trace, &answers.answers).await?;
+    }
     let (trace, from) = match state.chat.answer_waits(user, trace.message_id, answers.answers).await? {
         Some(answered) => (answered.trace, answered.waited_to),
         None => {
@@ -151,6 +155,34 @@ async fn continued(
     }
     let frames = state.chat.follow(trace, from, false).boxed();
     Ok(respond(state, body.stream, events, frames).await)
+}
+
+/// Refuses answers that leave a call of the run's wait unanswered (before any is settled):
+/// the run goes on only once every call it waits on is, so a response of some would have
+/// nothing to say.
+async fn unanswered(state: &AppState, trace: &Trace, answers: &[WaitAnswer]) -> Result<(), AppError> {
+    let logged = state.store.trace_events(trace.trace_id, 0).await?;
+    let waiting = logged.iter().rev().map_while(|e| e.event.as_ref().filter(|e| stream::is_request(e)));
+    let missing: Vec<String> = waiting
+        .filter_map(|request| match request {
+            crate::events::Event::ToolResultRequest(r) => {
+                let answered = answers.iter().any(|a| matches!(a, WaitAnswer::Result { tool_call_id, .. } if *tool_call_id == r.tool_call_id));
+                (!answered).then(|| format!("function_call_output for {}", r.tool_call_id))
+            }
+            crate::events::Event::ToolApprovalRequest(r) => {
+                let answered = answers.iter().any(|a| matches!(a, WaitAnswer::Approval { approval_id, .. } if approval_id.to_string() == r.approval_id));
+                (!answered).then(|| format!("mcp_approval_response for {}", r.tool))
+            }
+            _ => None,
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(AppError::validation(
+        "input",
+        format!("answer every call the response waits on; missing: {}", missing.join(", ")),
+    ))
 }
 
 /// Where the response after the one whose events are `logged` begins: the seq of the last
