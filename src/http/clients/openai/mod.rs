@@ -136,20 +136,23 @@ async fn continued(
         }
     };
     let trace = state.store.get_trace(user, trace_id).await.map_err(previous_missing)?;
+    // Read once: what the wait asks, and (its events before the wait being the same after
+    // it) what the response that goes on knows of the run.
+    let logged = state.store.trace_events(trace_id, 0).await?;
     if trace.status == crate::domain::TraceStatus::Waiting {
-        unanswered(state, &trace, &answers.answers).await?;
+        unanswered(&logged, &answers.answers)?;
     }
     let (trace, from) = match state.chat.answer_waits(user, trace.message_id, answers.answers).await? {
         Some(answered) => (answered.trace, answered.waited_to),
         None => {
-            let logged = state.store.trace_events(trace_id, previous.unwrap_or(0) as i64).await?;
-            let from = previous.and_then(|_| next_response(logged.iter().map(|e| (e.seq as u64, e.event.as_ref()))));
+            let after_previous = logged.iter().filter(|e| previous.is_some_and(|p| e.seq as u64 > p));
+            let from = previous.and_then(|_| next_response(after_previous.map(|e| (e.seq as u64, e.event.as_ref()))));
             let from =
                 from.ok_or_else(|| AppError::Conflict("That response does not wait for these answers".into()))?;
             (trace, from)
         }
     };
-    let (events, _) = response_log(state, &trace, from).await?;
+    let events = opening(&trace, from, &logged)?;
     if body.background {
         return Ok(Json(Response { background: true, ..events.response() }).into_response());
     }
@@ -160,8 +163,7 @@ async fn continued(
 /// Refuses answers that leave a call of the run's wait unanswered (before any is settled):
 /// the run goes on only once every call it waits on is, so a response of some would have
 /// nothing to say.
-async fn unanswered(state: &AppState, trace: &Trace, answers: &[WaitAnswer]) -> Result<(), AppError> {
-    let logged = state.store.trace_events(trace.trace_id, 0).await?;
+fn unanswered(logged: &[crate::events::LoggedEvent], answers: &[WaitAnswer]) -> Result<(), AppError> {
     let waiting = logged.iter().rev().map_while(|e| e.event.as_ref().filter(|e| stream::is_request(e)));
     let missing: Vec<String> = waiting
         .filter_map(|request| match request {
@@ -358,16 +360,23 @@ async fn response_log(
     from: u64,
 ) -> Result<(ResponseEvents, Vec<crate::events::LoggedEvent>), AppError> {
     let mut logged = state.store.trace_events(trace.trace_id, 0).await?;
+    let events = opening(trace, from, &logged)?;
+    let at = logged.partition_point(|e| (e.seq as u64) <= from);
+    Ok((events, logged.split_off(at)))
+}
+
+/// The events that build `trace`'s response beginning after `from`, knowing the run's
+/// `logged` events before it (any `from` but where a wait ended is no response's).
+fn opening(trace: &Trace, from: u64, logged: &[crate::events::LoggedEvent]) -> Result<ResponseEvents, AppError> {
+    let events = ResponseEvents::new().with_metadata(trace.metadata.as_ref());
     if from == 0 {
-        return Ok((ResponseEvents::new().with_metadata(trace.metadata.as_ref()), logged));
+        return Ok(events);
     }
-    if !ends_a_wait(&logged, from) {
+    if !ends_a_wait(logged, from) {
         return Err(AppError::not_found("Response not found"));
     }
-    let at = logged.partition_point(|e| (e.seq as u64) <= from);
-    let earlier = logged[..at].iter().filter_map(|e| Some((e.seq as u64, e.event.as_ref()?)));
-    let events = ResponseEvents::new().with_metadata(trace.metadata.as_ref()).after(from, earlier);
-    Ok((events, logged.split_off(at)))
+    let earlier = logged.iter().take_while(|e| e.seq as u64 <= from);
+    Ok(events.after(from, earlier.filter_map(|e| Some((e.seq as u64, e.event.as_ref()?)))))
 }
 
 /// Whether a wait's requests end at seq `from` of a run's log: where a response that goes on
