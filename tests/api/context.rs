@@ -84,3 +84,26 @@ async fn dropped_history_can_be_summarised() {
     assert_eq!(state["summary"], "Mock reply: Summarise the conversation so far.");
     assert!(state["dropped"].as_u64().unwrap() > 0);
 }
+
+both_backends! {
+    /// A turn that needs no trim clears the state a trim stored (aside from the model call,
+    /// but before the run's end is told).
+    async fn a_turn_that_fits_clears_the_stored_trim(backend: Backend) {
+        let config = "[profiles.default]\ncontext_limit = 600\n[profiles.roomy]\nprovider = \"mock\"\nmodel = \"mock\"\n";
+        let app = TestApp::spawn(backend, config).await;
+        let long = "word ".repeat(60);
+        let first = app.chat("ann", json!({"message": format!("one {long}")})).await;
+        let conversation = first[0].data["conversation_id"].clone();
+        for n in 0..3 {
+            app.chat("ann", json!({"message": format!("turn {n} {long}"), "conversation_id": conversation})).await;
+        }
+        let path = format!("/api/conversations/{}", conversation.as_str().unwrap());
+        let (_, loaded) = app.get(&path, "ann").await;
+        assert_eq!(loaded["context_state"]["strategy"], "trim_oldest", "{loaded}");
+        let events =
+            app.chat("ann", json!({"message": "short", "conversation_id": conversation, "profile": "roomy"})).await;
+        assert_eq!(events.last().unwrap().kind(), "done");
+        let (_, loaded) = app.get(&path, "ann").await;
+        assert!(loaded["context_state"].is_null(), "the turn that fits cleared it: {}", loaded["context_state"]);
+    }
+}

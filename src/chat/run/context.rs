@@ -7,8 +7,9 @@
 //! describes; it is cleared when nothing needs trimming and deleted with the conversation.
 
 use crate::ids::{ConversationId, UserId};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::task::JoinHandle;
 
 use crate::domain::{ContextState, ContextStrategy};
 use crate::providers::{InputMessage, ModelRequest};
@@ -152,28 +153,51 @@ pub struct ContextKeeper {
     /// Whether a state may be stored: not for a conversation this run created, until it
     /// stores one (clearing what cannot exist would be one more write per new chat).
     may_be_stored: Arc<AtomicBool>,
+    /// A clear still being written, aside from the run (see [`record`](Self::record)).
+    clearing: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 impl ContextKeeper {
     pub fn new(store: Arc<dyn Store>, user: &UserId, conversation_id: ConversationId, new_conversation: bool) -> Self {
         let may_be_stored = Arc::new(AtomicBool::new(!new_conversation));
-        Self { store, user: user.to_owned(), conversation_id, may_be_stored }
+        Self { store, user: user.to_owned(), conversation_id, may_be_stored, clearing: Arc::default() }
     }
 
     /// The stored state, if any.
     pub async fn stored(&self) -> Option<ContextState> {
+        self.cleared().await;
         self.store.context_state(&self.user, self.conversation_id).await.ok().flatten()
     }
 
     /// Stores the state of the latest trim, or clears a stored one that no longer applies.
+    /// A clear (the first call of most turns of an existing conversation) is written aside,
+    /// while the model is called: it is not in the way of the first token. What comes after
+    /// it here (a read, a new state, the run's end) waits for it.
     pub async fn record(&self, state: Option<&ContextState>) {
-        if state.is_some() {
-            self.may_be_stored.store(true, Ordering::Relaxed);
-        } else if !self.may_be_stored.load(Ordering::Relaxed) {
+        let Some(state) = state else {
+            if self.may_be_stored.swap(false, Ordering::Relaxed) {
+                let (store, user, conversation_id) = (self.store.clone(), self.user.clone(), self.conversation_id);
+                let clear = tokio::spawn(async move {
+                    if let Err(e) = store.set_context_state(&user, conversation_id, None).await {
+                        tracing::warn!(error = %e, %conversation_id, "could not clear the context state");
+                    }
+                });
+                *self.clearing.lock().expect("never poisoned") = Some(clear);
+            }
             return;
-        }
-        if let Err(e) = self.store.set_context_state(&self.user, self.conversation_id, state).await {
+        };
+        self.cleared().await;
+        self.may_be_stored.store(true, Ordering::Relaxed);
+        if let Err(e) = self.store.set_context_state(&self.user, self.conversation_id, Some(state)).await {
             tracing::warn!(error = %e, conversation_id = %self.conversation_id, "could not store the context state");
+        }
+    }
+
+    /// Waits for a clear written aside, if one is.
+    pub async fn cleared(&self) {
+        let clearing = self.clearing.lock().expect("never poisoned").take();
+        if let Some(clearing) = clearing {
+            let _ = clearing.await;
         }
     }
 }

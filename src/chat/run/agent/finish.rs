@@ -20,6 +20,8 @@ pub(super) async fn finish(
     ending: Ending,
     mut output: Output,
 ) {
+    // A context state cleared aside is gone before the run's end is told.
+    plan.context.cleared().await;
     if matches!(ending, Ending::Cancelled) {
         // A call cancelled before its result (or before its arguments were whole) would be
         // an unanswered call that providers refuse in every later turn: drop it.
