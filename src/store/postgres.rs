@@ -119,6 +119,16 @@ impl Backend for PostgresStore {
         Ok(query.build().execute(conn).await?.rows_affected())
     }
 
+    async fn fetch_all<'c, 'q, O>(
+        conn: &'c mut PgConnection,
+        mut query: QueryBuilder<'q, Postgres>,
+    ) -> Result<Vec<O>, sqlx::Error>
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        query.build_query_as().fetch_all(conn).await
+    }
+
     async fn ping_database(&self) -> Result<(), StoreError> {
         sqlx::query("select 1").execute(&self.pool).await?;
         Ok(())

@@ -635,6 +635,76 @@ async fn a_start_that_missed_a_run_of_its_conversation_is_refused_as_moved() {
 }
 
 both_backends! {
+    /// A group of starts that updates one conversation twice (two messages into it, one
+    /// queued behind the other's run, which settles the message the group inserts) writes
+    /// each as it would have been written alone, in order.
+    async fn a_group_that_updates_a_conversation_twice_writes_both_in_order(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let ann = user("ann");
+        let c = conversation("ann", "twice");
+        let first = run_start(&c, true);
+        assert_eq!(store.start_run(&first).await.unwrap(), StartOutcome::Started);
+        store.finish_run(&ended(&first.traces[0], None)).await.unwrap();
+        let stored = store.get_conversation(&ann, c.id).await.unwrap();
+        let next = run_start(&stored, false);
+        let behind = queued_start(&stored, next.traces[0].message_id);
+        let other = conversation("ann", "other");
+        let beside = run_start(&other, true);
+        assert_eq!(store.start_runs(&[&next, &beside, &behind]).await.unwrap(), StartOutcome::Started);
+        let loaded = store.get_conversation(&ann, c.id).await.unwrap();
+        assert_eq!(loaded.message_count, 3, "each message counted");
+        assert_eq!(loaded.active_leaf_id, Some(behind.user_message.id), "the later message is the leaf");
+        let messages = store.messages(&ann, c.id).await.unwrap();
+        let queued = messages.iter().find(|m| m.id == behind.user_message.id).unwrap();
+        assert_eq!(queued.parent_id, Some(next.traces[0].message_id), "it waits for the answer still going");
+        assert_eq!(store.get_conversation(&ann, other.id).await.unwrap().message_count, 1);
+        // A group one of whose conversations is gone writes nothing.
+        store.delete_conversation(&ann, other.id).await.unwrap();
+        let (late, gone) = (run_start(&loaded, false), run_start(&other, false));
+        assert!(matches!(store.start_runs(&[&late, &gone]).await, Err(StoreError::NotFound)));
+        assert_eq!(store.get_conversation(&ann, c.id).await.unwrap().message_count, 3, "nothing of the group");
+    }
+}
+
+/// A start on Postgres takes its user's lock with the key every other statement binds, for
+/// any user id (quotes, backslashes, letters past ASCII): while another transaction holds
+/// it, the start waits; the running runs it then counts include what that one committed.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_start_waits_for_its_users_lock_whatever_the_users_id() {
+    use sqlx::Connection;
+    let (store, db) = open(Backend::Postgres).await;
+    let odd = r"o'brien\'; select 1; -- ünï";
+    let c = conversation(odd, "odd");
+    let mut first = run_start(&c, true);
+    first.max_running = Some(1);
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 7))").bind(odd).execute(&mut *tx).await.unwrap();
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move { store.start_run(&first).await.unwrap() }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the start waits for the lock");
+    tx.commit().await.unwrap();
+    assert_eq!(waiting.await.unwrap(), StartOutcome::Started);
+    let mut second = run_start(&conversation(odd, "second"), true);
+    second.max_running = Some(1);
+    assert_eq!(store.start_run(&second).await.unwrap(), StartOutcome::OverLimit(1), "the first is counted");
+    assert_eq!(store.list_conversations(&user(odd), 10, None).await.unwrap().len(), 1, "nothing of the refused one");
+    // A start into a conversation that is not its user's is not found, and takes its group.
+    let ann = conversation("ann", "ann's");
+    assert_eq!(store.start_run(&run_start(&ann, true)).await.unwrap(), StartOutcome::Started);
+    let loaded = store.get_conversation(&user("ann"), ann.id).await.unwrap();
+    let not_bobs = Conversation { user_id: user("bob"), ..loaded.clone() };
+    let (beside, intruder) = (run_start(&conversation("ann", "beside"), true), run_start(&not_bobs, false));
+    assert!(matches!(store.start_runs(&[&beside, &intruder]).await, Err(StoreError::NotFound)));
+    assert_eq!(store.messages(&user("ann"), ann.id).await.unwrap().len(), 1, "nothing of the group");
+    assert_eq!(store.list_conversations(&user("ann"), 10, None).await.unwrap().len(), 1, "nor of the start beside it");
+}
+
+both_backends! {
     async fn a_queued_message_whose_answer_will_never_come_follows_its_question(backend: Backend) {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "never");

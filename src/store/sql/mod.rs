@@ -77,6 +77,14 @@ pub(super) trait Backend: Send + Sync + 'static {
         query: QueryBuilder<'q, Self::Db>,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
+    /// Runs a built query; the rows it returned, as `O`.
+    fn fetch_all<'c, 'q, O>(
+        conn: &'c mut Conn<Self>,
+        query: QueryBuilder<'q, Self::Db>,
+    ) -> impl Future<Output = Result<Vec<O>, sqlx::Error>> + Send
+    where
+        O: for<'r> sqlx::FromRow<'r, Row<Self>> + Send + Unpin;
+
     /// Whether the database answers and takes writes.
     fn ping_database(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Added to the update that claims a waiting run to continue it: what the backend's log

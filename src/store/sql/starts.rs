@@ -1,16 +1,17 @@
 //! What a start writes, for any number of starts at once (the start writer's group commit):
 //! new conversations, messages and traces as a few multi-row statements, in one transaction;
-//! where other replicas start runs too (Postgres), the users' limits and the conversations'
-//! going runs checked under locks first; where one query may hold a whole transaction
-//! (SQLite), one round trip.
+//! where other replicas start runs too (Postgres), the users' limits, budgets and the
+//! conversations' going runs checked under locks, in three round trips; where one query may
+//! hold a whole transaction (SQLite), one round trip.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
-use super::statements::{GOING_IN_CONVERSATION, Statements};
-use super::{Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
+use super::statements::Statements;
+use super::usage::SpendRow;
+use super::{Backend, Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
 use crate::domain::{Conversation, Message, Trace};
 use crate::ids::{TraceId, UserId};
 use crate::store::{BudgetHold, RunStart, StartOutcome, StoreError};
@@ -22,30 +23,25 @@ pub(super) trait Starts: Statements {
         starts: &[&RunStart],
     ) -> impl Future<Output = Result<StartOutcome, StoreError>> + Send;
 
-    /// Counts each user's running runs, with the starts' new ones, against the starts'
-    /// `max_running`, holding a lock per user until the transaction ends: replicas
-    /// that start runs for one user at once take turns here, and each sees the runs
-    /// the others committed.
-    fn check_running_limits(
-        conn: &mut Conn<Self>,
+    /// The group of starts where other replicas start runs too (Postgres), in three round
+    /// trips: `BEGIN` with the locks of the starts' users and conversations (taken in one
+    /// order by every replica); one statement that writes every row (each a data-modifying
+    /// `with` query) and reads, with the snapshot taken under those locks, what the checks
+    /// need ([`Checks`]); then `COMMIT`, or `ROLLBACK` where a check refuses. Replicas that
+    /// start runs for one user or conversation at once take turns at the locks, and each
+    /// sees the runs the others committed. The few writes one statement cannot hold (a
+    /// second update of a row it updates; a queued message's settle, which updates the
+    /// message it inserts) follow it, before the commit.
+    fn start_runs_under_locks(
+        backend: &Self,
+        conversations: &[Conversation],
+        messages: &[(&UserId, &Message)],
         starts: &[&RunStart],
-    ) -> impl Future<Output = Result<(), Stop>> + Send;
-
-    /// Refuses the starts as [`StartOutcome::OverBudget`] where their runs' reservations
-    /// would take their user past a budget, counting what every replica's runs spent and
-    /// hold, under a lock per user: a burst of starts on several replicas takes turns here.
-    fn check_budgets(conn: &mut Conn<Self>, starts: &[&RunStart]) -> impl Future<Output = Result<(), Stop>> + Send;
-
-    /// Refuses the starts as [`StartOutcome::Moved`] where a run of a start's conversation is going that
-    /// the start did not see (another replica started it since): its message would not follow
-    /// that run. Starts into one conversation take turns here.
-    fn check_going(
-        conn: &mut Conn<Self>,
-        starts: &[&RunStart],
-    ) -> impl Future<Output = Result<Vec<(Uuid, DateTime<Utc>)>, Stop>> + Send;
+        traces: &[(&Trace, &str, Option<&Value>)],
+    ) -> impl Future<Output = Result<StartOutcome, StoreError>> + Send;
 
     /// Places the queued traces of `starts` after the runs going in their conversations
-    /// (`lasts`: the latest `started_at` of those, from [`check_going`](<B as Starts>::check_going)):
+    /// (`lasts`: the latest `started_at` of those, from [`Checks::judge`]):
     /// the queue's order is the database's, not the clocks of the replicas that planned them.
     fn place_queued(
         conn: &mut Conn<Self>,
@@ -73,11 +69,10 @@ where
     B: Statements,
     for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
-    for<'r> (i64,): FromRow<'r, Row<B>>,
-    for<'r> (Uuid, DateTime<Utc>, String, Option<Uuid>): FromRow<'r, Row<B>>,
-    for<'r> super::usage::SpendRow: FromRow<'r, Row<B>>,
+    for<'r> CheckRow: FromRow<'r, Row<B>>,
     for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
 {
     async fn start_runs(backend: &B, starts: &[&RunStart]) -> Result<StartOutcome, StoreError> {
@@ -108,32 +103,80 @@ where
         if B::MANY_STATEMENTS_PER_QUERY {
             return <B as Starts>::start_runs_in_one_query(backend, &conversations, &messages, starts, &traces).await;
         }
+        <B as Starts>::start_runs_under_locks(backend, &conversations, &messages, starts, &traces).await
+    }
+
+    async fn start_runs_under_locks(
+        backend: &B,
+        conversations: &[Conversation],
+        messages: &[(&UserId, &Message)],
+        starts: &[&RunStart],
+        traces: &[(&Trace, &str, Option<&Value>)],
+    ) -> Result<StartOutcome, StoreError> {
+        let checks = Checks::of(starts);
         write(backend, async |conn| {
-            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+            let mut tx = sqlx::Connection::begin_with(conn, checks.begin_and_lock::<B>()).await?;
             let written: Result<(), Stop> = async {
-                let lasts = if B::SHARED {
-                    <B as Starts>::check_running_limits(&mut *tx, starts).await?;
-                    <B as Starts>::check_budgets(&mut *tx, starts).await?;
-                    <B as Starts>::check_going(&mut *tx, starts).await?
-                } else {
-                    Vec::new()
-                };
+                // Updates of a row the statement inserts or updates already wait for it to end.
+                let mut updated: Vec<Uuid> = conversations.iter().map(|c| c.id.0).collect();
+                let mut after: Vec<&RunStart> = Vec::new();
+                let mut query = Writes::<B>::default();
                 for rows in conversations.chunks(ROWS_PER_INSERT) {
-                    <B as Statements>::insert_conversations(&mut *tx, rows).await.map_err(Stop::from_insert)?;
+                    <B as Statements>::push_conversations(query.next(), rows);
+                    query.end();
                 }
                 for rows in messages.chunks(ROWS_PER_INSERT) {
-                    <B as Statements>::insert_messages(&mut *tx, rows).await?;
+                    <B as Statements>::push_messages(query.next(), rows);
+                    query.end();
                     if <B as Statements>::use_files(rows) {
-                        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-                        <B as Statements>::push_message_files(&mut query, rows);
-                        // A file deleted since the request was checked.
-                        B::execute(&mut *tx, query).await.map_err(|e| match e.as_database_error() {
-                            Some(db) if db.is_foreign_key_violation() => StoreError::NotFound,
-                            _ => e.into(),
-                        })?;
+                        <B as Statements>::push_message_files(query.next(), rows);
+                        query.end();
                     }
                 }
+                let mut touches = Vec::new();
                 for start in starts {
+                    let conversation = start.user_message.conversation_id.0;
+                    let touches_row = start.user_message_is_new && start.new_conversation.is_none();
+                    let settles = <B as Statements>::settles(start);
+                    if !touches_row && !settles {
+                        continue;
+                    }
+                    // A queued message's settle updates the message this statement inserts.
+                    if updated.contains(&conversation) || start.user_message_is_new && settles {
+                        after.push(start);
+                    } else {
+                        if touches_row {
+                            <B as Statements>::push_touch(query.next(), &start.traces[0].user_id, &start.user_message);
+                            touches.push(query.end_returning());
+                        }
+                        if settles {
+                            <B as Statements>::push_settle(query.next(), start);
+                            query.end();
+                        }
+                    }
+                    updated.push(conversation);
+                }
+                for comparison in starts.iter().filter_map(|s| s.comparison.as_ref()) {
+                    <B as Statements>::push_comparison(query.next(), comparison);
+                    query.end();
+                }
+                for rows in traces.chunks(ROWS_PER_INSERT) {
+                    <B as Statements>::push_traces(query.next(), rows);
+                    query.end();
+                }
+                if starts.iter().any(|s| s.budget.is_some()) {
+                    <B as Statements>::push_reservations(query.next(), starts);
+                    query.end();
+                }
+                if starts.iter().any(|s| s.idempotency_key.is_some()) {
+                    <B as Statements>::push_keys(query.next(), starts);
+                    query.end();
+                }
+                let mut query = query.finish();
+                checks.push_reads::<B>(&mut query, &touches);
+                let rows: Vec<CheckRow> = B::fetch_all(&mut *tx, query).await.map_err(Stop::from_insert)?;
+                let lasts = checks.judge(&rows, touches.len())?;
+                for start in after {
                     if start.user_message_is_new && start.new_conversation.is_none() {
                         let user = &start.traces[0].user_id;
                         <B as Statements>::touch_conversation(&mut *tx, user, &start.user_message).await?;
@@ -143,26 +186,8 @@ where
                         <B as Statements>::push_settle(&mut query, start);
                         B::execute(&mut *tx, query).await?;
                     }
-                    if let Some(c) = &start.comparison {
-                        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-                        <B as Statements>::push_comparison(&mut query, c);
-                        B::execute(&mut *tx, query).await?;
-                    }
-                }
-                for rows in traces.chunks(ROWS_PER_INSERT) {
-                    let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-                    <B as Statements>::push_traces(&mut query, rows);
-                    B::execute(&mut *tx, query).await?;
                 }
                 <B as Starts>::place_queued(&mut tx, starts, &lasts).await?;
-                let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-                if <B as Statements>::push_reservations(&mut query, starts) {
-                    B::execute(&mut *tx, query).await?;
-                }
-                let mut query = sqlx::QueryBuilder::<B::Db>::new("");
-                if <B as Statements>::push_keys(&mut query, starts) {
-                    B::execute(&mut *tx, query).await.map_err(Stop::from_insert)?;
-                }
                 Ok(())
             }
             .await;
@@ -179,76 +204,6 @@ where
             }
         })
         .await
-    }
-
-    async fn check_running_limits(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<(), Stop> {
-        let mut users: Vec<(&UserId, usize, usize)> = Vec::new();
-        for start in starts {
-            let (Some(limit), Some(first)) = (start.max_running, start.traces.first()) else { continue };
-            match users.iter_mut().find(|(user, _, _)| *user == &first.user_id) {
-                Some((_, _, adding)) => *adding += start.traces.len(),
-                None => users.push((&first.user_id, limit, start.traces.len())),
-            }
-        }
-        users.sort_unstable();
-        for (user, limit, adding) in users {
-            sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 7))").bind(user).execute(&mut *conn).await?;
-            let (running,): (i64,) =
-                sqlx::query_as("select count(*) from traces where user_id = $1 and status = 'running'")
-                    .bind(user)
-                    .fetch_one(&mut *conn)
-                    .await?;
-            let running = usize::try_from(running).unwrap_or(usize::MAX);
-            if running + adding > limit {
-                return Err(Stop::Refused(StartOutcome::OverLimit(running)));
-            }
-        }
-        Ok(())
-    }
-
-    async fn check_budgets(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<(), Stop> {
-        let mut users: Vec<(&UserId, BudgetHold, u64)> = Vec::new();
-        for start in starts {
-            let (Some(hold), Some(first)) = (start.budget, start.traces.first()) else { continue };
-            match users.iter_mut().find(|(user, ..)| *user == &first.user_id) {
-                Some((_, _, runs)) => *runs += start.traces.len() as u64,
-                None => users.push((&first.user_id, hold, start.traces.len() as u64)),
-            }
-        }
-        users.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        for (user, hold, runs) in users {
-            sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 9))").bind(user).execute(&mut *conn).await?;
-            let budgets = hold.budgets;
-            let row: super::usage::SpendRow = sqlx::query_as(super::usage::SPEND)
-                .bind(user)
-                .bind(budgets.day_start)
-                .bind(budgets.month_start)
-                .fetch_one(&mut *conn)
-                .await?;
-            if budgets.passed_with(&row.into(), hold.reserve_tokens * runs, hold.reserve_usd * runs as f64) {
-                return Err(Stop::Refused(StartOutcome::OverBudget));
-            }
-        }
-        Ok(())
-    }
-
-    async fn check_going(conn: &mut Conn<B>, starts: &[&RunStart]) -> Result<Vec<(Uuid, DateTime<Utc>)>, Stop> {
-        let mut seen: Vec<(Uuid, &[TraceId])> =
-            starts.iter().filter_map(|s| Some((s.user_message.conversation_id.0, s.going_seen.as_deref()?))).collect();
-        seen.sort_unstable_by_key(|(conversation, _)| *conversation);
-        let mut lasts = Vec::new();
-        for (conversation, seen) in seen {
-            <B as Statements>::lock_conversation(conn, conversation).await?;
-            let going: Vec<(Uuid, DateTime<Utc>, String, Option<Uuid>)> =
-                sqlx::query_as(GOING_IN_CONVERSATION).bind(conversation).fetch_all(&mut *conn).await?;
-            if going.iter().any(|(id, ..)| !seen.iter().any(|s| s.0 == *id)) {
-                return Err(Stop::Refused(StartOutcome::Moved));
-            }
-            if let Some(last) = going.iter().map(|(_, at, ..)| *at).max() {
-                lasts.push((conversation, last));
-            }
-        }
-        Ok(lasts)
     }
 
     async fn place_queued(
@@ -363,5 +318,208 @@ impl Stop {
 impl<E: Into<StoreError>> From<E> for Stop {
     fn from(error: E) -> Self {
         Stop::Fault(error.into())
+    }
+}
+
+/// One statement of many writes, each a data-modifying `with` query (`w0`, `w1`, …), which
+/// the checks' reads end.
+struct Writes<'a, B: Backend> {
+    query: sqlx::QueryBuilder<'a, B::Db>,
+    count: usize,
+}
+
+impl<B: Backend> Default for Writes<'_, B> {
+    fn default() -> Self {
+        Self { query: sqlx::QueryBuilder::new(""), count: 0 }
+    }
+}
+
+impl<'a, B: Backend> Writes<'a, B> {
+    /// Opens the next write, for a statement to be pushed.
+    fn next(&mut self) -> &mut sqlx::QueryBuilder<'a, B::Db> {
+        self.query.push(if self.count == 0 { "with " } else { ", " });
+        self.query.push(format_args!("w{} as (", self.count));
+        &mut self.query
+    }
+
+    fn end(&mut self) {
+        self.query.push(")");
+        self.count += 1;
+    }
+
+    /// Ends an update whose rows are counted ([`Checks::push_reads`]); returns its number.
+    fn end_returning(&mut self) -> usize {
+        self.query.push(" returning 1)");
+        self.count += 1;
+        self.count - 1
+    }
+
+    fn finish(mut self) -> sqlx::QueryBuilder<'a, B::Db> {
+        self.query.push(" ");
+        self.query
+    }
+}
+
+/// One row of what the checks read (a union of kinds, each with its slot: the user's,
+/// conversation's or update's index).
+#[derive(sqlx::FromRow)]
+pub(super) struct CheckRow {
+    kind: i32,
+    slot: i32,
+    n: i64,
+    id: Option<Uuid>,
+    at: Option<DateTime<Utc>>,
+    #[sqlx(flatten)]
+    spend: SpendRow,
+}
+
+const RUNNING: i32 = 0;
+const SPENT: i32 = 1;
+const GOING: i32 = 2;
+const TOUCHED: i32 = 3;
+
+/// What the starts of a group must be checked against, by user and conversation.
+struct Checks<'a> {
+    /// Users with a limit of running runs: the limit, and the runs the group adds.
+    running: Vec<(&'a UserId, usize, usize)>,
+    /// Users with a budget: its hold, and the runs the group adds.
+    budgets: Vec<(&'a UserId, BudgetHold, u64)>,
+    /// Conversations with runs going when their start looked: those runs.
+    going: Vec<(Uuid, &'a [TraceId])>,
+}
+
+impl<'a> Checks<'a> {
+    fn of(starts: &[&'a RunStart]) -> Self {
+        let mut running: Vec<(&UserId, usize, usize)> = Vec::new();
+        let mut budgets: Vec<(&UserId, BudgetHold, u64)> = Vec::new();
+        for start in starts {
+            let Some(first) = start.traces.first() else { continue };
+            let runs = start.traces.len();
+            if let Some(limit) = start.max_running {
+                match running.iter_mut().find(|(user, ..)| *user == &first.user_id) {
+                    Some((_, _, adding)) => *adding += runs,
+                    None => running.push((&first.user_id, limit, runs)),
+                }
+            }
+            if let Some(hold) = start.budget {
+                match budgets.iter_mut().find(|(user, ..)| *user == &first.user_id) {
+                    Some((_, _, adding)) => *adding += runs as u64,
+                    None => budgets.push((&first.user_id, hold, runs as u64)),
+                }
+            }
+        }
+        running.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        budgets.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut going: Vec<(Uuid, &[TraceId])> =
+            starts.iter().filter_map(|s| Some((s.user_message.conversation_id.0, s.going_seen.as_deref()?))).collect();
+        going.sort_unstable_by_key(|(conversation, _)| *conversation);
+        going.dedup_by_key(|(conversation, _)| *conversation);
+        Self { running, budgets, going }
+    }
+
+    /// `BEGIN` and the locks, one simple query: the users' for their running runs (7) and
+    /// budgets (9), then the conversations' (8), each kind in order. Its texts go in as hex
+    /// digits (nothing a user sends is read as SQL); the keys are those the store's other
+    /// statements take with a bound parameter.
+    fn begin_and_lock<B: Backend>(&self) -> String {
+        let mut sql = B::BEGIN_WRITE.to_owned();
+        if !B::SHARED {
+            return sql;
+        }
+        let mut lock = |text: &str, kind: u8| {
+            let hex: String = text.bytes().map(|b| format!("{b:02x}")).collect();
+            sql.push_str(&format!(
+                "; select pg_advisory_xact_lock(hashtextextended(convert_from(decode('{hex}', 'hex'), 'UTF8'), {kind}))"
+            ));
+        };
+        for (user, ..) in &self.running {
+            lock(user.as_str(), 7);
+        }
+        for (user, ..) in &self.budgets {
+            lock(user.as_str(), 9);
+        }
+        for (conversation, _) in &self.going {
+            lock(&conversation.to_string(), 8);
+        }
+        sql
+    }
+
+    /// Ends the statement with what the checks read, and how many rows each counted
+    /// update (`touches`, by write number) found: one row of each kind per slot, after a
+    /// first that sets the columns' types.
+    fn push_reads<B: Statements>(&self, query: &mut sqlx::QueryBuilder<'a, B::Db>, touches: &[usize])
+    where
+        for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
+        for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
+        for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
+    {
+        const NO_RUN: &str = "cast(null as uuid) as id, cast(null as timestamptz) as at";
+        const NO_SPEND: &str = "cast(0 as bigint) as tokens, cast(0 as bigint) as reserved_tokens, \
+             cast(0 as double precision) as usd, cast(0 as double precision) as reserved_usd";
+        let row = |query: &mut sqlx::QueryBuilder<'a, B::Db>, kind: i32, slot: usize| {
+            query.push(format_args!(" union all select cast({kind} as integer), cast({slot} as integer), "));
+        };
+        query.push(format_args!(
+            "select cast(-1 as integer) as kind, cast(0 as integer) as slot, cast(0 as bigint) as n, {NO_RUN}, {NO_SPEND}"
+        ));
+        for (slot, (user, ..)) in self.running.iter().enumerate() {
+            row(query, RUNNING, slot);
+            query.push(format_args!("count(*), {NO_RUN}, {NO_SPEND} from traces where user_id = "));
+            query.push_bind(user.as_str()).push(" and status = 'running'");
+        }
+        for (slot, (user, hold, _)) in self.budgets.iter().enumerate() {
+            row(query, SPENT, slot);
+            query.push(format_args!(
+                "cast(0 as bigint), {NO_RUN}, s.tokens, s.reserved_tokens, s.usd, s.reserved_usd from ("
+            ));
+            <B as Statements>::push_spend(query, user.as_str(), &hold.budgets);
+            query.push(") s");
+        }
+        for (slot, (conversation, _)) in self.going.iter().enumerate() {
+            row(query, GOING, slot);
+            query.push(format_args!("cast(0 as bigint), g.id, g.started_at, {NO_SPEND} from ("));
+            <B as Statements>::push_going(query, *conversation);
+            query.push(") g");
+        }
+        for (slot, write) in touches.iter().enumerate() {
+            row(query, TOUCHED, slot);
+            query.push(format_args!("count(*), {NO_RUN}, {NO_SPEND} from w{write}"));
+        }
+    }
+
+    /// Judges the starts by what [`push_reads`](Self::push_reads) read, in the order the
+    /// refusals take: a user's running runs, a user's budget, a conversation's going runs;
+    /// an update that found no conversation (deleted meanwhile) is not found. Returns the
+    /// latest `started_at` of each conversation's going runs.
+    fn judge(&self, rows: &[CheckRow], touches: usize) -> Result<Vec<(Uuid, DateTime<Utc>)>, Stop> {
+        let of = |kind: i32| rows.iter().filter(move |r| r.kind == kind);
+        let count = |kind: i32, slot: usize| of(kind).find(|r| r.slot as usize == slot).map_or(0, |r| r.n);
+        for (slot, (_, limit, adding)) in self.running.iter().enumerate() {
+            let running = usize::try_from(count(RUNNING, slot)).unwrap_or(usize::MAX);
+            if running + adding > *limit {
+                return Err(Stop::Refused(StartOutcome::OverLimit(running)));
+            }
+        }
+        for (slot, (_, hold, runs)) in self.budgets.iter().enumerate() {
+            let Some(row) = of(SPENT).find(|r| r.slot as usize == slot) else { continue };
+            let spent = row.spend.clone().into();
+            if hold.budgets.passed_with(&spent, hold.reserve_tokens * runs, hold.reserve_usd * *runs as f64) {
+                return Err(Stop::Refused(StartOutcome::OverBudget));
+            }
+        }
+        let mut lasts = Vec::new();
+        for (slot, (conversation, seen)) in self.going.iter().enumerate() {
+            let going: Vec<&CheckRow> = of(GOING).filter(|r| r.slot as usize == slot).collect();
+            if going.iter().any(|r| !seen.iter().any(|s| Some(s.0) == r.id)) {
+                return Err(Stop::Refused(StartOutcome::Moved));
+            }
+            if let Some(last) = going.iter().filter_map(|r| r.at).max() {
+                lasts.push((*conversation, last));
+            }
+        }
+        if (0..touches).any(|slot| count(TOUCHED, slot) == 0) {
+            return Err(Stop::Fault(StoreError::NotFound));
+        }
+        Ok(lasts)
     }
 }

@@ -130,6 +130,19 @@ pub(super) trait Statements: Backend {
     fn push_settle<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, start: &'a RunStart);
 
     fn push_touch<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, user: &'a UserId, m: &'a Message);
+
+    /// The runs of a conversation that are going, each with its `started_at`, status and
+    /// comparison: one select per status, for their partial indexes.
+    fn push_going(query: &mut sqlx::QueryBuilder<'_, Self::Db>, conversation: Uuid);
+
+    /// What a user's runs spent since `budgets.month_start` (and their tokens since its
+    /// `day_start`), reservations apart: one read of the index on (user_id, started_at), as
+    /// the columns of a [`SpendRow`](super::usage::SpendRow).
+    fn push_spend<'a>(
+        query: &mut sqlx::QueryBuilder<'a, Self::Db>,
+        user: &'a str,
+        budgets: &crate::domain::budget::Budgets,
+    );
 }
 
 impl<B> Statements for B
@@ -486,11 +499,29 @@ where
         query.push(" where id = ").push_bind(m.conversation_id);
         query.push(" and user_id = ").push_bind(user);
     }
-}
 
-/// The runs of a conversation (`$1`) that are going, each with its `started_at`, status and
-/// comparison: one select per status, for their partial indexes.
-pub(super) const GOING_IN_CONVERSATION: &str = "select id, started_at, status, comparison_id from traces \
-     where conversation_id = $1 and status = 'running' \
-     union all select id, started_at, status, comparison_id from traces where conversation_id = $1 and status = 'waiting' \
-     union all select id, started_at, status, comparison_id from traces where conversation_id = $1 and status = 'queued'";
+    fn push_going(query: &mut sqlx::QueryBuilder<'_, B::Db>, conversation: Uuid) {
+        for (i, status) in ["running", "waiting", "queued"].into_iter().enumerate() {
+            if i > 0 {
+                query.push(" union all ");
+            }
+            query.push("select id, started_at, status, comparison_id from traces where conversation_id = ");
+            query.push_bind(conversation).push(format_args!(" and status = '{status}'"));
+        }
+    }
+
+    fn push_spend<'a>(
+        query: &mut sqlx::QueryBuilder<'a, B::Db>,
+        user: &'a str,
+        budgets: &crate::domain::budget::Budgets,
+    ) {
+        query.push("select cast(coalesce(sum(case when started_at >= ").push_bind(budgets.day_start);
+        query.push(" then input_tokens + output_tokens else 0 end), 0) as bigint) as tokens, ");
+        query.push("cast(coalesce(sum(case when started_at >= ").push_bind(budgets.day_start);
+        query.push(" then reserved_tokens else 0 end), 0) as bigint) as reserved_tokens, ");
+        query.push("cast(coalesce(sum(coalesce(cost_usd, 0)), 0) as double precision) as usd, ");
+        query.push("cast(coalesce(sum(reserved_usd), 0) as double precision) as reserved_usd ");
+        query.push("from run_usage where user_id = ").push_bind(user);
+        query.push(" and started_at >= ").push_bind(budgets.month_start);
+    }
+}

@@ -21,22 +21,13 @@ struct GroupRow {
     cost_usd: Option<f64>,
 }
 
-#[derive(sqlx::FromRow)]
+#[derive(sqlx::FromRow, Clone)]
 pub(super) struct SpendRow {
     tokens: i64,
     reserved_tokens: i64,
     usd: f64,
     reserved_usd: f64,
 }
-
-/// A user's spend since `$2` (tokens) and `$3` (US dollars), reservations apart: one read of
-/// the index on (user_id, started_at).
-pub(super) const SPEND: &str = "select \
-     cast(coalesce(sum(case when started_at >= $2 then input_tokens + output_tokens else 0 end), 0) as bigint) as tokens, \
-     cast(coalesce(sum(case when started_at >= $2 then reserved_tokens else 0 end), 0) as bigint) as reserved_tokens, \
-     cast(coalesce(sum(coalesce(cost_usd, 0)), 0) as double precision) as usd, \
-     cast(coalesce(sum(reserved_usd), 0) as double precision) as reserved_usd \
-     from run_usage where user_id = $1 and started_at >= $3";
 
 impl From<SpendRow> for Spend {
     fn from(row: SpendRow) -> Self {
@@ -113,13 +104,11 @@ where
 
     async fn spend(&self, user: &UserId, budgets: &Budgets) -> Result<Spend, StoreError> {
         // The month (which holds the day) bounds the read; each sum keeps to its own period.
-        let row: SpendRow = sqlx::query_as(SPEND)
-            .bind(user.as_str())
-            .bind(budgets.day_start)
-            .bind(budgets.month_start)
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.into())
+        let mut query = sqlx::QueryBuilder::new("");
+        <B as Statements>::push_spend(&mut query, user.as_str(), budgets);
+        let mut conn = self.pool().acquire().await?;
+        let rows: Vec<SpendRow> = B::fetch_all(&mut conn, query).await?;
+        Ok(rows.into_iter().next().ok_or(StoreError::Corrupt("a sum without its row".into()))?.into())
     }
 
     async fn record_progress(&self, trace_id: TraceId, usage: &Usage, cost_usd: Option<f64>) -> Result<(), StoreError> {

@@ -7,7 +7,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::outbox::{REPORTED_RUN, ReportedRun};
-use super::statements::{GOING_IN_CONVERSATION, Statements};
+use super::statements::Statements;
 use super::{Conn, Row, write};
 use crate::domain::TraceStatus;
 use crate::domain::now;
@@ -212,8 +212,9 @@ where
             }
             // Every run running or waiting, and every one queued before it, goes first (the
             // other side of its comparison aside).
-            let going: Vec<(Uuid, DateTime<Utc>, String, Option<Uuid>)> =
-                sqlx::query_as(GOING_IN_CONVERSATION).bind(conversation).fetch_all(&mut *tx).await?;
+            let mut query = sqlx::QueryBuilder::new("");
+            <B as Statements>::push_going(&mut query, conversation);
+            let going: Vec<(Uuid, DateTime<Utc>, String, Option<Uuid>)> = B::fetch_all(&mut *tx, query).await?;
             let mut ahead: Vec<(DateTime<Utc>, Uuid)> = going
                 .into_iter()
                 .filter(|(id, at, status, side)| {

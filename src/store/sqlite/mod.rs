@@ -231,6 +231,16 @@ impl Backend for SqliteStore {
         Ok(query.build().execute(conn).await?.rows_affected())
     }
 
+    async fn fetch_all<'c, 'q, O>(
+        conn: &'c mut SqliteConnection,
+        mut query: QueryBuilder<'q, Sqlite>,
+    ) -> Result<Vec<O>, sqlx::Error>
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow> + Send + Unpin,
+    {
+        query.build_query_as().fetch_all(conn).await
+    }
+
     /// Reads answer, and writes work (tried again while they were failing).
     async fn ping_database(&self) -> Result<(), StoreError> {
         sqlx::query("select 1").execute(&self.pool).await?;
