@@ -131,6 +131,9 @@ impl App {
         let router = http::router(self.state);
         tracing::info!(addr = %self.listener.local_addr()?, "chatd listening");
         http::server::serve(self.listener, router, &settings.server, shutdown).await;
+        // The server stops as the drain ends, before the task that drained has sent the last
+        // traces; the process ends with this function, so they go from here.
+        report::otlp::flush().await;
         Ok(())
     }
 }

@@ -225,3 +225,28 @@ async fn a_collector_that_is_down_loses_no_stream() {
     });
     assert_eq!(names, BTreeMap::from([("chat mock-1", 1), ("invoke_agent default", 1)]));
 }
+
+/// A run that ends just before SIGTERM is exported before the process ends (the batch it
+/// waits in would have gone out seconds later).
+#[tokio::test]
+async fn the_last_runs_are_exported_before_a_sigterm_ends_the_process() {
+    let collector = Collector::start(free_port()).await;
+    let db = TestDb::new(Backend::Sqlite).await;
+    let endpoint = collector.url("");
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "60000")];
+    let replica = Replica::start_with_env(&db.url, FAST_MOCK, &env).await;
+    let frames = chat(&replica, json!({"message": "hi"}), None).await;
+    let trace_id = frames[0].data["trace_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(collector.exported(&trace_id, 1, Duration::ZERO).await.is_err(), "not sent before the batch's time");
+    replica.signal("-TERM");
+    let status = tokio::task::spawn_blocking(move || {
+        let mut replica = replica;
+        replica.child.wait()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+    collector.run(&trace_id, 2).await;
+}
