@@ -21,6 +21,11 @@ DATABASE) and dropped after.
 --extra-config FILE adds its TOML to chatd's config: webhooks or telemetry on, to measure
 what they cost against a run without (a receiver for them is the caller's to start).
 
+--hooks turns both on with a receiver of the bench's own: a signed webhook endpoint for every
+run's end and traces exported over OTLP/HTTP, both to a small HTTP server in this process that
+answers 204 and counts what it got (reported per scenario). Their cost is chatd's CPU per
+event against a run without --hooks (run the two in turn).
+
 --encodings also measures the same streams through chatd's other vocabularies of a run: the AI
 SDK's UI message stream (`ui`, POST /api/ui/chat), AG-UI (`agui`, POST /api/agui) and the OpenAI Responses API
 (`responses`, POST /v1/responses with stream: true), each
@@ -34,7 +39,8 @@ direct and chatd paths N times in turn, on the same processes, and also prints t
 connection per stream, as Ollama, vLLM and llama.cpp are reached). --provider-http1 is
 --provider-http http1.
 """
-import argparse, json, os, resource, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import argparse, base64, http.server, json, os, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import urllib.request
 from statistics import median
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,6 +119,42 @@ def install_litellm():
     return os.path.join(venv, "bin", "litellm")
 
 
+class Receiver(http.server.ThreadingHTTPServer):
+    """Takes webhook deliveries and OTLP exports: answers 204, counts them by path."""
+
+    daemon_threads = True
+
+    def __init__(self):
+        self.got = {}
+        lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(handler):
+                handler.rfile.read(int(handler.headers.get("content-length", 0)))
+                with lock:
+                    key = "otlp" if handler.path.endswith("/v1/traces") else "webhooks"
+                    self.got[key] = self.got.get(key, 0) + 1
+                handler.send_response(204)
+                handler.end_headers()
+
+            def log_message(handler, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def config(self):
+        port = self.server_address[1]
+        return f"""
+[webhooks.bench]
+url = "http://127.0.0.1:{port}/hooks"
+events = ["run.completed", "run.failed", "run.cancelled"]
+secret_env = "CHATD_BENCH_WEBHOOK_SECRET"
+[telemetry]
+otlp_endpoint = "http://127.0.0.1:{port}"
+"""
+
+
 def fresh_postgres(url, name):
     """Makes an empty database beside `url`'s for one scenario; returns its URL."""
     name = "bench_" + "".join(c if c.isalnum() else "_" for c in name).lower()
@@ -134,6 +176,7 @@ def main():
     ap.add_argument("--chatd", default=os.path.join(REL, "chatd"), help="the chatd binary to measure (to compare two builds)")
     ap.add_argument("--postgres", metavar="URL", help="the Postgres to make each scenario's database beside")
     ap.add_argument("--extra-config", metavar="FILE", help="TOML added to chatd's config (webhooks, telemetry: their cost)")
+    ap.add_argument("--hooks", action="store_true", help="webhooks and OTLP export on, to a receiver in this process")
     ap.add_argument("--encodings", default="native",
                     help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's), responses (the OpenAI Responses API's)")
     args = ap.parse_args()
@@ -211,9 +254,13 @@ tools = ["{'*' if sc.get('tool') else 'none'}"]
         if args.extra_config:
             with open(args.extra_config) as extra:
                 f.write("\n" + extra.read())
+        receiver = Receiver() if args.hooks else None
+        if receiver:
+            f.write(receiver.config())
     chatd_log = open(os.path.join(work, "chatd.log"), "w")
-    chatd = start([args.chatd, "--config", config], env={"RUST_LOG": "warn"}, log=chatd_log)
-    litellm = None
+    secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+    chatd = start([args.chatd, "--config", config], env={"RUST_LOG": "warn", "CHATD_BENCH_WEBHOOK_SECRET": secret}, log=chatd_log)
+    litellm, reps = None, []
     try:
         wait_http(f"http://127.0.0.1:{chatd_port}/readyz")
         openai_body = {"model": "mock", "messages": [{"role": "user", "content": "go"}], "stream": True}
@@ -221,7 +268,6 @@ tools = ["{'*' if sc.get('tool') else 'none'}"]
             openai_body["tools"] = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
         time.sleep(0.2)
         probes = sc.get("probes", 0)
-        reps = []
         for rep in range(max(args.repeat, 1)):
             row = {"scenario": key, **sc, **labels, "run": rep + 1}
             measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes)
@@ -252,7 +298,15 @@ general_settings:
             report_medians(reps)
     finally:
         stop(litellm)
+        if receiver:
+            time.sleep(6)  # the exporter sends its batches every 5 s
         stop(chatd)
+        if receiver:
+            receiver.shutdown()
+            print(f"  hooks on: the receiver got {receiver.got.get('webhooks', 0)} webhook deliveries and "
+                  f"{receiver.got.get('otlp', 0)} OTLP exports")
+            for rep in reps:
+                rep["hooks_received"] = dict(receiver.got)
         stop(mock)
         chatd_log.close()
         shutil.rmtree(work, ignore_errors=True)
