@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Instructions chatd spends per relayed event, counted exactly by valgrind's callgrind.
+
+Load on a shared machine moves CPU times by 10-20 % from one run to the next; an instruction
+count does not move with it, so two builds compare to the percent (and a build of another
+day, on another machine, compares at all). chatd runs under callgrind on a fresh SQLite
+file, with instrumentation off until a warm-up run is done; then N streams of 2,000 tokens
+from the mock, no delay; the count covers every thread of chatd over those streams (user
+space: the kernel's share is not in it). Usage:
+
+  loadtest/instructions.py [--chatd BIN ...] [--streams 8] [--provider-http http2|http1]
+
+Several --chatd binaries are counted in turn. Needs valgrind (`apt-get install valgrind`).
+"""
+import argparse, json, os, re, shutil, subprocess, sys, tempfile, time, urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import REL, ROOT, free_port, start, stop, wait_http  # noqa: E402
+
+
+def loadgen(port, streams):
+    cmd = [os.path.join(REL, "loadgen"), "--label", "chatd", "--url", f"http://127.0.0.1:{port}/api/chat/stream",
+           "--body", json.dumps({"message": "go"}), "--streams", str(streams)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def count(chatd, streams, http1):
+    work = tempfile.mkdtemp(prefix="chatd-instructions-")
+    mock_port, port = free_port(), free_port()
+    mock = start([os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", "2000", "--delay-ms", "0"])
+    config = os.path.join(work, "chatd.toml")
+    with open(config, "w") as f:
+        f.write(f"""[server]
+port = {port}
+[database]
+url = "sqlite://{work}/chatd.db"
+[limits]
+requests_per_minute = 0
+max_concurrent_runs_per_user = 100000
+[providers.mock]
+kind = "openai_compatible"
+base_url = "http://127.0.0.1:{mock_port}/v1"
+max_retries = 0
+http2 = {'false' if http1 else 'true'}
+[profiles.default]
+provider = "mock"
+model = "mock"
+tools = ["none"]
+""")
+    out = os.path.join(work, "callgrind.out")
+    chatd = start(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", chatd,
+                   "--config", config], env={"RUST_LOG": "warn"}, log=open(os.path.join(work, "chatd.log"), "w"))
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", 120)
+        loadgen(port, 2)
+        time.sleep(1)
+        subprocess.run(["callgrind_control", "-i", "on", str(chatd.pid)], check=True, capture_output=True)
+        events = loadgen(port, streams)["events"]
+        time.sleep(1)
+        subprocess.run(["callgrind_control", "-i", "off", str(chatd.pid)], check=True, capture_output=True)
+    finally:
+        stop(chatd)
+        stop(mock)
+    totals = subprocess.run(["callgrind_annotate", out], capture_output=True, text=True, check=True).stdout
+    shutil.rmtree(work, ignore_errors=True)
+    instructions = int(re.search(r"^([\d,]+) .*PROGRAM TOTALS", totals, re.M).group(1).replace(",", ""))
+    return instructions, events
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chatd", action="append", help="a chatd binary (repeat to compare several)")
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--provider-http", default="http2", choices=["http2", "http1"])
+    args = ap.parse_args()
+    if not shutil.which("valgrind"):
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    binaries = args.chatd or [os.path.join(REL, "chatd")]
+    if not args.chatd:
+        subprocess.run(["cargo", "build", "--release", "--quiet", "--bins"], cwd=ROOT, check=True)
+    for chatd in binaries:
+        instructions, events = count(chatd, args.streams, args.provider_http == "http1")
+        print(f"{chatd}: {instructions / max(events, 1):,.0f} instructions per relayed event "
+              f"({instructions:,} over {events:,} events, {args.streams} streams, {args.provider_http} to the model)")
+
+
+if __name__ == "__main__":
+    main()
