@@ -46,6 +46,8 @@ struct Exporter {
     processor: BatchSpanProcessor,
     scope: InstrumentationScope,
     settings: std::sync::Arc<Settings>,
+    /// The ended runs whose traces are being read back to be queued ([`flush`] waits for them).
+    reading: tokio_util::task::TaskTracker,
 }
 
 /// Where traces go: `telemetry.otlp_endpoint` + `/v1/traces`, else what
@@ -96,7 +98,8 @@ pub fn start(settings: &std::sync::Arc<Settings>) -> bool {
     }
     processor.set_resource(&resource.build());
     let scope = InstrumentationScope::builder("chatd").with_version(env!("CARGO_PKG_VERSION")).build();
-    let started = EXPORTER.set(Exporter { processor, scope, settings: settings.clone() }).is_ok();
+    let reading = tokio_util::task::TaskTracker::new();
+    let started = EXPORTER.set(Exporter { processor, scope, settings: settings.clone(), reading }).is_ok();
     if started {
         tracing::info!(
             endpoint = endpoint.as_deref().unwrap_or("from OTEL_EXPORTER_OTLP_*"),
@@ -153,7 +156,7 @@ pub fn export_run(
     trace_id: crate::ids::TraceId,
 ) {
     let Some(exporter) = EXPORTER.get() else { return };
-    tokio::spawn(async move {
+    exporter.reading.spawn(async move {
         match store.get_trace(&user, trace_id).await {
             Ok(trace) => {
                 for span in exporter.spans(&trace) {
@@ -165,11 +168,14 @@ pub fn export_run(
     });
 }
 
-/// Sends what is queued (at shutdown), waiting at most the export's timeout.
+/// Sends what is queued (at shutdown), the runs that ended last included (those the drain
+/// cancelled: their traces are still being read back), waiting at most the export's timeout
+/// for each.
 pub async fn flush() {
-    if EXPORTER.get().is_none() {
-        return;
-    }
+    let Some(exporter) = EXPORTER.get() else { return };
+    exporter.reading.close();
+    let _ = tokio::time::timeout(EXPORT_TIMEOUT, exporter.reading.wait()).await;
+    exporter.reading.reopen();
     let flushed = tokio::task::spawn_blocking(|| EXPORTER.get().map(|e| e.processor.force_flush()));
     if let Ok(Ok(Some(Err(e)))) = tokio::time::timeout(EXPORT_TIMEOUT, flushed).await {
         tracing::warn!(error = %e, "could not send the last traces");

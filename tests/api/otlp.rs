@@ -250,3 +250,36 @@ async fn the_last_runs_are_exported_before_a_sigterm_ends_the_process() {
     assert!(status.success(), "{status:?}");
     collector.run(&trace_id, 2).await;
 }
+
+/// A run the drain cancels (its grace over) is exported too, before the process ends.
+#[tokio::test]
+async fn a_run_the_drain_cancels_is_exported_before_the_process_ends() {
+    let collector = Collector::start(free_port()).await;
+    let db = TestDb::new(Backend::Sqlite).await;
+    let endpoint = collector.url("");
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "60000"),
+        ("CHATD_SERVER__SHUTDOWN_GRACE_SECS", "1"),
+    ];
+    let replica = Replica::start_with_env(&db.url, FAST_MOCK, &env).await;
+    let body = json!({"message": "a long one [mock:words=400] [mock:delay=50]"});
+    let response =
+        reqwest::Client::new().post(format!("{}/api/chat/stream", replica.base)).json(&body).send().await.unwrap();
+    let reading = tokio::spawn(read_frames(response));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    replica.signal("-TERM");
+    let status = tokio::task::spawn_blocking(move || {
+        let mut replica = replica;
+        replica.child.wait()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+    let frames = reading.await.unwrap();
+    let trace_id = frames[0].data["trace_id"].as_str().unwrap().to_owned();
+    assert!(frames.iter().any(|f| f.kind() == "cancelled" || f.kind() == "error"), "the drain ended it: {frames:?}");
+    let spans = collector.run(&trace_id, 1).await;
+    assert!(!spans.is_empty());
+}
