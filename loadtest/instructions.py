@@ -12,10 +12,10 @@ space: the kernel's share is not in it). Usage:
 
 Several --chatd binaries are counted in turn. Needs valgrind (`apt-get install valgrind`).
 """
-import argparse, json, os, re, shutil, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import REL, ROOT, free_port, start, stop, wait_http  # noqa: E402
+from run import REL, ROOT, chatd_config, free_port, start, stop, wait_http  # noqa: E402
 
 
 def loadgen(port, streams):
@@ -31,23 +31,7 @@ def count(chatd, streams, http1):
     mock = start([os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", "2000", "--delay-ms", "0"])
     config = os.path.join(work, "chatd.toml")
     with open(config, "w") as f:
-        f.write(f"""[server]
-port = {port}
-[database]
-url = "sqlite://{work}/chatd.db"
-[limits]
-requests_per_minute = 0
-max_concurrent_runs_per_user = 100000
-[providers.mock]
-kind = "openai_compatible"
-base_url = "http://127.0.0.1:{mock_port}/v1"
-max_retries = 0
-http2 = {'false' if http1 else 'true'}
-[profiles.default]
-provider = "mock"
-model = "mock"
-tools = ["none"]
-""")
+        f.write(chatd_config(port, f"sqlite://{work}/chatd.db", mock_port, http1))
     out = os.path.join(work, "callgrind.out")
     chatd = start(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", chatd,
                    "--config", config], env={"RUST_LOG": "warn"}, log=open(os.path.join(work, "chatd.log"), "w"))

@@ -155,6 +155,29 @@ otlp_endpoint = "http://127.0.0.1:{port}"
 """
 
 
+def chatd_config(port, database, mock_port, http1, tools="none"):
+    """chatd's config for the bench: no rate limits, the mock as its one model."""
+    return f"""[server]
+port = {port}
+[database]
+url = "{database}"
+[limits]
+requests_per_minute = 0
+max_concurrent_runs_per_user = 100000
+[tools]
+builtins = ["calculator"]
+[providers.mock]
+kind = "openai_compatible"
+base_url = "http://127.0.0.1:{mock_port}/v1"
+max_retries = 0
+http2 = {'false' if http1 else 'true'}
+[profiles.default]
+provider = "mock"
+model = "mock"
+tools = ["{tools}"]
+"""
+
+
 def fresh_postgres(url, name):
     """Makes an empty database beside `url`'s for one scenario; returns its URL."""
     name = "bench_" + "".join(c if c.isalnum() else "_" for c in name).lower()
@@ -232,25 +255,7 @@ def run_scenario(args, key, sc, postgres, http1, litellm_bin, labels):
     if postgres:
         database = fresh_postgres(postgres, os.path.basename(work))
     with open(config, "w") as f:
-        f.write(f"""[server]
-port = {chatd_port}
-[database]
-url = "{database}"
-[limits]
-requests_per_minute = 0
-max_concurrent_runs_per_user = 100000
-[tools]
-builtins = ["calculator"]
-[providers.mock]
-kind = "openai_compatible"
-base_url = "http://127.0.0.1:{mock_port}/v1"
-max_retries = 0
-http2 = {'false' if http1 else 'true'}
-[profiles.default]
-provider = "mock"
-model = "mock"
-tools = ["{'*' if sc.get('tool') else 'none'}"]
-""")
+        f.write(chatd_config(chatd_port, database, mock_port, http1, "*" if sc.get("tool") else "none"))
         if args.extra_config:
             with open(args.extra_config) as extra:
                 f.write("\n" + extra.read())

@@ -356,6 +356,15 @@ impl Replica {
         let status = Command::new("kill").arg(signal).arg(self.child.id().to_string()).status().unwrap();
         assert!(status.success());
     }
+
+    /// Waits (off the runtime) for the process to end; how it ended.
+    pub async fn exited(self) -> std::process::ExitStatus {
+        let waiting = move || {
+            let mut replica = self;
+            replica.child.wait()
+        };
+        tokio::task::spawn_blocking(waiting).await.unwrap().unwrap()
+    }
 }
 
 impl Drop for Replica {

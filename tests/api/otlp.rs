@@ -240,13 +240,7 @@ async fn the_last_runs_are_exported_before_a_sigterm_ends_the_process() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(collector.exported(&trace_id, 1, Duration::ZERO).await.is_err(), "not sent before the batch's time");
     replica.signal("-TERM");
-    let status = tokio::task::spawn_blocking(move || {
-        let mut replica = replica;
-        replica.child.wait()
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let status = replica.exited().await;
     assert!(status.success(), "{status:?}");
     collector.run(&trace_id, 2).await;
 }
@@ -269,13 +263,7 @@ async fn a_run_the_drain_cancels_is_exported_before_the_process_ends() {
     let reading = tokio::spawn(read_frames(response));
     tokio::time::sleep(Duration::from_millis(500)).await;
     replica.signal("-TERM");
-    let status = tokio::task::spawn_blocking(move || {
-        let mut replica = replica;
-        replica.child.wait()
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let status = replica.exited().await;
     assert!(status.success(), "{status:?}");
     let frames = reading.await.unwrap();
     let trace_id = frames[0].data["trace_id"].as_str().unwrap().to_owned();

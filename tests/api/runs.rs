@@ -425,7 +425,7 @@ async fn sqlite_process(dir: &std::path::Path, extra: &str) -> Replica {
 #[tokio::test]
 async fn sigterm_drains_the_real_binary() {
     let dir = tempfile::tempdir().unwrap();
-    let mut process = sqlite_process(dir.path(), "").await;
+    let process = sqlite_process(dir.path(), "").await;
     let client = reqwest::Client::new();
     let response = client
         .post(format!("{}/api/chat/stream", process.base))
@@ -438,8 +438,7 @@ async fn sigterm_drains_the_real_binary() {
     process.signal("-TERM");
     let frames = live.rest().await;
     assert_eq!(terminal_kinds(&frames), ["complete"], "the answer in flight finished");
-    let status = tokio::task::spawn_blocking(move || process.child.wait().map(|s| s.success())).await.unwrap().unwrap();
-    assert!(status, "chatd exited cleanly after draining");
+    assert!(process.exited().await.success(), "chatd exited cleanly after draining");
 }
 
 #[tokio::test]
