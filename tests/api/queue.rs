@@ -212,6 +212,38 @@ both_backends! {
         let roles: Vec<String> = branch_of(&loaded(&app, &conversation).await).into_iter().map(|(r, _)| r).collect();
         assert_eq!(roles, ["user", "assistant", "user", "assistant", "user", "assistant"]);
     }
+
+    async fn messages_sent_at_once_into_many_conversations_each_get_their_answer_on_the_branch(backend: Backend) {
+        // Many messages at once, each conversation's runs ending while the next messages
+        // are being started: a start that read its conversation just before a run's answer
+        // was written, and its going runs just after, followed the question the answer
+        // followed, and the answer was left off the branch (found by loadtest/waits.py).
+        const CONVERSATIONS: usize = 12;
+        const MESSAGES: usize = 6;
+        const WAVES: usize = 4;
+        let app = TestApp::spawn(backend, "[limits]\nrequests_per_minute = 0\nmax_concurrent_runs_per_user = 100\n").await;
+        let mut conversations = Vec::new();
+        for _ in 0..CONVERSATIONS {
+            conversations.push(conversation(&app).await);
+        }
+        for wave in 1..=WAVES {
+            let sends = conversations.iter().flat_map(|c| (0..MESSAGES).map(move |k| (c, k))).map(|(c, k)| {
+                let message = format!("m{k} [mock:words=3] [mock:delay=3] [mock:think=off]");
+                let app = &app;
+                async move { start(app, "ann", json!({"message": message, "conversation_id": c})).await.rest().await }
+            });
+            for frames in futures_util::future::join_all(sends).await {
+                assert_whole(&frames);
+                assert_eq!(terminal_kinds(&frames), ["complete"], "{frames:?}");
+            }
+            for c in &conversations {
+                let branch = branch_of(&loaded(&app, c).await);
+                let roles: Vec<&str> = branch.iter().map(|(r, _)| r.as_str()).collect();
+                let expected = ["user", "assistant"].repeat(1 + wave * MESSAGES);
+                assert_eq!(roles, expected, "an answer is off the branch: {branch:?}");
+            }
+        }
+    }
 }
 
 /// Sends `body` to `app` and opens its stream.

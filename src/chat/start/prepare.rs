@@ -93,6 +93,16 @@ impl Preparer {
             Some(id) => Some(self.conversation_turns.take(id).await),
             None => None,
         };
+        // The conversation's going runs are read before the conversation itself: a run that
+        // ends between the two reads is then seen going, and the message queues behind its
+        // answer (written by then), instead of following the leaf read before that answer
+        // was written, beside the answer, on a branch that hides it. (A run that starts
+        // between them is not seen going; the start's checks refuse the plan if it still
+        // goes.)
+        let going = match request.conversation_id {
+            Some(id) => self.store.running_in_conversation(user, id).await?,
+            None => Vec::new(),
+        };
         let existing = match request.conversation_id {
             Some(id) => Some(self.store.get_conversation(user, id).await.map_err(|e| match e {
                 StoreError::NotFound => not_found("conversation_id", "Conversation not found"),
@@ -107,7 +117,7 @@ impl Preparer {
         }
         // The runs still going after making room: those a queued message waits behind.
         let (existing, going) = match existing {
-            Some(conversation) => match self.make_room(user, conversation, request).await? {
+            Some(conversation) => match self.make_room(user, conversation, going, request).await? {
                 Some((conversation, going)) => (Some(conversation), going),
                 None => return Ok(Checked::Repeat),
             },
@@ -239,8 +249,8 @@ pub(in crate::chat) struct Prepared {
 }
 
 impl Preparer {
-    /// What a new message does to the runs of its conversation that are going (CONTRACT.md
-    /// §16): refuses itself (`reject`), queues behind them (`enqueue`), or cancels them
+    /// What a new message does to the runs of its conversation that are going (`going`, read
+    /// before `conversation`; CONTRACT.md §16): refuses itself (`reject`), queues behind them (`enqueue`), or cancels them
     /// first (`interrupt`, keeping their partial answers; `rollback`, deleting them). Returns
     /// the conversation as it is then, and the runs still going; `None` for a repeat of a
     /// request whose run is the one going (its first try's client left before the answer;
@@ -249,9 +259,9 @@ impl Preparer {
         &self,
         user: &UserId,
         conversation: Conversation,
+        going: Vec<Trace>,
         request: &ChatRequest,
     ) -> Result<Option<(Conversation, Vec<Trace>)>, ChatError> {
-        let going = self.store.running_in_conversation(user, conversation.id).await?;
         let Some(last) = going.last() else { return Ok(Some((conversation, going))) };
         if super::idempotency::repeat_of_going_run(&*self.store, user, request.idempotency_key.as_ref()).await? {
             return Ok(None);
