@@ -6,14 +6,18 @@
           of --trials kills, for each --settings pair heartbeat_secs:takeover_after_secs
   beat    the steady cost of heartbeats: statements per second on the database and CPU of
           two replicas, idle, then holding --runs running runs (idle answers)
+  rate    runs continued per second: --runs answering runs on one replica, `kill -9` of it,
+          and how fast the other takes them all over (its first and last take-over after
+          the kill), with the first of --settings
 
 Usage: loadtest/takeover.py [--postgres URL] [--trials 20] [--settings 2:10,0.5:2] [--runs 1000]
-                            [--chatd BIN] [--parts delay,beat]
+                            [--chatd BIN] [--parts delay,beat,rate]
 
 --postgres names a database whose server allows CREATE DATABASE (a database of its own is
 made beside it and dropped after). The release binary is built when --chatd is not given.
 """
 import argparse, json, os, random, signal, socket, subprocess, sys, tempfile, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from statistics import median
 
@@ -80,8 +84,8 @@ class Replica:
         response.close()
         return trace_id
 
-    def trace(self, trace_id):
-        request = urllib.request.Request(f"{self.base}/api/trace/{trace_id}", headers={"x-client-id": "bench"})
+    def trace(self, trace_id, user="bench"):
+        request = urllib.request.Request(f"{self.base}/api/trace/{trace_id}", headers={"x-client-id": user})
         return json.loads(urllib.request.urlopen(request, timeout=10).read())
 
     def cpu(self):
@@ -93,6 +97,14 @@ class Replica:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
+
+
+def chatd_binary(given):
+    """The binary to measure: `given`, else the release build (built now)."""
+    if given:
+        return given
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "chatd"], cwd=ROOT, check=True)
+    return os.path.join(ROOT, "target", "release", "chatd")
 
 
 def at(text):
@@ -160,6 +172,56 @@ def beat_cost(binary, url, runs, seconds=30):
     return idle, held
 
 
+def take_over_rate(binary, url, runs, beat, after):
+    """Kills a replica holding `runs` answering runs; returns the seconds from the kill to the
+    other replica's first and last take-over, and how many it took over."""
+    name = "bench_takeover_rate"
+    database = fresh_database(url, name)
+    extra = f"[runs]\nheartbeat_secs = {beat}\ntakeover_after_secs = {after}\n"
+    doomed, survivor = Replica(binary, database, extra), Replica(binary, database, extra)
+    try:
+        # Long answers (a word every 100 ms for 200 s): every run is still going when the
+        # replica dies, and each has a completed step's worth of events logged.
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda i: doomed.start_run("[mock:words=2000] [mock:delay=100] [mock:think=off]",
+                                                     user=f"u{i % 50}", until="start"), range(runs)))
+        time.sleep(1)
+        held = psql(database, "select replica_id, count(*) from traces where status = 'running' group by 1")
+        gone, count = held.split("|")
+        if int(count) != runs:
+            raise SystemExit(f"{count} of {runs} runs were running before the kill")
+        killed = time.time()
+        doomed.kill()
+        first = last = None
+        deadline = killed + after * 3 + 120
+        while True:
+            taken = int(psql(database, f"select count(*) from traces where status = 'running' and replica_id <> '{gone}'"))
+            at_now = time.time() - killed
+            if taken and first is None:
+                first = at_now
+            if taken == runs:
+                last = at_now
+                break
+            if time.time() > deadline:
+                raise SystemExit(f"only {taken} of {runs} runs were taken over")
+            time.sleep(0.02)
+        # Taken over is not yet going on: every run's stream, followed from the log on the
+        # survivor, shows its continuation (sampled: ten of them).
+        sample = psql(database, "select id, user_id from traces order by random() limit 10").split()
+        for trace_id, user in (row.split("|") for row in sample):
+            deadline = time.time() + 30
+            while not any(e["type"] == "status" and e["data"]["message"] == "Continued on another server"
+                          for e in survivor.trace(trace_id, user)["events"]):
+                if time.time() > deadline:
+                    raise SystemExit(f"{trace_id} was taken over but never went on")
+                time.sleep(0.1)
+        return first, last, runs
+    finally:
+        doomed.kill()
+        survivor.kill()
+        psql(url, f"drop database if exists {name} with (force)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--postgres", default=os.environ.get("CHATD_TEST_POSTGRES_URL", "postgres://postgres:postgres@127.0.0.1:5432/test"))
@@ -169,10 +231,7 @@ def main():
     ap.add_argument("--chatd")
     ap.add_argument("--parts", default="delay,beat")
     args = ap.parse_args()
-    binary = args.chatd
-    if not binary:
-        subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "chatd"], cwd=ROOT, check=True)
-        binary = os.path.join(ROOT, "target", "release", "chatd")
+    binary = chatd_binary(args.chatd)
     parts = args.parts.split(",")
     if "delay" in parts:
         print("take-over delay after kill -9 (s), from the kill to the run's first event on the other replica")
@@ -186,6 +245,12 @@ def main():
         print(f"heartbeats of two replicas (defaults), per second over 30 s:")
         print(f"  no runs:        {idle[0]:6.2f} transactions, {idle[1]:7.1f} rows updated, CPU {idle_cpu:5.2f} % of a core")
         print(f"  {args.runs} runs held: {held[0]:6.2f} transactions, {held[1]:7.1f} rows updated, CPU {held_cpu:5.2f} % of a core")
+    if "rate" in parts:
+        beat, after = (float(v) for v in args.settings.split(",")[0].split(":"))
+        first, last, runs = take_over_rate(binary, args.postgres, args.runs, beat, after)
+        print(f"take-over of {runs} answering runs after kill -9 (heartbeat_secs={beat:g}, takeover_after_secs={after:g}):")
+        print(f"  first taken over {first:.2f} s after the kill, last {last:.2f} s: "
+              f"{runs / max(last - first, 0.001):.0f} runs continued per second")
 
 
 if __name__ == "__main__":
