@@ -242,7 +242,7 @@ async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>,
             max_running: None,
             idempotency_key: None,
             asked: None,
-            going_seen: None,
+            seen: None,
             budget: None,
         };
         store.start_run(&start).await.expect("run starts");

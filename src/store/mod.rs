@@ -114,6 +114,20 @@ pub struct ConversationPatch {
     pub metadata: Option<Value>,
 }
 
+/// What a start into an existing conversation saw of it before it planned where its message
+/// goes, checked again under the conversation's lock where other replicas start runs too:
+/// a going run that is not among `going`, or a leaf that is neither `leaf` nor the answer of
+/// one of `going` (a run started, and maybe ended, since the start looked), refuses the
+/// start as [`StartOutcome::Moved`], to look again.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    /// The conversation's runs going (running, waiting, queued): each one's trace, and the
+    /// answer it will write (which becomes the leaf as it is written).
+    pub going: Vec<(TraceId, MessageId)>,
+    /// The conversation's active leaf.
+    pub leaf: Option<MessageId>,
+}
+
 /// Everything written when a run starts, in one transaction: a conversation that did not
 /// exist yet, the user's message (which becomes the active branch's leaf) and the trace.
 #[derive(Debug, Clone)]
@@ -136,10 +150,9 @@ pub struct RunStart {
     /// defaults: a queued run is planned from it when its turn comes (CONTRACT.md §16), a
     /// run continued before it completed a step too (§19).
     pub asked: Option<Value>,
-    /// The runs of the conversation that were going when the start looked. On a shared
-    /// store, a going run not among them refuses the start as [`StartOutcome::Moved`] (another
-    /// replica started it meanwhile); `None`: not checked.
-    pub going_seen: Option<Vec<TraceId>>,
+    /// What the start saw of its conversation when it looked, checked again under the
+    /// conversation's lock on a shared store; `None`: not checked.
+    pub seen: Option<Seen>,
     /// What its runs hold of the user's budgets (CONTRACT.md §18); `None`: no budget.
     pub budget: Option<BudgetHold>,
 }

@@ -218,30 +218,49 @@ both_backends! {
         // are being started: a start that read its conversation just before a run's answer
         // was written, and its going runs just after, followed the question the answer
         // followed, and the answer was left off the branch (found by loadtest/waits.py).
-        const CONVERSATIONS: usize = 12;
-        const MESSAGES: usize = 6;
-        const WAVES: usize = 4;
-        let app = TestApp::spawn(backend, "[limits]\nrequests_per_minute = 0\nmax_concurrent_runs_per_user = 100\n").await;
-        let mut conversations = Vec::new();
-        for _ in 0..CONVERSATIONS {
-            conversations.push(conversation(&app).await);
+        let app = TestApp::spawn(backend, AT_ONCE).await;
+        sent_at_once(&[&app]).await;
+    }
+}
+
+const AT_ONCE: &str = "[limits]\nrequests_per_minute = 0\nmax_concurrent_runs_per_user = 100\n";
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn messages_sent_at_once_to_two_replicas_each_get_their_answer_on_the_branch() {
+    // A start that looked while another replica's run of its conversation had not begun,
+    // and was written after that run had begun and ended, followed the answer before it,
+    // beside it (found by loadtest/waits.py: most conversations forked).
+    let db = TestDb::new(Backend::Postgres).await;
+    let (a, b) = (TestApp::on(&db.url, AT_ONCE).await, TestApp::on(&db.url, AT_ONCE).await);
+    sent_at_once(&[&a, &b]).await;
+}
+
+/// Sends 12 conversations 6 messages each at once, to `apps` in turn, four times: every
+/// stream whole and answered, every message and answer on the conversation's one branch.
+async fn sent_at_once(apps: &[&TestApp]) {
+    const CONVERSATIONS: usize = 12;
+    const MESSAGES: usize = 6;
+    const WAVES: usize = 4;
+    let mut conversations = Vec::new();
+    for _ in 0..CONVERSATIONS {
+        conversations.push(conversation(apps[0]).await);
+    }
+    for wave in 1..=WAVES {
+        let sends = conversations.iter().flat_map(|c| (0..MESSAGES).map(move |k| (c, k))).map(|(c, k)| {
+            let message = format!("m{k} [mock:words=3] [mock:delay=3] [mock:think=off]");
+            let app = apps[k % apps.len()];
+            async move { start(app, "ann", json!({"message": message, "conversation_id": c})).await.rest().await }
+        });
+        for frames in futures_util::future::join_all(sends).await {
+            assert_whole(&frames);
+            assert_eq!(terminal_kinds(&frames), ["complete"], "{frames:?}");
         }
-        for wave in 1..=WAVES {
-            let sends = conversations.iter().flat_map(|c| (0..MESSAGES).map(move |k| (c, k))).map(|(c, k)| {
-                let message = format!("m{k} [mock:words=3] [mock:delay=3] [mock:think=off]");
-                let app = &app;
-                async move { start(app, "ann", json!({"message": message, "conversation_id": c})).await.rest().await }
-            });
-            for frames in futures_util::future::join_all(sends).await {
-                assert_whole(&frames);
-                assert_eq!(terminal_kinds(&frames), ["complete"], "{frames:?}");
-            }
-            for c in &conversations {
-                let branch = branch_of(&loaded(&app, c).await);
-                let roles: Vec<&str> = branch.iter().map(|(r, _)| r.as_str()).collect();
-                let expected = ["user", "assistant"].repeat(1 + wave * MESSAGES);
-                assert_eq!(roles, expected, "an answer is off the branch: {branch:?}");
-            }
+        for c in &conversations {
+            let branch = branch_of(&loaded(apps[0], c).await);
+            let roles: Vec<&str> = branch.iter().map(|(r, _)| r.as_str()).collect();
+            let expected = ["user", "assistant"].repeat(1 + wave * MESSAGES);
+            assert_eq!(roles, expected, "an answer is off the branch: {branch:?}");
         }
     }
 }

@@ -9,8 +9,8 @@ use chatd::domain::{
 };
 use chatd::ids::{TraceId, UserId};
 use chatd::store::{
-    self, ConversationStore, NewEvent, PageCursor, RunFinish, RunStart, RunStore, StartOutcome, Store, StoreError,
-    UsageGrouping, WaitStore,
+    self, ConversationStore, NewEvent, PageCursor, RunFinish, RunStart, RunStore, Seen, StartOutcome, Store,
+    StoreError, UsageGrouping, WaitStore,
 };
 use serde_json::json;
 
@@ -57,7 +57,7 @@ fn run_start(conversation: &Conversation, new: bool) -> RunStart {
         max_running: None,
         idempotency_key: None,
         asked: None,
-        going_seen: None,
+        seen: None,
         budget: None,
     }
 }
@@ -626,12 +626,53 @@ async fn a_start_that_missed_a_run_of_its_conversation_is_refused_as_moved() {
     assert_eq!(store.start_run(&first).await.unwrap(), StartOutcome::Started);
     // Another replica's start saw nothing going: it would land beside the running run.
     let mut beside = run_start(&c, false);
-    beside.going_seen = Some(Vec::new());
+    beside.seen = Some(Seen { going: Vec::new(), leaf: Some(first.user_message.id) });
     assert_eq!(store.start_run(&beside).await.unwrap(), StartOutcome::Moved);
     assert_eq!(store.messages(&user("ann"), c.id).await.unwrap().len(), 1, "nothing of it was written");
     // Having seen it, it is written.
-    beside.going_seen = Some(vec![first.traces[0].trace_id]);
+    let trace = &first.traces[0];
+    beside.seen = Some(Seen { going: vec![(trace.trace_id, trace.message_id)], leaf: Some(first.user_message.id) });
     assert_eq!(store.start_run(&beside).await.unwrap(), StartOutcome::Started);
+}
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_start_that_missed_a_run_that_began_and_ended_since_it_looked_is_refused_as_moved() {
+    let (store, _db) = open(Backend::Postgres).await;
+    let c = conversation("ann", "moved");
+    let answered = |start: &RunStart| {
+        let mut answer = Message::new(c.id, Some(start.user_message.id), Role::Assistant, "answer".into());
+        answer.id = start.traces[0].message_id;
+        answer
+    };
+    let first = run_start(&c, true);
+    assert_eq!(store.start_run(&first).await.unwrap(), StartOutcome::Started);
+    store.finish_run(&ended(&first.traces[0], Some(answered(&first)))).await.unwrap();
+    // Two replicas look at once: nothing going, the first answer the leaf.
+    let looked = Conversation { active_leaf_id: Some(first.traces[0].message_id), ..c.clone() };
+    let seen = Seen { going: Vec::new(), leaf: looked.active_leaf_id };
+    let (mut one, mut other) = (run_start(&looked, false), run_start(&looked, false));
+    (one.seen, other.seen) = (Some(seen.clone()), Some(seen));
+    // One's run begins and ends before the other's start is written: nothing is going
+    // when it is, and it would follow the first answer, beside the question that came since.
+    assert_eq!(store.start_run(&one).await.unwrap(), StartOutcome::Started);
+    store.finish_run(&ended(&one.traces[0], Some(answered(&one)))).await.unwrap();
+    assert_eq!(store.start_run(&other).await.unwrap(), StartOutcome::Moved);
+    assert_eq!(store.messages(&user("ann"), c.id).await.unwrap().len(), 4, "nothing of it was written");
+    // Looking again, it follows the answer that came since.
+    let again = Conversation { active_leaf_id: Some(one.traces[0].message_id), ..c.clone() };
+    let mut other = run_start(&again, false);
+    other.seen = Some(Seen { going: Vec::new(), leaf: again.active_leaf_id });
+    assert_eq!(store.start_run(&other).await.unwrap(), StartOutcome::Started);
+    // A run seen going may end meanwhile: its answer is the leaf then, and that is no move.
+    let going = run_start(&Conversation { active_leaf_id: Some(other.user_message.id), ..c.clone() }, false);
+    let trace = &other.traces[0];
+    store.finish_run(&ended(trace, Some(answered(&other)))).await.unwrap();
+    let mut behind = going;
+    behind.traces[0].status = TraceStatus::Queued;
+    behind.user_message.parent_id = Some(trace.message_id);
+    behind.seen = Some(Seen { going: vec![(trace.trace_id, trace.message_id)], leaf: Some(other.user_message.id) });
+    assert_eq!(store.start_run(&behind).await.unwrap(), StartOutcome::Started);
 }
 
 both_backends! {

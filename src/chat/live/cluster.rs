@@ -10,9 +10,9 @@ use async_trait::async_trait;
 
 use super::news::RunNews;
 use super::runs::Runs;
-use crate::domain::{Trace, now};
+use crate::domain::{Conversation, Trace, now};
 use crate::ids::TraceId;
-use crate::store::{Notice, RunningTrace, Store};
+use crate::store::{Notice, RunningTrace, Seen, Store};
 
 /// The processes that share this chatd's database.
 #[async_trait]
@@ -33,9 +33,15 @@ pub trait Cluster: Send + Sync {
     /// log grows.
     fn runs_elsewhere(&self) -> bool;
     /// What a start must check in its transaction because other processes start runs too:
-    /// the runs of the conversation it saw going (where one existed), and the user's limit
-    /// of running runs, counted by the database; `None` where this process sees every run.
-    fn start_checks(&self, existing: bool, going: &[Trace], limit: usize) -> (Option<Vec<TraceId>>, Option<usize>);
+    /// what it saw of the conversation (where one existed: its going runs and its leaf), and
+    /// the user's limit of running runs, counted by the database; `None` where this process
+    /// sees every run.
+    fn start_checks(
+        &self,
+        existing: Option<&Conversation>,
+        going: &[Trace],
+        limit: usize,
+    ) -> (Option<Seen>, Option<usize>);
     /// Says this process (and so every run it holds, running or queued) is alive: one write
     /// per `runs.heartbeat_secs`, whatever the number of runs.
     async fn heartbeat(&self, replica_id: &str);
@@ -103,7 +109,12 @@ impl Cluster for Alone {
         false
     }
 
-    fn start_checks(&self, _existing: bool, _going: &[Trace], _limit: usize) -> (Option<Vec<TraceId>>, Option<usize>) {
+    fn start_checks(
+        &self,
+        _existing: Option<&Conversation>,
+        _going: &[Trace],
+        _limit: usize,
+    ) -> (Option<Seen>, Option<usize>) {
         (None, None)
     }
 
@@ -175,9 +186,17 @@ impl Cluster for Replicas {
         true
     }
 
-    fn start_checks(&self, existing: bool, going: &[Trace], limit: usize) -> (Option<Vec<TraceId>>, Option<usize>) {
-        let going_seen = existing.then(|| going.iter().map(|t| t.trace_id).collect());
-        (going_seen, going.is_empty().then_some(limit))
+    fn start_checks(
+        &self,
+        existing: Option<&Conversation>,
+        going: &[Trace],
+        limit: usize,
+    ) -> (Option<Seen>, Option<usize>) {
+        let seen = existing.map(|c| Seen {
+            going: going.iter().map(|t| (t.trace_id, t.message_id)).collect(),
+            leaf: c.active_leaf_id,
+        });
+        (seen, going.is_empty().then_some(limit))
     }
 
     async fn heartbeat(&self, replica_id: &str) {

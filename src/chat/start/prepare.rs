@@ -173,12 +173,12 @@ impl Preparer {
             max_tokens: request.max_tokens,
             temperature: request.temperature,
         };
-        let (going_seen, max_running) = self.cluster.start_checks(existing.is_some(), &going, limit);
+        let (seen, max_running) = self.cluster.start_checks(existing.as_ref(), &going, limit);
         Ok(Checked::Ready(Box::new(Prepared {
             queued: !going.is_empty(),
             asked,
             // Where other replicas start runs too, the start makes sure that none began since.
-            going_seen,
+            seen,
             conversation_id: conversation.id,
             system_prompt: conversation.system_prompt.clone(),
             existing_profile: existing.as_ref().and_then(|c| c.profile.clone()),
@@ -242,10 +242,10 @@ pub(in crate::chat) struct Prepared {
     /// What its runs are planned from again when their turn comes (queued), or when they
     /// are continued before they completed a step (CONTRACT.md §19).
     pub(in crate::chat) asked: crate::chat::run::plan::Asked,
-    /// The conversation's runs going when the request looked (see [`RunStart::going_seen`]).
+    /// What the request saw of its conversation (see [`RunStart::seen`]).
     ///
-    /// [`RunStart::going_seen`]: crate::store::RunStart::going_seen
-    pub(in crate::chat) going_seen: Option<Vec<crate::ids::TraceId>>,
+    /// [`RunStart::seen`]: crate::store::RunStart::seen
+    pub(in crate::chat) seen: Option<crate::store::Seen>,
 }
 
 impl Preparer {

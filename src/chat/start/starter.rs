@@ -270,7 +270,7 @@ impl Starter {
         };
         let start = RunStart {
             asked: turn.asked.kept(),
-            going_seen: turn.going_seen,
+            seen: turn.seen,
             new_conversation: turn.new_conversation,
             user_message: turn.user_message,
             user_message_is_new: turn.user_message_is_new,

@@ -112,7 +112,7 @@ mod tests {
             max_running: None,
             idempotency_key: None,
             asked: None,
-            going_seen: None,
+            seen: None,
             budget: None,
         }
     }

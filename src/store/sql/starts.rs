@@ -1,7 +1,8 @@
 //! What a start writes, for any number of starts at once (the start writer's group commit):
 //! new conversations, messages and traces as a few multi-row statements, in one transaction;
-//! where other replicas start runs too (Postgres), the users' limits, budgets and the
-//! conversations' going runs checked under locks, in three round trips; where one query may
+//! where other replicas start runs too (Postgres), the users' limits, budgets and what the
+//! start saw of its conversation (its going runs, its leaf) checked under locks, in three
+//! round trips; where one query may
 //! hold a whole transaction (SQLite), one round trip.
 
 use chrono::{DateTime, Utc};
@@ -13,8 +14,8 @@ use super::statements::Statements;
 use super::usage::SpendRow;
 use super::{Backend, Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
 use crate::domain::{Conversation, Message, Trace};
-use crate::ids::{TraceId, UserId};
-use crate::store::{BudgetHold, RunStart, StartOutcome, StoreError};
+use crate::ids::UserId;
+use crate::store::{BudgetHold, RunStart, Seen, StartOutcome, StoreError};
 
 /// A start's statements (see the module's doc).
 pub(super) trait Starts: Statements {
@@ -377,6 +378,7 @@ const RUNNING: i32 = 0;
 const SPENT: i32 = 1;
 const GOING: i32 = 2;
 const TOUCHED: i32 = 3;
+const LEAF: i32 = 4;
 
 /// What the starts of a group must be checked against, by user and conversation.
 struct Checks<'a> {
@@ -384,8 +386,8 @@ struct Checks<'a> {
     running: Vec<(&'a UserId, usize, usize)>,
     /// Users with a budget: its hold, and the runs the group adds.
     budgets: Vec<(&'a UserId, BudgetHold, u64)>,
-    /// Conversations with runs going when their start looked: those runs.
-    going: Vec<(Uuid, &'a [TraceId])>,
+    /// Existing conversations, with what their start saw of them.
+    going: Vec<(Uuid, &'a Seen)>,
 }
 
 impl<'a> Checks<'a> {
@@ -410,8 +412,8 @@ impl<'a> Checks<'a> {
         }
         running.sort_unstable_by(|a, b| a.0.cmp(b.0));
         budgets.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let mut going: Vec<(Uuid, &[TraceId])> =
-            starts.iter().filter_map(|s| Some((s.user_message.conversation_id.0, s.going_seen.as_deref()?))).collect();
+        let mut going: Vec<(Uuid, &Seen)> =
+            starts.iter().filter_map(|s| Some((s.user_message.conversation_id.0, s.seen.as_ref()?))).collect();
         going.sort_unstable_by_key(|(conversation, _)| *conversation);
         going.dedup_by_key(|(conversation, _)| *conversation);
         Self { running, budgets, going }
@@ -480,6 +482,12 @@ impl<'a> Checks<'a> {
             query.push(format_args!("cast(0 as bigint), g.id, g.started_at, {NO_SPEND} from ("));
             <B as Statements>::push_going(query, *conversation);
             query.push(") g");
+            // As the other replicas left it (the statement does not see its own writes).
+            row(query, LEAF, slot);
+            query.push(format_args!(
+                "cast(0 as bigint), active_leaf_id, cast(null as timestamptz), {NO_SPEND} from conversations where id = "
+            ));
+            query.push_bind(*conversation);
         }
         for (slot, write) in touches.iter().enumerate() {
             row(query, TOUCHED, slot);
@@ -488,9 +496,9 @@ impl<'a> Checks<'a> {
     }
 
     /// Judges the starts by what [`push_reads`](Self::push_reads) read, in the order the
-    /// refusals take: a user's running runs, a user's budget, a conversation's going runs;
-    /// an update that found no conversation (deleted meanwhile) is not found. Returns the
-    /// latest `started_at` of each conversation's going runs.
+    /// refusals take: a user's running runs, a user's budget, a conversation's going runs
+    /// and leaf; an update that found no conversation (deleted meanwhile) is not found.
+    /// Returns the latest `started_at` of each conversation's going runs.
     fn judge(&self, rows: &[CheckRow], touches: usize) -> Result<Vec<(Uuid, DateTime<Utc>)>, Stop> {
         let of = |kind: i32| rows.iter().filter(move |r| r.kind == kind);
         let count = |kind: i32, slot: usize| of(kind).find(|r| r.slot as usize == slot).map_or(0, |r| r.n);
@@ -510,8 +518,16 @@ impl<'a> Checks<'a> {
         let mut lasts = Vec::new();
         for (slot, (conversation, seen)) in self.going.iter().enumerate() {
             let going: Vec<&CheckRow> = of(GOING).filter(|r| r.slot as usize == slot).collect();
-            if going.iter().any(|r| !seen.iter().any(|s| Some(s.0) == r.id)) {
+            if going.iter().any(|r| !seen.going.iter().any(|(s, _)| Some(s.0) == r.id)) {
                 return Err(Stop::Refused(StartOutcome::Moved));
+            }
+            // A run that started and ended since the start looked is going no more, but
+            // its messages moved the leaf.
+            if let Some(leaf) = of(LEAF).find(|r| r.slot as usize == slot) {
+                let expected = seen.leaf.map(|m| m.0) == leaf.id;
+                if !expected && !seen.going.iter().any(|(_, answer)| Some(answer.0) == leaf.id) {
+                    return Err(Stop::Refused(StartOutcome::Moved));
+                }
             }
             if let Some(last) = going.iter().filter_map(|r| r.at).max() {
                 lasts.push((*conversation, last));
