@@ -53,8 +53,12 @@ class Replica:
         with open(config, "w") as f:
             f.write(f'[server]\nport = {self.port}\n[database]\nurl = "{database}"\n'
                     f"[limits]\nmax_concurrent_runs_per_user = 100000\nrequests_per_minute = 0\n{extra}")
-        self.process = subprocess.Popen([binary, "--config", config], env={**os.environ, "RUST_LOG": "error"},
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # CHATD_BENCH_LOG=<RUST_LOG filter> keeps the replica's log in its directory.
+        log = os.environ.get("CHATD_BENCH_LOG")
+        self.log = os.path.join(self.dir, "chatd.log") if log else None
+        out = open(self.log, "w") if log else subprocess.DEVNULL
+        self.process = subprocess.Popen([binary, "--config", config], env={**os.environ, "RUST_LOG": log or "error"},
+                                        stdout=out, stderr=out)
         self.base = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 30
         while True:
