@@ -43,8 +43,10 @@ impl App {
         let settings = Arc::new(settings);
         report::metrics::handle();
         let store = store::connect(settings.database.url.expose(), settings.database.max_connections).await?;
+        let runs = Runs::default();
         let log = EventLog::start(
             store.clone(),
+            runs.clone(),
             Duration::from_millis(settings.stream.flush_interval_ms),
             settings.stream.flush_max_events,
         );
@@ -66,7 +68,6 @@ impl App {
             Duration::try_from_secs_f64(settings.tools.mcp_start_wait_secs.max(0.0)).unwrap_or(Duration::MAX);
         let mcp = McpManager::start(&settings.mcp_servers, mcp_wait, shutdown.clone());
         let tools = Arc::new(Registry::new(&settings, mcp).map_err(anyhow::Error::msg)?);
-        let runs = Runs::default();
         let files = files::Files::open(&settings.files, store.clone()).map_err(anyhow::Error::msg)?;
         let chat = ChatService::new(
             settings.clone(),

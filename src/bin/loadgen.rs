@@ -10,6 +10,10 @@
 //!
 //! `loadgen --url http://127.0.0.1:8080/api/chat/stream --body '{"message":"go"}' --streams 64`
 //!
+//! `--sources N` spreads the streams over N loopback source addresses (127.0.0.1 to
+//! 127.0.0.N): past ~28,000 streams one address runs out of ephemeral ports. The output
+//! says how many streams were open at once at most (`peak_open`).
+//!
 //! `{n}` in the body is replaced by the stream's number, for bodies that must differ (the
 //! AI SDK's chat id: `--body '{"id":"bench-{n}","messages":[…]}'`).
 
@@ -53,6 +57,10 @@ struct Args {
     /// Milliseconds to wait, once every stream has its first event, before the first probe.
     #[arg(long, default_value_t = 500)]
     settle_ms: u64,
+    /// Loopback source addresses the streams are spread over (127.0.0.1, 127.0.0.2, …): one
+    /// address has ~28,000 ephemeral ports to one server, so 50,000 streams need two or more.
+    #[arg(long, default_value_t = 1)]
+    sources: u8,
 }
 
 #[derive(Default)]
@@ -68,11 +76,15 @@ struct Stream {
     conversation_id: Option<String>,
 }
 
-/// Counts the streams that have their first event.
+/// Counts the streams that have their first event, and those open at once.
 #[derive(Default)]
 struct Started {
     count: AtomicUsize,
     changed: Notify,
+    /// Streams between their first event and their end.
+    open: AtomicUsize,
+    /// The most that were open at once.
+    peak: AtomicUsize,
 }
 
 impl Started {
@@ -125,6 +137,8 @@ async fn one(
                 if stream.first_event.is_none() {
                     stream.first_event = Some(now - started);
                     started_all.note();
+                    let open = started_all.open.fetch_add(1, Ordering::Relaxed) + 1;
+                    started_all.peak.fetch_max(open, Ordering::Relaxed);
                 } else {
                     let gap = now - last;
                     stream.max_gap = stream.max_gap.max(gap);
@@ -158,8 +172,11 @@ async fn one(
             }
         }
     }
-    if stream.first_event.is_none() {
-        started_all.note();
+    match stream.first_event {
+        None => started_all.note(),
+        Some(_) => {
+            started_all.open.fetch_sub(1, Ordering::Relaxed);
+        }
     }
     stream.total = started.elapsed();
     stream
@@ -176,12 +193,20 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 #[tokio::main]
 async fn main() {
     let args = Arc::new(Args::parse());
-    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
+    let clients: Vec<reqwest::Client> = (1..=args.sources.max(1))
+        .map(|n| {
+            let source = std::net::IpAddr::from([127, 0, 0, n]);
+            reqwest::Client::builder().pool_max_idle_per_host(0).local_address(source).build().expect("client")
+        })
+        .collect();
+    let client = &clients[0];
     let gate = Arc::new(Semaphore::new(args.ramp.max(1)));
     let started = Instant::now();
     let started_all = Arc::new(Started::default());
     let tasks: Vec<_> = (0..args.streams)
-        .map(|n| tokio::spawn(one(client.clone(), args.clone(), n, gate.clone(), started_all.clone())))
+        .map(|n| {
+            tokio::spawn(one(clients[n % clients.len()].clone(), args.clone(), n, gate.clone(), started_all.clone()))
+        })
         .collect();
     let mut probes = Vec::with_capacity(args.probes);
     if args.probes > 0 {
@@ -253,6 +278,7 @@ async fn main() {
         json!({
             "label": args.label,
             "streams": streams.len(),
+            "peak_open": started_all.peak.load(Ordering::Relaxed),
             "ended": streams.iter().filter(|s| s.ended).count(),
             "errors": errors.len(),
             "first_error": errors.first(),

@@ -140,6 +140,28 @@ both_backends! {
         let tail = read_frames(tail).await;
         assert_eq!(tail.iter().map(Frame::kind).collect::<Vec<_>>(), ["complete", "done"]);
     }
+
+    async fn a_listener_that_joins_a_long_run_late_gets_every_event_from_the_log_then_live(backend: Backend) {
+        // A run keeps only its newest frames once its log has them: a listener that joins
+        // after hundreds of tokens reads the first ones from the log, then follows live.
+        let app = TestApp::spawn(backend, "[stream]\nflush_interval_ms = 20\n").await;
+        let mut live = start(&app, "ann", json!({"message": "[mock:words=300] [mock:delay=4] [mock:think=off]"})).await;
+        let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
+        for _ in 0..150 {
+            live.until("text_delta").await;
+        }
+        let (from_start, from_ten) = tokio::join!(
+            async { resume(&app, "ann", &trace_id, None).await.rest().await },
+            async { resume(&app, "ann", &trace_id, Some(10)).await.rest().await },
+        );
+        let whole = live.rest().await;
+        crate::waits::assert_whole(&whole);
+        let ids = |frames: &[Frame]| frames.iter().map(|f| f.id).collect::<Vec<_>>();
+        assert_eq!(ids(&from_start), ids(&whole), "the late listener missed or repeated events");
+        assert_eq!(ids(&from_ten), ids(&whole)[10..].to_vec());
+        assert_eq!(joined(&from_start, "text_delta"), joined(&whole, "text_delta"));
+        assert_eq!(joined(&whole, "text_delta").split_whitespace().count(), 300);
+    }
 }
 
 #[tokio::test]

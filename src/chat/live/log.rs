@@ -4,7 +4,10 @@
 //! its end). Never a database write per token, and no wake-up of the writer per token either.
 //! A run that has ended has its log sealed right after its last events are written. A run's
 //! checkpoint after a completed step (CONTRACT.md §19) goes with its events, in the same
-//! transaction: it costs no wait and no write of its own.
+//! transaction: it costs no wait and no write of its own. Once a run's events are written,
+//! the run lets go of its frames that the log now holds ([`LiveRun::let_go`]).
+//!
+//! [`LiveRun::let_go`]: super::runs::LiveRun::let_go
 
 use crate::ids::TraceId;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 
+use super::runs::Runs;
 use crate::store::{NewEvent, Progress, Store, StoreError};
 
 type Done = oneshot::Sender<Result<(), String>>;
@@ -55,12 +59,13 @@ pub struct EventLog {
 }
 
 impl EventLog {
-    /// Starts the writer task. It ends once every handle is dropped, after writing what waits.
-    pub fn start(store: Arc<dyn Store>, interval: Duration, max_events: usize) -> Self {
+    /// Starts the writer task, which tells `runs` what their logs hold. It ends once every
+    /// handle is dropped, after writing what waits.
+    pub fn start(store: Arc<dyn Store>, runs: Runs, interval: Duration, max_events: usize) -> Self {
         let (control, rx) = mpsc::unbounded_channel();
         let pending = Arc::new(Mutex::new(Pending::default()));
         let batches = Arc::new(AtomicU64::new(0));
-        tokio::spawn(write_loop(store, pending.clone(), rx, interval, batches.clone()));
+        tokio::spawn(write_loop(store, runs, pending.clone(), rx, interval, batches.clone()));
         Self { pending, control, max_events: max_events.max(1), batches }
     }
 
@@ -107,6 +112,7 @@ impl EventLog {
 
 async fn write_loop(
     store: Arc<dyn Store>,
+    runs: Runs,
     pending: Arc<Mutex<Pending>>,
     mut control: mpsc::UnboundedReceiver<Control>,
     interval: Duration,
@@ -135,7 +141,15 @@ async fn write_loop(
             take(Some(message));
         }
         batch.append(&mut pending.lock().expect("event log lock"));
+        let newest = newest_by_run(&batch.events);
         let result = write(&*store, &mut batch, &batches).await;
+        if result.is_ok() {
+            for (trace_id, seq) in newest {
+                if let Some(run) = runs.get(trace_id) {
+                    run.let_go(seq);
+                }
+            }
+        }
         for done in waiting.drain(..) {
             let _ = done.send(result.clone().map_err(|e| e.to_string()));
         }
@@ -163,6 +177,16 @@ async fn write_loop(
             return;
         }
     }
+}
+
+/// Each run's newest event in `events`, by seq.
+fn newest_by_run(events: &[NewEvent]) -> std::collections::HashMap<TraceId, u64> {
+    let mut newest = std::collections::HashMap::new();
+    for event in events {
+        let seq = newest.entry(event.trace_id).or_insert(0);
+        *seq = (*seq).max(event.seq as u64);
+    }
+    newest
 }
 
 /// Writes what waits as one batch. If the batch fails, each run's events are tried on their

@@ -102,6 +102,25 @@ impl Follower {
                 guard.done |= frame.is_last();
                 yield frame;
             }
+            if !guard.done && after < run.base() && !run.is_parked() {
+                // The client fell behind what the run keeps here: the rest from the log,
+                // then live again; leaving still stops the run while it runs here.
+                let trace = match core.store.get_trace(&run.user_id, run.trace_id).await {
+                    Ok(trace) => trace,
+                    Err(e) => {
+                        tracing::warn!(error = %e, trace_id = %run.trace_id, "could not follow a run from its log");
+                        // The stream ends here, not the client: the run goes on.
+                        guard.done = true;
+                        return;
+                    }
+                };
+                let mut rest = std::pin::pin!(core.follow(trace, after, through_waits));
+                while let Some(frame) = rest.next().await {
+                    guard.done |= frame.is_last() || run.is_parked();
+                    yield frame;
+                }
+                return;
+            }
             // It waits (or ended): leaving no longer stops it.
             guard.done = true;
             if !run.is_parked() || !through_waits {
@@ -141,6 +160,10 @@ impl Follower {
                         if last {
                             return;
                         }
+                    }
+                    if after < run.base() {
+                        // Fell behind what the run keeps here: on from the log.
+                        continue;
                     }
                     if !run.is_parked() || !through_waits {
                         // Ended with `done` at or before `after`, or waits.

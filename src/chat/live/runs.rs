@@ -1,9 +1,12 @@
 //! Live runs: each run has a trace id, a cancellation token and a fan-out of its events to
 //! any number of listeners. A run does not belong to the HTTP request that started it; a
 //! listener can join at any sequence number and gets every later event, then follows live.
+//! A run keeps its newest frames only: those the log has, but the last [`KEPT`], it lets go
+//! (a long answer would otherwise hold every token it sent until its end); a listener that
+//! joins later, or falls further behind, reads them from the log.
 
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
@@ -100,20 +103,25 @@ pub struct LiveRun {
     /// Stops the run where it is, without an end, for another replica to continue it from
     /// its last completed step (a drain that hands its runs over, CONTRACT.md §19).
     pub hand_over: CancellationToken,
-    /// The seq before this process's first frame of the run: 0, or where a run that waited
-    /// goes on (CONTRACT.md §15); the frames before are in the log.
-    base: u64,
     frames: Mutex<Frames>,
     /// The run's state: changed with the frames' lock held where frames go with it (`done`,
     /// a park), so that a listener that reads both under that lock sees them agree.
     state: watch::Sender<RunState>,
 }
 
+/// The frames a run keeps of those the log has already: a listener a little behind (a
+/// client that reads slower for a moment) still follows from memory.
+pub const KEPT: usize = 16;
+
 /// A run's frames and the listeners waiting for more, under one lock: a listener that finds
 /// nothing new leaves its waker under the same lock, so no announcement falls in between.
 #[derive(Default)]
 struct Frames {
-    sent: Vec<Frame>,
+    /// The seq before the first frame of `sent`: 0, where a run that waited goes on
+    /// (CONTRACT.md §15), or the last frame it let go; the frames before are in the log.
+    base: u64,
+    /// Frames `base + 1`, `base + 2`, …
+    sent: VecDeque<Frame>,
     waiting: Vec<Waker>,
 }
 
@@ -127,20 +135,27 @@ impl Frames {
 
 impl LiveRun {
     /// The run's events with `seq > after` (at least [`base`](Self::base)), then the live
-    /// ones, until `done`, or until the run parks to wait.
+    /// ones, until `done`, or until the run parks to wait. The frames end early, without
+    /// `done`, where the run let go of the next one this listener needs (it fell more than
+    /// [`KEPT`] frames behind the log): the rest is in the log.
     pub fn follow(self: Arc<Self>, after: u64) -> impl Stream<Item = Frame> + Send + 'static {
         async_stream::stream! {
-            // seq n is at index n - base - 1, so the first frame after `after` is at index
-            // `after - base`.
-            let mut next = usize::try_from(after.saturating_sub(self.base)).unwrap_or(usize::MAX);
+            let mut after = after;
             loop {
                 let (batch, finished) = std::future::poll_fn(|cx| {
                     let mut frames = self.frames.lock().expect("frames lock");
                     // Set under this lock with `done` (or the park): read here, it agrees with
                     // the frames.
                     let finished = self.state.borrow().settled();
-                    match frames.sent.get(next..) {
-                        Some(batch) if !batch.is_empty() => Poll::Ready((batch.to_vec(), finished)),
+                    // seq n is at index n - base - 1: the first frame after `after` is at
+                    // index `after - base`, unless the run let go of it.
+                    let Some(next) = after.checked_sub(frames.base) else {
+                        return Poll::Ready((Vec::new(), true));
+                    };
+                    let next = usize::try_from(next).unwrap_or(usize::MAX);
+                    let batch: Vec<Frame> = frames.sent.range(next.min(frames.sent.len())..).cloned().collect();
+                    match batch {
+                        batch if !batch.is_empty() => Poll::Ready((batch, finished)),
                         // A listener that asked for more than a finished run sent has
                         // nothing to wait for.
                         _ if finished => Poll::Ready((Vec::new(), true)),
@@ -151,7 +166,9 @@ impl LiveRun {
                     }
                 })
                 .await;
-                next = next.saturating_add(batch.len());
+                if let Some(frame) = batch.last() {
+                    after = frame.seq;
+                }
                 for frame in batch {
                     yield frame;
                 }
@@ -159,6 +176,19 @@ impl LiveRun {
                     break;
                 }
             }
+        }
+    }
+
+    /// Lets go of the frames the log has (`logged`: the seq of the newest one written), but
+    /// the newest [`KEPT`].
+    pub(super) fn let_go(&self, logged: u64) {
+        let mut frames = self.frames.lock().expect("frames lock");
+        let newest = frames.base + frames.sent.len() as u64;
+        let through = logged.min(newest.saturating_sub(KEPT as u64));
+        if through > frames.base {
+            let count = usize::try_from(through - frames.base).unwrap_or(usize::MAX).min(frames.sent.len());
+            frames.sent.drain(..count);
+            frames.base += count as u64;
         }
     }
 
@@ -218,9 +248,9 @@ impl LiveRun {
         });
     }
 
-    /// The seq before this process's first frame of the run.
+    /// The seq before the first frame the run holds here (the frames before are in the log).
     pub fn base(&self) -> u64 {
-        self.base
+        self.frames.lock().expect("frames lock").base
     }
 
     /// Waits until the run's log is written and sealed: from then on the store has all of it.
@@ -231,7 +261,7 @@ impl LiveRun {
     /// The event that ended the run (`complete`, `cancelled` or `error`), once it has.
     pub fn ending(&self) -> Option<Arc<Event>> {
         let frames = self.frames.lock().expect("frames lock");
-        let [.., ending, done] = frames.sent.as_slice() else { return None };
+        let (ending, done) = (frames.sent.get(frames.sent.len().checked_sub(2)?)?, frames.sent.back()?);
         if done.is_last() { ending.event.clone() } else { None }
     }
 
@@ -247,13 +277,14 @@ impl LiveRun {
 
     /// The seq of the run's newest frame so far.
     pub fn last_seq(&self) -> u64 {
-        self.base + self.frames.lock().expect("frames lock").sent.len() as u64
+        let frames = self.frames.lock().expect("frames lock");
+        frames.base + frames.sent.len() as u64
     }
 
     /// Whether the run has ended and a listener that saw `after` has heard all of it.
     pub fn heard_all(&self, after: u64) -> bool {
         let frames = self.frames.lock().expect("frames lock");
-        self.is_finished() && self.base + frames.sent.len() as u64 <= after
+        self.is_finished() && frames.base + frames.sent.len() as u64 <= after
     }
 }
 
@@ -310,8 +341,7 @@ impl Runs {
             user_id: user_id.clone(),
             cancel: CancellationToken::new(),
             hand_over: CancellationToken::new(),
-            base,
-            frames: Mutex::default(),
+            frames: Mutex::new(Frames { base, ..Frames::default() }),
             state: watch::Sender::new(RunState { phase: Phase::Running, cancel_asked: false, logged: false }),
         });
         // A run that goes on after a wait takes the place of its parked self.
@@ -408,7 +438,7 @@ impl Emitter {
         let last = frame.is_last();
         {
             let mut frames = self.run.frames.lock().expect("frames lock");
-            frames.sent.push(frame);
+            frames.sent.push_back(frame);
             if last {
                 self.run.state.send_modify(|state| state.phase = Phase::Ended);
             }
@@ -423,7 +453,7 @@ impl Emitter {
     pub fn emit_logged(&mut self, event: Event) {
         self.seq += 1;
         let frame = Frame::new(self.seq, event);
-        self.run.frames.lock().expect("frames lock").sent.push(frame);
+        self.run.frames.lock().expect("frames lock").sent.push_back(frame);
         self.wake();
     }
 
@@ -520,8 +550,8 @@ mod tests {
     async fn a_run_moves_forward_through_its_phases_and_tells_its_watchers() {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::connect(&format!("sqlite://{}/runs.db", dir.path().display()), 2).await.unwrap();
-        let log = EventLog::start(store, Duration::from_millis(5), 100);
         let runs = Runs::default();
+        let log = EventLog::start(store, runs.clone(), Duration::from_millis(5), 100);
         let (trace_id, message_id, conversation_id) = (TraceId::new(), MessageId::new(), ConversationId::new());
         let (run, mut emitter) = runs.register(trace_id, message_id, conversation_id, &UserId::new("ann"), log, 0);
         let mut watched = run.state();
@@ -545,5 +575,43 @@ mod tests {
         runs.remove(&run);
         tokio::time::timeout(Duration::from_secs(5), run.logged()).await.expect("woken once logged");
         assert!(runs.get(trace_id).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_run_lets_go_of_what_its_log_holds_but_its_newest_frames() {
+        use futures_util::StreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::connect(&format!("sqlite://{}/runs.db", dir.path().display()), 2).await.unwrap();
+        let runs = Runs::default();
+        // A writer that writes only when asked: the test says what the log holds.
+        let log = EventLog::start(store, runs.clone(), Duration::from_secs(3600), 1_000_000);
+        let (trace_id, message_id, conversation_id) = (TraceId::new(), MessageId::new(), ConversationId::new());
+        let (run, mut emitter) = runs.register(trace_id, message_id, conversation_id, &UserId::new("ann"), log, 0);
+        let text = |n: u64| Event::TextDelta { text: format!("word {n} ") };
+        for n in 1..=100 {
+            emitter.emit(text(n));
+        }
+        // Nothing is let go before the log has it.
+        run.let_go(0);
+        assert_eq!((run.base(), run.last_seq()), (0, 100));
+        // The log has 1–90: the run keeps the newest KEPT of them, and what it has not logged.
+        run.let_go(90);
+        assert_eq!((run.base(), run.last_seq()), (100 - KEPT as u64, 100));
+        // A listener that needs a frame let go ends at once, without `done`: the rest is in
+        // the log (the follower reads it there).
+        let behind: Vec<Frame> = run.clone().follow(10).collect().await;
+        assert!(behind.is_empty(), "{behind:?}");
+        // One within the kept frames gets every frame after its own, then the live ones.
+        let mut within = Box::pin(run.clone().follow(95));
+        let seqs: Vec<u64> = (&mut within).take(5).map(|f| f.seq).collect().await;
+        assert_eq!(seqs, [96, 97, 98, 99, 100]);
+        emitter.emit(text(101));
+        assert_eq!(within.next().await.map(|f| f.seq), Some(101));
+        // The log has all of them: the newest KEPT stay.
+        emitter.flush().await.unwrap();
+        assert_eq!((run.base(), run.last_seq()), (101 - KEPT as u64, 101));
+        emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+        assert_eq!(within.next().await.map(|f| (f.seq, f.is_last())), Some((102, true)));
+        assert!(run.ending().is_some_and(|e| matches!(*e, Event::TextDelta { .. })), "the last two frames stay");
     }
 }
