@@ -6,7 +6,9 @@
   litellm  client -> LiteLLM proxy -> mockllm  (with --litellm; installed in its own venv)
 
 Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open streams,
-(d) a tool-calling run. Prints one table and writes target/bench/results.json. Figures are
+(d) a tool-calling run, and (e) 50,000 open streams (only when named: --scenarios e
+--provider-http http2; the bench raises its descriptor limit, which needs root past the
+hard limit). Prints one table and writes target/bench/results.json. Figures are
 ratios against the direct path of the same run. Usage:
 
   loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--backends sqlite,postgres]
@@ -98,8 +100,9 @@ def stop(p):
 
 
 def loadgen(label, url, body, streams, headers=(), verify=None, probes=0):
+    # One loopback source address per 20,000 streams (each has ~28,000 ephemeral ports).
     cmd = [os.path.join(REL, "loadgen"), "--label", label, "--url", url, "--body", json.dumps(body), "--streams", str(streams),
-           "--probes", str(probes)]
+           "--probes", str(probes), "--sources", str(streams // 20000 + 1)]
     for h in headers:
         cmd += ["--header", h]
     if verify:
@@ -155,10 +158,11 @@ otlp_endpoint = "http://127.0.0.1:{port}"
 """
 
 
-def chatd_config(port, database, mock_port, http1, tools="none"):
+def chatd_config(port, database, mock_port, http1, tools="none", connections=10000):
     """chatd's config for the bench: no rate limits, the mock as its one model."""
     return f"""[server]
 port = {port}
+max_connections = {connections}
 [database]
 url = "{database}"
 [limits]
@@ -221,7 +225,16 @@ def main():
         "b": dict(name="latency", streams=200 if q else 1000, tokens=100 if q else 200, delay=50, probes=50 if q else 200),
         "c": dict(name="capacity", streams=1000 if q else 10000, tokens=5 if q else 10, delay=1000),
         "d": dict(name="tools", streams=16 if q else 64, tokens=50, delay=0, tool="calculator"),
+        # 50,000 streams open at once on one process (HTTP/2 to the model: HTTP/1.1 would
+        # need 50,000 more connections to it), 60 s each at 1 token/s; not run by default.
+        "e": dict(name="capacity-50k", streams=5000 if q else 50000, tokens=60, delay=1000),
     }
+    # Each stream is a descriptor in chatd and one in the load generator: past the hard
+    # limit (which only root with CAP_SYS_RESOURCE can raise) (e) holds what fits.
+    room = resource.getrlimit(resource.RLIMIT_NOFILE)[1] - 1000
+    if "e" in args.scenarios.split(",") and scenarios["e"]["streams"] > room:
+        print(f"(e): the descriptor limit ({room + 1000}) holds {room} streams, not {scenarios['e']['streams']}")
+        scenarios["e"]["streams"] = room
     litellm_bin = install_litellm() if args.litellm else None
     backends = args.backends.split(",")
     postgres = args.postgres or os.environ.get("CHATD_TEST_POSTGRES_URL")
@@ -255,7 +268,8 @@ def run_scenario(args, key, sc, postgres, http1, litellm_bin, labels):
     if postgres:
         database = fresh_postgres(postgres, os.path.basename(work))
     with open(config, "w") as f:
-        f.write(chatd_config(chatd_port, database, mock_port, http1, "*" if sc.get("tool") else "none"))
+        f.write(chatd_config(chatd_port, database, mock_port, http1, "*" if sc.get("tool") else "none",
+                             connections=max(10000, sc["streams"] + 1000)))
         if args.extra_config:
             with open(args.extra_config) as extra:
                 f.write("\n" + extra.read())
@@ -383,7 +397,8 @@ def report(row):
     print(f"\n({row['scenario']}) {row['name']}: {row['streams']} streams x {row['tokens']} tokens, {row['delay']} ms apart, "
           f"run {row['run']}")
     for r in [d, c] + ([l] if l else []):
-        print(f"  {r['label']:>8}: ended {r['ended']}/{r['streams']}, errors {r['errors']}, persisted {r['persisted']}, "
+        print(f"  {r['label']:>8}: ended {r['ended']}/{r['streams']} ({r['peak_open']} open at once), errors {r['errors']}, "
+              f"persisted {r['persisted']}, "
               f"{r['events_per_sec']:.0f} events/s, ttfe p50 {r['ttfe_ms']['p50']:.1f} ms p99 {r['ttfe_ms']['p99']:.1f} ms, "
               f"gap p99 {r['gap_ms']['p99']:.1f} ms, wall {r['wall_ms']:.0f} ms")
         if r.get("probes"):
