@@ -204,6 +204,7 @@ def main():
     ap.add_argument("--postgres", metavar="URL", help="the Postgres to make each scenario's database beside")
     ap.add_argument("--extra-config", metavar="FILE", help="TOML added to chatd's config (webhooks, telemetry: their cost)")
     ap.add_argument("--hooks", action="store_true", help="webhooks and OTLP export on, to a receiver in this process")
+    ap.add_argument("--e-streams", type=int, help="(e)'s stream count, instead of 50,000")
     ap.add_argument("--encodings", default="native",
                     help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's), responses (the OpenAI Responses API's)")
     args = ap.parse_args()
@@ -227,7 +228,7 @@ def main():
         "d": dict(name="tools", streams=16 if q else 64, tokens=50, delay=0, tool="calculator"),
         # 50,000 streams open at once on one process (HTTP/2 to the model: HTTP/1.1 would
         # need 50,000 more connections to it), 60 s each at 1 token/s; not run by default.
-        "e": dict(name="capacity-50k", streams=5000 if q else 50000, tokens=60, delay=1000),
+        "e": dict(name="capacity-50k", streams=args.e_streams or (5000 if q else 50000), tokens=60, delay=1000),
     }
     # Each stream is a descriptor in chatd and one in the load generator: past the hard
     # limit (which only root with CAP_SYS_RESOURCE can raise) (e) holds what fits.
