@@ -546,14 +546,20 @@ mod tests {
 
     use super::*;
 
+    /// A run registered in `runs`, its events logged every `interval` into a SQLite file
+    /// in `dir`.
+    async fn registered(dir: &tempfile::TempDir, runs: &Runs, interval: Duration) -> (Arc<LiveRun>, Emitter) {
+        let store = crate::store::connect(&format!("sqlite://{}/runs.db", dir.path().display()), 2).await.unwrap();
+        let log = EventLog::start(store, runs.clone(), interval, 1_000_000);
+        let (trace_id, message_id, conversation_id) = (TraceId::new(), MessageId::new(), ConversationId::new());
+        runs.register(trace_id, message_id, conversation_id, &UserId::new("ann"), log, 0)
+    }
+
     #[tokio::test]
     async fn a_run_moves_forward_through_its_phases_and_tells_its_watchers() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::connect(&format!("sqlite://{}/runs.db", dir.path().display()), 2).await.unwrap();
-        let runs = Runs::default();
-        let log = EventLog::start(store, runs.clone(), Duration::from_millis(5), 100);
-        let (trace_id, message_id, conversation_id) = (TraceId::new(), MessageId::new(), ConversationId::new());
-        let (run, mut emitter) = runs.register(trace_id, message_id, conversation_id, &UserId::new("ann"), log, 0);
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let (run, mut emitter) = registered(&dir, &runs, Duration::from_millis(5)).await;
+        let (trace_id, message_id, conversation_id) = (run.trace_id, run.message_id, run.conversation_id);
         let mut watched = run.state();
         assert_eq!(watched.borrow_and_update().phase, Phase::Running);
         run.set_queued(true);
@@ -580,13 +586,10 @@ mod tests {
     #[tokio::test]
     async fn a_run_lets_go_of_what_its_log_holds_but_its_newest_frames() {
         use futures_util::StreamExt;
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::connect(&format!("sqlite://{}/runs.db", dir.path().display()), 2).await.unwrap();
-        let runs = Runs::default();
         // A writer that writes only when asked: the test says what the log holds.
-        let log = EventLog::start(store, runs.clone(), Duration::from_secs(3600), 1_000_000);
-        let (trace_id, message_id, conversation_id) = (TraceId::new(), MessageId::new(), ConversationId::new());
-        let (run, mut emitter) = runs.register(trace_id, message_id, conversation_id, &UserId::new("ann"), log, 0);
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let (run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
+        let (trace_id, message_id, conversation_id) = (run.trace_id, run.message_id, run.conversation_id);
         let text = |n: u64| Event::TextDelta { text: format!("word {n} ") };
         for n in 1..=100 {
             emitter.emit(text(n));
