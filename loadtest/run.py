@@ -100,9 +100,15 @@ def stop(p):
 
 
 def loadgen(label, url, body, streams, headers=(), verify=None, probes=0):
-    # One loopback source address per 20,000 streams (each has ~28,000 ephemeral ports).
+    # One loopback source address per 20,000 streams (each has ~28,000 ephemeral ports),
+    # past 20,000 bound ones: the direct path's from 127.0.0.1, chatd's from 127.0.0.101 (a
+    # bound socket takes a port none of its address holds, TIME_WAIT included, and the run
+    # before left its ports in TIME_WAIT).
+    sources = streams // 20000 + 1
     cmd = [os.path.join(REL, "loadgen"), "--label", label, "--url", url, "--body", json.dumps(body), "--streams", str(streams),
-           "--probes", str(probes), "--sources", str(streams // 20000 + 1)]
+           "--probes", str(probes), "--sources", str(sources)]
+    if sources > 1 and label != "direct":
+        cmd += ["--source-base", "100"]
     for h in headers:
         cmd += ["--header", h]
     if verify:

@@ -11,8 +11,8 @@
 //! `loadgen --url http://127.0.0.1:8080/api/chat/stream --body '{"message":"go"}' --streams 64`
 //!
 //! `--sources N` spreads the streams over N loopback source addresses (127.0.0.1 to
-//! 127.0.0.N): past ~28,000 streams one address runs out of ephemeral ports. The output
-//! says how many streams were open at once at most (`peak_open`).
+//! 127.0.0.N, or from `--source-base` on): past ~28,000 streams one address runs out of
+//! ephemeral ports. The output says how many streams were open at once at most (`peak_open`).
 //!
 //! `{n}` in the body is replaced by the stream's number, for bodies that must differ (the
 //! AI SDK's chat id: `--body '{"id":"bench-{n}","messages":[…]}'`).
@@ -61,6 +61,11 @@ struct Args {
     /// address has ~28,000 ephemeral ports to one server, so 50,000 streams need two or more.
     #[arg(long, default_value_t = 1)]
     sources: u8,
+    /// The first source address is 127.0.0.(1 + this). A socket bound to an address before
+    /// it connects takes a port no other socket of that address holds, those in TIME_WAIT
+    /// included: two runs one after the other want different addresses.
+    #[arg(long, default_value_t = 0)]
+    source_base: u8,
 }
 
 #[derive(Default)]
@@ -193,9 +198,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 #[tokio::main]
 async fn main() {
     let args = Arc::new(Args::parse());
+    // One address and no base: not bound, the kernel picks each port for its destination.
+    let bind = args.sources > 1 || args.source_base > 0;
     let clients: Vec<reqwest::Client> = (1..=args.sources.max(1))
         .map(|n| {
-            let source = std::net::IpAddr::from([127, 0, 0, n]);
+            let source = bind.then(|| std::net::IpAddr::from([127, 0, 0, args.source_base.saturating_add(n)]));
             reqwest::Client::builder().pool_max_idle_per_host(0).local_address(source).build().expect("client")
         })
         .collect();
