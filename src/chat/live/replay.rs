@@ -102,39 +102,28 @@ impl Follower {
                 guard.done |= frame.is_last();
                 yield frame;
             }
-            if !guard.done && after < run.base() && !run.is_parked() {
-                // The client fell behind what the run keeps here: the rest from the log,
-                // then live again; leaving still stops the run while it runs here.
-                let trace = match core.store.get_trace(&run.user_id, run.trace_id).await {
-                    Ok(trace) => trace,
-                    Err(e) => {
-                        tracing::warn!(error = %e, trace_id = %run.trace_id, "could not follow a run from its log");
-                        // The stream ends here, not the client: the run goes on.
-                        guard.done = true;
-                        return;
-                    }
-                };
-                let mut rest = std::pin::pin!(core.follow(trace, after, through_waits));
-                while let Some(frame) = rest.next().await {
-                    guard.done |= frame.is_last() || run.is_parked();
-                    yield frame;
+            // The client fell behind what the run keeps here: the rest from the log, then
+            // live again, and leaving still stops the run while it runs here. Else it waits
+            // (or ended): leaving no longer stops it, and a wait is followed on from the log.
+            let behind = !guard.done && after < run.base() && !run.is_parked();
+            if !behind {
+                guard.done = true;
+                if !run.is_parked() || !through_waits {
+                    return;
                 }
-                return;
-            }
-            // It waits (or ended): leaving no longer stops it.
-            guard.done = true;
-            if !run.is_parked() || !through_waits {
-                return;
             }
             let trace = match core.store.get_trace(&run.user_id, run.trace_id).await {
                 Ok(trace) => trace,
                 Err(e) => {
-                    tracing::warn!(error = %e, trace_id = %run.trace_id, "could not follow a waiting run");
+                    tracing::warn!(error = %e, trace_id = %run.trace_id, "could not follow a run from its log");
+                    // The stream ends here, not the client: the run goes on.
+                    guard.done = true;
                     return;
                 }
             };
-            let mut rest = std::pin::pin!(core.follow(trace, after, true));
+            let mut rest = std::pin::pin!(core.follow(trace, after, through_waits));
             while let Some(frame) = rest.next().await {
+                guard.done |= frame.is_last() || run.is_parked();
                 yield frame;
             }
         }
