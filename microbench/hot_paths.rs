@@ -115,8 +115,15 @@ fn parse(c: &mut Criterion) {
         b.iter_batched(
             || reads(&openai),
             |chunks| {
-                let read = chatd::providers::sse::frames(frames(chunks)).map(|f| f.map(|_| ()).is_ok());
-                runtime.block_on(read.collect::<Vec<_>>())
+                let (mut parser, mut read) = (chatd::providers::sse::Parser::default(), 0usize);
+                for chunk in chunks {
+                    let fed = parser.feed(&chunk, &mut |frame| {
+                        read += black_box(frame.data).len();
+                        Ok::<_, ()>(())
+                    });
+                    assert!(fed.is_ok());
+                }
+                read
             },
             BatchSize::SmallInput,
         )

@@ -7,10 +7,10 @@
 //! terminal frame), `ping`, and `error` (e.g. `overloaded_error`) at any point. Thinking
 //! blocks go back to the API in later turns with their signatures, as it requires.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
+use super::sse::Frame as SseFrame;
 use async_trait::async_trait;
-use eventsource_stream::Event as SseFrame;
 use serde_json::{Value, json};
 
 use super::transport::{Decoder, Transport, join, json as frame_json, parse_error};
@@ -241,10 +241,10 @@ impl MessageDecoder {
 }
 
 impl Decoder for MessageDecoder {
-    fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
+    fn frame(&mut self, frame: &SseFrame<'_>, out: &mut VecDeque<ProviderEvent>) -> Result<(), ProviderError> {
         // The `type` in the data is authoritative; the SSE event name repeats it.
         let data: Value = frame_json(frame)?;
-        match data["type"].as_str().unwrap_or(frame.event.as_str()) {
+        match data["type"].as_str().unwrap_or(frame.event) {
             "message_start" => {
                 self.count(&data["message"]["usage"]);
             }
@@ -255,7 +255,7 @@ impl Decoder for MessageDecoder {
                     Some("text") => Block::Text,
                     Some("thinking") => Block::Thinking,
                     Some("tool_use") => {
-                        out.push(ProviderEvent::ToolCallStart {
+                        out.push_back(ProviderEvent::ToolCallStart {
                             index: index as u32,
                             id: block["id"].as_str().unwrap_or_default().to_owned(),
                             name: block["name"].as_str().unwrap_or_default().to_owned(),
@@ -265,7 +265,7 @@ impl Decoder for MessageDecoder {
                     _ => Block::Other,
                 };
                 if let Some(text) = block["text"].as_str().filter(|t| !t.is_empty()) {
-                    out.push(ProviderEvent::Text(text.to_owned()));
+                    out.push_back(ProviderEvent::Text(text.to_owned()));
                 }
                 self.blocks.insert(index, kind);
             }
@@ -274,12 +274,13 @@ impl Decoder for MessageDecoder {
                 let delta = &data["delta"];
                 let text = |key: &str| delta[key].as_str().map(str::to_owned).ok_or_else(parse_error);
                 match delta["type"].as_str() {
-                    Some("text_delta") => out.push(ProviderEvent::Text(text("text")?)),
-                    Some("thinking_delta") => out.push(ProviderEvent::Thinking(text("thinking")?)),
-                    Some("signature_delta") => out.push(ProviderEvent::ThinkingSignature(text("signature")?)),
-                    Some("input_json_delta") => {
-                        out.push(ProviderEvent::ToolCallDelta { index: index as u32, arguments: text("partial_json")? })
-                    }
+                    Some("text_delta") => out.push_back(ProviderEvent::Text(text("text")?)),
+                    Some("thinking_delta") => out.push_back(ProviderEvent::Thinking(text("thinking")?)),
+                    Some("signature_delta") => out.push_back(ProviderEvent::ThinkingSignature(text("signature")?)),
+                    Some("input_json_delta") => out.push_back(ProviderEvent::ToolCallDelta {
+                        index: index as u32,
+                        arguments: text("partial_json")?,
+                    }),
                     // Deltas of block types this version does not know (e.g. citations).
                     _ => {}
                 }
@@ -287,7 +288,7 @@ impl Decoder for MessageDecoder {
             "content_block_stop" => {
                 let index = data["index"].as_u64().ok_or_else(parse_error)?;
                 if self.blocks.remove(&index) == Some(Block::ToolUse) {
-                    out.push(ProviderEvent::ToolCallEnd { index: index as u32 });
+                    out.push_back(ProviderEvent::ToolCallEnd { index: index as u32 });
                 }
             }
             "message_delta" => {
@@ -297,8 +298,8 @@ impl Decoder for MessageDecoder {
                 self.count(&data["usage"]);
             }
             "message_stop" => {
-                out.push(ProviderEvent::Usage(self.usage));
-                out.push(ProviderEvent::Finish(finish_reason(self.stop_reason.as_deref())));
+                out.push_back(ProviderEvent::Usage(self.usage));
+                out.push_back(ProviderEvent::Finish(finish_reason(self.stop_reason.as_deref())));
                 self.done = true;
             }
             "error" => {

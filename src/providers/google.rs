@@ -6,9 +6,12 @@
 //! `usageMetadata` (cumulative). There is no `[DONE]`: the frame carrying `finishReason` is
 //! the terminal one. Errors arrive as HTTP statuses, or as `{"error": …}` in a frame.
 
+use std::collections::VecDeque;
+
 use async_trait::async_trait;
-use eventsource_stream::Event as SseFrame;
 use serde_json::{Value, json};
+
+use super::sse::Frame as SseFrame;
 
 use super::transport::{Decoder, Transport, join, json as frame_json};
 use base64::Engine;
@@ -143,7 +146,7 @@ pub struct ResponseDecoder {
 }
 
 impl Decoder for ResponseDecoder {
-    fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
+    fn frame(&mut self, frame: &SseFrame<'_>, out: &mut VecDeque<ProviderEvent>) -> Result<(), ProviderError> {
         let response: Value = frame_json(frame)?;
         if let Some(error) = response.get("error") {
             let message = error["message"].as_str().unwrap_or("Model error");
@@ -160,13 +163,13 @@ impl Decoder for ResponseDecoder {
                 self.calls += 1;
                 let name = call["name"].as_str().unwrap_or_default().to_owned();
                 let id = call["id"].as_str().map_or_else(|| format!("call_{index}"), str::to_owned);
-                out.push(ProviderEvent::ToolCallStart { index, id, name });
+                out.push_back(ProviderEvent::ToolCallStart { index, id, name });
                 let args = call.get("args").cloned().unwrap_or_else(|| json!({}));
-                out.push(ProviderEvent::ToolCallDelta { index, arguments: args.to_string() });
-                out.push(ProviderEvent::ToolCallEnd { index });
+                out.push_back(ProviderEvent::ToolCallDelta { index, arguments: args.to_string() });
+                out.push_back(ProviderEvent::ToolCallEnd { index });
             } else if let Some(text) = part["text"].as_str().filter(|t| !t.is_empty()) {
                 let text = text.to_owned();
-                out.push(if part["thought"] == true {
+                out.push_back(if part["thought"] == true {
                     ProviderEvent::Thinking(text)
                 } else {
                     ProviderEvent::Text(text)
@@ -175,7 +178,7 @@ impl Decoder for ResponseDecoder {
         }
         if let Some(reason) = candidate["finishReason"].as_str() {
             if let Some(usage) = response.get("usageMetadata") {
-                out.push(ProviderEvent::Usage(Usage {
+                out.push_back(ProviderEvent::Usage(Usage {
                     input_tokens: usage["promptTokenCount"].as_u64().unwrap_or(0),
                     output_tokens: usage["candidatesTokenCount"].as_u64().unwrap_or(0)
                         + usage["thoughtsTokenCount"].as_u64().unwrap_or(0),
@@ -186,7 +189,7 @@ impl Decoder for ResponseDecoder {
                     estimated: false,
                 }));
             }
-            out.push(ProviderEvent::Finish(match reason {
+            out.push_back(ProviderEvent::Finish(match reason {
                 "STOP" if self.calls > 0 => "tool_calls".to_owned(),
                 "STOP" => "stop".to_owned(),
                 "MAX_TOKENS" => "length".to_owned(),

@@ -222,9 +222,15 @@ where
     E: std::fmt::Display + Send + 'static,
 {
     let forever = Duration::from_secs(3600);
+    use futures_util::StreamExt;
+    let keys = Vec::new();
     match format {
-        WireFormat::OpenAi => transport::decode(bytes, openai::ChunkDecoder::default(), forever, forever),
-        WireFormat::Anthropic => transport::decode(bytes, anthropic::MessageDecoder::default(), forever, forever),
-        WireFormat::Google => transport::decode(bytes, google::ResponseDecoder::default(), forever, forever),
+        WireFormat::OpenAi => transport::decode(bytes, openai::ChunkDecoder::default(), forever, forever, keys).boxed(),
+        WireFormat::Anthropic => {
+            transport::decode(bytes, anthropic::MessageDecoder::default(), forever, forever, keys).boxed()
+        }
+        WireFormat::Google => {
+            transport::decode(bytes, google::ResponseDecoder::default(), forever, forever, keys).boxed()
+        }
     }
 }

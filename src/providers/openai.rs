@@ -8,10 +8,10 @@
 //! comments and reports failures as `data: {"error": …}` on an HTTP 200.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
+use super::sse::Frame as SseFrame;
 use async_trait::async_trait;
-use eventsource_stream::Event as SseFrame;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -180,10 +180,10 @@ pub struct ChunkDecoder {
 }
 
 impl Decoder for ChunkDecoder {
-    fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
+    fn frame(&mut self, frame: &SseFrame<'_>, out: &mut VecDeque<ProviderEvent>) -> Result<(), ProviderError> {
         if frame.data.trim() == "[DONE]" {
             self.close_calls(out);
-            out.push(ProviderEvent::Finish(self.finish_reason.take().unwrap_or_else(|| "stop".to_owned())));
+            out.push_back(ProviderEvent::Finish(self.finish_reason.take().unwrap_or_else(|| "stop".to_owned())));
             self.done = true;
             return Ok(());
         }
@@ -191,15 +191,15 @@ impl Decoder for ChunkDecoder {
         if let Some(error) = &chunk.error {
             return Err(stream_error(error));
         }
-        if let Some(choice) = chunk.choices.first() {
+        if let Some(choice) = &chunk.choices.0 {
             let delta = &choice.delta;
             for text in [&delta.reasoning_content, &delta.reasoning] {
                 if let Some(text) = text.get() {
-                    out.push(ProviderEvent::Thinking(text.to_owned()));
+                    out.push_back(ProviderEvent::Thinking(text.to_owned()));
                 }
             }
             if let Some(text) = delta.content.get() {
-                out.push(ProviderEvent::Text(text.to_owned()));
+                out.push_back(ProviderEvent::Text(text.to_owned()));
             }
             for call in &delta.tool_calls {
                 self.tool_call(call, out)?;
@@ -213,7 +213,7 @@ impl Decoder for ChunkDecoder {
             }
         }
         if let Some(usage) = chunk.usage.as_ref().filter(|u| u.is_object()) {
-            out.push(ProviderEvent::Usage(Usage {
+            out.push_back(ProviderEvent::Usage(Usage {
                 input_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
                 output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
                 cache_read_tokens: usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
@@ -232,25 +232,25 @@ impl Decoder for ChunkDecoder {
 }
 
 impl ChunkDecoder {
-    fn tool_call(&mut self, call: &ToolCallDelta, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError> {
+    fn tool_call(&mut self, call: &ToolCallDelta, out: &mut VecDeque<ProviderEvent>) -> Result<(), ProviderError> {
         let index = call.index.ok_or_else(super::transport::parse_error)?;
         if let std::collections::btree_map::Entry::Vacant(slot) = self.open_calls.entry(index) {
             slot.insert(());
-            out.push(ProviderEvent::ToolCallStart {
+            out.push_back(ProviderEvent::ToolCallStart {
                 index,
                 id: call.id.get().unwrap_or_default().to_owned(),
                 name: call.function.name.get().unwrap_or_default().to_owned(),
             });
         }
         if let Some(arguments) = call.function.arguments.get() {
-            out.push(ProviderEvent::ToolCallDelta { index, arguments: arguments.to_owned() });
+            out.push_back(ProviderEvent::ToolCallDelta { index, arguments: arguments.to_owned() });
         }
         Ok(())
     }
 
-    fn close_calls(&mut self, out: &mut Vec<ProviderEvent>) {
+    fn close_calls(&mut self, out: &mut VecDeque<ProviderEvent>) {
         for (index, ()) in std::mem::take(&mut self.open_calls) {
-            out.push(ProviderEvent::ToolCallEnd { index });
+            out.push_back(ProviderEvent::ToolCallEnd { index });
         }
     }
 }
@@ -270,8 +270,8 @@ fn stream_error(error: &Value) -> ProviderError {
 /// frame unless it holds escapes. Fields chatd does not use are skipped unparsed.
 #[derive(Deserialize)]
 struct Chunk<'a> {
-    #[serde(default, borrow, deserialize_with = "null_as_default")]
-    choices: Vec<Choice<'a>>,
+    #[serde(default, borrow)]
+    choices: First<Choice<'a>>,
     #[serde(default)]
     usage: Option<Value>,
     #[serde(default)]
@@ -313,6 +313,40 @@ struct FunctionDelta<'a> {
     name: Text<'a>,
     #[serde(default, borrow)]
     arguments: Text<'a>,
+}
+
+/// The first item of an array (a chunk's `choices`: chatd asks for one), read without a
+/// `Vec`; the others are skipped unparsed, and `null` reads as none.
+struct First<T>(Option<T>);
+
+impl<T> Default for First<T> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for First<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = First<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array or null")
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(First(None))
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(First(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let first = seq.next_element()?;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(First(first))
+            }
+        }
+        deserializer.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 /// A string field that servers also send as `null` (or, for some, as something else): only
@@ -389,11 +423,12 @@ mod tests {
 
     fn decode(frames: &[Value]) -> Result<Vec<ProviderEvent>, ProviderError> {
         let mut decoder = ChunkDecoder::default();
-        let mut out = Vec::new();
+        let mut out = VecDeque::new();
         for frame in frames {
-            decoder.frame(&SseFrame { data: frame.to_string(), ..SseFrame::default() }, &mut out)?;
+            let data = frame.to_string();
+            decoder.frame(&SseFrame { event: "message", data: &data, id: "", retry: None }, &mut out)?;
         }
-        Ok(out)
+        Ok(out.into())
     }
 
     #[test]
@@ -404,9 +439,19 @@ mod tests {
             json!({"choices": [{"delta": {"content": null, "tool_calls": null, "reasoning": ""}}]}),
             json!({"choices": [{"delta": {"content": [{"type": "text"}], "role": "assistant"}}], "usage": null}),
             json!({"choices": [{"delta": {"content": "say \"hi\"\n", "reasoning_content": "hm"}}]}),
+            // One choice is asked for: a second is skipped.
+            json!({"choices": [{"delta": {"content": "one"}}, {"delta": {"content": "two"}}]}),
         ])
         .unwrap();
-        assert_eq!(events, [ProviderEvent::Thinking("hm".into()), ProviderEvent::Text("say \"hi\"\n".into())]);
+        assert_eq!(
+            events,
+            [
+                ProviderEvent::Thinking("hm".into()),
+                ProviderEvent::Text("say \"hi\"\n".into()),
+                ProviderEvent::Text("one".into())
+            ]
+        );
+        assert!(decode(&[json!({"choices": "none"})]).is_err(), "choices that are no array");
     }
 
     #[test]

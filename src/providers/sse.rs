@@ -3,16 +3,13 @@
 //! the two equal), at a fraction of its cost. eventsource-stream parses a character at a time,
 //! copies its buffer after each line, and allocates about seven times per frame; on a run's
 //! hot path (every token of every answer passes here) that was some 30 % of a run task's
-//! instructions. Here a line is found with `memchr`, read in place where a chunk holds it
-//! whole, and a frame costs its data's allocation and its event name's. (A stream that
-//! begins with a byte order mark made eventsource-stream 0.2.3 panic; here the mark is left
-//! out, as the spec says.)
+//! instructions. Here a line is found with `memchr` and read in place where a chunk holds it
+//! whole, and a frame is lent to its reader from buffers the parser keeps: a stream's frames
+//! allocate nothing once its first few have sized them. (A stream that begins with a byte
+//! order mark made eventsource-stream 0.2.3 panic; here the mark is left out, as the spec
+//! says.)
 
 use std::time::Duration;
-
-use bytes::Bytes;
-use eventsource_stream::Event as SseFrame;
-use futures_util::{Stream, StreamExt};
 
 /// The most bytes one SSE frame (its lines up to the blank line that ends it) may have: a
 /// larger one fails the run as unparsable instead of growing without bound.
@@ -36,46 +33,29 @@ impl std::fmt::Display for Fault {
     }
 }
 
-/// Why a stream of frames ended early.
-#[derive(Debug)]
-pub enum Broken<E> {
-    /// The connection failed.
-    Transport(E),
+/// One frame, lent by the parser to its reader until the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// `message` where the frame names no event.
+    pub event: &'a str,
+    /// Its data lines, joined by LF.
+    pub data: &'a str,
+    /// The last `id:` seen in the stream so far.
+    pub id: &'a str,
+    pub retry: Option<Duration>,
+}
+
+/// Why [`Parser::feed`] stopped before the end of a chunk.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stop<E> {
     /// The bytes are no SSE.
     Fault(Fault),
+    /// The reader of a frame said so.
+    Reader(E),
 }
 
-/// The frames of an SSE byte stream, split anywhere between chunks.
-pub fn frames<S, E>(bytes: S) -> impl Stream<Item = Result<SseFrame, Broken<E>>> + Send
-where
-    S: Stream<Item = Result<Bytes, E>> + Send,
-    E: Send,
-{
-    async_stream::stream! {
-        let mut bytes = std::pin::pin!(bytes);
-        let (mut parser, mut out) = (Parser::default(), Vec::new());
-        while let Some(chunk) = bytes.next().await {
-            let chunk = match chunk {
-                Ok(chunk) => chunk,
-                Err(e) => {
-                    yield Err(Broken::Transport(e));
-                    return;
-                }
-            };
-            let fed = parser.feed(&chunk, &mut out);
-            for frame in out.drain(..) {
-                yield Ok(frame);
-            }
-            if let Err(fault) = fed {
-                yield Err(Broken::Fault(fault));
-                return;
-            }
-        }
-    }
-}
-
-/// The SSE parser: bytes in, in any pieces; frames out as each ends (HTML's "event stream
-/// interpretation", as eventsource-stream implements it).
+/// The SSE parser: bytes in, in any pieces; each frame handed to a reader as it ends
+/// (HTML's "event stream interpretation", as eventsource-stream implements it).
 #[derive(Default)]
 pub struct Parser {
     /// The bytes of a line not ended yet.
@@ -92,10 +72,11 @@ pub struct Parser {
     last_id: String,
 }
 
-/// The frame being read.
+/// The frame being read, in buffers kept from one frame to the next.
 #[derive(Default)]
 struct Building {
-    event: Option<String>,
+    /// Its `event:` (the last one), empty for none.
+    event: String,
     /// Its data lines, each followed by a LF.
     data: String,
     retry: Option<Duration>,
@@ -104,8 +85,13 @@ struct Building {
 const BOM: &[u8] = "\u{feff}".as_bytes();
 
 impl Parser {
-    /// Reads `chunk`, appending the frames it ends to `out`.
-    pub fn feed(&mut self, mut chunk: &[u8], out: &mut Vec<SseFrame>) -> Result<(), Fault> {
+    /// Reads `chunk`, handing each frame it ends to `read`; stops at bytes that are no SSE,
+    /// or where `read` fails (the rest of the chunk is then left unread).
+    pub fn feed<E>(
+        &mut self,
+        mut chunk: &[u8],
+        read: &mut impl FnMut(Frame<'_>) -> Result<(), E>,
+    ) -> Result<(), Stop<E>> {
         if !self.started {
             // The first bytes tell whether the stream begins with a byte order mark, which
             // is not part of it (they may come in pieces).
@@ -117,13 +103,13 @@ impl Parser {
             }
             self.started = true;
             let head = std::mem::take(&mut self.partial);
-            self.lines(head.strip_prefix(BOM).unwrap_or(&head), out)?;
+            self.lines(head.strip_prefix(BOM).unwrap_or(&head), read)?;
         }
-        self.lines(chunk, out)
+        self.lines(chunk, read)
     }
 
     /// Reads bytes of the stream after its start.
-    fn lines(&mut self, mut chunk: &[u8], out: &mut Vec<SseFrame>) -> Result<(), Fault> {
+    fn lines<E>(&mut self, mut chunk: &[u8], read: &mut impl FnMut(Frame<'_>) -> Result<(), E>) -> Result<(), Stop<E>> {
         if std::mem::take(&mut self.after_cr) {
             if chunk.is_empty() {
                 self.after_cr = true;
@@ -133,9 +119,10 @@ impl Parser {
                 chunk = &chunk[1..];
             }
             let line = std::mem::take(&mut self.partial);
-            self.line(&line, out)?;
+            let read_line = self.line(&line, read);
             self.partial = line;
             self.partial.clear();
+            read_line?;
         }
         while let Some(at) = memchr::memchr2(b'\n', b'\r', chunk) {
             let (end, rest) = (chunk[at], &chunk[at + 1..]);
@@ -148,14 +135,15 @@ impl Parser {
             }
             if self.partial.is_empty() {
                 self.count(at)?;
-                self.line(&chunk[..at], out)?;
+                self.line(&chunk[..at], read)?;
             } else {
                 self.partial.extend_from_slice(&chunk[..at]);
                 let line = std::mem::take(&mut self.partial);
-                self.count(line.len())?;
-                self.line(&line, out)?;
+                let counted = self.count(line.len());
+                let read_line = counted.and_then(|()| self.line(&line, read));
                 self.partial = line;
                 self.partial.clear();
+                read_line?;
             }
             chunk = if end == b'\r' && rest[0] == b'\n' { &rest[1..] } else { rest };
         }
@@ -164,24 +152,21 @@ impl Parser {
     }
 
     /// Counts a line's bytes in its frame, refusing a frame past the bound.
-    fn count(&self, line: usize) -> Result<(), Fault> {
+    fn count<E>(&self, line: usize) -> Result<(), Stop<E>> {
         if self.frame_bytes + line > MAX_FRAME_BYTES {
-            return Err(Fault::TooLarge);
+            return Err(Stop::Fault(Fault::TooLarge));
         }
         Ok(())
     }
 
     /// Reads one line, without its end.
-    fn line(&mut self, line: &[u8], out: &mut Vec<SseFrame>) -> Result<(), Fault> {
+    fn line<E>(&mut self, line: &[u8], read: &mut impl FnMut(Frame<'_>) -> Result<(), E>) -> Result<(), Stop<E>> {
         if line.is_empty() {
             self.frame_bytes = 0;
-            if let Some(frame) = self.dispatch() {
-                out.push(frame);
-            }
-            return Ok(());
+            return self.dispatch(read).map_err(Stop::Reader);
         }
         self.frame_bytes += line.len();
-        let line = std::str::from_utf8(line).map_err(|_| Fault::Utf8)?;
+        let line = std::str::from_utf8(line).map_err(|_| Stop::Fault(Fault::Utf8))?;
         if line.starts_with(':') {
             return Ok(());
         }
@@ -190,10 +175,12 @@ impl Parser {
             None => (line, ""),
         };
         match name {
-            "event" => self.frame.event = Some(value.to_owned()),
+            "event" => value.clone_into(&mut self.frame.event),
             "data" => {
-                self.frame.data.push_str(value);
-                self.frame.data.push('\n');
+                let data = &mut self.frame.data;
+                data.reserve(value.len() + 1);
+                data.push_str(value);
+                data.push('\n');
             }
             "id" if !value.contains('\0') => value.clone_into(&mut self.last_id),
             "retry" => {
@@ -206,21 +193,50 @@ impl Parser {
         Ok(())
     }
 
-    /// The frame a blank line ends, if it has data.
-    fn dispatch(&mut self) -> Option<SseFrame> {
-        let Building { event, mut data, retry } = std::mem::take(&mut self.frame);
-        if data.is_empty() {
-            return None;
+    /// Hands the frame a blank line ends, if it has data, to `read`; the next frame starts
+    /// empty in the same buffers.
+    fn dispatch<E>(&mut self, read: &mut impl FnMut(Frame<'_>) -> Result<(), E>) -> Result<(), E> {
+        let frame = &mut self.frame;
+        let read_frame = match frame.data.len() {
+            0 => Ok(()),
+            len => read(Frame {
+                event: if frame.event.is_empty() { "message" } else { &frame.event },
+                data: &frame.data[..len - 1],
+                id: &self.last_id,
+                retry: frame.retry,
+            }),
+        };
+        frame.event.clear();
+        frame.data.clear();
+        if frame.data.capacity() > KEPT_CAPACITY {
+            frame.data = String::new();
         }
-        data.pop();
-        let event = event.filter(|e| !e.is_empty()).unwrap_or_else(|| "message".to_owned());
-        Some(SseFrame { event, data, id: self.last_id.clone(), retry })
+        frame.retry = None;
+        read_frame
+    }
+}
+
+/// The most a frame's data buffer keeps between frames: one large frame does not hold its
+/// size for the rest of the stream.
+const KEPT_CAPACITY: usize = 64 * 1024;
+
+/// A frame of its own, for whoever keeps frames past the next (tests and benchmarks).
+#[cfg(test)]
+impl Frame<'_> {
+    fn owned(&self) -> eventsource_stream::Event {
+        eventsource_stream::Event {
+            event: self.event.to_owned(),
+            data: self.data.to_owned(),
+            id: self.id.to_owned(),
+            retry: self.retry,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use eventsource_stream::Eventsource;
+    use eventsource_stream::{Event as SseFrame, Eventsource};
+    use futures_util::StreamExt;
     use proptest::prelude::*;
 
     use super::*;
@@ -236,9 +252,17 @@ mod tests {
     fn ours(chunks: &[Vec<u8>]) -> Vec<SseFrame> {
         let (mut parser, mut out) = (Parser::default(), Vec::new());
         for chunk in chunks {
-            parser.feed(chunk, &mut out).expect("valid SSE");
+            parser.feed(chunk, &mut keep(&mut out)).expect("valid SSE");
         }
         out
+    }
+
+    /// A reader that keeps each frame in `out`.
+    fn keep(out: &mut Vec<SseFrame>) -> impl FnMut(Frame<'_>) -> Result<(), ()> + '_ {
+        |frame| {
+            out.push(frame.owned());
+            Ok(())
+        }
     }
 
     /// `text` cut at `cuts` (byte offsets, any order, out of range ignored).
@@ -290,28 +314,33 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn frames_come_as_they_end_and_a_broken_connection_after_them() {
-        let chunks = vec![Ok(Bytes::from("data: a\n\ndata: b")), Ok(Bytes::from("c\r\n\r\n")), Err("cut")];
-        let read: Vec<_> = frames(futures_util::stream::iter(chunks)).collect().await;
-        let data: Vec<&str> = read.iter().filter_map(|f| f.as_ref().ok()).map(|f| f.data.as_str()).collect();
-        assert_eq!(data, ["a", "bc"]);
-        assert!(matches!(read.as_slice(), [Ok(_), Ok(_), Err(Broken::Transport("cut"))]), "{read:?}");
+    #[test]
+    fn a_reader_that_fails_stops_the_chunk_where_it_failed() {
+        let mut parser = Parser::default();
+        let mut read = Vec::new();
+        let mut reader = |frame: Frame<'_>| {
+            read.push(frame.data.to_owned());
+            if frame.data == "stop" { Err("stopped") } else { Ok(()) }
+        };
+        let fed = parser.feed(b"data: a\n\ndata: stop\n\ndata: c\n\n", &mut reader);
+        assert_eq!(fed, Err(Stop::Reader("stopped")));
+        assert_eq!(read, ["a", "stop"], "nothing after the frame that failed");
     }
 
     #[test]
     fn a_frame_past_the_bound_and_bytes_not_utf8_are_faults() {
         let (mut parser, mut out) = (Parser::default(), Vec::new());
         let line = format!("data: {}\n", "x".repeat(1024 * 1024));
-        let fed = (0..9).map(|_| parser.feed(line.as_bytes(), &mut out)).find(Result::is_err);
-        assert_eq!(fed, Some(Err(Fault::TooLarge)));
+        let fed = (0..9).map(|_| parser.feed(line.as_bytes(), &mut keep(&mut out))).find(Result::is_err);
+        assert_eq!(fed, Some(Err(Stop::Fault(Fault::TooLarge))));
         // One line without its end, in pieces.
         let mut parser = Parser::default();
         let piece = vec![b'x'; 1024 * 1024];
-        let fed = (0..9).map(|_| parser.feed(&piece, &mut out)).find(Result::is_err);
-        assert_eq!(fed, Some(Err(Fault::TooLarge)));
+        let fed = (0..9).map(|_| parser.feed(&piece, &mut keep(&mut out))).find(Result::is_err);
+        assert_eq!(fed, Some(Err(Stop::Fault(Fault::TooLarge))));
         let mut parser = Parser::default();
-        assert_eq!(parser.feed(b"data: ok\n\ndata: \xff\xfe\n\n", &mut out), Err(Fault::Utf8));
+        let fed = parser.feed(b"data: ok\n\ndata: \xff\xfe\n\n", &mut keep(&mut out));
+        assert_eq!(fed, Err(Stop::Fault(Fault::Utf8)));
         assert_eq!(out.len(), 1, "the frame before is read");
     }
 }

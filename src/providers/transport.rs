@@ -7,13 +7,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
 use bytes::Bytes;
-use eventsource_stream::Event as SseFrame;
 use futures_util::{Stream, StreamExt};
 use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::Value;
 
-use super::sse::Broken;
+use super::sse::{Frame as SseFrame, Parser, Stop};
 use super::{ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::{ProviderSettings, Secret};
 
@@ -21,7 +24,7 @@ use crate::config::{ProviderSettings, Secret};
 /// provider's terminal frame has arrived.
 pub trait Decoder: Send + 'static {
     /// Decodes one frame into `out`.
-    fn frame(&mut self, frame: &SseFrame, out: &mut Vec<ProviderEvent>) -> Result<(), ProviderError>;
+    fn frame(&mut self, frame: &SseFrame<'_>, out: &mut VecDeque<ProviderEvent>) -> Result<(), ProviderError>;
     /// Whether the terminal frame has been seen; after it nothing more is read.
     fn finished(&self) -> bool;
 }
@@ -187,9 +190,7 @@ impl Transport {
             })
             .boxed();
         }
-        decode(response.bytes_stream(), decoder, self.first_byte, self.idle)
-            .map(move |event| event.map_err(|e| e.redacted(&key)))
-            .boxed()
+        decode(response.bytes_stream(), decoder, self.first_byte, self.idle, key).boxed()
     }
 }
 
@@ -198,78 +199,138 @@ fn secs(value: f64) -> Duration {
 }
 
 /// Runs `decoder` over an SSE byte stream. Frames may be split anywhere between chunks.
-/// Ends after the terminal frame; a stream that stops before it is an error.
-pub fn decode<S, E>(bytes: S, mut decoder: impl Decoder, first_byte: Duration, idle: Duration) -> ProviderStream
+/// Ends after the terminal frame; a stream that stops before it is an error. Errors say
+/// none of `keys`.
+pub fn decode<S, E>(
+    bytes: S,
+    decoder: impl Decoder,
+    first_byte: Duration,
+    idle: Duration,
+    keys: Vec<Secret>,
+) -> impl Stream<Item = Result<ProviderEvent, ProviderError>> + Send + 'static
 where
     S: Stream<Item = Result<Bytes, E>> + Send + 'static,
     E: std::fmt::Display + Send + 'static,
 {
-    async_stream::stream! {
-        let mut frames = Box::pin(super::sse::frames(bytes));
-        let mut out = Vec::new();
+    Decoded {
+        bytes: Box::pin(bytes),
+        parser: Parser::default(),
+        decoder,
+        out: VecDeque::new(),
         // One timer for the whole stream. A frame only notes the time; the timer, when it
         // fires, moves itself to `last frame + idle` if frames came meanwhile (re-arming a
         // timer for every frame cost more than decoding the frame).
-        let stall = tokio::time::sleep(first_byte);
-        tokio::pin!(stall);
-        let mut last_frame: Option<tokio::time::Instant> = None;
+        stall: Box::pin(tokio::time::sleep(first_byte)),
+        last_frame: None,
+        first_byte,
+        idle,
+        keys,
+        ending: None,
+    }
+}
+
+/// The stream [`decode`] makes: a chunk's frames are decoded as it arrives, and their
+/// events handed out one by one; one layer between the connection and the run, with the
+/// frames lent by the parser (none is allocated for its own sake).
+struct Decoded<S, D> {
+    bytes: Pin<Box<S>>,
+    parser: Parser,
+    decoder: D,
+    /// Events decoded and not handed out yet.
+    out: VecDeque<ProviderEvent>,
+    stall: Pin<Box<tokio::time::Sleep>>,
+    last_frame: Option<tokio::time::Instant>,
+    first_byte: Duration,
+    idle: Duration,
+    keys: Vec<Secret>,
+    /// How the stream ends once `out` is handed out: `Some(None)` after the terminal frame,
+    /// `Some(Some(error))` with an error.
+    ending: Option<Option<ProviderError>>,
+}
+
+// Nothing of it is pinned but the byte stream and the timer, each in its own box.
+impl<S, D> Unpin for Decoded<S, D> {}
+
+/// Why a chunk's frames were read no further.
+enum Halt {
+    Finished,
+    Failed(ProviderError),
+}
+
+impl<S, D, E> Stream for Decoded<S, D>
+where
+    S: Stream<Item = Result<Bytes, E>>,
+    D: Decoder,
+    E: std::fmt::Display,
+{
+    type Item = Result<ProviderEvent, ProviderError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
         loop {
-            let next = tokio::select! {
-                biased;
-                next = frames.next() => next,
-                () = &mut stall => {
-                    if let Some(at) = last_frame.filter(|at| at.elapsed() < idle) {
-                        stall.as_mut().reset(later(at, idle));
+            if let Some(event) = this.out.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if let Some(ending) = &mut this.ending {
+                return Poll::Ready(ending.take().map(|error| Err(error.redacted(&this.keys))));
+            }
+            let next = match this.bytes.as_mut().poll_next(cx) {
+                Poll::Ready(next) => next,
+                Poll::Pending => {
+                    ready!(this.stall.as_mut().poll(cx));
+                    if let Some(at) = this.last_frame.filter(|at| at.elapsed() < this.idle) {
+                        this.stall.as_mut().reset(later(at, this.idle));
                         continue;
                     }
-                    let waited = if last_frame.is_some() { idle } else { first_byte };
+                    let waited = if this.last_frame.is_some() { this.idle } else { this.first_byte };
                     tracing::warn!(after_ms = waited.as_millis() as u64, "provider stream stalled");
-                    yield Err(if last_frame.is_some() { stalled_error() } else { network_error() });
-                    return;
+                    let error = if this.last_frame.is_some() { stalled_error() } else { network_error() };
+                    this.ending = Some(Some(error));
+                    continue;
                 }
             };
-            let now = tokio::time::Instant::now();
-            // Whether a frame came before this one: a stream that breaks after one was cut off
+            // Whether a frame came before: a stream that breaks after one was cut off
             // mid-answer; one that breaks before it never answered.
-            let begun = last_frame.replace(now).is_some();
-            if !begun {
-                stall.as_mut().reset(later(now, idle));
-            }
-            match next {
-                Some(Ok(frame)) => {
-                    let decoded = decoder.frame(&frame, &mut out);
-                    for event in out.drain(..) {
-                        yield Ok(event);
-                    }
-                    if let Err(error) = decoded {
-                        yield Err(error);
-                        return;
-                    }
-                    if decoder.finished() {
-                        return;
-                    }
-                }
-                // Bytes that are no SSE (not UTF-8, not parsable, a frame too large) are a
-                // broken answer, not a broken connection: trying again would not mend them.
-                Some(Err(Broken::Transport(e))) => {
+            let begun = this.last_frame.is_some();
+            let chunk = match next {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, "provider stream broke");
-                    yield Err(if begun { cut_off_error() } else { network_error() });
-                    return;
-                }
-                Some(Err(Broken::Fault(fault))) => {
-                    tracing::warn!(error = %fault, "provider stream is not SSE");
-                    yield Err(parse_error());
-                    return;
+                    this.ending = Some(Some(if begun { cut_off_error() } else { network_error() }));
+                    continue;
                 }
                 None => {
                     tracing::warn!("provider stream ended before its terminal frame");
-                    yield Err(if begun { cut_off_error() } else { network_error() });
-                    return;
+                    this.ending = Some(Some(if begun { cut_off_error() } else { network_error() }));
+                    continue;
+                }
+            };
+            let (decoder, out) = (&mut this.decoder, &mut this.out);
+            let mut framed = false;
+            let fed = this.parser.feed(&chunk, &mut |frame| {
+                framed = true;
+                decoder.frame(&frame, out).map_err(Halt::Failed)?;
+                if decoder.finished() { Err(Halt::Finished) } else { Ok(()) }
+            });
+            if framed {
+                let now = tokio::time::Instant::now();
+                if this.last_frame.replace(now).is_none() {
+                    this.stall.as_mut().reset(later(now, this.idle));
+                }
+            }
+            match fed {
+                Ok(()) => {}
+                Err(Stop::Reader(Halt::Finished)) => this.ending = Some(None),
+                Err(Stop::Reader(Halt::Failed(error))) => this.ending = Some(Some(error)),
+                // Bytes that are no SSE (not UTF-8, a frame too large) are a broken answer,
+                // not a broken connection: trying again would not mend them.
+                Err(Stop::Fault(fault)) => {
+                    tracing::warn!(error = %fault, "provider stream is not SSE");
+                    this.ending = Some(Some(parse_error()));
                 }
             }
         }
     }
-    .boxed()
 }
 
 /// `at + wait`, or a year from `at` for a wait too long to add (an unlimited timeout).
@@ -308,9 +369,9 @@ pub fn parse_error() -> ProviderError {
 
 /// Parses one frame's JSON (into a `Value`, or a typed frame borrowing from it), or fails
 /// the run with "Failed to parse response".
-pub fn json<'a, T: serde::Deserialize<'a>>(frame: &'a SseFrame) -> Result<T, ProviderError> {
-    serde_json::from_str(&frame.data).map_err(|e| {
-        tracing::warn!(error = %e, data = %truncate(&frame.data, 200), "unparsable provider frame");
+pub fn json<'a, T: serde::Deserialize<'a>>(frame: &SseFrame<'a>) -> Result<T, ProviderError> {
+    serde_json::from_str(frame.data).map_err(|e| {
+        tracing::warn!(error = %e, data = %truncate(frame.data, 200), "unparsable provider frame");
         parse_error()
     })
 }
@@ -400,4 +461,57 @@ fn truncate(text: &str, max: usize) -> &str {
 /// Joins a configured API root and a path without doubling or losing the slash.
 pub fn join(base: &str, path: &str) -> String {
     format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `decode` makes of `chunks` (an `Err` is a broken connection), as OpenAI's format.
+    async fn decoded(chunks: Vec<Result<&'static str, &'static str>>) -> Vec<Result<ProviderEvent, String>> {
+        decoded_bytes(chunks.into_iter().map(|c| c.map(|c| Bytes::from_static(c.as_bytes()))).collect()).await
+    }
+
+    async fn decoded_bytes(chunks: Vec<Result<Bytes, &'static str>>) -> Vec<Result<ProviderEvent, String>> {
+        let bytes = futures_util::stream::iter(chunks);
+        let forever = Duration::from_secs(3600);
+        let stream = decode(bytes, super::super::openai::ChunkDecoder::default(), forever, forever, Vec::new());
+        stream.map(|event| event.map_err(|e| e.message)).collect().await
+    }
+
+    fn text(text: &str) -> &'static str {
+        let frame = serde_json::json!({"choices": [{"delta": {"content": text}}]});
+        format!("data: {frame}\n\n").leak()
+    }
+
+    #[tokio::test]
+    async fn frames_come_as_they_end_then_what_broke_the_stream() {
+        // A frame cut between chunks, then the connection breaks: the answer was cut off.
+        let (first, second) = text("b").split_at(12);
+        let read = decoded(vec![Ok(text("a")), Ok(first), Ok(second), Err("reset")]).await;
+        assert_eq!(
+            read,
+            [Ok(ProviderEvent::Text("a".into())), Ok(ProviderEvent::Text("b".into())), Err(cut_off_error().message)]
+        );
+        // Broken before any frame: the server never answered.
+        assert_eq!(decoded(vec![Ok(": ping\n\n"), Err("reset")]).await, [Err(network_error().message)]);
+        // Ended without its terminal frame, after output.
+        assert_eq!(
+            decoded(vec![Ok(text("a"))]).await,
+            [Ok(ProviderEvent::Text("a".into())), Err(cut_off_error().message)]
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_is_read_past_the_terminal_frame_or_a_frame_that_fails() {
+        let read =
+            decoded(vec![Ok("data: [DONE]\n\ndata: {\"choices\": [{\"delta\": {\"content\": \"late\"}}]}\n\n")]).await;
+        assert_eq!(read, [Ok(ProviderEvent::Finish("stop".into()))]);
+        let chunk = format!("{}data: {{not json\n\n{}", text("a"), text("never")).leak();
+        let read = decoded(vec![Ok(chunk)]).await;
+        assert_eq!(read, [Ok(ProviderEvent::Text("a".into())), Err(parse_error().message)]);
+        // Bytes that are no UTF-8 are no SSE.
+        let read = decoded_bytes(vec![Ok(Bytes::from(text("a"))), Ok(Bytes::from_static(b"data: \xff\n\n"))]).await;
+        assert_eq!(read, [Ok(ProviderEvent::Text("a".into())), Err(parse_error().message)]);
+    }
 }
