@@ -41,18 +41,19 @@ struct Edge {
 
 impl Edge {
     fn push(&mut self, text: &str, out: &mut String) {
-        for c in text.chars() {
-            if c.is_whitespace() {
-                if self.started {
-                    self.pending.push(c);
-                }
-            } else {
-                out.push_str(&self.pending);
-                self.pending.clear();
-                out.push(c);
-                self.started = true;
-            }
+        let text = if self.started { text } else { text.trim_start() };
+        let body = text.trim_end();
+        if body.is_empty() {
+            // Whitespace alone waits for what follows it (nothing before the first visible
+            // character: `text` is empty then).
+            self.pending.push_str(text);
+            return;
         }
+        out.push_str(&self.pending);
+        self.pending.clear();
+        out.push_str(body);
+        self.pending.push_str(&text[body.len()..]);
+        self.started = true;
     }
 
     /// Ends a block: whitespace waiting at its end is dropped.
@@ -74,9 +75,9 @@ impl Cleaner {
 
     /// Cleans a chunk of the answer channel, which may carry `<think>` tags.
     pub fn text(&mut self, chunk: &str, out: &mut Vec<Piece>) {
-        let mut buffer = std::mem::take(&mut self.held);
-        push_visible(&mut buffer, chunk);
-        let mut rest = buffer.as_str();
+        // The usual chunk (nothing held back, every character visible) is read where it lies.
+        let buffer = held_and(&mut self.held, chunk);
+        let mut rest = &*buffer;
         // Either tag switches the channel; a stray one (a `</think>` with no opening, as
         // some chat templates produce) is dropped, so no tag ever reaches a client.
         while let Some((at, tag)) = first_tag(rest) {
@@ -90,14 +91,13 @@ impl Cleaner {
         let keep = partial_len(rest, OPEN).max(partial_len(rest, CLOSE));
         let (now, later) = rest.split_at(rest.len() - keep);
         self.emit(now, out);
-        self.held = later.to_owned();
+        self.held.push_str(later);
     }
 
     /// Cleans a chunk of the provider's own reasoning channel; tags in it are dropped.
     pub fn thinking(&mut self, chunk: &str, out: &mut Vec<Piece>) {
-        let mut buffer = std::mem::take(&mut self.held_thinking);
-        push_visible(&mut buffer, chunk);
-        let mut rest = buffer.as_str();
+        let buffer = held_and(&mut self.held_thinking, chunk);
+        let mut rest = &*buffer;
         while let Some((at, tag)) = first_tag(rest) {
             self.push_thinking(&rest[..at], out);
             rest = &rest[at + tag.len()..];
@@ -105,7 +105,7 @@ impl Cleaner {
         let keep = partial_len(rest, OPEN).max(partial_len(rest, CLOSE));
         let (now, later) = rest.split_at(rest.len() - keep);
         self.push_thinking(now, out);
-        self.held_thinking = later.to_owned();
+        self.held_thinking.push_str(later);
     }
 
     /// Ends the stream: a held-back fragment that never became a tag is text after all.
@@ -124,20 +124,19 @@ impl Cleaner {
         if self.in_think {
             self.push_thinking(text, out);
         } else {
-            let mut shown = String::with_capacity(text.len());
-            self.markers.push(text, &mut shown);
+            let shown = self.markers.filter(text);
             self.push_text(&shown, out);
         }
     }
 
     fn push_text(&mut self, text: &str, out: &mut Vec<Piece>) {
-        let mut cleaned = String::with_capacity(text.len());
+        let mut cleaned = String::with_capacity(self.text.pending.len() + text.len());
         self.text.push(text, &mut cleaned);
         append(out, Piece::Text(cleaned));
     }
 
     fn push_thinking(&mut self, text: &str, out: &mut Vec<Piece>) {
-        let mut cleaned = String::with_capacity(text.len());
+        let mut cleaned = String::with_capacity(self.thinking.pending.len() + text.len());
         self.thinking.push(text, &mut cleaned);
         append(out, Piece::Thinking(cleaned));
     }
@@ -157,12 +156,25 @@ pub fn visible(c: char) -> bool {
     (!c.is_control() || c == '\n' || c == '\t') && c != '\u{2404}'
 }
 
-fn push_visible(out: &mut String, text: &str) {
-    if text.chars().all(visible) {
-        out.push_str(text);
-    } else {
-        out.extend(text.chars().filter(|c| visible(*c)));
+/// Whether every character of `text` is [`visible`]: ASCII is told by its bytes.
+fn all_visible(text: &str) -> bool {
+    let ascii_visible = |b: u8| (0x20..0x7f).contains(&b) || b == b'\n' || b == b'\t';
+    text.bytes().all(ascii_visible) || text.chars().all(visible)
+}
+
+/// The text `held` back before and the visible characters of `chunk`: `chunk` itself where
+/// nothing was held and every character is visible. `held` is left empty.
+fn held_and<'a>(held: &mut String, chunk: &'a str) -> std::borrow::Cow<'a, str> {
+    if held.is_empty() && all_visible(chunk) {
+        return chunk.into();
     }
+    let mut buffer = std::mem::take(held);
+    if all_visible(chunk) {
+        buffer.push_str(chunk);
+    } else {
+        buffer.extend(chunk.chars().filter(|c| visible(*c)));
+    }
+    buffer.into()
 }
 
 /// The first `<think>` or `</think>` in `text`, with its position.
@@ -287,6 +299,16 @@ mod tests {
                 .unwrap_or(0);
             prop_assert_eq!(partial_len(&text, &pattern), plain_partial);
             prop_assert_eq!(find(&text, &pattern), text.find(pattern.as_str()));
+        }
+
+        #[test]
+        fn plain_text_comes_out_trimmed_and_whole(
+            text in "[ a\n\té→😀b]{0,30}",
+            cuts in prop::collection::vec(0usize..40, 0..8),
+        ) {
+            let chunks: Vec<(bool, String)> = split(&text, &cuts).into_iter().map(|c| (false, c)).collect();
+            let borrowed: Vec<(bool, &str)> = chunks.iter().map(|(t, c)| (*t, c.as_str())).collect();
+            prop_assert_eq!(clean_all(&borrowed), (text.trim().to_owned(), String::new()));
         }
 
         #[test]

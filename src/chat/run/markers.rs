@@ -39,6 +39,18 @@ impl MarkerFilter {
         Self { markers: markers.into_iter().filter(|m| !m.is_empty()).collect(), ..Self::default() }
     }
 
+    /// What of a chunk of answer text may be shown: the chunk itself in the usual case,
+    /// where nothing is held back or captured and no marker begins in it.
+    pub fn filter<'a>(&mut self, chunk: &'a str) -> std::borrow::Cow<'a, str> {
+        let plain = || self.markers.iter().all(|m| find(chunk, m).is_none() && partial_len(chunk, m) == 0);
+        if self.markers.is_empty() || self.held.is_empty() && self.capture.is_none() && plain() {
+            return chunk.into();
+        }
+        let mut shown = String::with_capacity(chunk.len());
+        self.push(chunk, &mut shown);
+        shown.into()
+    }
+
     /// Filters a chunk of answer text, appending what may be shown to `out`.
     pub fn push(&mut self, chunk: &str, out: &mut String) {
         if self.markers.is_empty() {
@@ -185,7 +197,7 @@ mod tests {
         let mut filter = MarkerFilter::new(markers.iter().map(|m| m.to_string()).collect());
         let mut out = String::new();
         for chunk in chunks {
-            filter.push(chunk, &mut out);
+            out.push_str(&filter.filter(chunk));
         }
         filter.finish(&mut out);
         (out, filter.captured, filter.invalid)
