@@ -348,7 +348,7 @@ impl Runs {
         if self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone()).is_none() {
             metrics::gauge!("chatd_active_runs").increment(1.0);
         }
-        (run.clone(), Emitter { run, log, seq: base, holding: false, held: Vec::new() })
+        (run.clone(), Emitter { run, log, seq: base, holding: false, held: Vec::new(), text: Vec::new() })
     }
 
     pub fn get(&self, trace_id: TraceId) -> Option<Arc<LiveRun>> {
@@ -412,6 +412,8 @@ pub struct Emitter {
     /// Events pushed to the run's frames but not yet announced to listeners nor handed to
     /// the log writer.
     held: Vec<NewEvent>,
+    /// The buffer each event is serialized in.
+    text: Vec<u8>,
 }
 
 /// Events held at most before they are announced anyway.
@@ -420,18 +422,28 @@ const MAX_HELD: usize = 256;
 impl Emitter {
     pub fn emit(&mut self, mut event: Event) {
         self.seq += 1;
-        // Serialized once: the same text goes to every listener and into the log.
-        let mut data = serde_json::to_string(&event).expect("events always serialize");
-        if data.contains("\\u0000") {
-            // Postgres cannot store NUL in jsonb, and no client wants one: tool output is the
-            // only text that may carry it this far.
-            let mut value: serde_json::Value = serde_json::from_str(&data).expect("just serialized");
-            strip_nul(&mut value);
-            data = value.to_string();
-            // The typed event says what the text says.
-            event = serde_json::from_str(&data).expect("an event without NUL is still that event");
+        // Serialized once: the same text goes to every listener and into the log. (Into a
+        // buffer the emitter keeps: the text is copied once, into the frame.)
+        let mut text = std::mem::take(&mut self.text);
+        text.clear();
+        serde_json::to_writer(&mut text, &event).expect("events always serialize");
+        let data: Arc<str> = match std::str::from_utf8(&text).expect("JSON is UTF-8") {
+            json if json.contains("\\u0000") => {
+                // Postgres cannot store NUL in jsonb, and no client wants one: tool output is
+                // the only text that may carry it this far.
+                let mut value: serde_json::Value = serde_json::from_str(json).expect("just serialized");
+                strip_nul(&mut value);
+                let json = value.to_string();
+                // The typed event says what the text says.
+                event = serde_json::from_str(&json).expect("an event without NUL is still that event");
+                json.into()
+            }
+            json => json.into(),
+        };
+        // A large event (a tool's output) does not keep its size for the rest of the run.
+        if text.capacity() <= 64 * 1024 {
+            self.text = text;
         }
-        let data: Arc<str> = data.into();
         let kind = event.kind();
         // Built before the lock: listeners wait on it only for the push.
         let frame = Frame::sent(self.seq, event, data.clone());
