@@ -25,20 +25,21 @@ pub struct Chunk {
 /// A batch's chunks in transactions of `per`, each with the checkpoints it writes: a run's
 /// checkpoint goes with the run's chunk, or with the last transaction where the run has
 /// none in the batch. A batch of checkpoints alone is one transaction without chunks.
-pub fn transactions<'a>(
-    chunks: &'a [Chunk],
-    per: usize,
-    progress: &'a [Progress],
-) -> Vec<(&'a [Chunk], Vec<&'a Progress>)> {
-    let mut groups: Vec<(&[Chunk], Vec<&Progress>)> =
-        chunks.chunks(per.max(1)).map(|rows| (rows, Vec::new())).collect();
+pub fn transactions(chunks: Vec<Chunk>, per: usize, progress: &[Progress]) -> Vec<(Vec<Chunk>, Vec<&Progress>)> {
+    let per = per.max(1);
+    let group_of: Vec<Option<usize>> =
+        progress.iter().map(|p| chunks.iter().position(|c| c.trace_id == p.trace_id).map(|i| i / per)).collect();
+    let mut groups: Vec<(Vec<Chunk>, Vec<&Progress>)> = Vec::new();
+    let mut chunks = chunks.into_iter().peekable();
+    while chunks.peek().is_some() {
+        groups.push((chunks.by_ref().take(per).collect(), Vec::new()));
+    }
     if groups.is_empty() && !progress.is_empty() {
-        groups.push((&[], Vec::new()));
+        groups.push((Vec::new(), Vec::new()));
     }
     let last = groups.len().saturating_sub(1);
-    for p in progress {
-        let group = chunks.iter().position(|c| c.trace_id == p.trace_id).map_or(last, |i| i / per.max(1));
-        groups[group].1.push(p);
+    for (p, group) in progress.iter().zip(group_of) {
+        groups[group.unwrap_or(last)].1.push(p);
     }
     groups
 }
@@ -48,17 +49,24 @@ pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
     let mut chunks: Vec<Chunk> = Vec::new();
     let mut index: HashMap<TraceId, usize> = HashMap::new();
     let mut number = itoa::Buffer::new();
+    let mut last: Option<usize> = None;
     for event in events {
         let at = event.at.timestamp_micros();
-        let i = *index.entry(event.trace_id).or_insert_with(|| {
-            chunks.push(Chunk {
-                trace_id: event.trace_id,
-                first_seq: event.seq,
-                last_seq: event.seq,
-                events: "[".into(),
-            });
-            chunks.len() - 1
-        });
+        // A run's emitter hands its events over together: the map is asked only where the
+        // run changes.
+        let i = match last.filter(|&i| chunks[i].trace_id == event.trace_id) {
+            Some(i) => i,
+            None => *index.entry(event.trace_id).or_insert_with(|| {
+                chunks.push(Chunk {
+                    trace_id: event.trace_id,
+                    first_seq: event.seq,
+                    last_seq: event.seq,
+                    events: "[".into(),
+                });
+                chunks.len() - 1
+            }),
+        };
+        last = Some(i);
         let chunk = &mut chunks[i];
         if chunk.events.len() > 1 {
             chunk.events.push(',');

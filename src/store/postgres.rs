@@ -178,10 +178,10 @@ impl Backend for PostgresStore {
     /// failed halfway can be retried run by run.
     async fn append_log(&self, events: &[NewEvent], progress: &[Progress]) -> Result<(), StoreError> {
         let chunks = super::chunks::encode(events);
-        for (rows, progress) in super::chunks::transactions(&chunks, LOG_ROWS_PER_TRANSACTION, progress) {
+        for (rows, progress) in super::chunks::transactions(chunks, LOG_ROWS_PER_TRANSACTION, progress) {
             let mut tx = self.pool.begin().await?;
             if !rows.is_empty() {
-                insert_chunks(&mut tx, rows).await?;
+                insert_chunks(&mut tx, &rows).await?;
             }
             for p in progress {
                 sqlx::query("update traces set checkpoint = $1 where id = $2 and status = 'running'")

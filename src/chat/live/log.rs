@@ -182,9 +182,10 @@ async fn write_loop(
 /// Each run's newest event in `events`, by seq.
 fn newest_by_run(events: &[NewEvent]) -> std::collections::HashMap<TraceId, u64> {
     let mut newest = std::collections::HashMap::new();
-    for event in events {
-        let seq = newest.entry(event.trace_id).or_insert(0);
-        *seq = (*seq).max(event.seq as u64);
+    // A run's events come together (its emitter hands them over so): one entry per stretch.
+    for stretch in events.chunk_by(|a, b| a.trace_id == b.trace_id) {
+        let seq = newest.entry(stretch[0].trace_id).or_insert(0);
+        *seq = stretch.iter().fold(*seq, |seq, event| seq.max(event.seq as u64));
     }
     newest
 }

@@ -43,11 +43,12 @@ pub(super) async fn seal_left_over_logs(writer: &mut SqliteConnection) -> Result
 /// behind it; in smaller transactions, starts get the writer in between.
 const LOG_ROWS_PER_TRANSACTION: usize = 100;
 
-/// The insert of `rows` as chunks with ids from `first_id` on.
-fn push_chunks<'a>(query: &mut sqlx::QueryBuilder<'a, Sqlite>, rows: &'a [Chunk], first_id: i64) {
+/// The insert of `rows` as chunks with ids from `first_id` on. (Their texts are moved into
+/// the query: sqlx gives SQLite's thread its own copy of what is bound by reference.)
+fn push_chunks(query: &mut sqlx::QueryBuilder<'_, Sqlite>, rows: Vec<Chunk>, first_id: i64) {
     query.push("insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) ");
-    query.push_values(rows.iter().zip(first_id..), |mut row, (c, id)| {
-        row.push_bind(id).push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
+    query.push_values(rows.into_iter().zip(first_id..), |mut row, (c, id)| {
+        row.push_bind(id).push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(c.events);
     });
 }
 
@@ -71,7 +72,8 @@ impl SqliteStore {
     /// row at a time, its thread blocking whenever the channel was full.
     pub(super) async fn append_events(&self, events: &[NewEvent], progress: &[Progress]) -> Result<(), StoreError> {
         let chunks = crate::store::chunks::encode(events);
-        for (rows, progress) in crate::store::chunks::transactions(&chunks, LOG_ROWS_PER_TRANSACTION, progress) {
+        for (rows, progress) in crate::store::chunks::transactions(chunks, LOG_ROWS_PER_TRANSACTION, progress) {
+            let traces: Vec<TraceId> = rows.iter().map(|c| c.trace_id).collect();
             let ids = write(self, async |conn| {
                 let first_id = self.next_chunk_id.fetch_add(rows.len() as i64, Ordering::Relaxed);
                 let ids = first_id..first_id + rows.len() as i64;
@@ -89,7 +91,7 @@ impl SqliteStore {
                 Ok(ids)
             })
             .await?;
-            self.keep_chunk_ids(rows.iter().map(|c| c.trace_id).zip(ids));
+            self.keep_chunk_ids(traces.into_iter().zip(ids));
         }
         Ok(())
     }
@@ -106,10 +108,11 @@ impl SqliteStore {
             return Ok(Vec::new());
         }
         let first_id = self.next_chunk_id.fetch_add(chunks.len() as i64, Ordering::Relaxed);
+        let written = chunks.iter().map(|c| c.trace_id).zip(first_id..).collect();
         let mut query = sqlx::QueryBuilder::<Sqlite>::new("");
-        push_chunks(&mut query, &chunks, first_id);
+        push_chunks(&mut query, chunks, first_id);
         query.build().execute(&mut *conn).await?;
-        Ok(chunks.iter().map(|c| c.trace_id).zip(first_id..).collect())
+        Ok(written)
     }
 
     /// Notes written chunks for the seal of their runs' logs.
