@@ -26,6 +26,8 @@ use super::{
 use crate::config::{CacheTtl, ProviderKind, ProviderSettings};
 use crate::domain::Usage;
 
+mod quick;
+
 pub struct OpenAiProvider {
     transport: Transport,
     url: String,
@@ -187,7 +189,11 @@ impl Decoder for ChunkDecoder {
             self.done = true;
             return Ok(());
         }
-        let chunk: Chunk = frame_json(frame)?;
+        // A token's frame is read by the quick reader; what it declines, by serde.
+        let chunk = match quick::chunk(frame.data) {
+            Some(chunk) => chunk,
+            None => frame_json(frame)?,
+        };
         if let Some(error) = &chunk.error {
             return Err(stream_error(error));
         }
@@ -269,6 +275,7 @@ fn stream_error(error: &Value) -> ProviderError {
 /// A `chat.completion.chunk`, read without building a JSON tree: the text borrows from the
 /// frame unless it holds escapes. Fields chatd does not use are skipped unparsed.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Chunk<'a> {
     #[serde(default, borrow)]
     choices: First<Choice<'a>>,
@@ -279,6 +286,7 @@ struct Chunk<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Choice<'a> {
     #[serde(default, borrow, deserialize_with = "null_as_default")]
     delta: Delta<'a>,
@@ -287,6 +295,7 @@ struct Choice<'a> {
 }
 
 #[derive(Deserialize, Default)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Delta<'a> {
     #[serde(default, borrow)]
     content: Text<'a>,
@@ -299,6 +308,7 @@ struct Delta<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct ToolCallDelta<'a> {
     index: Option<u32>,
     #[serde(default, borrow)]
@@ -308,6 +318,7 @@ struct ToolCallDelta<'a> {
 }
 
 #[derive(Deserialize, Default)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct FunctionDelta<'a> {
     #[serde(default, borrow)]
     name: Text<'a>,
@@ -317,6 +328,7 @@ struct FunctionDelta<'a> {
 
 /// The first item of an array (a chunk's `choices`: chatd asks for one), read without a
 /// `Vec`; the others are skipped unparsed, and `null` reads as none.
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct First<T>(Option<T>);
 
 impl<T> Default for First<T> {
@@ -352,6 +364,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for First<T> {
 /// A string field that servers also send as `null` (or, for some, as something else): only
 /// a non-empty string counts.
 #[derive(Default)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Text<'a>(Option<Cow<'a, str>>);
 
 impl Text<'_> {
