@@ -80,6 +80,21 @@ pub enum Event {
 }
 
 impl Event {
+    /// Appends the event's JSON, as serde writes it, to `out`. A delta (nearly every event
+    /// of a run) is written without serde's walk of the enum: its one string is all that
+    /// varies.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        let (head, text) = match self {
+            Event::TextDelta { text } => (&br#"{"type":"text_delta","text":"#[..], text),
+            Event::ThinkingDelta { text } => (&br#"{"type":"thinking_delta","text":"#[..], text),
+            other => return serde_json::to_writer(out, other).expect("events always serialize"),
+        };
+        out.reserve(head.len() + text.len() + 3);
+        out.extend_from_slice(head);
+        serde_json::to_writer(&mut *out, text).expect("a string always serializes");
+        out.push(b'}');
+    }
+
     /// The `type` tag, as written on the wire and in the trace's event log.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -288,7 +303,19 @@ pub struct DiagnosticMessage {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        #[test]
+        fn deltas_are_written_as_serde_writes_them(text in any::<String>(), thinking in any::<bool>()) {
+            let event = if thinking { Event::ThinkingDelta { text } } else { Event::TextDelta { text } };
+            let mut out = Vec::new();
+            event.write_json(&mut out);
+            prop_assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(&event).unwrap());
+        }
+    }
 
     #[test]
     fn events_are_tagged_by_type_and_kind_agrees() {

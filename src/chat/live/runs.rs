@@ -15,7 +15,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::log::EventLog;
-use crate::domain::now;
 use crate::events::{Event, LoggedEvent};
 use crate::store::NewEvent;
 
@@ -426,7 +425,7 @@ impl Emitter {
         // buffer the emitter keeps: the text is copied once, into the frame.)
         let mut text = std::mem::take(&mut self.text);
         text.clear();
-        serde_json::to_writer(&mut text, &event).expect("events always serialize");
+        event.write_json(&mut text);
         let data: Arc<str> = match std::str::from_utf8(&text).expect("JSON is UTF-8") {
             json if json.contains("\\u0000") => {
                 // Postgres cannot store NUL in jsonb, and no client wants one: tool output is
@@ -455,7 +454,9 @@ impl Emitter {
                 self.run.state.send_modify(|state| state.phase = Phase::Ended);
             }
         }
-        self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at: now(), kind, data });
+        // (The log keeps microseconds: its chunks cut the time there.)
+        let at = chrono::Utc::now();
+        self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at, kind, data });
         if !self.holding || last || self.held.len() >= MAX_HELD {
             self.publish();
         }

@@ -56,6 +56,11 @@ impl Edge {
         self.started = true;
     }
 
+    /// Whether `text` comes out of [`push`](Self::push) as it is, changing nothing here.
+    fn passes(&self, text: &str) -> bool {
+        self.started && self.pending.is_empty() && text.ends_with(|c: char| !c.is_whitespace())
+    }
+
     /// Ends a block: whitespace waiting at its end is dropped.
     fn close(&mut self) {
         self.pending.clear();
@@ -73,8 +78,26 @@ impl Cleaner {
         (&self.markers.captured, &self.markers.invalid)
     }
 
-    /// Cleans a chunk of the answer channel, which may carry `<think>` tags.
-    pub fn text(&mut self, chunk: &str, out: &mut Vec<Piece>) {
+    /// Cleans a chunk of the answer channel, which may carry `<think>` tags. The usual
+    /// chunk (a token of the answer: every character visible, nothing held back, no tag or
+    /// marker begun, nothing at its edges to trim) becomes its piece as it is.
+    pub fn text(&mut self, chunk: String, out: &mut Vec<Piece>) {
+        let whole = !self.in_think
+            && self.held.is_empty()
+            && self.text.passes(&chunk)
+            && all_visible(&chunk)
+            && first_tag(&chunk).is_none()
+            && partial_len(&chunk, OPEN) == 0
+            && partial_len(&chunk, CLOSE) == 0
+            && self.markers.passes(&chunk);
+        if whole {
+            out.push(Piece::Text(chunk));
+        } else {
+            self.text_in(&chunk, out);
+        }
+    }
+
+    fn text_in(&mut self, chunk: &str, out: &mut Vec<Piece>) {
         // The usual chunk (nothing held back, every character visible) is read where it lies.
         let buffer = held_and(&mut self.held, chunk);
         let mut rest = &*buffer;
@@ -195,7 +218,7 @@ pub fn clean_chunks(chunks: &[(bool, &str)]) -> Vec<Piece> {
         if *thinking {
             cleaner.thinking(chunk, &mut out);
         } else {
-            cleaner.text(chunk, &mut out);
+            cleaner.text((*chunk).to_owned(), &mut out);
         }
     }
     cleaner.finish(&mut out);
@@ -255,7 +278,7 @@ mod tests {
         let mut cleaner = Cleaner::default();
         let mut out = Vec::new();
         for c in "ok <think>hm</think> done".chars() {
-            cleaner.text(&c.to_string(), &mut out);
+            cleaner.text(c.to_string(), &mut out);
         }
         cleaner.finish(&mut out);
         for piece in &out {

@@ -42,13 +42,19 @@ impl MarkerFilter {
     /// What of a chunk of answer text may be shown: the chunk itself in the usual case,
     /// where nothing is held back or captured and no marker begins in it.
     pub fn filter<'a>(&mut self, chunk: &'a str) -> std::borrow::Cow<'a, str> {
-        let plain = || self.markers.iter().all(|m| find(chunk, m).is_none() && partial_len(chunk, m) == 0);
-        if self.markers.is_empty() || self.held.is_empty() && self.capture.is_none() && plain() {
+        if self.passes(chunk) {
             return chunk.into();
         }
         let mut shown = String::with_capacity(chunk.len());
         self.push(chunk, &mut shown);
         shown.into()
+    }
+
+    /// Whether all of `chunk` may be shown as it is, and filtering it would change nothing
+    /// here.
+    pub fn passes(&self, chunk: &str) -> bool {
+        let plain = || self.markers.iter().all(|m| find(chunk, m).is_none() && partial_len(chunk, m) == 0);
+        self.markers.is_empty() || self.held.is_empty() && self.capture.is_none() && plain()
     }
 
     /// Filters a chunk of answer text, appending what may be shown to `out`.

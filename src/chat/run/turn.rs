@@ -69,7 +69,7 @@ impl Turn {
         match event {
             ProviderEvent::Text(text) => {
                 self.output.raw_text.push_str(&text);
-                self.cleaner.text(&text, &mut self.pieces);
+                self.cleaner.text(text, &mut self.pieces);
             }
             ProviderEvent::Thinking(text) => {
                 self.raw_thinking.push_str(&text);
