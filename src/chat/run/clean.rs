@@ -19,7 +19,7 @@ pub enum Piece {
     Thinking(String),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Cleaner {
     markers: MarkerFilter,
     in_think: bool,
@@ -29,6 +29,8 @@ pub struct Cleaner {
     held_thinking: String,
     text: Edge,
     thinking: Edge,
+    /// The first bytes of the tags and markers.
+    first_bytes: Vec<u8>,
 }
 
 /// Trims one channel's edges: nothing before its first visible character, and whitespace
@@ -67,10 +69,29 @@ impl Edge {
     }
 }
 
+impl Default for Cleaner {
+    /// A cleaner of tags alone.
+    fn default() -> Self {
+        Self::with_markers(Vec::new())
+    }
+}
+
 impl Cleaner {
     /// A cleaner that also cuts out blocks that start with one of `markers`.
     pub fn with_markers(markers: Vec<String>) -> Self {
-        Self { markers: MarkerFilter::new(markers), ..Self::default() }
+        let markers = MarkerFilter::new(markers);
+        let mut first_bytes: Vec<u8> = markers.first_bytes().chain([b'<']).collect();
+        first_bytes.sort_unstable();
+        first_bytes.dedup();
+        Self {
+            markers,
+            in_think: false,
+            held: String::new(),
+            held_thinking: String::new(),
+            text: Edge::default(),
+            thinking: Edge::default(),
+            first_bytes,
+        }
     }
 
     /// The marker blocks cut out so far, and those left in the text as invalid.
@@ -82,14 +103,20 @@ impl Cleaner {
     /// chunk (a token of the answer: every character visible, nothing held back, no tag or
     /// marker begun, nothing at its edges to trim) becomes its piece as it is.
     pub fn text(&mut self, chunk: String, out: &mut Vec<Piece>) {
+        // A chunk without a tag's or a marker's first byte holds none and begins none.
+        let quiet = || !chunk.bytes().any(|b| self.first_bytes.contains(&b));
+        let holds_nothing = || {
+            first_tag(&chunk).is_none()
+                && partial_len(&chunk, OPEN) == 0
+                && partial_len(&chunk, CLOSE) == 0
+                && self.markers.passes(&chunk)
+        };
         let whole = !self.in_think
             && self.held.is_empty()
             && self.text.passes(&chunk)
             && all_visible(&chunk)
-            && first_tag(&chunk).is_none()
-            && partial_len(&chunk, OPEN) == 0
-            && partial_len(&chunk, CLOSE) == 0
-            && self.markers.passes(&chunk);
+            && self.markers.idle()
+            && (quiet() || holds_nothing());
         if whole {
             out.push(Piece::Text(chunk));
         } else {

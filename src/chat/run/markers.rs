@@ -54,7 +54,18 @@ impl MarkerFilter {
     /// here.
     pub fn passes(&self, chunk: &str) -> bool {
         let plain = || self.markers.iter().all(|m| find(chunk, m).is_none() && partial_len(chunk, m) == 0);
-        self.markers.is_empty() || self.held.is_empty() && self.capture.is_none() && plain()
+        self.markers.is_empty() || self.idle() && plain()
+    }
+
+    /// Nothing is held back or being captured.
+    pub fn idle(&self) -> bool {
+        self.held.is_empty() && self.capture.is_none()
+    }
+
+    /// The first bytes of the markers: a chunk with none of them cannot hold one, nor begin
+    /// one.
+    pub fn first_bytes(&self) -> impl Iterator<Item = u8> + '_ {
+        self.markers.iter().filter_map(|m| m.as_bytes().first().copied())
     }
 
     /// Filters a chunk of answer text, appending what may be shown to `out`.
