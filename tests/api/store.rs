@@ -356,6 +356,33 @@ both_backends! {
         assert_eq!(store.trace_events(id, 0).await.unwrap().len(), 1);
     }
 
+    async fn a_run_taken_over_after_a_restart_has_what_it_logs_since_in_its_log_while_it_runs(backend: Backend) {
+        let (store, db) = open(backend).await;
+        let c = conversation("ann", "restarted");
+        let start = run_start(&c, true);
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+        let id = start.traces[0].trace_id;
+        let event = |seq: i64, message: &str| chatd::store::NewEvent {
+            trace_id: id,
+            seq,
+            at: now(),
+            kind: "status",
+            data: json!({"type": "status", "message": message}).to_string().into(),
+        };
+        store.append_events(&[event(1, "before")], &[]).await.unwrap();
+        // The process stops; the next opens the store (SQLite seals what runs left at start-up)
+        // and takes the run over, numbering its events past a gap.
+        drop(store);
+        let store = store::connect(&db.url, 4).await.unwrap();
+        assert!(store.take_over(id, Some("replica-a"), "b").await.unwrap().is_some());
+        store.append_events(&[event(1002, "after")], &[]).await.unwrap();
+        // A follower that fell behind the run reads what it let go of from the log.
+        let read: Vec<i64> = store.trace_events(id, 0).await.unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(read, [1, 1002]);
+        let since: Vec<i64> = store.trace_events(id, 1).await.unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(since, [1002]);
+    }
+
     async fn context_state_is_stored_replaced_and_deleted_with_the_conversation(backend: Backend) {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "long");

@@ -189,9 +189,11 @@ impl Follower {
                     continue;
                 }
                 if let Some(run) = core.runs.get(trace_id).filter(|run| !run.is_parked()) {
-                    // It went on here: live from where its log ends.
-                    if !read_any && after < run.base() {
-                        after = run.base();
+                    // It went on here: live from where its numbers begin, past the gap after
+                    // its log's end. (Not from its first frame kept: the frames before that
+                    // are logged, perhaps since the read above.)
+                    if !read_any && after < run.begins_after {
+                        after = run.begins_after;
                     }
                     continue;
                 }

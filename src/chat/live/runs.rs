@@ -99,6 +99,10 @@ pub struct LiveRun {
     pub conversation_id: ConversationId,
     pub user_id: UserId,
     pub cancel: CancellationToken,
+    /// The seq its numbering here begins after: 0 for a new run; where a run goes on after
+    /// a wait, or in another process than the one that died running it, the seqs between
+    /// its log's end and this are no event's.
+    pub begins_after: u64,
     /// Stops the run where it is, without an end, for another replica to continue it from
     /// its last completed step (a drain that hands its runs over, CONTRACT.md §19).
     pub hand_over: CancellationToken,
@@ -339,6 +343,7 @@ impl Runs {
             conversation_id,
             user_id: user_id.clone(),
             cancel: CancellationToken::new(),
+            begins_after: base,
             hand_over: CancellationToken::new(),
             frames: Mutex::new(Frames { base, ..Frames::default() }),
             state: watch::Sender::new(RunState { phase: Phase::Running, cancel_asked: false, logged: false }),

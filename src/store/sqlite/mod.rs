@@ -284,6 +284,10 @@ impl Backend for SqliteStore {
         .fetch_all(&mut *conn)
         .await?;
         self.keep_chunk_ids(ids.into_iter().map(|(id,)| (trace_id, id)));
+        // Its log was sealed at start-up with what the other wrote; while it goes on here its
+        // new chunks are read too (its followers read what the run lets go of from the log),
+        // and its seal at the end merges both.
+        sqlx::query("update traces set log_sealed = 0 where id = $1").bind(trace_id).execute(&mut *conn).await?;
         Ok(())
     }
 
