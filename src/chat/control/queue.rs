@@ -101,7 +101,7 @@ impl Queue {
                 match plan {
                     Ok(plan) => {
                         let (store, runs) = (self.store.clone(), self.runs.clone());
-                        agent::supervise(plan, emitter, store, runs, agent::Start::Fresh).await;
+                        Box::pin(agent::supervise(Box::new(plan), emitter, store, runs, agent::Start::Fresh)).await;
                         return;
                     }
                     Err(why) => {

@@ -167,7 +167,7 @@ impl Takeover {
                 tracing::info!(trace_id = %id, from = ?left.replica_id, "continuing a run whose process stopped");
                 let continuation = Continuation { checkpoint: step, status: status.to_owned() };
                 let start = Start::Continued(Box::new(continuation));
-                tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone(), start));
+                tokio::spawn(agent::supervise(Box::new(plan), emitter, self.store.clone(), self.runs.clone(), start));
             }
             Err(why) => {
                 tracing::error!(trace_id = %id, error = %why, "a run whose process stopped cannot go on");

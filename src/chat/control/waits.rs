@@ -240,7 +240,7 @@ impl Waits {
         match (plan, resumption) {
             (Ok(plan), Ok(resumption)) => {
                 let start = Start::Resumed(Box::new(resumption));
-                tokio::spawn(agent::supervise(plan, emitter, self.store.clone(), self.runs.clone(), start));
+                tokio::spawn(agent::supervise(Box::new(plan), emitter, self.store.clone(), self.runs.clone(), start));
             }
             (Err(why), _) | (_, Err(why)) => {
                 tracing::error!(trace_id = %trace.trace_id, error = %why, "a waiting run cannot go on");

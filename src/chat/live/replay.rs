@@ -121,7 +121,8 @@ impl Follower {
                     return;
                 }
             };
-            let mut rest = std::pin::pin!(core.follow(trace, after, through_waits));
+            // (Boxed: a client rarely gets here, and the stream is kept as long as it is open.)
+            let mut rest = core.follow(trace, after, through_waits).boxed();
             while let Some(frame) = rest.next().await {
                 guard.done |= frame.is_last() || run.is_parked();
                 yield frame;

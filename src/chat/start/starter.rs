@@ -322,7 +322,7 @@ impl Starter {
                 self.queue.hold_queued(trace.clone(), emitter);
             } else {
                 let (store, runs) = (self.store.clone(), self.runs.clone());
-                tokio::spawn(agent::supervise(plan, emitter, store, runs, agent::Start::Fresh));
+                tokio::spawn(agent::supervise(Box::new(plan), emitter, store, runs, agent::Start::Fresh));
             }
             runs.push(run);
         }

@@ -46,13 +46,13 @@ pub(super) async fn call_model(
         fitted = context::fit(&plan.request, plan.context_limit, protected, stored.as_ref());
     }
     if plan.summarize_dropped {
-        summarize(plan, &mut fitted, stored).await;
+        Box::pin(summarize(plan, &mut fitted, stored)).await;
     }
     if output.spans.is_empty() || fitted.state.is_some() {
         plan.context.record(fitted.state.as_ref()).await;
     }
     // Only the files of the messages kept are read.
-    if let Err(error) = plan.files.read(&mut fitted.request).await {
+    if let Err(error) = Box::pin(plan.files.read(&mut fitted.request)).await {
         return Ending::Failed(error);
     }
     output.thinking_calls.0 += 1;

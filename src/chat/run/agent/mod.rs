@@ -212,7 +212,13 @@ pub fn announce(plan: &RunPlan, emitter: &mut Emitter) {
 /// Runs an [announced](announce) plan in its own task and cleans up after it, even if the
 /// run panics: the trace is closed as an error and every listener still gets `error` then
 /// `done`.
-pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs, start: Start) {
+///
+/// The task lives as long as the run, and what it holds is what a run costs in memory: the
+/// plan comes boxed (each async layer would keep a copy of it, some 1 KB each), and the
+/// steps a run takes rarely or only once (its end, a park, tool calls, a file read, a
+/// summary) are boxed where they are awaited, so that the task is sized by the step that
+/// streams a model's answer.
+pub async fn supervise(plan: Box<RunPlan>, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs, start: Start) {
     let (trace_id, message_id) = (plan.trace_id, plan.message_id);
     let hand_over = emitter.run().hand_over.clone();
     let run = {
@@ -254,7 +260,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
                 message_id,
                 trace_id,
             }));
-            ending::end(&store, &mut emitter, End { record: Some(record), terminal }).await;
+            Box::pin(ending::end(&store, &mut emitter, End { record: Some(record), terminal })).await;
         }
     }
     // A run that ended has sealed its log; one that parks to wait seals what it logged.
@@ -271,7 +277,7 @@ pub async fn supervise(plan: RunPlan, mut emitter: Emitter, store: Arc<dyn Store
 /// or parks the run to wait for its calls (CONTRACT.md §15), to be continued by whichever
 /// process settles the last of them.
 #[tracing::instrument(skip_all, fields(trace_id = %plan.trace_id, conversation_id = %plan.conversation_id))]
-async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store>, start: Start) {
+async fn execute(mut plan: Box<RunPlan>, emitter: &mut Emitter, store: &Arc<dyn Store>, start: Start) {
     let cancel = emitter.run().cancel.clone();
     let (mut output, first_iteration, mut settle) = match start {
         Start::Fresh => {
@@ -312,11 +318,11 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
     for iteration in first_iteration..=plan.max_iterations.max(first_iteration) {
         let tools = match settle.take() {
             // The turn that waited: its calls are settled now.
-            Some(Settle::Waited(pending, waits)) => {
-                TurnTools::Settled(resume_turn(&plan, emitter, &cancel, pending, &waits, &mut output, iteration).await)
-            }
+            Some(Settle::Waited(pending, waits)) => TurnTools::Settled(
+                Box::pin(resume_turn(&plan, emitter, &cancel, pending, &waits, &mut output, iteration)).await,
+            ),
             Some(Settle::Interrupted(pending)) => {
-                continue_turn(&plan, emitter, &cancel, pending, &mut output, iteration).await
+                Box::pin(continue_turn(&plan, emitter, &cancel, pending, &mut output, iteration)).await
             }
             None => {
                 ending = call_model(&mut plan, emitter, &cancel, &mut output, markers.clone()).await;
@@ -327,19 +333,21 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
                     break;
                 }
                 let calls = turn.tool_calls.clone();
-                start_turn(&plan, emitter, &cancel, calls, &mut output, iteration).await
+                Box::pin(start_turn(&plan, emitter, &cancel, calls, &mut output, iteration)).await
             }
         };
         let results = match tools {
             TurnTools::Settled(results) => results,
-            TurnTools::Waiting(pending) => match park::park(&plan, emitter, store, output, pending, iteration).await {
-                Ok(()) => return,
-                Err(unparked) => {
-                    output = *unparked;
-                    ending = Ending::NotParked;
-                    break;
+            TurnTools::Waiting(pending) => {
+                match Box::pin(park::park(&plan, emitter, store, output, pending, iteration)).await {
+                    Ok(()) => return,
+                    Err(unparked) => {
+                        output = *unparked;
+                        ending = Ending::NotParked;
+                        break;
+                    }
                 }
-            },
+            }
         };
         let turn = output.turns.last_mut().expect("the turn that asked for the tools");
         turn.tool_results = results;
@@ -356,5 +364,24 @@ async fn execute(mut plan: RunPlan, emitter: &mut Emitter, store: &Arc<dyn Store
             break;
         }
     }
-    finish(&plan, emitter, store, ending, output).await;
+    Box::pin(finish(&plan, emitter, store, ending, output)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future an async fn of five arguments returns, without calling it.
+    fn future_size<A, B, C, D, E, F>(_: fn(A, B, C, D, E) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    #[test]
+    fn a_run_task_is_sized_by_the_step_that_streams() {
+        // Every run holds its task for its whole life, so this is what each open stream costs:
+        // 10.4 KB when the plan was copied into each async layer and the run's end, parks and
+        // tool calls were kept inline.
+        let size = future_size(supervise);
+        assert!(size <= 4 * 1024, "the run's task takes {size} bytes");
+    }
 }
