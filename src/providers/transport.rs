@@ -4,12 +4,11 @@
 //! first-byte and an idle timeout. Cancellation is dropping the stream: the connection goes
 //! with it.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
