@@ -8,7 +8,10 @@ file, with instrumentation off until a warm-up run is done; then N streams of 2,
 from the mock, no delay; the count covers every thread of chatd over those streams (user
 space: the kernel's share is not in it). Usage:
 
-  loadtest/instructions.py [--chatd BIN ...] [--streams 8] [--provider-http http2|http1]
+  loadtest/instructions.py [--chatd BIN ...] [--streams 8] [--tokens 2000] [--provider-http http2|http1]
+
+With short answers (`--streams 200 --tokens 10`) the count is mostly what a run costs
+besides its tokens (its start, plan, end, trace and usage rows): it prints that per run too.
 
 Several --chatd binaries are counted in turn. Needs valgrind (`apt-get install valgrind`).
 """
@@ -25,10 +28,10 @@ def loadgen(port, streams):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def count(chatd, streams, http1):
+def count(chatd, streams, tokens, http1, keep=None):
     work = tempfile.mkdtemp(prefix="chatd-instructions-")
     mock_port, port = free_port(), free_port()
-    mock = start([os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", "2000", "--delay-ms", "0"])
+    mock = start([os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", str(tokens), "--delay-ms", "0"])
     config = os.path.join(work, "chatd.toml")
     with open(config, "w") as f:
         f.write(chatd_config(port, f"sqlite://{work}/chatd.db", mock_port, http1))
@@ -47,6 +50,8 @@ def count(chatd, streams, http1):
         stop(chatd)
         stop(mock)
     totals = subprocess.run(["callgrind_annotate", out], capture_output=True, text=True, check=True).stdout
+    if keep:
+        shutil.copy(out, keep)
     shutil.rmtree(work, ignore_errors=True)
     instructions = int(re.search(r"^([\d,]+) .*PROGRAM TOTALS", totals, re.M).group(1).replace(",", ""))
     return instructions, events
@@ -56,7 +61,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--chatd", action="append", help="a chatd binary (repeat to compare several)")
     ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=2000, help="tokens in each answer")
     ap.add_argument("--provider-http", default="http2", choices=["http2", "http1"])
+    ap.add_argument("--keep", help="copy callgrind's output here (read it with callgrind_annotate --inclusive=yes)")
     args = ap.parse_args()
     if not shutil.which("valgrind"):
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -64,9 +71,10 @@ def main():
     if not args.chatd:
         subprocess.run(["cargo", "build", "--release", "--quiet", "--bins"], cwd=ROOT, check=True)
     for chatd in binaries:
-        instructions, events = count(chatd, args.streams, args.provider_http == "http1")
-        print(f"{chatd}: {instructions / max(events, 1):,.0f} instructions per relayed event "
-              f"({instructions:,} over {events:,} events, {args.streams} streams, {args.provider_http} to the model)")
+        instructions, events = count(chatd, args.streams, args.tokens, args.provider_http == "http1", args.keep)
+        print(f"{chatd}: {instructions / max(events, 1):,.0f} instructions per relayed event, "
+              f"{instructions / args.streams:,.0f} per run ({instructions:,} over {events:,} events, "
+              f"{args.streams} streams of {args.tokens} tokens, {args.provider_http} to the model)")
 
 
 if __name__ == "__main__":

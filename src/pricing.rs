@@ -3,21 +3,30 @@
 //! the dates they held), at the time of the call; `pricing.<model>` in config overrides the
 //! table or adds a model it lacks. Where no price is known there is no cost: never 0.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::RwLock;
 
 use chrono::{DateTime, Utc};
-use genai_prices::{Calculator, PriceRequest, UsageKey};
+use genai_prices::{Calculator, ErrorKind, PriceRequest, UsageKey};
 
 use crate::config::{CacheTtl, ModelPricing, ProviderKind, Settings};
 use crate::domain::Usage;
 
 /// The prices of the configured providers' models.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Prices {
     overrides: BTreeMap<String, ModelPricing>,
     /// How the table knows each configured provider (`providers.<id>`).
     providers: HashMap<String, Source>,
+    /// The models of each provider that the table has no price for: the table is fixed, so
+    /// a local model (Ollama, vLLM) is not searched for again at each run's end (its search,
+    /// the table's patterns tried one by one, cost about as much as relaying a run's first
+    /// ten tokens).
+    unpriced: RwLock<HashMap<String, HashSet<String>>>,
 }
+
+/// At most this many unpriced models are remembered per provider (a request may name any).
+const UNPRICED_KEPT: usize = 1024;
 
 /// How a provider is found in the table: by its id there, by its API's address (an
 /// OpenAI-compatible server such as OpenRouter), or not at all (the mock).
@@ -46,7 +55,7 @@ impl Prices {
             .collect();
         // The table is decoded on first use (tens of milliseconds): not on a run's path.
         let _ = Calculator::bundled();
-        Self { overrides: settings.pricing.clone(), providers }
+        Self { overrides: settings.pricing.clone(), providers, unpriced: RwLock::default() }
     }
 
     /// What `usage` of `model`, asked of the provider `provider_id` at `at`, cost in US
@@ -80,10 +89,23 @@ impl Prices {
             Source::Url(url) => request.with_provider_api_url(url),
             Source::Unpriced => return None,
         };
+        let known = |unpriced: &HashMap<String, HashSet<String>>| unpriced.get(provider_id)?.get(model).map(drop);
+        if self.unpriced.read().ok().and_then(|unpriced| known(&unpriced)).is_some() {
+            return None;
+        }
         match Calculator::bundled().calculate(&request) {
             Ok(price) => Some(price.total_price),
             Err(e) => {
                 tracing::debug!(model, provider = provider_id, error = %e, "no price for the model");
+                // Not found stays not found; other errors (a usage it refuses) are the call's.
+                if matches!(e.kind(), ErrorKind::ProviderNotFound | ErrorKind::ModelNotFound)
+                    && let Ok(mut unpriced) = self.unpriced.write()
+                {
+                    let models = unpriced.entry(provider_id.to_owned()).or_default();
+                    if models.len() < UNPRICED_KEPT {
+                        models.insert(model.to_owned());
+                    }
+                }
                 None
             }
         }
@@ -232,6 +254,24 @@ mod tests {
         assert_eq!(prices.cost("gpt", "no-such-model-x", &call, when, CacheTtl::FiveMinutes), None);
         assert_eq!(prices.cost("local", "llama3.2", &call, when, CacheTtl::FiveMinutes), None);
         assert_eq!(prices.cost("mock", "mock-1", &call, when, CacheTtl::FiveMinutes), None);
+    }
+
+    #[test]
+    fn a_model_without_a_price_is_remembered_for_its_provider_only() {
+        let prices = prices("");
+        let when = at("2026-11-01T12:00:00Z");
+        let call = usage(2_000, 100, None, None);
+        let gpt = |model| prices.cost("gpt", model, &call, when, CacheTtl::FiveMinutes);
+        for _ in 0..2 {
+            assert_eq!(prices.cost("local", "gpt-4o", &call, when, CacheTtl::FiveMinutes), None);
+            assert_eq!(gpt("no-such-model-x"), None);
+        }
+        let remembered = prices.unpriced.read().unwrap().clone();
+        assert_eq!(remembered.get("local").map(|m| m.contains("gpt-4o")), Some(true));
+        assert_eq!(remembered.get("gpt").map(|m| m.contains("no-such-model-x")), Some(true));
+        // The name another provider had no price for is still priced where it is sold.
+        assert!(gpt("gpt-4o").is_some_and(|cost| cost > 0.0));
+        assert_eq!(remembered.get("gpt").map(|m| m.len()), Some(1));
     }
 
     #[test]

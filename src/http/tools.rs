@@ -57,7 +57,7 @@ async fn list(
             Location { page: scope.page.as_deref(), tab: scope.tab.as_deref(), subtab: scope.subtab.as_deref() };
         let page_scope = PageScope::resolve(&state.settings, location);
         let names: Vec<String> =
-            state.tools.for_request(&page_scope, &profile.tools).iter().map(|t| t.spec().name).collect();
+            state.tools.for_request(&page_scope, &profile.tools).iter().map(|t| t.name().to_owned()).collect();
         body.for_request = Some(names);
     }
     Ok(Json(body))

@@ -19,6 +19,10 @@ pub struct CurrentTime;
 
 #[async_trait]
 impl Tool for CurrentTime {
+    fn name(&self) -> &str {
+        "current_time"
+    }
+
     /// Reads the clock: nothing to undo.
     fn idempotent(&self) -> bool {
         true
@@ -26,7 +30,7 @@ impl Tool for CurrentTime {
 
     fn spec(&self) -> ToolSpec {
         ToolSpec {
-            name: "current_time".into(),
+            name: self.name().into(),
             description: "The current date and time. Optionally at a UTC offset such as +02:00.".into(),
             input_schema: json!({
                 "type": "object",
@@ -57,6 +61,10 @@ pub struct Calculator;
 
 #[async_trait]
 impl Tool for Calculator {
+    fn name(&self) -> &str {
+        "calculator"
+    }
+
     /// Computes: nothing to undo.
     fn idempotent(&self) -> bool {
         true
@@ -64,7 +72,7 @@ impl Tool for Calculator {
 
     fn spec(&self) -> ToolSpec {
         ToolSpec {
-            name: "calculator".into(),
+            name: self.name().into(),
             description: "Evaluates an arithmetic expression with + - * / ^ % and parentheses.".into(),
             input_schema: json!({
                 "type": "object",

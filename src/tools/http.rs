@@ -22,6 +22,10 @@ impl HttpTool {
 
 #[async_trait]
 impl Tool for HttpTool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
     fn idempotent(&self) -> bool {
         self.settings.idempotent
     }

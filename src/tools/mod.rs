@@ -109,6 +109,9 @@ impl ToolError {
 
 #[async_trait]
 pub trait Tool: Send + Sync {
+    /// The name the model calls it by, without building its [`spec`](Tool::spec) (a run
+    /// looks tools up by name several times; a spec is its schema, built each time).
+    fn name(&self) -> &str;
     fn spec(&self) -> ToolSpec;
     async fn call(&self, input: Value, ctx: ToolCallContext) -> Result<ToolOutput, ToolError>;
     /// Whether a call may run again after its process died while it ran (CONTRACT.md §19):
@@ -127,6 +130,10 @@ struct Renamed {
 
 #[async_trait]
 impl Tool for Renamed {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec { name: self.name.clone(), ..self.inner.spec() }
     }
@@ -180,7 +187,7 @@ impl Registry {
             .build()
             .map_err(|e| e.to_string())?;
         for (name, http) in &settings.http_tools {
-            if fixed.iter().any(|t| t.tool.spec().name == *name) {
+            if fixed.iter().any(|t| t.tool.name() == name) {
                 return Err(format!("http_tools.{name}: a built-in tool has that name"));
             }
             let tool = Arc::new(http::HttpTool::new(name, http.clone(), client.clone()));
@@ -197,15 +204,19 @@ impl Registry {
     /// gets its server id in front (`server_name`).
     pub fn all(&self) -> Vec<Available> {
         let mut tools = self.fixed.clone();
-        let mut names: HashSet<String> = tools.iter().map(|t| t.tool.spec().name).collect();
-        for (server, tool) in self.mcp.tools() {
-            let name = tool.spec().name;
-            let tool: Arc<dyn Tool> = if names.contains(&name) {
-                Arc::new(Renamed { name: format!("{server}_{name}"), inner: tool })
+        let mcp = self.mcp.tools();
+        if mcp.is_empty() {
+            return tools;
+        }
+        let mut names: HashSet<String> = tools.iter().map(|t| t.tool.name().to_owned()).collect();
+        for (server, tool) in mcp {
+            let tool: Arc<dyn Tool> = if names.contains(tool.name()) {
+                let name = format!("{server}_{}", tool.name());
+                Arc::new(Renamed { name, inner: tool })
             } else {
                 tool
             };
-            names.insert(tool.spec().name);
+            names.insert(tool.name().to_owned());
             let global = self.mcp.is_global(&server);
             tools.push(Available { tool, source: ToolSource::Mcp { server }, global });
         }
@@ -218,11 +229,11 @@ impl Registry {
         if patterns.is_empty() {
             return Vec::new();
         }
-        let names: HashSet<String> = tools.iter().map(|t| t.spec().name).collect();
+        let names: HashSet<&str> = tools.iter().map(|t| t.name()).collect();
         self.all()
             .into_iter()
             .filter_map(|t| {
-                let name = t.tool.spec().name;
+                let name = t.tool.name();
                 let server = match &t.source {
                     ToolSource::Mcp { server } => Some(server.as_str()),
                     _ => None,
@@ -230,7 +241,7 @@ impl Registry {
                 let matches = patterns
                     .iter()
                     .any(|p| p == "*" || *p == name || p.strip_suffix(":*").is_some_and(|s| server == Some(s)));
-                (matches && names.contains(&name)).then_some(name)
+                (matches && names.contains(name)).then(|| name.to_owned())
             })
             .collect()
     }
@@ -242,8 +253,9 @@ impl Registry {
         self.all()
             .into_iter()
             .filter(|t| {
-                let name = t.tool.spec().name;
-                (t.global || scope.tools.contains(&name)) && (all_allowed || allowed.contains(&name))
+                let name = t.tool.name();
+                (t.global || scope.tools.iter().any(|n| n == name))
+                    && (all_allowed || allowed.iter().any(|n| n == name))
             })
             .map(|t| t.tool)
             .collect()

@@ -36,7 +36,7 @@ impl Actions {
                 Err(e) => Err(format!("the handler could not be reached: {e}")),
             }
         } else if let Some(tool_name) = &handler.tool {
-            match self.tools.all().into_iter().find(|t| t.tool.spec().name == *tool_name) {
+            match self.tools.all().into_iter().find(|t| t.tool.name() == tool_name) {
                 Some(available) => {
                     let (progress, _) = tokio::sync::mpsc::unbounded_channel();
                     let ctx = ToolCallContext { progress, cancel: CancellationToken::new(), idempotency_key: None };

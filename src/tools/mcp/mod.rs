@@ -114,7 +114,7 @@ impl McpManager {
                     id: server.id.clone(),
                     transport: server.transport,
                     state: inner.state,
-                    tools: inner.tools.iter().map(|t| t.spec().name).collect(),
+                    tools: inner.tools.iter().map(|t| t.name().to_owned()).collect(),
                     restarts: inner.restarts,
                     last_error: inner.last_error.clone(),
                 }

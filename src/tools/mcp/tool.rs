@@ -183,6 +183,10 @@ impl McpTool {
 
 #[async_trait]
 impl Tool for McpTool {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+
     fn spec(&self) -> ToolSpec {
         self.spec.clone()
     }

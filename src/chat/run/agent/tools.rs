@@ -93,7 +93,7 @@ pub(super) async fn continue_turn(
     output: &mut Output,
     iteration: u32,
 ) -> TurnTools {
-    let by_name: HashMap<String, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.spec().name, t)).collect();
+    let by_name: HashMap<&str, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.name(), t)).collect();
     let mut again = Vec::new();
     for slot in 0..pending.calls.len() {
         let call = &pending.calls[slot];
@@ -101,7 +101,7 @@ pub(super) async fn continue_turn(
             continue;
         }
         // A tool that is gone fails again at once ("No such tool"): as good as idempotent.
-        if call.invalid_arguments.is_some() || by_name.get(&call.name).is_none_or(|tool| tool.idempotent()) {
+        if call.invalid_arguments.is_some() || by_name.get(call.name.as_str()).is_none_or(|tool| tool.idempotent()) {
             again.push(slot);
             continue;
         }
@@ -212,7 +212,7 @@ async fn run_calls(
         return;
     }
     let (first, calls) = (pending.first, pending.calls.clone());
-    let by_name: HashMap<String, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.spec().name, t)).collect();
+    let by_name: HashMap<&str, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.name(), t)).collect();
     let names: Vec<&str> = slots.iter().map(|&slot| calls[slot].name.as_str()).collect();
     emitter.emit(Event::Status { message: format!("Running {}…", names.join(", ")) });
 
@@ -220,7 +220,7 @@ async fn run_calls(
     let mut running = FuturesUnordered::new();
     for &slot in slots {
         let call = &calls[slot];
-        let tool = by_name.get(&call.name).map(|t| Arc::clone(t));
+        let tool = by_name.get(call.name.as_str()).map(|t| Arc::clone(t));
         // Its own token: a timeout stops this call only; cancelling the run stops them all.
         let (input, token, limits) = (call.input.clone(), cancel.child_token(), plan.limits);
         let invalid = call.invalid_arguments.clone();
@@ -308,7 +308,7 @@ async fn call_tool(
             }
             Ok(Err(ToolError { message, retryable: true })) if attempt < limits.max_retries => {
                 attempt += 1;
-                tracing::info!(tool = %tool.spec().name, attempt, error = %message, "retrying tool call");
+                tracing::info!(tool = %tool.name(), attempt, error = %message, "retrying tool call");
                 tokio::time::sleep(Duration::from_millis(100 * 2u64.pow(attempt))).await;
             }
             Ok(Err(mut error)) => {
