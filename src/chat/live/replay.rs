@@ -380,10 +380,10 @@ impl Follower {
         Ok(active)
     }
 
-    /// Waits (bounded) until a run of this process that has sent `done` has its log
-    /// written, so that a trace read right after its stream ended is whole.
+    /// Waits (bounded) until a run of this process that has sent `done`, or stopped to wait,
+    /// has its log written, so that a trace read right after its stream ended is whole.
     pub async fn logged(&self, trace_id: TraceId) {
-        if let Some(run) = self.runs.get(trace_id).filter(|run| run.is_finished()) {
+        if let Some(run) = self.runs.get(trace_id).filter(|run| run.is_finished() || run.is_parked()) {
             let _ = tokio::time::timeout(LOGGED_WAIT, run.logged()).await;
         }
     }

@@ -101,12 +101,12 @@ pub async fn create(
         };
         return Ok(Json(Response { background: true, ..response }).into_response());
     }
-    let frames = match state.chat.start_once(&user, request).await? {
+    let (trace_id, frames) = match state.chat.start_once(&user, request).await? {
         // Until the run ends, or waits: the next response goes on from there.
-        Started::New(run) => until_done(&state, run, false).boxed(),
-        Started::Again(trace) => state.chat.follow(*trace, 0, false).boxed(),
+        Started::New(run) => (run.trace_id, until_done(&state, run, false).boxed()),
+        Started::Again(trace) => (trace.trace_id, state.chat.follow(*trace, 0, false).boxed()),
     };
-    Ok(respond(&state, body.stream, events, frames).await)
+    Ok(respond(&state, body.stream, trace_id, events, frames).await)
 }
 
 /// A response whose input answers the calls a run waits on (CONTRACT.md §15): they are
@@ -156,8 +156,9 @@ async fn continued(
     if body.background {
         return Ok(Json(Response { background: true, ..events.response() }).into_response());
     }
+    let trace_id = trace.trace_id;
     let frames = state.chat.follow(trace, from, false).boxed();
-    Ok(respond(state, body.stream, events, frames).await)
+    Ok(respond(state, body.stream, trace_id, events, frames).await)
 }
 
 /// Refuses answers that leave a call of the run's wait unanswered (before any is settled):
@@ -201,10 +202,13 @@ fn next_response<'a>(logged: impl Iterator<Item = (u64, Option<&'a crate::events
     None
 }
 
-/// A response's events, streamed, or read to its end and answered whole.
+/// A response's events, streamed, or read to its end and answered whole. Answered whole
+/// once its run's log has it too (where the run ended or waits in this process): the
+/// response, read right after from another replica, is the one answered.
 async fn respond(
     state: &AppState,
     stream: bool,
+    trace_id: TraceId,
     events: ResponseEvents,
     frames: futures_util::stream::BoxStream<'static, crate::chat::Frame>,
 ) -> HttpResponse {
@@ -212,7 +216,9 @@ async fn respond(
     if stream {
         return responses_sse(sse(state, frames, ResponsesSse::new(events, None)));
     }
-    Json(answered(events, frames).await).into_response()
+    let response = answered(events, frames).await;
+    state.chat.logged(trace_id).await;
+    Json(response).into_response()
 }
 
 fn previous_missing(e: crate::store::StoreError) -> AppError {
