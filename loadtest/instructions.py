@@ -9,6 +9,11 @@ from the mock, no delay; the count covers every thread of chatd over those strea
 space: the kernel's share is not in it). Usage:
 
   loadtest/instructions.py [--chatd BIN ...] [--streams 8] [--tokens 2000] [--provider-http http2|http1]
+                           [--postgres URL]
+
+--postgres URL counts chatd on Postgres instead of SQLite: a fresh database beside the one URL
+names, made and dropped for each count (the server's own instructions are not counted: they
+are another process's; `pg_stat_statements` tells what it did).
 
 With short answers (`--streams 200 --tokens 10`) the count is mostly what a run costs
 besides its tokens (its start, plan, end, trace and usage rows): it prints that per run too.
@@ -18,7 +23,7 @@ Several --chatd binaries are counted in turn. Needs valgrind (`apt-get install v
 import argparse, json, os, re, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import REL, ROOT, chatd_config, free_port, start, stop, wait_http  # noqa: E402
+from run import REL, ROOT, chatd_config, fresh_postgres, free_port, start, stop, wait_http  # noqa: E402
 
 
 def loadgen(port, streams):
@@ -28,13 +33,14 @@ def loadgen(port, streams):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def count(chatd, streams, tokens, http1, keep=None):
+def count(chatd, streams, tokens, http1, keep=None, postgres=None):
     work = tempfile.mkdtemp(prefix="chatd-instructions-")
+    database = fresh_postgres(postgres, os.path.basename(work)) if postgres else f"sqlite://{work}/chatd.db"
     mock_port, port = free_port(), free_port()
     mock = start([os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", str(tokens), "--delay-ms", "0"])
     config = os.path.join(work, "chatd.toml")
     with open(config, "w") as f:
-        f.write(chatd_config(port, f"sqlite://{work}/chatd.db", mock_port, http1))
+        f.write(chatd_config(port, database, mock_port, http1))
     out = os.path.join(work, "callgrind.out")
     chatd = start(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", chatd,
                    "--config", config], env={"RUST_LOG": "warn"}, log=open(os.path.join(work, "chatd.log"), "w"))
@@ -53,6 +59,8 @@ def count(chatd, streams, tokens, http1, keep=None):
     if keep:
         shutil.copy(out, keep)
     shutil.rmtree(work, ignore_errors=True)
+    if postgres:
+        subprocess.run(["psql", postgres, "-q", "-c", f"drop database if exists {database.partition('?')[0].rpartition('/')[2]}"], check=True)
     instructions = int(re.search(r"^([\d,]+) .*PROGRAM TOTALS", totals, re.M).group(1).replace(",", ""))
     return instructions, events
 
@@ -63,6 +71,7 @@ def main():
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=2000, help="tokens in each answer")
     ap.add_argument("--provider-http", default="http2", choices=["http2", "http1"])
+    ap.add_argument("--postgres", metavar="URL", help="count chatd on a fresh Postgres database beside this one")
     ap.add_argument("--keep", help="copy callgrind's output here (read it with callgrind_annotate --inclusive=yes)")
     args = ap.parse_args()
     if not shutil.which("valgrind"):
@@ -71,10 +80,12 @@ def main():
     if not args.chatd:
         subprocess.run(["cargo", "build", "--release", "--quiet", "--bins"], cwd=ROOT, check=True)
     for chatd in binaries:
-        instructions, events = count(chatd, args.streams, args.tokens, args.provider_http == "http1", args.keep)
+        instructions, events = count(chatd, args.streams, args.tokens, args.provider_http == "http1", args.keep,
+                                     args.postgres)
         print(f"{chatd}: {instructions / max(events, 1):,.0f} instructions per relayed event, "
               f"{instructions / args.streams:,.0f} per run ({instructions:,} over {events:,} events, "
-              f"{args.streams} streams of {args.tokens} tokens, {args.provider_http} to the model)")
+              f"{args.streams} streams of {args.tokens} tokens, {args.provider_http} to the model, "
+              f"{'Postgres' if args.postgres else 'SQLite'})")
 
 
 if __name__ == "__main__":

@@ -191,9 +191,11 @@ tools = ["{tools}"]
 def fresh_postgres(url, name):
     """Makes an empty database beside `url`'s for one scenario; returns its URL."""
     name = "bench_" + "".join(c if c.isalnum() else "_" for c in name).lower()
-    base, _, _ = url.rpartition("/")
+    path, _, query = url.partition("?")
+    base, _, _ = path.rpartition("/")
     subprocess.run(["psql", url, "-q", "-c", f"drop database if exists {name}", "-c", f"create database {name}"], check=True)
-    return f"{base}/{name}"
+    # The URL's parameters (sslmode=disable, say) hold for the new database too.
+    return f"{base}/{name}" + (f"?{query}" if query else "")
 
 
 def main():

@@ -361,17 +361,33 @@ impl Drop for PgBytesLock {
     }
 }
 
-/// Inserts chunks of the log in the transaction on `conn`; writing a chunk again is a no-op.
-/// Whoever follows these runs from another process reads again (told at commit).
+/// Inserts chunks of the log in the transaction on `conn`; writing a chunk again is a no-op,
+/// and a chunk of a run whose trace is gone (its conversation deleted meanwhile) is not
+/// written. Whoever follows these runs from another process reads again (told at commit).
+///
+/// The rows go as four arrays, so the statement's text is the same whatever their number
+/// (Postgres prepares it once per connection, not once per row count), and they are checked
+/// against their traces as one join, each trace locked as a foreign key would (a trace
+/// deleted at the same time is either waited for and skipped, or waits): the key itself ran
+/// a query per row, half of the insert's time at 1,000 rows.
 async fn insert_chunks(conn: &mut PgConnection, rows: &[super::chunks::Chunk]) -> Result<(), StoreError> {
-    let mut query =
-        sqlx::QueryBuilder::<Postgres>::new("insert into trace_event_chunks (trace_id, first_seq, last_seq, events) ");
-    query.push_values(rows, |mut row, c| {
-        row.push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(&c.events);
-    });
-    query.push(" on conflict (trace_id, first_seq) do nothing");
-    query.build().execute(&mut *conn).await?;
     let traces: Vec<TraceId> = rows.iter().map(|c| c.trace_id).collect();
+    let firsts: Vec<i64> = rows.iter().map(|c| c.first_seq).collect();
+    let lasts: Vec<i64> = rows.iter().map(|c| c.last_seq).collect();
+    let events: Vec<&str> = rows.iter().map(|c| c.events.as_str()).collect();
+    sqlx::query(
+        "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) \
+         select c.trace_id, c.first_seq, c.last_seq, c.events \
+         from unnest($1::uuid[], $2::int8[], $3::int8[], $4::text[]) as c (trace_id, first_seq, last_seq, events) \
+         where c.trace_id in (select id from traces where id = any($1) for key share) \
+         on conflict (trace_id, first_seq) do nothing",
+    )
+    .bind(&traces)
+    .bind(&firsts)
+    .bind(&lasts)
+    .bind(&events)
+    .execute(&mut *conn)
+    .await?;
     sqlx::query("select pg_notify($1, t::text) from unnest($2::uuid[]) as t")
         .bind(LOG_CHANNEL)
         .bind(&traces)

@@ -463,6 +463,38 @@ both_backends! {
         let seqs: Vec<i64> = store.trace_events(start.traces[0].trace_id, 0).await.unwrap().iter().map(|e| e.seq).collect();
         assert_eq!(seqs, [1, 2, 3]);
     }
+
+    async fn a_batch_holding_a_deleted_runs_events_writes_the_others(backend: Backend) {
+        // A conversation deleted while its run streams: the log writer's next batch still holds
+        // that run's events. The batch is written without them, not refused whole (at 1,000
+        // streams a refused batch is retried run by run, a transaction each).
+        let (store, db) = open(backend).await;
+        let (gone, kept) = (conversation("ann", "deleted"), conversation("ann", "kept"));
+        let (a, b) = (run_start(&gone, true), run_start(&kept, true));
+        assert_eq!(store.start_runs(&[&a, &b]).await.unwrap(), StartOutcome::Started);
+        let (a_id, b_id) = (a.traces[0].trace_id, b.traces[0].trace_id);
+        store.append_events(&[text_deltas(a_id, 1..=2), text_deltas(b_id, 1..=2)].concat(), &[]).await.unwrap();
+        store.delete_conversation(&user("ann"), gone.id).await.unwrap();
+        if backend == Backend::Postgres {
+            assert_eq!(postgres_chunks(&db.url).await, 1, "a deleted run's chunks go with its trace");
+        }
+
+        store.append_events(&[text_deltas(a_id, 3..=4), text_deltas(b_id, 3..=4)].concat(), &[]).await.unwrap();
+        let seqs: Vec<i64> = store.trace_events(b_id, 0).await.unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4]);
+        assert!(store.trace_events(a_id, 0).await.unwrap().is_empty());
+        if backend == Backend::Postgres {
+            assert_eq!(postgres_chunks(&db.url).await, 2, "none written for the deleted run");
+        }
+    }
+}
+
+/// Rows in Postgres's table of the log's chunks.
+async fn postgres_chunks(url: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("select count(*) from trace_event_chunks").fetch_one(&pool).await.unwrap();
+    pool.close().await;
+    n
 }
 
 fn text_deltas(trace_id: TraceId, seqs: std::ops::RangeInclusive<i64>) -> Vec<NewEvent> {
