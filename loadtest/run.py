@@ -339,8 +339,8 @@ general_settings:
         chatd_log.close()
         shutil.rmtree(work, ignore_errors=True)
         if postgres:
-            name = database.rpartition("/")[2]
-            subprocess.run(["psql", postgres, "-q", "-c", f"drop database if exists {name}"])
+            name = database.partition("?")[0].rpartition("/")[2]
+            subprocess.run(["psql", postgres, "-q", "-c", f"drop database if exists {name} with (force)"])
     return reps
 
 
