@@ -18,7 +18,9 @@ ratios against the direct path of the same run. Usage:
 --backends measures chatd on each database in turn (both by default). On Postgres each
 scenario gets a database of its own, made beside the one --postgres URL names (else
 CHATD_TEST_POSTGRES_URL's, else the one scripts/postgres.sh starts; it must allow CREATE
-DATABASE) and dropped after.
+DATABASE) and dropped after. Where that server runs on this machine, its processes' CPU
+over chatd's run is reported beside chatd's (`postgres_cpu_us_per_event`): the two share
+the cores.
 
 --extra-config FILE adds its TOML to chatd's config: webhooks or telemetry on, to measure
 what they cost against a run without (a receiver for them is the caller's to start).
@@ -84,6 +86,44 @@ def proc_stats(pid):
             if line.startswith("VmHWM:"):
                 hwm = int(line.split()[1])
     return cpu, rss, hwm
+
+
+class ServerCpu:
+    """The CPU seconds processes named `name` (the local Postgres server's) spend from now
+    until `stop()`: /proc sampled every 0.2 s, each process at its last reading, those that
+    come and go meanwhile (pool connections) included but for their last 0.2 s. Where no such
+    process is on this machine (a remote server), `stop()` gives None."""
+
+    def __init__(self, name="postgres"):
+        self.name, self.seen, self.done = name, {}, threading.Event()
+        self.base = self.sample()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def sample(self):
+        ticks, now = os.sysconf("SC_CLK_TCK"), {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            comm, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+            if comm == self.name:
+                now[pid] = (int(fields[11]) + int(fields[12])) / ticks
+        return now
+
+    def run(self):
+        while not self.done.wait(0.2):
+            self.seen.update(self.sample())
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        self.seen.update(self.sample())
+        if not self.seen:
+            return None
+        return sum(cpu - self.base.get(pid, 0) for pid, cpu in self.seen.items())
 
 
 def start(cmd, env=None, log=None):
@@ -354,11 +394,17 @@ def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
             f.write("5")
     except OSError:
         pass
+    server = ServerCpu() if row.get("backend") == "postgres" else None
     cpu0, rss0, _ = proc_stats(chatd.pid)
     row["chatd"] = loadgen("chatd", f"http://127.0.0.1:{chatd_port}/api/chat/stream", {"message": "go"}, sc["streams"],
                            verify=f"http://127.0.0.1:{chatd_port}", probes=probes)
     cpu1, rss1, hwm1 = proc_stats(chatd.pid)
     deltas = row["chatd"]["events"]
+    server_cpu = server.stop() if server else None
+    if server_cpu is not None:
+        # The Postgres server's work for chatd: beside chatd's own on the same cores.
+        row["postgres_cpu_s"] = server_cpu
+        row["postgres_cpu_us_per_event"] = server_cpu * 1e6 / max(deltas, 1)
     row["chatd_cpu_s"] = cpu1 - cpu0
     row["chatd_cpu_us_per_event"] = (cpu1 - cpu0) * 1e6 / max(deltas, 1)
     row["chatd_rss_kb"] = {"before": rss0, "after": rss1, "peak": hwm1}
@@ -395,6 +441,9 @@ def report_medians(reps):
     ratio = [r["chatd"]["events_per_sec"] / max(r["direct"]["events_per_sec"], 1e-9) for r in reps]
     print(f"  over {len(reps)} runs: chatd CPU per event median {median(cpu):.2f} us ({min(cpu):.2f}-{max(cpu):.2f}); "
           f"throughput ratio chatd/direct median {median(ratio):.3f}", end="")
+    server = [r["postgres_cpu_us_per_event"] for r in reps if "postgres_cpu_us_per_event" in r]
+    if server:
+        print(f"; Postgres server CPU per event median {median(server):.2f} us", end="")
     added = [r["chatd_probe_ttfe_added_p99_ms"] for r in reps if "chatd_probe_ttfe_added_p99_ms" in r]
     if added:
         print(f"; added ttfe p99 of probes at load median {median(added):.2f} ms ({min(added):.2f} to {max(added):.2f})", end="")
@@ -419,6 +468,8 @@ def report(row):
     if "chatd_probe_ttfe_added_p99_ms" in row:
         print(f", {row['chatd_probe_ttfe_added_p99_ms']:.2f} ms (probes at load)", end="")
     print()
+    if "postgres_cpu_s" in row:
+        print(f"  Postgres server CPU beside it {row['postgres_cpu_s']:.3f} s = {row['postgres_cpu_us_per_event']:.2f} us per relayed event")
     print(f"  throughput ratio chatd/direct {c['events_per_sec'] / max(d['events_per_sec'], 1e-9):.3f}", end="")
     if l:
         print(f", chatd/litellm {c['events_per_sec'] / max(l['events_per_sec'], 1e-9):.1f}x", end="")

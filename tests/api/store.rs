@@ -508,6 +508,13 @@ fn text_deltas(trace_id: TraceId, seqs: std::ops::RangeInclusive<i64>) -> Vec<Ne
     .collect()
 }
 
+/// The trace id of a run started in a new conversation of ann's.
+async fn started_run(store: &Arc<dyn Store>, title: &str) -> TraceId {
+    let start = run_start(&conversation("ann", title), true);
+    assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+    start.traces[0].trace_id
+}
+
 /// Rows in SQLite's table of running runs' chunks.
 async fn sqlite_chunks(url: &str) -> i64 {
     let pool = sqlx::SqlitePool::connect(url).await.unwrap();
@@ -554,10 +561,7 @@ async fn sqlite_finds_a_runs_chunks_without_an_index_and_deletes_them_with_it() 
 #[tokio::test]
 async fn sqlite_seals_the_logs_a_stopped_process_left_in_chunks() {
     let (store, db) = open(Backend::Sqlite).await;
-    let c = conversation("ann", "left over");
-    let start = run_start(&c, true);
-    assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
-    let trace_id = start.traces[0].trace_id;
+    let trace_id = started_run(&store, "left over").await;
     let events = text_deltas(trace_id, 1..=5);
     store.append_events(&events[..3], &[]).await.unwrap();
     store.append_events(&events[2..], &[]).await.unwrap();
@@ -937,4 +941,25 @@ both_backends! {
         let trace = store.get_trace(&user("ann"), start.traces[0].trace_id).await.unwrap();
         assert_eq!(trace.status, TraceStatus::Running, "so its end was not written either");
     }
+}
+
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn postgres_compresses_a_fast_runs_chunks_with_lz4_where_it_can() {
+    let (store, db) = open(Backend::Postgres).await;
+    let trace_id = started_run(&store, "fast").await;
+    // One flush of a fast stream: 1,000 events, tens of KB in one chunk.
+    let events = text_deltas(trace_id, 1..=1000);
+    store.append_events(&events, &[]).await.unwrap();
+    let read = store.trace_events(trace_id, 0).await.unwrap();
+    assert_eq!(read.len(), 1000);
+    assert_eq!(json(&read[999])["text"], "t1000");
+
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let lz4 = sqlx::query("create temp table lz4_here (x text compression lz4)").execute(&pool).await.is_ok();
+    let (method,): (Option<String>,) =
+        sqlx::query_as("select pg_column_compression(events) from trace_event_chunks").fetch_one(&pool).await.unwrap();
+    pool.close().await;
+    let expected = if lz4 { "lz4" } else { "pglz" };
+    assert_eq!(method.as_deref(), Some(expected), "a server with lz4 compresses the log's chunks with it");
 }
