@@ -23,7 +23,7 @@ Several --chatd binaries are counted in turn. Needs valgrind (`apt-get install v
 import argparse, json, os, re, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import REL, ROOT, chatd_config, fresh_postgres, free_port, start, stop, wait_http  # noqa: E402
+from run import REL, ROOT, chatd_config, drop_postgres, fresh_postgres, free_port, start, stop, wait_http  # noqa: E402
 
 
 def loadgen(port, streams):
@@ -60,7 +60,7 @@ def count(chatd, streams, tokens, http1, keep=None, postgres=None):
         shutil.copy(out, keep)
     shutil.rmtree(work, ignore_errors=True)
     if postgres:
-        subprocess.run(["psql", postgres, "-q", "-c", f"drop database if exists {database.partition('?')[0].rpartition('/')[2]}"], check=True)
+        drop_postgres(postgres, database)
     instructions = int(re.search(r"^([\d,]+) .*PROGRAM TOTALS", totals, re.M).group(1).replace(",", ""))
     return instructions, events
 

@@ -73,11 +73,16 @@ def wait_http(url, seconds=60):
     raise SystemExit(f"{url} never answered")
 
 
-def proc_stats(pid):
+def proc_cpu(pid):
+    """A process's command name and the CPU seconds it has spent (user and system)."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = (int(fields[11]) + int(fields[12])) / ticks
+        stat = f.read()
+    fields = stat.rsplit(")", 1)[1].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_stats(pid):
+    _, cpu = proc_cpu(pid)
     rss = hwm = 0
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -101,16 +106,14 @@ class ServerCpu:
         self.thread.start()
 
     def sample(self):
-        ticks, now = os.sysconf("SC_CLK_TCK"), {}
+        now = {}
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read()
+                comm, cpu = proc_cpu(pid)
             except OSError:
                 continue
-            comm, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
             if comm == self.name:
-                now[pid] = (int(fields[11]) + int(fields[12])) / ticks
+                now[pid] = cpu
         return now
 
     def run(self):
@@ -226,6 +229,16 @@ provider = "mock"
 model = "mock"
 tools = ["{tools}"]
 """
+
+
+def database_name(url):
+    """The database a Postgres URL names, without the URL's parameters."""
+    return url.partition("?")[0].rpartition("/")[2]
+
+
+def drop_postgres(url, database):
+    """Drops the database `database` (a URL) names, through the server `url` names."""
+    subprocess.run(["psql", url, "-q", "-c", f"drop database if exists {database_name(database)} with (force)"])
 
 
 def fresh_postgres(url, name):
@@ -379,8 +392,7 @@ general_settings:
         chatd_log.close()
         shutil.rmtree(work, ignore_errors=True)
         if postgres:
-            name = database.partition("?")[0].rpartition("/")[2]
-            subprocess.run(["psql", postgres, "-q", "-c", f"drop database if exists {name} with (force)"])
+            drop_postgres(postgres, database)
     return reps
 
 
