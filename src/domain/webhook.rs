@@ -85,14 +85,19 @@ pub enum Report {
 impl Report {
     pub fn event(&self) -> WebhookEvent {
         match self {
-            Report::Run(run) => match run.status {
-                TraceStatus::Completed => WebhookEvent::RunCompleted,
-                TraceStatus::Cancelled => WebhookEvent::RunCancelled,
-                TraceStatus::Waiting => WebhookEvent::RunWaiting,
-                _ => WebhookEvent::RunFailed,
-            },
+            Report::Run(run) => Report::run_event(run.status),
             Report::Voted(_) => WebhookEvent::ComparisonVoted,
             Report::Feedback(_) => WebhookEvent::FeedbackCreated,
+        }
+    }
+
+    /// The event of a run's report that has `status`.
+    pub fn run_event(status: TraceStatus) -> WebhookEvent {
+        match status {
+            TraceStatus::Completed => WebhookEvent::RunCompleted,
+            TraceStatus::Cancelled => WebhookEvent::RunCancelled,
+            TraceStatus::Waiting => WebhookEvent::RunWaiting,
+            _ => WebhookEvent::RunFailed,
         }
     }
 }

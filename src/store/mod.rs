@@ -197,6 +197,8 @@ pub struct RunningTrace {
 #[derive(Debug, Clone)]
 pub struct RunFinish {
     pub trace_id: TraceId,
+    /// Whose run it is: a record for another user's trace is refused as ended.
+    pub user_id: UserId,
     pub status: TraceStatus,
     pub ended_at: DateTime<Utc>,
     pub usage: Usage,

@@ -81,6 +81,7 @@ impl Backend for PostgresStore {
     const DAY_STARTED: &'static str = "to_char(started_at at time zone 'UTC', 'YYYY-MM-DD')";
     const BEGIN_WRITE: &'static str = "BEGIN";
     const MANY_STATEMENTS_PER_QUERY: bool = false;
+    const WRITES_IN_WITH: bool = true;
     const CLAIM_LOG: &'static str = "";
     const LOCK_ROW: &'static str = " for update";
     const SKIP_LOCKED: &'static str = " for update skip locked";

@@ -112,6 +112,7 @@ both_backends! {
         store
             .finish_run(&RunFinish {
                 trace_id: start.traces[0].trace_id,
+                user_id: start.traces[0].user_id.clone(),
                 status: TraceStatus::Completed,
                 ended_at: now(),
                 usage: Usage { input_tokens: 1, output_tokens: 2, ..Usage::default() },
@@ -600,6 +601,7 @@ fn queued_start(conversation: &Conversation, after: chatd::ids::MessageId) -> Ru
 fn ended(trace: &Trace, answer: Option<Message>) -> RunFinish {
     RunFinish {
         trace_id: trace.trace_id,
+        user_id: trace.user_id.clone(),
         status: if answer.is_some() { TraceStatus::Completed } else { TraceStatus::Error },
         ended_at: now(),
         usage: Usage::default(),
@@ -651,6 +653,53 @@ both_backends! {
         last.id = q3.message_id;
         store.finish_run(&ended(q3, Some(last.clone()))).await.unwrap();
         assert_eq!(store.get_conversation(&ann, c.id).await.unwrap().active_leaf_id, Some(last.id), "the last answer takes the leaf");
+    }
+
+    /// A run's end is written whole or not at all (on Postgres, without webhooks, it is one
+    /// statement): where its answer cannot be stored, for another user, or after the run
+    /// ended, neither the trace nor the conversation, its messages or the spend change.
+    async fn a_runs_end_is_written_whole_or_not_at_all(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let ann = user("ann");
+        let c = conversation("ann", "whole");
+        let start = run_start(&c, true);
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+        let (trace, question) = (&start.traces[0], &start.user_message);
+        let (from, to) = (now() - chrono::Duration::hours(1), now() + chrono::Duration::hours(1));
+        let spent = Usage { input_tokens: 7, output_tokens: 3, ..Usage::default() };
+        let mut answer = Message::new(c.id, Some(question.id), Role::Assistant, "answer".into());
+        answer.id = trace.message_id;
+        let unchanged = async |messages: Vec<&Message>| {
+            assert_eq!(store.get_trace(&ann, trace.trace_id).await.unwrap().status, TraceStatus::Running);
+            let stored = store.get_conversation(&ann, c.id).await.unwrap();
+            assert_eq!((stored.message_count, stored.active_leaf_id), (1, Some(question.id)));
+            assert_eq!(store.messages(&ann, c.id).await.unwrap().iter().collect::<Vec<_>>(), messages);
+            assert!(store.usage_sums(Some(&ann), from, to, UsageGrouping::Model).await.unwrap().is_empty());
+        };
+
+        // An answer whose id is taken (the question's) cannot be stored.
+        let clash = Message { id: question.id, ..answer.clone() };
+        let record = RunFinish { usage: spent, cost_usd: Some(0.5), ..ended(trace, Some(clash)) };
+        assert!(store.finish_run(&record).await.is_err());
+        unchanged(vec![question]).await;
+        // Another user's record of the run is refused as if it had ended.
+        let bobs = RunFinish { user_id: user("bob"), usage: spent, ..ended(trace, Some(answer.clone())) };
+        assert!(matches!(store.finish_run(&bobs).await, Err(StoreError::Conflict(_))));
+        unchanged(vec![question]).await;
+
+        let record = RunFinish { usage: spent, cost_usd: Some(0.5), ..ended(trace, Some(answer.clone())) };
+        store.finish_run(&record).await.unwrap();
+        let later = Message::new(c.id, Some(question.id), Role::Assistant, "later".into());
+        let usage = Usage { input_tokens: 100, ..Usage::default() };
+        let again = RunFinish { usage, cost_usd: Some(9.0), ..ended(trace, Some(later)) };
+        assert!(matches!(store.finish_run(&again).await, Err(StoreError::Conflict(_))));
+        let stored = store.get_conversation(&ann, c.id).await.unwrap();
+        assert_eq!((stored.message_count, stored.active_leaf_id), (2, Some(answer.id)));
+        assert_eq!(store.messages(&ann, c.id).await.unwrap(), vec![question.clone(), answer]);
+        let sums = store.usage_sums(Some(&ann), from, to, UsageGrouping::Model).await.unwrap();
+        assert_eq!((sums[0].runs, sums[0].input_tokens, sums[0].output_tokens, sums[0].cost_usd), (1, 7, 3, Some(0.5)));
+        let trace = store.get_trace(&ann, trace.trace_id).await.unwrap();
+        assert_eq!((trace.status, trace.cost.cost_usd), (TraceStatus::Completed, Some(0.5)));
     }
 
     async fn a_queued_run_left_by_its_process_is_adopted_once(backend: Backend) {

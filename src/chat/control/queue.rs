@@ -214,6 +214,7 @@ impl Queue {
     async fn cancel_queued(&self, trace: &Trace, emitter: &mut Emitter) {
         let record = RunFinish {
             trace_id: trace.trace_id,
+            user_id: trace.user_id.clone(),
             status: TraceStatus::Cancelled,
             ended_at: now(),
             usage: Usage::default(),

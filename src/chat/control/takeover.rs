@@ -227,6 +227,7 @@ async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool
     // Nobody hears it live: a replay of its log adds the ending it never sent.
     let record = RunFinish {
         trace_id: trace.trace_id,
+        user_id: trace.user_id.clone(),
         status: TraceStatus::Interrupted,
         ended_at: now(),
         usage: trace.usage.unwrap_or_default(),

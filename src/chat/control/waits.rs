@@ -272,6 +272,7 @@ pub(in crate::chat) async fn fail(
 ) {
     let record = RunFinish {
         trace_id: trace.trace_id,
+        user_id: trace.user_id.clone(),
         status: TraceStatus::Error,
         ended_at: now(),
         usage: trace.usage.unwrap_or_default(),

@@ -61,6 +61,9 @@ pub(super) trait Backend: Send + Sync + 'static {
     /// Whether one query may hold several statements (sqlx runs SQLite's in turn; a
     /// Postgres prepared statement is one statement).
     const MANY_STATEMENTS_PER_QUERY: bool;
+    /// Whether a `with` query may write (Postgres's data-modifying `with`; SQLite's only
+    /// reads): several writes as one statement.
+    const WRITES_IN_WITH: bool;
 
     /// The pool reads use.
     fn pool(&self) -> &Pool<Self::Db>;

@@ -7,6 +7,7 @@ use sqlx::{Database, Executor, FromRow, IntoArguments, Type};
 use super::{Backend, Conn, Row, write};
 use uuid::Uuid;
 
+use crate::config::WebhookEvent;
 use crate::domain::webhook::{Outbox, Report, RunReport};
 use crate::domain::{TraceStatus, Usage};
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
@@ -39,6 +40,11 @@ where
     });
     B::execute(conn, query).await?;
     Ok(true)
+}
+
+/// Whether some endpoint takes `event`: a report of it writes messages.
+pub(super) fn taken<B: Backend>(backend: &B, event: WebhookEvent) -> bool {
+    backend.outbox().takers.get().is_some_and(|o| o.takes(event))
 }
 
 /// Tells this process's delivery task that messages were written (after their commit).

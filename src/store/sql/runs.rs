@@ -85,43 +85,24 @@ where
     }
 
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
+        let ended = || StoreError::Conflict("the run has already ended".into());
+        let reports = super::outbox::taken(self, Report::run_event(finish.status));
         write(self, async |conn| {
+            // One statement is a transaction of its own: one round trip, where no webhook
+            // message has to join it.
+            if B::WRITES_IN_WITH && !reports {
+                return end_in_one_statement::<B>(conn, finish).await?.map(drop).ok_or_else(ended);
+            }
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
-            // Only a running trace ends: if another process already closed it (marked it
-            // interrupted), this result is refused whole instead of overwriting that.
-            let sql = format!(
-                "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6, cost_usd = $7 \
-                 where id = $1 and status in ('running', 'queued') \
-                 returning {REPORTED_RUN}"
-            );
-            let owner: Option<ReportedRun> = sqlx::query_as(&sql)
-                .bind(finish.trace_id)
-                .bind(finish.status.as_str())
-                .bind(finish.ended_at)
-                .bind(json(&finish.usage))
-                .bind(finish.error.as_ref().map(json))
-                .bind(json(&finish.spans))
-                .bind(finish.cost_usd)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let Some(ended) = owner else {
-                return Err(StoreError::Conflict("the run has already ended".into()));
+            let run = match B::WRITES_IN_WITH {
+                true => end_in_one_statement::<B>(&mut tx, finish).await?,
+                false => end_in_turn::<B>(&mut tx, finish).await?,
             };
-            let (user, question, answer, conversation) =
-                (ended.user_id.clone(), ended.user_message_id, ended.message_id, ended.conversation_id);
-            <B as Statements>::record_spend(&mut *tx, finish.trace_id, &finish.usage, finish.cost_usd, true).await?;
+            let run = run.ok_or_else(ended)?;
             let answered_by = finish.assistant_message.as_ref().and_then(|m| m.model.clone());
-            let report = ended.report(finish.trace_id, finish.status, finish.usage, finish.cost_usd, answered_by);
+            let report = run.report(finish.trace_id, finish.status, finish.usage, finish.cost_usd, answered_by);
             let error = finish.error.as_ref().map(ReportedError::from);
             let reported = super::outbox::report(self, &mut *tx, &Report::Run(RunReport { error, ..report })).await?;
-            match &finish.assistant_message {
-                Some(message) => <B as Statements>::append_message(&mut *tx, &user, message).await?,
-                // Messages queued behind an answer that never came follow its question.
-                None => {
-                    let (answer, question) = (MessageId(answer), Some(MessageId(question)));
-                    <B as Statements>::follow_question(&mut tx, conversation, answer, question).await?;
-                }
-            }
             tx.commit().await?;
             super::outbox::written(self, reported);
             Ok(())
@@ -159,4 +140,62 @@ where
         let rows: Vec<TraceRow> = sqlx::query_as(&sql).bind(conversation_id).bind(user).fetch_all(self.pool()).await?;
         rows.into_iter().map(Trace::try_from).collect()
     }
+}
+
+/// A run's end as [`Statements::push_end`] writes it; the run's report columns, none where
+/// it had already ended.
+async fn end_in_one_statement<B>(conn: &mut Conn<B>, finish: &RunFinish) -> Result<Option<ReportedRun>, StoreError>
+where
+    B: Statements,
+    for<'r> ReportedRun: FromRow<'r, Row<B>>,
+{
+    let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+    <B as Statements>::push_end(&mut query, finish);
+    Ok(B::fetch_all::<ReportedRun>(conn, query).await?.pop())
+}
+
+/// A run's end a statement at a time, within the caller's transaction: its trace closed
+/// first, and the rest written only where it was still running or queued (if another
+/// process already closed it, marked it interrupted, this result is refused whole instead
+/// of overwriting that).
+async fn end_in_turn<B>(conn: &mut Conn<B>, finish: &RunFinish) -> Result<Option<ReportedRun>, StoreError>
+where
+    B: Statements,
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+    for<'r> ReportedRun: FromRow<'r, Row<B>>,
+    for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> JsonText: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Option<JsonText>: Encode<'q, B::Db>,
+    for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Option<f64>: Encode<'q, B::Db>,
+    f64: Type<B::Db>,
+{
+    let sql = format!(
+        "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6, cost_usd = $7 \
+         where id = $1 and user_id = $8 and status in ('running', 'queued') returning {REPORTED_RUN}"
+    );
+    let run: Option<ReportedRun> = sqlx::query_as(&sql)
+        .bind(finish.trace_id)
+        .bind(finish.status.as_str())
+        .bind(finish.ended_at)
+        .bind(json(&finish.usage))
+        .bind(finish.error.as_ref().map(json))
+        .bind(json(&finish.spans))
+        .bind(finish.cost_usd)
+        .bind(finish.user_id.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(run) = run else { return Ok(None) };
+    <B as Statements>::record_spend(&mut *conn, finish.trace_id, &finish.usage, finish.cost_usd, true).await?;
+    match &finish.assistant_message {
+        Some(message) => <B as Statements>::append_message(&mut *conn, &finish.user_id, message).await?,
+        // Messages queued behind an answer that never came follow its question.
+        None => {
+            let (answer, question) = (MessageId(run.message_id), Some(MessageId(run.user_message_id)));
+            <B as Statements>::follow_question(&mut *conn, run.conversation_id, answer, question).await?;
+        }
+    }
+    Ok(Some(run))
 }

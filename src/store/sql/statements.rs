@@ -1,6 +1,9 @@
 //! Statements the concerns share: the rows a start writes (conversations, messages,
 //! comparisons, traces, keys: a few multi-row statements for any number of starts), the
-//! claim of a waiting run, and following a question when its answer is gone.
+//! claim of a waiting run, following a question when its answer is gone, and a run's end as
+//! one statement where a `with` query may write (Postgres).
+
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -8,12 +11,34 @@ use sqlx::types::Json;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
+use super::outbox::REPORTED_RUN;
 use super::{Backend, Conn, Row};
 use crate::domain::Role;
 use crate::domain::{Comparison, Conversation, Message, Trace, Usage, now};
 use crate::ids::{ComparisonId, MessageId, TraceId, UserId};
 use crate::store::rows::*;
-use crate::store::{Claim, RunStart, StoreError, Wait};
+use crate::store::{Claim, RunFinish, RunStart, StoreError, Wait};
+
+/// The insert of [`Statements::push_messages`], its columns in their values' order.
+const MESSAGE_INSERT: &str = "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
+     thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
+     suggested_actions, cancelled, model, trace_id, usage, cost_usd, feedback, comparison_id, \
+     variant, client_id, attachments, created_at) ";
+
+/// The insert of a run's spend into `run_usage`, a select of the trace's row and five
+/// values after it (input, output, cache read and cache write tokens, cost), and the update
+/// where the row is there (a reservation, or an earlier step's spend); what the update does
+/// with the reservation follows it.
+const SPEND_INSERT: &str = "insert into run_usage (trace_id, user_id, profile, model, started_at, input_tokens, \
+     output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) ";
+const SPEND_UPDATE: &str = " on conflict (trace_id) do update set input_tokens = excluded.input_tokens, \
+     output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, \
+     cache_write_tokens = excluded.cache_write_tokens, cost_usd = excluded.cost_usd";
+
+/// A count of tokens as its column holds it.
+fn tokens(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
 
 /// The statements several of the store's concerns write (implemented below for every backend
 /// whose database binds and reads what they use).
@@ -67,6 +92,12 @@ pub(super) trait Statements: Backend {
 
     fn push_messages<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, rows: &'a [(&'a UserId, &'a Message)]);
 
+    /// The `values` list of [`push_messages`](Self::push_messages), in [`MESSAGE_INSERT`]'s order.
+    fn push_message_values<'a>(
+        query: &mut sqlx::QueryBuilder<'a, Self::Db>,
+        rows: impl IntoIterator<Item = (&'a UserId, &'a Message)>,
+    );
+
     /// The idempotency keys of the starts that have one, each naming its first trace.
     fn push_keys<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, starts: &'a [&'a RunStart]) -> bool;
 
@@ -107,6 +138,15 @@ pub(super) trait Statements: Backend {
         user: &UserId,
         m: &Message,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// A run's end as one statement, where a `with` query may write (see
+    /// [`Backend::WRITES_IN_WITH`]): its trace closed, where it is its user's and still
+    /// running or queued, with what it spent, and its answer appended (or the messages queued
+    /// behind the answer that never came moved to its question) only where the trace was.
+    /// Returns the trace's [`REPORTED_RUN`](super::outbox::REPORTED_RUN) columns: no row
+    /// where it had already ended. The answer's conversation is the trace's own (the
+    /// message's foreign key refuses the statement where it is gone).
+    fn push_end<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, finish: &'a RunFinish);
 
     /// Counts a new message in its conversation and makes it the active leaf.
     fn touch_conversation(
@@ -248,16 +288,18 @@ where
     }
 
     fn push_messages<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a UserId, &'a Message)]) {
-        query.push(
-            "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
-             thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
-             suggested_actions, cancelled, model, trace_id, usage, cost_usd, feedback, comparison_id, \
-             variant, client_id, attachments, created_at) ",
-        );
+        query.push(MESSAGE_INSERT);
+        <B as Statements>::push_message_values(query, rows.iter().copied());
+    }
+
+    fn push_message_values<'a>(
+        query: &mut sqlx::QueryBuilder<'a, B::Db>,
+        rows: impl IntoIterator<Item = (&'a UserId, &'a Message)>,
+    ) {
         query.push_values(rows, |mut row, (user, m)| {
             row.push_bind(m.id)
                 .push_bind(m.conversation_id)
-                .push_bind(*user)
+                .push_bind(user)
                 .push_bind(m.parent_id)
                 .push_bind(m.role.as_str())
                 .push_bind(&m.content)
@@ -429,27 +471,63 @@ where
         cost_usd: Option<f64>,
         ended: bool,
     ) -> Result<(), StoreError> {
-        let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        sqlx::query(
-            "insert into run_usage (trace_id, user_id, profile, model, started_at, input_tokens, output_tokens, \
-             cache_read_tokens, cache_write_tokens, cost_usd) \
-             select id, user_id, profile, model, started_at, $2, $3, $4, $5, $6 from traces where id = $1 \
-             on conflict (trace_id) do update set input_tokens = excluded.input_tokens, \
-             output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, \
-             cache_write_tokens = excluded.cache_write_tokens, cost_usd = excluded.cost_usd, \
-             reserved_tokens = case when $7 then 0 else run_usage.reserved_tokens end, \
-             reserved_usd = case when $7 then 0 else run_usage.reserved_usd end",
-        )
-        .bind(trace_id)
-        .bind(tokens(usage.input_tokens))
-        .bind(tokens(usage.output_tokens))
-        .bind(tokens(usage.cache_read_tokens.unwrap_or(0)))
-        .bind(tokens(usage.cache_write_tokens.unwrap_or(0)))
-        .bind(cost_usd)
-        .bind(ended)
-        .execute(&mut *conn)
-        .await?;
+        static RECORD: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "{SPEND_INSERT}select id, user_id, profile, model, started_at, $2, $3, $4, $5, $6 from traces \
+                 where id = $1{SPEND_UPDATE}, reserved_tokens = case when $7 then 0 else run_usage.reserved_tokens end, \
+                 reserved_usd = case when $7 then 0 else run_usage.reserved_usd end"
+            )
+        });
+        sqlx::query(&RECORD)
+            .bind(trace_id)
+            .bind(tokens(usage.input_tokens))
+            .bind(tokens(usage.output_tokens))
+            .bind(tokens(usage.cache_read_tokens.unwrap_or(0)))
+            .bind(tokens(usage.cache_write_tokens.unwrap_or(0)))
+            .bind(cost_usd)
+            .bind(ended)
+            .execute(&mut *conn)
+            .await?;
         Ok(())
+    }
+
+    fn push_end<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, finish: &'a RunFinish) {
+        query.push("with ended as (update traces set status = ").push_bind(finish.status.as_str());
+        query.push(", ended_at = ").push_bind(finish.ended_at);
+        query.push(", usage = ").push_bind(json(&finish.usage));
+        query.push(", error = ").push_bind(finish.error.as_ref().map(json));
+        query.push(", spans = ").push_bind(json(&finish.spans));
+        query.push(", cost_usd = ").push_bind(finish.cost_usd);
+        query.push(" where id = ").push_bind(finish.trace_id);
+        query.push(" and user_id = ").push_bind(&finish.user_id);
+        query.push(format_args!(" and status in ('running', 'queued') returning id, started_at, {REPORTED_RUN})"));
+        let usage = &finish.usage;
+        query.push(format_args!(", spent as ({SPEND_INSERT}select id, user_id, profile, model, started_at, "));
+        query
+            .separated(", ")
+            .push_bind(tokens(usage.input_tokens))
+            .push_bind(tokens(usage.output_tokens))
+            .push_bind(tokens(usage.cache_read_tokens.unwrap_or(0)))
+            .push_bind(tokens(usage.cache_write_tokens.unwrap_or(0)))
+            .push_bind(finish.cost_usd);
+        query.push(format_args!(" from ended{SPEND_UPDATE}, reserved_tokens = 0, reserved_usd = 0)"));
+        match &finish.assistant_message {
+            Some(m) => {
+                query.push(format_args!(", answer as ({MESSAGE_INSERT}select * from ("));
+                <B as Statements>::push_message_values(query, [(&finish.user_id, m)]);
+                query.push(") v where exists (select 1 from ended)), touched as (");
+                <B as Statements>::push_touch(query, &finish.user_id, m);
+                query.push(" and exists (select 1 from ended))");
+            }
+            // Messages queued behind an answer that never came follow its question.
+            None => {
+                query.push(
+                    ", followed as (update messages m set parent_id = e.user_message_id from ended e \
+                     where m.conversation_id = e.conversation_id and m.parent_id = e.message_id)",
+                );
+            }
+        }
+        query.push(format_args!(" select {REPORTED_RUN} from ended"));
     }
 
     async fn touch_conversation(conn: &mut Conn<B>, user: &UserId, m: &Message) -> Result<(), StoreError> {

@@ -162,6 +162,7 @@ impl Backend for SqliteStore {
     const DAY_STARTED: &'static str = "substr(started_at, 1, 10)";
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const MANY_STATEMENTS_PER_QUERY: bool = true;
+    const WRITES_IN_WITH: bool = false;
     const CLAIM_LOG: &'static str =
         ", log_sealed = 0, log_from = (select coalesce(max(id), 0) from trace_event_chunks)";
     const LOCK_ROW: &'static str = "";

@@ -135,6 +135,7 @@ pub(super) async fn finish(
     metrics::counter!("chatd_runs_total", "status" => status.as_str()).increment(1);
     let record = RunFinish {
         trace_id: plan.trace_id,
+        user_id: plan.user_id.clone(),
         status,
         ended_at: now(),
         usage: output.usage,

@@ -219,7 +219,7 @@ pub fn announce(plan: &RunPlan, emitter: &mut Emitter) {
 /// summary) are boxed where they are awaited, so that the task is sized by the step that
 /// streams a model's answer.
 pub async fn supervise(plan: Box<RunPlan>, mut emitter: Emitter, store: Arc<dyn Store>, runs: Runs, start: Start) {
-    let (trace_id, message_id) = (plan.trace_id, plan.message_id);
+    let (trace_id, message_id, user_id) = (plan.trace_id, plan.message_id, plan.user_id.clone());
     let hand_over = emitter.run().hand_over.clone();
     let run = {
         let run = AssertUnwindSafe(execute(plan, &mut emitter, &store, start)).catch_unwind();
@@ -245,6 +245,7 @@ pub async fn supervise(plan: Box<RunPlan>, mut emitter: Emitter, store: Arc<dyn 
         if !emitter.run().is_finished() {
             let record = RunFinish {
                 trace_id,
+                user_id,
                 status: TraceStatus::Error,
                 ended_at: now(),
                 usage: Usage::default(),
