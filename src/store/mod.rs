@@ -300,9 +300,10 @@ pub trait ClusterStore: Send + Sync + 'static {
         from: Option<&str>,
         replica_id: &str,
     ) -> Result<Option<Option<serde_json::Value>>, StoreError>;
-    /// Tells every chatd process on this database (Postgres NOTIFY; a no-op on SQLite, where
-    /// there is only one process). Appending a run's events tells [`Notice::Logged`] itself.
-    async fn notify(&self, notice: Notice) -> Result<(), StoreError>;
+    /// Tells every chatd process on this database (Postgres NOTIFY, one notification for
+    /// each notice, in order, in one statement; a no-op on SQLite, where there is only one
+    /// process). Appending a run's events tells [`Notice::Logged`] itself.
+    async fn notify(&self, notices: &[Notice]) -> Result<(), StoreError>;
     /// What processes tell each other, as it comes (`None` where there are no other
     /// processes).
     async fn notices(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError>;

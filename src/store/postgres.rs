@@ -206,17 +206,31 @@ impl Backend for PostgresStore {
         Ok(())
     }
 
-    async fn tell(&self, notice: Notice) -> Result<(), StoreError> {
-        let (channel, id) = match notice {
-            Notice::Cancel(trace_id) => (CANCEL_CHANNEL, trace_id.to_string()),
-            Notice::Logged(trace_id) => (LOG_CHANNEL, trace_id.to_string()),
-            Notice::Started(conversation_id, trace_id) => {
-                (START_CHANNEL, format!("{conversation_id} {trace_id} {}", self.origin))
-            }
-            Notice::Deleted(conversation_id) => (DELETED_CHANNEL, conversation_id.to_string()),
-            Notice::Missed => return Ok(()),
-        };
-        sqlx::query("select pg_notify($1, $2)").bind(channel).bind(id).execute(&self.pool).await?;
+    async fn tell(&self, notices: &[Notice]) -> Result<(), StoreError> {
+        let (channels, payloads): (Vec<&str>, Vec<String>) = notices
+            .iter()
+            .filter_map(|notice| match *notice {
+                Notice::Cancel(trace_id) => Some((CANCEL_CHANNEL, trace_id.to_string())),
+                Notice::Logged(trace_id) => Some((LOG_CHANNEL, trace_id.to_string())),
+                Notice::Started(conversation_id, trace_id) => {
+                    Some((START_CHANNEL, format!("{conversation_id} {trace_id} {}", self.origin)))
+                }
+                Notice::Deleted(conversation_id) => Some((DELETED_CHANNEL, conversation_id.to_string())),
+                Notice::Missed => None,
+            })
+            .unzip();
+        if channels.is_empty() {
+            return Ok(());
+        }
+        // One notification per notice, as one at a time sent them (a replica of the version
+        // before reads each as it did), in their order.
+        sqlx::query(
+            "select pg_notify(n.channel, n.payload) from unnest($1::text[], $2::text[]) as n (channel, payload)",
+        )
+        .bind(&channels)
+        .bind(&payloads)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

@@ -1012,3 +1012,26 @@ async fn postgres_compresses_a_fast_runs_chunks_with_lz4_where_it_can() {
     let expected = if lz4 { "lz4" } else { "pglz" };
     assert_eq!(method.as_deref(), Some(expected), "a server with lz4 compresses the log's chunks with it");
 }
+
+/// Notices told together reach another process each as its own, in their order (one
+/// statement, one notification each: a process of the version before reads them as it did).
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn postgres_tells_notices_told_together_each_in_its_order() {
+    use chatd::ids::ConversationId;
+    use chatd::store::Notice;
+    use futures_util::StreamExt;
+    let (here, db) = open(Backend::Postgres).await;
+    let there = store::connect(&db.url, 2).await.unwrap();
+    let mut heard = there.notices().await.unwrap().expect("Postgres has other processes");
+    let (c, t) = (ConversationId::new(), TraceId::new());
+    let told = [Notice::Started(c, t), Notice::Cancel(t), Notice::Missed, Notice::Logged(t), Notice::Deleted(c)];
+    here.notify(&told).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 4 {
+        let notice = tokio::time::timeout(std::time::Duration::from_secs(10), heard.next()).await.unwrap().unwrap();
+        got.push(notice);
+    }
+    assert_eq!(got, [Notice::Started(c, t), Notice::Cancel(t), Notice::Logged(t), Notice::Deleted(c)]);
+    here.notify(&[]).await.unwrap();
+}

@@ -228,7 +228,7 @@ impl Canceller {
         if !stoppable(self.store.get_trace(user, trace_id).await?.status) {
             return Err(ControlError::Ended(ENDED));
         }
-        self.store.notify(Notice::Cancel(trace_id)).await?;
+        self.store.notify(&[Notice::Cancel(trace_id)]).await?;
         let ended = async {
             loop {
                 let status = self.store.get_trace(user, trace_id).await?.status;

@@ -240,6 +240,6 @@ async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool
         return Ok(false);
     }
     // Whoever follows or cancels it from another process learns that it ended.
-    store.notify(Notice::Logged(trace.trace_id)).await?;
+    store.notify(&[Notice::Logged(trace.trace_id)]).await?;
     Ok(true)
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::news::RunNews;
 use super::runs::Runs;
@@ -62,7 +63,11 @@ pub trait Cluster: Send + Sync {
 /// `takeover_after` is gone.
 pub fn for_store(store: Arc<dyn Store>, news: RunNews, takeover_after: Duration) -> Arc<dyn Cluster> {
     match store.is_shared() {
-        true => Arc::new(Replicas { store, news, takeover_after }),
+        true => {
+            let (soon, told) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(tell_others(store.clone(), told));
+            Arc::new(Replicas { store, news, takeover_after, soon })
+        }
         false => Arc::new(Alone { store, news }),
     }
 }
@@ -141,25 +146,39 @@ struct Replicas {
     store: Arc<dyn Store>,
     news: RunNews,
     takeover_after: Duration,
+    /// What [`tell_soon`](Cluster::tell_soon) tells the others, to [`tell_others`].
+    soon: UnboundedSender<Notice>,
+}
+
+/// Notices told at once, at most.
+const NOTICES_PER_STATEMENT: usize = 1000;
+
+/// Tells the other replicas the notices [`Replicas::tell_soon`] was given, as they come, the
+/// ones that piled up meanwhile together: a burst of 1,000 starts is a few statements, not
+/// a statement and a pool connection each. Ends with the cluster.
+async fn tell_others(store: Arc<dyn Store>, mut told: UnboundedReceiver<Notice>) {
+    let mut notices = Vec::new();
+    while told.recv_many(&mut notices, NOTICES_PER_STATEMENT).await > 0 {
+        if let Err(e) = store.notify(&notices).await {
+            tracing::warn!(error = %e, notices = notices.len(), "could not tell the other replicas");
+        }
+        notices.clear();
+    }
 }
 
 #[async_trait]
 impl Cluster for Replicas {
     async fn tell(&self, notice: Notice) {
         self.news.tell(notice);
-        if let Err(e) = self.store.notify(notice).await {
+        if let Err(e) = self.store.notify(&[notice]).await {
             tracing::warn!(error = %e, ?notice, "could not tell the other replicas");
         }
     }
 
     fn tell_soon(&self, notice: Notice) {
         self.news.tell(notice);
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            if let Err(e) = store.notify(notice).await {
-                tracing::warn!(error = %e, ?notice, "could not tell the other replicas");
-            }
-        });
+        // Gone only with the cluster, when nothing is told any more.
+        let _ = self.soon.send(notice);
     }
 
     fn held_alive(&self, trace: &RunningTrace) -> bool {

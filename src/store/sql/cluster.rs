@@ -147,8 +147,8 @@ where
         .await
     }
 
-    async fn notify(&self, notice: Notice) -> Result<(), StoreError> {
-        self.tell(notice).await
+    async fn notify(&self, notices: &[Notice]) -> Result<(), StoreError> {
+        self.tell(notices).await
     }
 
     async fn notices(&self) -> Result<Option<BoxStream<'static, Notice>>, StoreError> {

@@ -132,7 +132,7 @@ pub(super) trait Backend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<LoggedEvent>, StoreError>> + Send;
     fn seal_log(&self, traces: &[TraceId]) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// See [`Store::notify`] and [`Store::notices`].
-    fn tell(&self, notice: Notice) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn tell(&self, notices: &[Notice]) -> impl Future<Output = Result<(), StoreError>> + Send;
     fn listen(&self) -> impl Future<Output = Result<Option<BoxStream<'static, Notice>>, StoreError>> + Send;
     /// See [`Store::held_elsewhere`] (a list of ids is bound by each backend: generic code
     /// cannot read what a built query returns).

@@ -305,7 +305,7 @@ impl Backend for SqliteStore {
     }
 
     /// One process per SQLite file: there is nobody else to tell.
-    async fn tell(&self, _notice: Notice) -> Result<(), StoreError> {
+    async fn tell(&self, _notices: &[Notice]) -> Result<(), StoreError> {
         Ok(())
     }
 
