@@ -165,6 +165,23 @@ where
     Ok(())
 }
 
+/// [`transaction_as_one_query`], for the rows its statements return.
+pub(super) async fn rows_of_transaction_as_one_query<B: Backend, O>(
+    conn: &mut Conn<B>,
+    query: QueryBuilder<'_, B::Db>,
+) -> Result<Vec<O>, sqlx::Error>
+where
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+    O: for<'r> sqlx::FromRow<'r, Row<B>> + Send + Unpin,
+{
+    let rows = B::fetch_all(&mut *conn, query).await;
+    if rows.is_err() {
+        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+    }
+    rows
+}
+
 /// Runs `f` on the backend's writer and gives the writer back with how it went.
 pub(super) async fn write<B: Backend, T>(
     backend: &B,

@@ -88,10 +88,14 @@ where
         let ended = || StoreError::Conflict("the run has already ended".into());
         let reports = super::outbox::taken(self, Report::run_event(finish.status));
         write(self, async |conn| {
-            // One statement is a transaction of its own: one round trip, where no webhook
-            // message has to join it.
-            if B::WRITES_IN_WITH && !reports {
-                return end_in_one_statement::<B>(conn, finish).await?.map(drop).ok_or_else(ended);
+            // One round trip where no webhook message has to join the end: one statement is a
+            // transaction of its own (Postgres), or the transaction goes as one query (SQLite).
+            if !reports {
+                let run = match B::WRITES_IN_WITH {
+                    true => end_in_one_statement::<B>(conn, finish).await?,
+                    false => end_in_one_query::<B>(conn, finish).await?,
+                };
+                return run.map(drop).ok_or_else(ended);
             }
             let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
             let run = match B::WRITES_IN_WITH {
@@ -152,6 +156,20 @@ where
     let mut query = sqlx::QueryBuilder::<B::Db>::new("");
     <B as Statements>::push_end(&mut query, finish);
     Ok(B::fetch_all::<ReportedRun>(conn, query).await?.pop())
+}
+
+/// A run's end as [`Statements::push_end_in_turn`] writes it, its transaction with it; the
+/// run's report columns, none where it had already ended.
+async fn end_in_one_query<B>(conn: &mut Conn<B>, finish: &RunFinish) -> Result<Option<ReportedRun>, StoreError>
+where
+    B: Statements,
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+    for<'r> ReportedRun: FromRow<'r, Row<B>>,
+{
+    let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+    <B as Statements>::push_end_in_turn(&mut query, finish);
+    Ok(super::rows_of_transaction_as_one_query::<B, ReportedRun>(conn, query).await?.pop())
 }
 
 /// A run's end a statement at a time, within the caller's transaction: its trace closed

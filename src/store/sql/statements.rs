@@ -40,6 +40,49 @@ fn tokens(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// The update that closes a run's trace, where it is its user's and still running or
+/// queued, up to its `returning` (the caller's columns follow).
+fn push_close<'a, DB: Database>(query: &mut sqlx::QueryBuilder<'a, DB>, finish: &'a RunFinish)
+where
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> DateTime<Utc>: Encode<'q, DB> + Type<DB>,
+    for<'q> JsonText: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<JsonText>: Encode<'q, DB>,
+    for<'q> Option<f64>: Encode<'q, DB>,
+    f64: Type<DB>,
+    for<'q> TraceId: Encode<'q, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+{
+    query.push("update traces set status = ").push_bind(finish.status.as_str());
+    query.push(", ended_at = ").push_bind(finish.ended_at);
+    query.push(", usage = ").push_bind(json(&finish.usage));
+    query.push(", error = ").push_bind(finish.error.as_ref().map(json));
+    query.push(", spans = ").push_bind(json(&finish.spans));
+    query.push(", cost_usd = ").push_bind(finish.cost_usd);
+    query.push(" where id = ").push_bind(finish.trace_id);
+    query.push(" and user_id = ").push_bind(finish.user_id.as_str());
+    query.push(" and status in ('running', 'queued') returning ");
+}
+
+/// A run's spend, its insert up to the select's `from` (the caller's): the trace's columns
+/// and what it spent.
+fn push_spent<'a, DB: Database>(query: &mut sqlx::QueryBuilder<'a, DB>, finish: &'a RunFinish)
+where
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<f64>: Encode<'q, DB>,
+    f64: Type<DB>,
+{
+    let usage = &finish.usage;
+    query.push(format_args!("{SPEND_INSERT}select id, user_id, profile, model, started_at, "));
+    query
+        .separated(", ")
+        .push_bind(tokens(usage.input_tokens))
+        .push_bind(tokens(usage.output_tokens))
+        .push_bind(tokens(usage.cache_read_tokens.unwrap_or(0)))
+        .push_bind(tokens(usage.cache_write_tokens.unwrap_or(0)))
+        .push_bind(finish.cost_usd);
+}
+
 /// The statements several of the store's concerns write (implemented below for every backend
 /// whose database binds and reads what they use).
 pub(super) trait Statements: Backend {
@@ -147,6 +190,13 @@ pub(super) trait Statements: Backend {
     /// where it had already ended. The answer's conversation is the trace's own (the
     /// message's foreign key refuses the statement where it is gone).
     fn push_end<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, finish: &'a RunFinish);
+
+    /// The same end as statements in turn, the transaction included, for a backend that
+    /// takes several statements as one query (SQLite): one round trip to its thread. Each
+    /// write after the trace's is made only where the one before wrote its row, so nothing
+    /// is written where the trace was not; the rows returned are the trace's
+    /// [`REPORTED_RUN`](super::outbox::REPORTED_RUN) columns.
+    fn push_end_in_turn<'a>(query: &mut sqlx::QueryBuilder<'a, Self::Db>, finish: &'a RunFinish);
 
     /// Counts a new message in its conversation and makes it the active leaf.
     fn touch_conversation(
@@ -492,24 +542,10 @@ where
     }
 
     fn push_end<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, finish: &'a RunFinish) {
-        query.push("with ended as (update traces set status = ").push_bind(finish.status.as_str());
-        query.push(", ended_at = ").push_bind(finish.ended_at);
-        query.push(", usage = ").push_bind(json(&finish.usage));
-        query.push(", error = ").push_bind(finish.error.as_ref().map(json));
-        query.push(", spans = ").push_bind(json(&finish.spans));
-        query.push(", cost_usd = ").push_bind(finish.cost_usd);
-        query.push(" where id = ").push_bind(finish.trace_id);
-        query.push(" and user_id = ").push_bind(&finish.user_id);
-        query.push(format_args!(" and status in ('running', 'queued') returning id, started_at, {REPORTED_RUN})"));
-        let usage = &finish.usage;
-        query.push(format_args!(", spent as ({SPEND_INSERT}select id, user_id, profile, model, started_at, "));
-        query
-            .separated(", ")
-            .push_bind(tokens(usage.input_tokens))
-            .push_bind(tokens(usage.output_tokens))
-            .push_bind(tokens(usage.cache_read_tokens.unwrap_or(0)))
-            .push_bind(tokens(usage.cache_write_tokens.unwrap_or(0)))
-            .push_bind(finish.cost_usd);
+        query.push("with ended as (");
+        push_close(query, finish);
+        query.push(format_args!("id, started_at, {REPORTED_RUN}), spent as ("));
+        push_spent(query, finish);
         query.push(format_args!(" from ended{SPEND_UPDATE}, reserved_tokens = 0, reserved_usd = 0)"));
         match &finish.assistant_message {
             Some(m) => {
@@ -528,6 +564,41 @@ where
             }
         }
         query.push(format_args!(" select {REPORTED_RUN} from ended"));
+    }
+
+    fn push_end_in_turn<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, finish: &'a RunFinish) {
+        // `changes()`: the rows the statement before wrote (each writes one where it writes).
+        const WROTE: &str = " and changes() = 1";
+        query.push(B::BEGIN_WRITE).push("; ");
+        push_close(query, finish);
+        query.push(REPORTED_RUN).push("; ");
+        push_spent(query, finish);
+        query.push(" from traces where id = ").push_bind(finish.trace_id);
+        query.push(format_args!("{WROTE}{SPEND_UPDATE}, reserved_tokens = 0, reserved_usd = 0; "));
+        match &finish.assistant_message {
+            Some(m) => {
+                query.push(format_args!("{MESSAGE_INSERT}select * from ("));
+                <B as Statements>::push_message_values(query, [(&finish.user_id, m)]);
+                query.push(format_args!(") where true{WROTE}; "));
+                <B as Statements>::push_touch(query, &finish.user_id, m);
+                query.push(WROTE);
+            }
+            // Messages queued behind an answer that never came follow its question.
+            None => {
+                let of_trace = |query: &mut sqlx::QueryBuilder<'a, B::Db>, column: &str| {
+                    query.push(format_args!("(select {column} from traces where id = ")).push_bind(finish.trace_id);
+                    query.push(")");
+                };
+                query.push("update messages set parent_id = ");
+                of_trace(query, "user_message_id");
+                query.push(" where conversation_id = ");
+                of_trace(query, "conversation_id");
+                query.push(" and parent_id = ");
+                of_trace(query, "message_id");
+                query.push(WROTE);
+            }
+        }
+        query.push("; COMMIT");
     }
 
     async fn touch_conversation(conn: &mut Conn<B>, user: &UserId, m: &Message) -> Result<(), StoreError> {
