@@ -158,11 +158,8 @@ where
     for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
 {
-    if let Err(e) = B::execute(&mut *conn, query).await {
-        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-        return Err(e);
-    }
-    Ok(())
+    let done = B::execute(&mut *conn, query).await;
+    rolled_back_if_failed::<B, _>(conn, done).await.map(drop)
 }
 
 /// [`transaction_as_one_query`], for the rows its statements return.
@@ -176,10 +173,22 @@ where
     O: for<'r> sqlx::FromRow<'r, Row<B>> + Send + Unpin,
 {
     let rows = B::fetch_all(&mut *conn, query).await;
-    if rows.is_err() {
+    rolled_back_if_failed::<B, _>(conn, rows).await
+}
+
+/// `result` of a transaction sent as one query, after rolling back what it began where it failed.
+async fn rolled_back_if_failed<B: Backend, T>(
+    conn: &mut Conn<B>,
+    result: Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error>
+where
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+{
+    if result.is_err() {
         let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
     }
-    rows
+    result
 }
 
 /// Runs `f` on the backend's writer and gives the writer back with how it went.

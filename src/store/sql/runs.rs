@@ -186,26 +186,15 @@ where
     for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> JsonText: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Option<JsonText>: Encode<'q, B::Db>,
-    for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> TraceId: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> Option<f64>: Encode<'q, B::Db>,
     f64: Type<B::Db>,
 {
-    let sql = format!(
-        "update traces set status = $2, ended_at = $3, usage = $4, error = $5, spans = $6, cost_usd = $7 \
-         where id = $1 and user_id = $8 and status in ('running', 'queued') returning {REPORTED_RUN}"
-    );
-    let run: Option<ReportedRun> = sqlx::query_as(&sql)
-        .bind(finish.trace_id)
-        .bind(finish.status.as_str())
-        .bind(finish.ended_at)
-        .bind(json(&finish.usage))
-        .bind(finish.error.as_ref().map(json))
-        .bind(json(&finish.spans))
-        .bind(finish.cost_usd)
-        .bind(finish.user_id.as_str())
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(run) = run else { return Ok(None) };
+    let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+    super::statements::push_close(&mut query, finish);
+    query.push(REPORTED_RUN);
+    let Some(run) = B::fetch_all::<ReportedRun>(&mut *conn, query).await?.pop() else { return Ok(None) };
     <B as Statements>::record_spend(&mut *conn, finish.trace_id, &finish.usage, finish.cost_usd, true).await?;
     match &finish.assistant_message {
         Some(message) => <B as Statements>::append_message(&mut *conn, &finish.user_id, message).await?,

@@ -42,7 +42,7 @@ fn tokens(n: u64) -> i64 {
 
 /// The update that closes a run's trace, where it is its user's and still running or
 /// queued, up to its `returning` (the caller's columns follow).
-fn push_close<'a, DB: Database>(query: &mut sqlx::QueryBuilder<'a, DB>, finish: &'a RunFinish)
+pub(super) fn push_close<'a, DB: Database>(query: &mut sqlx::QueryBuilder<'a, DB>, finish: &'a RunFinish)
 where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> DateTime<Utc>: Encode<'q, DB> + Type<DB>,
