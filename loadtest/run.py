@@ -6,12 +6,12 @@
   litellm  client -> LiteLLM proxy -> mockllm  (with --litellm; installed in its own venv)
 
 Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open streams,
-(d) a tool-calling run, and (e) 50,000 open streams (only when named: --scenarios e
+(d) a tool-calling run, (f) new chats while a thousand runs end at once, and (e) 50,000 open streams (only when named: --scenarios e
 --provider-http http2; the bench raises its descriptor limit, which needs root past the
 hard limit). Prints one table and writes target/bench/results.json. Figures are
 ratios against the direct path of the same run. Usage:
 
-  loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d] [--backends sqlite,postgres]
+  loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d,f] [--backends sqlite,postgres]
                   [--provider-http http2,http1] [--repeat N] [--chatd BIN]
                   [--encodings native,ui,agui,responses] [--postgres URL] [--extra-config FILE]
 
@@ -255,7 +255,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller scenarios")
     ap.add_argument("--litellm", action="store_true", help="also measure the LiteLLM proxy")
-    ap.add_argument("--scenarios", default="a,b,c,d")
+    ap.add_argument("--scenarios", default="a,b,c,d,f")
     ap.add_argument("--backends", default="sqlite,postgres", help="comma-separated: sqlite, postgres (each in turn)")
     ap.add_argument("--provider-http", default="http2,http1",
                     help="comma-separated: http2 (one shared connection to the mock), http1 (one per stream)")
@@ -285,6 +285,9 @@ def main():
         # 1,000 streams at 20 tokens/s, 10 s each; once all stream, 200 more open one every
         # 20 ms: their time to first event is the latency a new chat sees at that load.
         "b": dict(name="latency", streams=200 if q else 1000, tokens=100 if q else 200, delay=50, probes=50 if q else 200),
+        # The same, but 3 s each: the 1,000 runs end all at once while the 200 new chats
+        # open, and their ends' writes are what the new chats' starts wait behind.
+        "f": dict(name="ends", streams=200 if q else 1000, tokens=60, delay=50, probes=50 if q else 200),
         "c": dict(name="capacity", streams=1000 if q else 10000, tokens=5 if q else 10, delay=1000),
         "d": dict(name="tools", streams=16 if q else 64, tokens=50, delay=0, tool="calculator"),
         # 50,000 streams open at once on one process (HTTP/2 to the model: HTTP/1.1 would

@@ -28,6 +28,8 @@ pub struct PostgresStore {
     /// it is known not to be.
     listening: Arc<AtomicBool>,
     outbox: crate::store::OutboxState,
+    /// Runs' ends take turns here for half the pool at most (see [`Backend::ends`]).
+    ends: tokio::sync::Semaphore,
 }
 
 impl PostgresStore {
@@ -57,6 +59,7 @@ impl PostgresStore {
             origin: uuid::Uuid::new_v4().simple().to_string(),
             listening: Arc::new(AtomicBool::new(true)),
             outbox: Default::default(),
+            ends: tokio::sync::Semaphore::new((max_connections as usize / 2).max(1)),
         })
     }
 }
@@ -88,6 +91,10 @@ impl Backend for PostgresStore {
 
     fn outbox(&self) -> &crate::store::OutboxState {
         &self.outbox
+    }
+
+    fn ends(&self) -> &tokio::sync::Semaphore {
+        &self.ends
     }
 
     fn pool(&self) -> &PgPool {

@@ -702,6 +702,82 @@ both_backends! {
         assert_eq!((trace.status, trace.cost.cost_usd), (TraceStatus::Completed, Some(0.5)));
     }
 
+    /// Runs that end at once (taking turns for the writer's queue) each get their own
+    /// outcome: an end that cannot be stored, a second end of one run and another user's end
+    /// are refused alone, and the others are written whole.
+    async fn runs_that_end_at_once_each_get_their_own_outcome(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let ann = user("ann");
+        let mut starts = Vec::new();
+        for i in 0..40 {
+            let start = run_start(&conversation("ann", &format!("chat {i}")), true);
+            assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+            starts.push(start);
+        }
+        let answers: Vec<Message> = starts
+            .iter()
+            .map(|start| {
+                let (trace, question) = (&start.traces[0], &start.user_message);
+                let mut answer = Message::new(question.conversation_id, Some(question.id), Role::Assistant, "answer".into());
+                answer.id = trace.message_id;
+                answer
+            })
+            .collect();
+        let mut records: Vec<RunFinish> =
+            starts.iter().zip(&answers).map(|(s, a)| ended(&s.traces[0], Some(a.clone()))).collect();
+        // Its answer's id is taken (its question's): it cannot be stored.
+        let clash = Message { id: starts[3].user_message.id, ..answers[3].clone() };
+        records[3].assistant_message = Some(clash);
+        // Another user's end of a run.
+        records[7].user_id = user("bob");
+        // A second end of one run, beside its first.
+        records.push(ended(&starts[11].traces[0], None));
+        // Two waves: in the first, ends that are refused beside ends that are written; in
+        // the second, one that fails its transaction beside ends that are written.
+        let waves = [(0..40).filter(|i| *i != 3 && *i < 30).chain([40]).collect::<Vec<_>>(), (30..40).chain([3]).collect()];
+        let mut outcomes: Vec<Option<Result<(), StoreError>>> = (0..records.len()).map(|_| None).collect();
+        for wave in waves {
+            let ended = futures_util::future::join_all(wave.iter().map(|&i| store.finish_run(&records[i]))).await;
+            for (i, outcome) in wave.into_iter().zip(ended) {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        let outcomes: Vec<Result<(), StoreError>> = outcomes.into_iter().map(Option::unwrap).collect();
+        for (i, outcome) in outcomes.iter().enumerate() {
+            match i {
+                3 => assert!(matches!(outcome, Err(e) if !matches!(e, StoreError::Conflict(_))), "{i}: {outcome:?}"),
+                7 => assert!(matches!(outcome, Err(StoreError::Conflict(_))), "{i}: {outcome:?}"),
+                _ => {}
+            }
+        }
+        // Of the two ends of one run, one was written and the other refused, in either order.
+        let (first, second) = (&outcomes[11], &outcomes[40]);
+        assert!(first.is_ok() != second.is_ok(), "{first:?}, {second:?}");
+        assert!(matches!(if first.is_ok() { second } else { first }, Err(StoreError::Conflict(_))));
+        for (i, start) in starts.iter().enumerate() {
+            let trace = store.get_trace(&ann, start.traces[0].trace_id).await.unwrap();
+            let stored = store.get_conversation(&ann, start.user_message.conversation_id).await.unwrap();
+            let messages = store.messages(&ann, stored.id).await.unwrap();
+            match i {
+                3 | 7 => {
+                    assert!(outcomes[i].is_err(), "{i}");
+                    assert_eq!(trace.status, TraceStatus::Running, "{i}: nothing of it was written");
+                    assert_eq!((stored.message_count, messages.len()), (1, 1), "{i}");
+                }
+                11 if outcomes[40].is_ok() => {
+                    assert_eq!(trace.status, TraceStatus::Error, "{i}: ended without its answer");
+                    assert_eq!(messages.len(), 1, "{i}");
+                }
+                _ => {
+                    assert!(outcomes[i].is_ok(), "{i}: {:?}", outcomes[i]);
+                    assert_eq!(trace.status, TraceStatus::Completed, "{i}");
+                    assert_eq!((stored.message_count, stored.active_leaf_id), (2, Some(start.traces[0].message_id)), "{i}");
+                    assert_eq!(messages, vec![start.user_message.clone(), answers[i].clone()], "{i}");
+                }
+            }
+        }
+    }
+
     async fn a_queued_run_left_by_its_process_is_adopted_once(backend: Backend) {
         let (store, _db) = open(backend).await;
         let c = conversation("ann", "left");

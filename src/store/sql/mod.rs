@@ -88,6 +88,9 @@ pub(super) trait Backend: Send + Sync + 'static {
     where
         O: for<'r> sqlx::FromRow<'r, Row<Self>> + Send + Unpin;
 
+    /// The places runs' ends take in the writers' queue at once (see
+    /// [`RunStore::finish_run`](crate::store::RunStore::finish_run)'s implementation).
+    fn ends(&self) -> &tokio::sync::Semaphore;
     /// Whether the database answers and takes writes.
     fn ping_database(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Added to the update that claims a waiting run to continue it: what the backend's log

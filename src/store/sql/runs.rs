@@ -87,6 +87,12 @@ where
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
         let ended = || StoreError::Conflict("the run has already ended".into());
         let reports = super::outbox::taken(self, Report::run_event(finish.status));
+        // Ends take turns among themselves for a few places in the writers' queue (SQLite:
+        // one, for its one writer; Postgres: half the pool): a burst of runs ending together
+        // (a thousand answers finishing in the same second) holds those places only, and a
+        // start, a log write or a decision waits behind a few ends at most instead of
+        // behind all of them.
+        let _turn = self.ends().acquire().await.map_err(|_| StoreError::Unavailable("the store is closed".into()))?;
         write(self, async |conn| {
             // One round trip where no webhook message has to join the end: one statement is a
             // transaction of its own (Postgres), or the transaction goes as one query (SQLite).
