@@ -8,8 +8,9 @@
 Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open streams,
 (d) a tool-calling run, (f) new chats while a thousand runs end at once, and (e) 50,000
 open streams (only when named: --scenarios e --provider-http http2; the bench raises its
-descriptor limit, which needs root past the hard limit). Prints one table and writes target/bench/results.json. Figures are
-ratios against the direct path of the same run. Usage:
+descriptor limit, which needs root past the hard limit). Prints one table and writes
+target/bench/results.json. Figures are ratios against the direct path of the same run.
+Usage:
 
   loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d,f] [--backends sqlite,postgres]
                   [--provider-http http2,http1] [--repeat N] [--chatd BIN]
