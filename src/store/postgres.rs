@@ -9,15 +9,17 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
+use serde_json::Value;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgNotification, PgPoolOptions, PgQueryResult};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
+use super::rows::{JsonText, json, provider_state};
 use super::sql::{Backend, bytes_used, insert_file};
 use super::{BytesLock, NewEvent, Notice, Progress, StoreError};
-use crate::domain::StoredFile;
+use crate::domain::{Conversation, Message, StoredFile, Trace};
 use crate::events::LoggedEvent;
-use crate::ids::{ConversationId, TraceId};
+use crate::ids::{ConversationId, TraceId, UserId};
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -140,6 +142,79 @@ impl Backend for PostgresStore {
     async fn ping_database(&self) -> Result<(), StoreError> {
         sqlx::query("select 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    fn push_conversation_arrays<'a>(query: &mut QueryBuilder<'a, Postgres>, rows: &'a [Conversation]) -> bool {
+        Arrays::new(query)
+            .column(rows.iter().map(|c| c.id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|c| c.user_id.as_str()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|c| c.title.as_str()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|c| c.profile.as_deref()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|c| c.system_prompt.as_deref()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|c| json(&c.metadata)).collect::<Vec<_>>(), "jsonb")
+            .column(rows.iter().map(|c| c.external_id.as_deref()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|c| c.active_leaf_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|c| c.message_count).collect::<Vec<_>>(), "int8")
+            .column(rows.iter().map(|c| c.created_at).collect::<Vec<_>>(), "timestamptz")
+            .column(rows.iter().map(|c| c.updated_at).collect::<Vec<_>>(), "timestamptz")
+            .column(rows.iter().map(|c| c.last_message_at).collect::<Vec<_>>(), "timestamptz")
+            .end()
+    }
+
+    fn push_message_arrays<'a>(query: &mut QueryBuilder<'a, Postgres>, rows: &'a [(&'a UserId, &'a Message)]) -> bool {
+        let each = |f: fn(&'a Message) -> JsonText| rows.iter().map(move |(_, m)| f(m)).collect::<Vec<_>>();
+        Arrays::new(query)
+            .column(rows.iter().map(|(_, m)| m.id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(_, m)| m.conversation_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(user, _)| user.as_str()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(_, m)| m.parent_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(_, m)| m.role.as_str()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(_, m)| m.content.as_str()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(_, m)| m.thinking.as_deref()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(_, m)| provider_state(m)).collect::<Vec<_>>(), "jsonb")
+            .column(each(|m| json(&m.tool_calls)), "jsonb")
+            .column(each(|m| json(&m.tool_history)), "jsonb")
+            .column(each(|m| json(&m.payloads)), "jsonb")
+            .column(each(|m| json(&m.suggested_values)), "jsonb")
+            .column(each(|m| json(&m.suggested_actions)), "jsonb")
+            .column(rows.iter().map(|(_, m)| m.cancelled).collect::<Vec<_>>(), "bool")
+            .column(rows.iter().map(|(_, m)| m.model.as_deref()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(_, m)| m.trace_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(_, m)| m.usage.as_ref().map(json)).collect::<Vec<_>>(), "jsonb")
+            .column(rows.iter().map(|(_, m)| m.cost.cost_usd).collect::<Vec<_>>(), "float8")
+            .column(rows.iter().map(|(_, m)| m.feedback.as_ref().map(json)).collect::<Vec<_>>(), "jsonb")
+            .column(rows.iter().map(|(_, m)| m.comparison_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(_, m)| m.variant.as_deref()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(_, m)| m.client_id.as_deref()).collect::<Vec<_>>(), "text")
+            .column(each(|m| json(&m.attachments)), "jsonb")
+            .column(rows.iter().map(|(_, m)| m.created_at).collect::<Vec<_>>(), "timestamptz")
+            .end()
+    }
+
+    fn push_trace_arrays<'a>(
+        query: &mut QueryBuilder<'a, Postgres>,
+        rows: &'a [(&'a Trace, &'a str, Option<&'a Value>)],
+    ) -> bool {
+        Arrays::new(query)
+            .column(rows.iter().map(|(t, ..)| t.trace_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(t, ..)| t.conversation_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(t, ..)| t.user_id.as_str()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(t, ..)| t.user_message_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(t, ..)| t.message_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(t, ..)| t.status.as_str()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(t, ..)| t.model.as_str()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(t, ..)| t.profile.as_str()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(t, ..)| t.started_at).collect::<Vec<_>>(), "timestamptz")
+            .column(rows.iter().map(|(t, ..)| json(&t.spans)).collect::<Vec<_>>(), "jsonb")
+            .column(rows.iter().map(|(t, ..)| t.comparison_id).collect::<Vec<_>>(), "uuid")
+            .column(rows.iter().map(|(t, ..)| t.variant.as_deref()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(_, replica, _)| *replica).collect::<Vec<_>>(), "text")
+            // `heartbeat_at`: a run is alive from its start.
+            .column(rows.iter().map(|(t, ..)| t.started_at).collect::<Vec<_>>(), "timestamptz")
+            .column(rows.iter().map(|(.., queued)| queued.map(json)).collect::<Vec<_>>(), "jsonb")
+            .column(rows.iter().map(|(t, ..)| t.traceparent.as_deref()).collect::<Vec<_>>(), "text")
+            .column(rows.iter().map(|(t, ..)| t.metadata.as_ref().map(json)).collect::<Vec<_>>(), "jsonb")
+            .end()
     }
 
     async fn running_elsewhere(&self, traces: &[TraceId], replica_id: &str) -> Result<Vec<TraceId>, StoreError> {
@@ -387,6 +462,37 @@ impl Drop for PgBytesLock {
 /// and a chunk of a run whose trace is gone (its conversation deleted meanwhile) is not
 /// written. Whoever follows these runs from another process reads again (told at commit).
 ///
+/// `select * from unnest($1::uuid[], …)`: rows as one bound array per column, in the
+/// insert's order (see [`Backend::push_conversation_arrays`]).
+struct Arrays<'q, 'a> {
+    query: &'q mut QueryBuilder<'a, Postgres>,
+    columns: usize,
+}
+
+impl<'q, 'a> Arrays<'q, 'a> {
+    fn new(query: &'q mut QueryBuilder<'a, Postgres>) -> Self {
+        query.push("select * from unnest(");
+        Self { query, columns: 0 }
+    }
+
+    /// The next column: its values, and the SQL type of one.
+    fn column<T>(self, values: Vec<T>, element: &str) -> Self
+    where
+        Vec<T>: 'a + sqlx::Encode<'a, Postgres> + sqlx::Type<Postgres>,
+    {
+        if self.columns > 0 {
+            self.query.push(", ");
+        }
+        self.query.push_bind(values).push(format_args!("::{element}[]"));
+        Self { columns: self.columns + 1, ..self }
+    }
+
+    fn end(self) -> bool {
+        self.query.push(")");
+        true
+    }
+}
+
 /// The rows go as four arrays, so the statement's text is the same whatever their number
 /// (Postgres prepares it once per connection, not once per row count), and they are checked
 /// against their traces as one join, each trace locked as a foreign key would (a trace

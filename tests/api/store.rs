@@ -219,6 +219,40 @@ both_backends! {
         assert_eq!(store.get_conversation(&user("cat"), c.id).await.unwrap().title, "c");
     }
 
+    /// A group's new conversations, messages and traces read back as they were given,
+    /// every column, set and unset (Postgres binds each column of the group as one array).
+    async fn a_groups_rows_read_back_as_they_were_given(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let mut full = conversation("ann", "a \"quoted\"\nt\u{ed}tle \u{1f600}");
+        full.profile = Some("fast".into());
+        full.system_prompt = Some("Be brief.".into());
+        full.metadata = json!({"team": "ops", "n": [1, 2.5, null]});
+        full.external_id = Some("chat-1".into());
+        let bare = conversation("ann", "");
+        let other = conversation("bob", "b");
+        let mut starts: Vec<RunStart> = [&full, &bare, &other].map(|c| run_start(c, true)).into();
+        let first = &mut starts[0];
+        first.user_message.thinking = Some("hm".into());
+        first.user_message.client_id = Some("msg-1".into());
+        first.user_message.payloads = vec![json!({"kind": "card", "id": 7})];
+        first.user_message.content = "line one\nline \"two\" \\ \u{e9}".into();
+        first.traces[0].variant = Some("a".into());
+        first.traces[0].comparison_id = Some(chatd::ids::ComparisonId::new());
+        first.traces[0].traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        first.traces[0].metadata = Some(json!({"tags": ["x"]}));
+        let group: Vec<&RunStart> = starts.iter().collect();
+        assert_eq!(store.start_runs(&group).await.unwrap(), StartOutcome::Started);
+        for start in &starts {
+            let (m, t) = (&start.user_message, &start.traces[0]);
+            let mut c = start.new_conversation.clone().unwrap();
+            (c.active_leaf_id, c.message_count, c.updated_at, c.last_message_at) =
+                (Some(m.id), 1, m.created_at, m.created_at);
+            assert_eq!(store.get_conversation(&c.user_id, c.id).await.unwrap(), c);
+            assert_eq!(store.messages(&c.user_id, c.id).await.unwrap(), vec![m.clone()]);
+            assert_eq!(store.get_trace(&c.user_id, t.trace_id).await.unwrap(), *t);
+        }
+    }
+
     async fn an_event_log_from_before_chunks_is_carried_over(backend: Backend) {
         // The log as versions before migration 0003 wrote it (a row per event), then the
         // migrations since (SQLite's 0004 moves the chunks to a table in write order, 0005

@@ -3,8 +3,10 @@
 //! the store's concerns are written once, as plain code generic over a [`Backend`]: what a
 //! backend has of its own (connecting, migrations, its writer, its event log, notices, the
 //! lock on a file's bytes) is in its file, behind that trait, and where the two differ in SQL
-//! the difference is a named constant of it (`BEGIN_WRITE`, `LOCK_ROW`, `CLAIM_LOG`) or a
-//! branch on `SHARED` / `MANY_STATEMENTS_PER_QUERY` in the one place it matters.
+//! the difference is a named constant of it (`BEGIN_WRITE`, `LOCK_ROW`, `CLAIM_LOG`), a
+//! branch on `SHARED` / `MANY_STATEMENTS_PER_QUERY` in the one place it matters, or, for the
+//! rows of a multi-row insert, a method that binds them as arrays where the backend can
+//! (`push_conversation_arrays` and its two siblings: Postgres).
 //!
 //! One file per concern of the [`Store`](super::Store): `conversations`, `runs`, `waits`,
 //! `files`, `cluster`, `log`; what several of them write is `statements`, and a start's group
@@ -29,11 +31,13 @@ pub(super) use files::{bytes_used, insert_file};
 use std::ops::DerefMut;
 
 use futures_util::stream::BoxStream;
+use serde_json::Value;
 use sqlx::{Database, Executor, IntoArguments, Pool, QueryBuilder};
 
 use super::{BytesLock, NewEvent, Notice, Progress, StoreError};
+use crate::domain::{Conversation, Message, Trace};
 use crate::events::LoggedEvent;
-use crate::ids::TraceId;
+use crate::ids::{TraceId, UserId};
 
 /// Rows in one multi-row insert, at most: 21 parameters a message row stays well under
 /// SQLite's 32,766 and Postgres's 65,535 parameters a statement.
@@ -64,6 +68,31 @@ pub(super) trait Backend: Send + Sync + 'static {
     /// Whether a `with` query may write (Postgres's data-modifying `with`; SQLite's only
     /// reads): several writes as one statement.
     const WRITES_IN_WITH: bool;
+
+    /// The rows of a multi-row insert of new conversations, messages or traces (their
+    /// `insert into … (columns)` pushed before), as a `select` of one array per column
+    /// where the backend binds arrays (Postgres: `unnest`): one text for any number of
+    /// rows, which a connection prepares once, where a `values` list is a new text for
+    /// every count of rows, parsed and planned afresh (a burst's groups, each a few
+    /// hundred rows, were). `false` where the rows go as a `values` list.
+    fn push_conversation_arrays<'a>(_query: &mut QueryBuilder<'a, Self::Db>, _rows: &'a [Conversation]) -> bool {
+        false
+    }
+    /// See [`push_conversation_arrays`](Self::push_conversation_arrays), in `MESSAGE_INSERT`'s order.
+    fn push_message_arrays<'a>(
+        _query: &mut QueryBuilder<'a, Self::Db>,
+        _rows: &'a [(&'a UserId, &'a Message)],
+    ) -> bool {
+        false
+    }
+    /// See [`push_conversation_arrays`](Self::push_conversation_arrays): each trace with the
+    /// replica that runs it and, for a queued run, what it was asked.
+    fn push_trace_arrays<'a>(
+        _query: &mut QueryBuilder<'a, Self::Db>,
+        _rows: &'a [(&'a Trace, &'a str, Option<&'a Value>)],
+    ) -> bool {
+        false
+    }
 
     /// The pool reads use.
     fn pool(&self) -> &Pool<Self::Db>;

@@ -314,6 +314,9 @@ where
             "insert into conversations (id, user_id, title, profile, system_prompt, metadata, \
              external_id, active_leaf_id, message_count, created_at, updated_at, last_message_at) ",
         );
+        if B::push_conversation_arrays(query, rows) {
+            return;
+        }
         query.push_values(rows, |mut row, c| {
             row.push_bind(c.id)
                 .push_bind(&c.user_id)
@@ -339,7 +342,9 @@ where
 
     fn push_messages<'a>(query: &mut sqlx::QueryBuilder<'a, B::Db>, rows: &'a [(&'a UserId, &'a Message)]) {
         query.push(MESSAGE_INSERT);
-        <B as Statements>::push_message_values(query, rows.iter().copied());
+        if !B::push_message_arrays(query, rows) {
+            <B as Statements>::push_message_values(query, rows.iter().copied());
+        }
     }
 
     fn push_message_values<'a>(
@@ -430,6 +435,9 @@ where
             "insert into traces (id, conversation_id, user_id, user_message_id, message_id, status, \
              model, profile, started_at, spans, comparison_id, variant, replica_id, heartbeat_at, checkpoint, traceparent, metadata) ",
         );
+        if B::push_trace_arrays(query, rows) {
+            return;
+        }
         query.push_values(rows, |mut row, (t, replica_id, queued)| {
             row.push_bind(t.trace_id)
                 .push_bind(t.conversation_id)
