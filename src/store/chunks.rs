@@ -44,24 +44,35 @@ pub fn transactions(chunks: Vec<Chunk>, per: usize, progress: &[Progress]) -> Ve
     groups
 }
 
+/// An entry's bytes besides its event: brackets, commas, a seq and a time in microseconds.
+const ENTRY_ROOM: usize = 4 + 20 + 20;
+
 /// Groups a batch into one chunk per run, each run's events in the order given.
 pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
     let mut chunks: Vec<Chunk> = Vec::new();
     let mut index: HashMap<TraceId, usize> = HashMap::new();
     let mut number = itoa::Buffer::new();
     let mut last: Option<usize> = None;
-    for event in events {
+    for (at_event, event) in events.iter().enumerate() {
         let at = event.at.timestamp_micros();
         // A run's emitter hands its events over together: the map is asked only where the
         // run changes.
         let i = match last.filter(|&i| chunks[i].trace_id == event.trace_id) {
             Some(i) => i,
             None => *index.entry(event.trace_id).or_insert_with(|| {
+                // Room for this stretch of the run's events at once, not grown by doubling.
+                let room: usize = events[at_event..]
+                    .iter()
+                    .take_while(|e| e.trace_id == event.trace_id)
+                    .map(|e| e.data.len() + ENTRY_ROOM)
+                    .sum();
+                let mut text = String::with_capacity(room + 2);
+                text.push('[');
                 chunks.push(Chunk {
                     trace_id: event.trace_id,
                     first_seq: event.seq,
                     last_seq: event.seq,
-                    events: "[".into(),
+                    events: text,
                 });
                 chunks.len() - 1
             }),

@@ -69,16 +69,17 @@ impl EventLog {
         Self { pending, control, max_events: max_events.max(1), batches }
     }
 
-    pub fn append(&self, events: Vec<NewEvent>) {
+    /// Takes `events`, leaving the vector empty with its room (an emitter fills it again).
+    pub fn append(&self, events: &mut Vec<NewEvent>) {
         self.append_with(events, None);
     }
 
-    /// Appends `events` and then a run's checkpoint, written in the transaction that writes
+    /// Takes `events` and then a run's checkpoint, written in the transaction that writes
     /// them (or after them, where they went out in an earlier write).
-    pub fn append_with(&self, events: Vec<NewEvent>, progress: Option<Progress>) {
+    pub fn append_with(&self, events: &mut Vec<NewEvent>, progress: Option<Progress>) {
         let full = {
             let mut pending = self.pending.lock().expect("event log lock");
-            pending.events.extend(events);
+            pending.events.append(events);
             pending.progress.extend(progress);
             pending.events.len() >= self.max_events
         };
@@ -144,7 +145,7 @@ async fn write_loop(
         let newest = newest_by_run(&batch.events);
         let result = write(&*store, &mut batch, &batches).await;
         if result.is_ok() {
-            for (trace_id, seq) in newest {
+            for &(trace_id, seq) in &newest {
                 if let Some(run) = runs.get(trace_id) {
                     run.let_go(seq);
                 }
@@ -179,15 +180,14 @@ async fn write_loop(
     }
 }
 
-/// Each run's newest event in `events`, by seq.
-fn newest_by_run(events: &[NewEvent]) -> std::collections::HashMap<TraceId, u64> {
-    let mut newest = std::collections::HashMap::new();
-    // A run's events come together (its emitter hands them over so): one entry per stretch.
-    for stretch in events.chunk_by(|a, b| a.trace_id == b.trace_id) {
-        let seq = newest.entry(stretch[0].trace_id).or_insert(0);
-        *seq = stretch.iter().fold(*seq, |seq, event| seq.max(event.seq as u64));
-    }
-    newest
+/// The newest event (by seq) of each stretch of one run's events in `events`. A run's
+/// events come together (its emitter hands them over so), so a run is seldom in two
+/// stretches; where it is, letting go of the older seq as well does nothing.
+fn newest_by_run(events: &[NewEvent]) -> Vec<(TraceId, u64)> {
+    events
+        .chunk_by(|a, b| a.trace_id == b.trace_id)
+        .map(|stretch| (stretch[0].trace_id, stretch.iter().map(|event| event.seq as u64).max().unwrap_or(0)))
+        .collect()
 }
 
 /// Writes what waits as one batch. If the batch fails, each run's events are tried on their

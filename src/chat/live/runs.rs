@@ -505,12 +505,11 @@ impl Emitter {
     /// Hands what was emitted to the log, and after it the run's checkpoint: both are
     /// written in one transaction (see [`EventLog::append_with`]).
     pub fn checkpoint(&mut self, checkpoint: &impl serde::Serialize) {
-        let held = std::mem::take(&mut self.held);
-        if !held.is_empty() {
+        if !self.held.is_empty() {
             self.wake();
         }
         let progress = crate::store::Progress::of(self.run.trace_id, checkpoint);
-        self.log.append_with(held, Some(progress));
+        self.log.append_with(&mut self.held, Some(progress));
     }
 
     /// Holds events from now on until [`publish`](Self::publish) (or `hold(false)`).
@@ -524,9 +523,8 @@ impl Emitter {
     /// Announces the held events to listeners and hands them to the log.
     pub fn publish(&mut self) {
         if !self.held.is_empty() {
-            let held = std::mem::take(&mut self.held);
             self.wake();
-            self.log.append(held);
+            self.log.append(&mut self.held);
         }
     }
 
