@@ -13,7 +13,7 @@ use super::sse::Frame as SseFrame;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use super::transport::{Decoder, Transport, join, json as frame_json, parse_error};
+use super::transport::{Decoder, Endpoint, Transport, json as frame_json, parse_error};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
@@ -32,7 +32,7 @@ const MIN_THINKING_BUDGET: u32 = 1024;
 
 pub struct AnthropicProvider {
     transport: Transport,
-    url: String,
+    url: Endpoint,
 }
 
 /// A file as an `image` or `document` block (base64), a text file as a `text` block.
@@ -50,7 +50,7 @@ fn file_block(file: &InputFile) -> Value {
 impl AnthropicProvider {
     pub fn new(settings: &ProviderSettings) -> Self {
         let base = settings.base_url.as_deref().unwrap_or("https://api.anthropic.com");
-        Self { transport: Transport::new(settings, base), url: join(base, "v1/messages") }
+        Self { transport: Transport::new(settings, base), url: Endpoint::new(base, "v1/messages") }
     }
 
     fn body(request: &ModelRequest) -> Value {
@@ -184,7 +184,7 @@ impl LlmProvider for AnthropicProvider {
             .transport
             .send(|key| {
                 let builder =
-                    self.transport.client().post(&self.url).header("anthropic-version", API_VERSION).json(&body);
+                    self.url.post(self.transport.client()).header("anthropic-version", API_VERSION).json(&body);
                 match key {
                     Some(key) => builder.header("x-api-key", key.expose()),
                     None => builder,

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::transport::{Decoder, Transport, join, json as frame_json};
+use super::transport::{Decoder, Endpoint, Transport, json as frame_json};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
@@ -30,7 +30,7 @@ mod quick;
 
 pub struct OpenAiProvider {
     transport: Transport,
-    url: String,
+    url: Endpoint,
     /// OpenAI itself takes `max_completion_tokens`; compatible servers take `max_tokens`.
     native: bool,
 }
@@ -57,7 +57,7 @@ impl OpenAiProvider {
         let native = settings.kind == ProviderKind::Openai;
         let default = if native { "https://api.openai.com/v1" } else { "http://127.0.0.1:11434/v1" };
         let base = settings.base_url.as_deref().unwrap_or(default);
-        Self { transport: Transport::new(settings, base), url: join(base, "chat/completions"), native }
+        Self { transport: Transport::new(settings, base), url: Endpoint::new(base, "chat/completions"), native }
     }
 
     fn body(&self, request: &ModelRequest) -> Value {
@@ -161,7 +161,7 @@ impl LlmProvider for OpenAiProvider {
         let response = self
             .transport
             .send(|key| {
-                let builder = self.transport.client().post(&self.url).json(&body);
+                let builder = self.url.post(self.transport.client()).json(&body);
                 match key {
                     Some(key) => builder.bearer_auth(key.expose()),
                     None => builder,
