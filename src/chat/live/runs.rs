@@ -423,6 +423,9 @@ pub struct Emitter {
 /// Events held at most before they are announced anyway.
 const MAX_HELD: usize = 256;
 
+/// Room for held events an emitter keeps between bursts (some 70 bytes an event).
+const HELD_ROOM: usize = 64;
+
 impl Emitter {
     pub fn emit(&mut self, mut event: Event) {
         self.seq += 1;
@@ -510,6 +513,7 @@ impl Emitter {
         }
         let progress = crate::store::Progress::of(self.run.trace_id, checkpoint);
         self.log.append_with(&mut self.held, Some(progress));
+        self.let_go_of_room();
     }
 
     /// Holds events from now on until [`publish`](Self::publish) (or `hold(false)`).
@@ -525,6 +529,15 @@ impl Emitter {
         if !self.held.is_empty() {
             self.wake();
             self.log.append(&mut self.held);
+            self.let_go_of_room();
+        }
+    }
+
+    /// A burst past `HELD_ROOM` events (a fast model's many frames in one read) does not
+    /// keep its room for the rest of the run.
+    fn let_go_of_room(&mut self) {
+        if self.held.capacity() > HELD_ROOM {
+            self.held = Vec::new();
         }
     }
 
