@@ -14,7 +14,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgNotification, PgPoolOptions, PgQueryResult};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
-use super::rows::{JsonText, json, provider_state};
+use super::rows::{json, provider_state};
 use super::sql::{Backend, bytes_used, insert_file};
 use super::{BytesLock, NewEvent, Notice, Progress, StoreError};
 use crate::domain::{Conversation, Message, StoredFile, Trace};
@@ -145,49 +145,48 @@ impl Backend for PostgresStore {
     }
 
     fn push_conversation_arrays<'a>(query: &mut QueryBuilder<'a, Postgres>, rows: &'a [Conversation]) -> bool {
-        Arrays::new(query)
-            .column(rows.iter().map(|c| c.id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|c| c.user_id.as_str()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|c| c.title.as_str()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|c| c.profile.as_deref()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|c| c.system_prompt.as_deref()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|c| json(&c.metadata)).collect::<Vec<_>>(), "jsonb")
-            .column(rows.iter().map(|c| c.external_id.as_deref()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|c| c.active_leaf_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|c| c.message_count).collect::<Vec<_>>(), "int8")
-            .column(rows.iter().map(|c| c.created_at).collect::<Vec<_>>(), "timestamptz")
-            .column(rows.iter().map(|c| c.updated_at).collect::<Vec<_>>(), "timestamptz")
-            .column(rows.iter().map(|c| c.last_message_at).collect::<Vec<_>>(), "timestamptz")
+        Arrays::new(query, rows)
+            .column("uuid", |c| c.id)
+            .column("text", |c| c.user_id.as_str())
+            .column("text", |c| c.title.as_str())
+            .column("text", |c| c.profile.as_deref())
+            .column("text", |c| c.system_prompt.as_deref())
+            .column("jsonb", |c| json(&c.metadata))
+            .column("text", |c| c.external_id.as_deref())
+            .column("uuid", |c| c.active_leaf_id)
+            .column("int8", |c| c.message_count)
+            .column("timestamptz", |c| c.created_at)
+            .column("timestamptz", |c| c.updated_at)
+            .column("timestamptz", |c| c.last_message_at)
             .end()
     }
 
     fn push_message_arrays<'a>(query: &mut QueryBuilder<'a, Postgres>, rows: &'a [(&'a UserId, &'a Message)]) -> bool {
-        let each = |f: fn(&'a Message) -> JsonText| rows.iter().map(move |(_, m)| f(m)).collect::<Vec<_>>();
-        Arrays::new(query)
-            .column(rows.iter().map(|(_, m)| m.id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(_, m)| m.conversation_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(user, _)| user.as_str()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(_, m)| m.parent_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(_, m)| m.role.as_str()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(_, m)| m.content.as_str()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(_, m)| m.thinking.as_deref()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(_, m)| provider_state(m)).collect::<Vec<_>>(), "jsonb")
-            .column(each(|m| json(&m.tool_calls)), "jsonb")
-            .column(each(|m| json(&m.tool_history)), "jsonb")
-            .column(each(|m| json(&m.payloads)), "jsonb")
-            .column(each(|m| json(&m.suggested_values)), "jsonb")
-            .column(each(|m| json(&m.suggested_actions)), "jsonb")
-            .column(rows.iter().map(|(_, m)| m.cancelled).collect::<Vec<_>>(), "bool")
-            .column(rows.iter().map(|(_, m)| m.model.as_deref()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(_, m)| m.trace_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(_, m)| m.usage.as_ref().map(json)).collect::<Vec<_>>(), "jsonb")
-            .column(rows.iter().map(|(_, m)| m.cost.cost_usd).collect::<Vec<_>>(), "float8")
-            .column(rows.iter().map(|(_, m)| m.feedback.as_ref().map(json)).collect::<Vec<_>>(), "jsonb")
-            .column(rows.iter().map(|(_, m)| m.comparison_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(_, m)| m.variant.as_deref()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(_, m)| m.client_id.as_deref()).collect::<Vec<_>>(), "text")
-            .column(each(|m| json(&m.attachments)), "jsonb")
-            .column(rows.iter().map(|(_, m)| m.created_at).collect::<Vec<_>>(), "timestamptz")
+        Arrays::new(query, rows)
+            .column("uuid", |(_, m)| m.id)
+            .column("uuid", |(_, m)| m.conversation_id)
+            .column("text", |(user, _)| user.as_str())
+            .column("uuid", |(_, m)| m.parent_id)
+            .column("text", |(_, m)| m.role.as_str())
+            .column("text", |(_, m)| m.content.as_str())
+            .column("text", |(_, m)| m.thinking.as_deref())
+            .column("jsonb", |(_, m)| provider_state(m))
+            .column("jsonb", |(_, m)| json(&m.tool_calls))
+            .column("jsonb", |(_, m)| json(&m.tool_history))
+            .column("jsonb", |(_, m)| json(&m.payloads))
+            .column("jsonb", |(_, m)| json(&m.suggested_values))
+            .column("jsonb", |(_, m)| json(&m.suggested_actions))
+            .column("bool", |(_, m)| m.cancelled)
+            .column("text", |(_, m)| m.model.as_deref())
+            .column("uuid", |(_, m)| m.trace_id)
+            .column("jsonb", |(_, m)| m.usage.as_ref().map(json))
+            .column("float8", |(_, m)| m.cost.cost_usd)
+            .column("jsonb", |(_, m)| m.feedback.as_ref().map(json))
+            .column("uuid", |(_, m)| m.comparison_id)
+            .column("text", |(_, m)| m.variant.as_deref())
+            .column("text", |(_, m)| m.client_id.as_deref())
+            .column("jsonb", |(_, m)| json(&m.attachments))
+            .column("timestamptz", |(_, m)| m.created_at)
             .end()
     }
 
@@ -195,25 +194,25 @@ impl Backend for PostgresStore {
         query: &mut QueryBuilder<'a, Postgres>,
         rows: &'a [(&'a Trace, &'a str, Option<&'a Value>)],
     ) -> bool {
-        Arrays::new(query)
-            .column(rows.iter().map(|(t, ..)| t.trace_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(t, ..)| t.conversation_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(t, ..)| t.user_id.as_str()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(t, ..)| t.user_message_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(t, ..)| t.message_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(t, ..)| t.status.as_str()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(t, ..)| t.model.as_str()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(t, ..)| t.profile.as_str()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(t, ..)| t.started_at).collect::<Vec<_>>(), "timestamptz")
-            .column(rows.iter().map(|(t, ..)| json(&t.spans)).collect::<Vec<_>>(), "jsonb")
-            .column(rows.iter().map(|(t, ..)| t.comparison_id).collect::<Vec<_>>(), "uuid")
-            .column(rows.iter().map(|(t, ..)| t.variant.as_deref()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(_, replica, _)| *replica).collect::<Vec<_>>(), "text")
+        Arrays::new(query, rows)
+            .column("uuid", |(t, ..)| t.trace_id)
+            .column("uuid", |(t, ..)| t.conversation_id)
+            .column("text", |(t, ..)| t.user_id.as_str())
+            .column("uuid", |(t, ..)| t.user_message_id)
+            .column("uuid", |(t, ..)| t.message_id)
+            .column("text", |(t, ..)| t.status.as_str())
+            .column("text", |(t, ..)| t.model.as_str())
+            .column("text", |(t, ..)| t.profile.as_str())
+            .column("timestamptz", |(t, ..)| t.started_at)
+            .column("jsonb", |(t, ..)| json(&t.spans))
+            .column("uuid", |(t, ..)| t.comparison_id)
+            .column("text", |(t, ..)| t.variant.as_deref())
+            .column("text", |(_, replica, _)| *replica)
             // `heartbeat_at`: a run is alive from its start.
-            .column(rows.iter().map(|(t, ..)| t.started_at).collect::<Vec<_>>(), "timestamptz")
-            .column(rows.iter().map(|(.., queued)| queued.map(json)).collect::<Vec<_>>(), "jsonb")
-            .column(rows.iter().map(|(t, ..)| t.traceparent.as_deref()).collect::<Vec<_>>(), "text")
-            .column(rows.iter().map(|(t, ..)| t.metadata.as_ref().map(json)).collect::<Vec<_>>(), "jsonb")
+            .column("timestamptz", |(t, ..)| t.started_at)
+            .column("jsonb", |(.., queued)| queued.map(json))
+            .column("text", |(t, ..)| t.traceparent.as_deref())
+            .column("jsonb", |(t, ..)| t.metadata.as_ref().map(json))
             .end()
     }
 
@@ -458,31 +457,29 @@ impl Drop for PgBytesLock {
     }
 }
 
-/// Inserts chunks of the log in the transaction on `conn`; writing a chunk again is a no-op,
-/// and a chunk of a run whose trace is gone (its conversation deleted meanwhile) is not
-/// written. Whoever follows these runs from another process reads again (told at commit).
-///
 /// `select * from unnest($1::uuid[], …)`: rows as one bound array per column, in the
 /// insert's order (see [`Backend::push_conversation_arrays`]).
-struct Arrays<'q, 'a> {
+struct Arrays<'q, 'a, R> {
     query: &'q mut QueryBuilder<'a, Postgres>,
+    rows: &'a [R],
     columns: usize,
 }
 
-impl<'q, 'a> Arrays<'q, 'a> {
-    fn new(query: &'q mut QueryBuilder<'a, Postgres>) -> Self {
+impl<'q, 'a, R> Arrays<'q, 'a, R> {
+    fn new(query: &'q mut QueryBuilder<'a, Postgres>, rows: &'a [R]) -> Self {
         query.push("select * from unnest(");
-        Self { query, columns: 0 }
+        Self { query, rows, columns: 0 }
     }
 
-    /// The next column: its values, and the SQL type of one.
-    fn column<T>(self, values: Vec<T>, element: &str) -> Self
+    /// The next column: the SQL type of one value, and each row's value.
+    fn column<T>(self, element: &str, value: impl FnMut(&'a R) -> T) -> Self
     where
         Vec<T>: 'a + sqlx::Encode<'a, Postgres> + sqlx::Type<Postgres>,
     {
         if self.columns > 0 {
             self.query.push(", ");
         }
+        let values: Vec<T> = self.rows.iter().map(value).collect();
         self.query.push_bind(values).push(format_args!("::{element}[]"));
         Self { columns: self.columns + 1, ..self }
     }
@@ -493,6 +490,10 @@ impl<'q, 'a> Arrays<'q, 'a> {
     }
 }
 
+/// Inserts chunks of the log in the transaction on `conn`; writing a chunk again is a no-op,
+/// and a chunk of a run whose trace is gone (its conversation deleted meanwhile) is not
+/// written. Whoever follows these runs from another process reads again (told at commit).
+///
 /// The rows go as four arrays, so the statement's text is the same whatever their number
 /// (Postgres prepares it once per connection, not once per row count), and they are checked
 /// against their traces as one join, each trace locked as a foreign key would (a trace

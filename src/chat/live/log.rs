@@ -142,10 +142,10 @@ async fn write_loop(
             take(Some(message));
         }
         batch.append(&mut pending.lock().expect("event log lock"));
-        let newest = newest_by_run(&batch.events);
+        let newest = newest_by_stretch(&batch.events);
         let result = write(&*store, &mut batch, &batches).await;
         if result.is_ok() {
-            for &(trace_id, seq) in &newest {
+            for (trace_id, seq) in newest {
                 if let Some(run) = runs.get(trace_id) {
                     run.let_go(seq);
                 }
@@ -183,7 +183,7 @@ async fn write_loop(
 /// The newest event (by seq) of each stretch of one run's events in `events`. A run's
 /// events come together (its emitter hands them over so), so a run is seldom in two
 /// stretches; where it is, letting go of the older seq as well does nothing.
-fn newest_by_run(events: &[NewEvent]) -> Vec<(TraceId, u64)> {
+fn newest_by_stretch(events: &[NewEvent]) -> Vec<(TraceId, u64)> {
     events
         .chunk_by(|a, b| a.trace_id == b.trace_id)
         .map(|stretch| (stretch[0].trace_id, stretch.iter().map(|event| event.seq as u64).max().unwrap_or(0)))
