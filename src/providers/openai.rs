@@ -179,6 +179,8 @@ pub struct ChunkDecoder {
     open_calls: BTreeMap<u32, ()>,
     finish_reason: Option<String>,
     done: bool,
+    /// The stream's frames so far, as the quick reader keeps them.
+    frames: quick::Frames,
 }
 
 impl Decoder for ChunkDecoder {
@@ -190,7 +192,7 @@ impl Decoder for ChunkDecoder {
             return Ok(());
         }
         // A token's frame is read by the quick reader; what it declines, by serde.
-        let chunk = match quick::chunk(frame.data) {
+        let chunk = match self.frames.chunk(frame.data) {
             Some(chunk) => chunk,
             None => frame_json(frame)?,
         };

@@ -5,6 +5,8 @@
 //! the same [`Chunk`] serde would; where it cannot be sure of that (tool calls, usage, an
 //! error, an escaped key, a repeated field, anything that is not plain JSON) it declines,
 //! and serde reads the frame. A property test holds the two equal on frames of every shape.
+//! A stream's next frame that only changes the last one's text is not walked again
+//! ([`Frames`]).
 
 use std::borrow::Cow;
 
@@ -16,6 +18,82 @@ pub(super) fn chunk(data: &str) -> Option<Chunk<'_>> {
     let chunk = reader.chunk()?;
     reader.space();
     (reader.at == reader.bytes.len()).then_some(chunk)
+}
+
+/// The frame before, where the reader took it whole and its one text was plain: the bytes
+/// on either side of that text, and which field it was. A model's tokens come in frames that
+/// differ only there (the same id, model, index and nulls around each token), and a frame
+/// made of the same bytes around another plain text reads as that one did, with this text
+/// in its place: the reader walks the same bytes through the same states to the text, finds
+/// its end at the same closing quote (the text holds no quote, backslash or control
+/// character), and walks the same bytes after it. So such a frame is two comparisons and one
+/// scan of its text. (Where a server varies a frame otherwise, as OpenAI's `obfuscation`
+/// field does, every frame is read whole, as before.)
+#[derive(Default)]
+pub(super) struct Frames {
+    before: String,
+    after: String,
+    field: Option<Field>,
+}
+
+/// A delta's text field.
+#[derive(Clone, Copy)]
+enum Field {
+    Content,
+    ReasoningContent,
+    Reasoning,
+}
+
+impl Frames {
+    /// The chunk in `data`, as [`chunk`] reads it.
+    pub(super) fn chunk<'a>(&mut self, data: &'a str) -> Option<Chunk<'a>> {
+        if let Some(chunk) = self.like_the_last(data) {
+            return Some(chunk);
+        }
+        let chunk = chunk(data)?;
+        self.remember(data, &chunk);
+        Some(chunk)
+    }
+
+    /// The chunk in `data` where it is the last frame's bytes around another plain text.
+    fn like_the_last<'a>(&self, data: &'a str) -> Option<Chunk<'a>> {
+        let field = self.field?;
+        let text = data.strip_prefix(self.before.as_str())?.strip_suffix(self.after.as_str())?;
+        if special(text.as_bytes(), 0).is_some() {
+            return None;
+        }
+        let text = Text(Some(Cow::Borrowed(text)));
+        let mut delta = Delta::default();
+        match field {
+            Field::Content => delta.content = text,
+            Field::ReasoningContent => delta.reasoning_content = text,
+            Field::Reasoning => delta.reasoning = text,
+        }
+        Some(Chunk { choices: First(Some(Choice { delta, finish_reason: Text(None) })), usage: None, error: None })
+    }
+
+    /// Keeps `data`'s bytes around its text where `chunk`, read from it whole, is one plain
+    /// text and nothing else; forgets the last frame otherwise.
+    fn remember(&mut self, data: &str, chunk: &Chunk<'_>) {
+        self.field = None;
+        let Some(Choice { delta, finish_reason: Text(None) }) = &chunk.choices.0 else { return };
+        if !delta.tool_calls.is_empty() {
+            return;
+        }
+        // A borrowed text is a plain string's inside, between its quotes in `data`.
+        let (field, text) = match (&delta.content.0, &delta.reasoning_content.0, &delta.reasoning.0) {
+            (Some(Cow::Borrowed(text)), None, None) => (Field::Content, *text),
+            (None, Some(Cow::Borrowed(text)), None) => (Field::ReasoningContent, *text),
+            (None, None, Some(Cow::Borrowed(text))) => (Field::Reasoning, *text),
+            _ => return,
+        };
+        let start = text.as_ptr() as usize - data.as_ptr() as usize;
+        self.before.clear();
+        self.before.push_str(&data[..start]);
+        self.after.clear();
+        self.after.push_str(&data[start + text.len()..]);
+        self.field = Some(field);
+    }
 }
 
 /// Nesting past this depth is left to serde (whose own limit is 128).
@@ -453,6 +531,56 @@ mod tests {
         })
     }
 
+    #[test]
+    fn a_frame_that_changes_only_the_last_ones_text_is_read_without_a_walk() {
+        let token = |text: &str| {
+            format!(
+                r#"{{"id":"chatcmpl-mock","object":"chat.completion.chunk","created":0,"model":"mock-1","choices":[{{"index":0,"delta":{{"reasoning":{}}},"finish_reason":null}}]}}"#,
+                json!(text)
+            )
+        };
+        let mut frames = Frames::default();
+        let first = token(" tok1");
+        assert_eq!(Ok(frames.chunk(&first).expect("read")), serde(&first));
+        for text in [" tok2", "", "é😀 and more"] {
+            let next = token(text);
+            let quick = frames.like_the_last(&next).unwrap_or_else(|| panic!("walked {next}"));
+            assert_eq!(Ok(quick), serde(&next), "{next}");
+        }
+        // A text with an escape is read whole (and its frame then not kept: its text is owned).
+        let escaped = token("say \"hi\"");
+        assert!(frames.like_the_last(&escaped).is_none());
+        assert_eq!(Ok(frames.chunk(&escaped).expect("read")), serde(&escaped));
+        assert!(frames.field.is_none());
+        // The last frame, with its finish reason, is not kept either; the one before it is forgotten.
+        frames.chunk(&first);
+        let last = r#"{"id":"chatcmpl-mock","object":"chat.completion.chunk","created":0,"model":"mock-1","choices":[{"index":0,"delta":{"reasoning":" tok3"},"finish_reason":"stop"}]}"#;
+        assert!(frames.like_the_last(last).is_none());
+        assert_eq!(Ok(frames.chunk(last).expect("read")), serde(last));
+        assert!(frames.like_the_last(&token(" tok4")).is_none());
+    }
+
+    /// A token's frame: one text field in the delta, among others chatd skips.
+    fn token() -> impl Strategy<Value = String> {
+        let field = prop::sample::select(vec!["content", "reasoning_content", "reasoning"]);
+        (field, "[a-z é😀]{0,6}", members(vec![("role", Just(json!("assistant")).boxed())]), value()).prop_map(
+            |(field, text, others, extra)| {
+                let delta = match others.as_str() {
+                    "{}" => format!("{{{}:{}}}", json!(field), json!(text)),
+                    _ => format!("{{{}:{},{}", json!(field), json!(text), &others[1..]),
+                };
+                format!(r#"{{"id":"c1","choices":[{{"index":0,"delta":{delta},"finish_reason":null}}],"x":{extra}}}"#)
+            },
+        )
+    }
+
+    /// What goes between a text's quotes: JSON-escaped or raw (a quote or backslash of its own
+    /// makes another frame, often malformed).
+    fn inside() -> impl Strategy<Value = String> {
+        let text = "[a-z \"\\\\\n\té→😀\u{7f}\u{1}]{0,10}";
+        prop_oneof![text.prop_map(|t| json!(t).to_string().trim_matches('"').to_owned()), text.prop_map(String::from),]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -460,6 +588,25 @@ mod tests {
         fn what_is_read_here_is_what_serde_reads(data in frame()) {
             if let Some(quick) = chunk(&data) {
                 prop_assert_eq!(Ok(quick), serde(&data), "{}", data);
+            }
+        }
+
+        #[test]
+        fn a_frame_read_after_another_is_what_serde_reads(
+            first in prop_oneof![token(), frame()],
+            other in frame(),
+            text in inside(),
+            like in any::<bool>(),
+        ) {
+            let mut frames = Frames::default();
+            frames.chunk(&first);
+            // Half the time, where the first was kept: its bytes around another text.
+            let next = match (frames.field, like) {
+                (Some(_), true) => format!("{}{text}{}", frames.before, frames.after),
+                _ => other,
+            };
+            if let Some(quick) = frames.chunk(&next) {
+                prop_assert_eq!(Ok(quick), serde(&next), "{} after {}", next, first);
             }
         }
     }
