@@ -30,7 +30,13 @@ struct Pending {
 }
 
 impl Pending {
+    /// Takes `other`'s events and progress. Where this holds none (the writer's batch after a
+    /// write), the two trade vectors instead of copying: `other` gets this one's empty room.
     fn append(&mut self, other: &mut Pending) {
+        if self.is_empty() {
+            std::mem::swap(self, other);
+            return;
+        }
         self.events.append(&mut other.events);
         self.progress.append(&mut other.progress);
     }
