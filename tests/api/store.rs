@@ -1104,23 +1104,38 @@ both_backends! {
 
 #[tokio::test]
 #[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
-async fn postgres_compresses_a_fast_runs_chunks_with_lz4_where_it_can() {
+async fn postgres_compresses_a_fast_runs_chunks_and_its_long_answer_with_lz4_where_it_can() {
     let (store, db) = open(Backend::Postgres).await;
-    let trace_id = started_run(&store, "fast").await;
+    let c = conversation("ann", "fast");
+    let start = run_start(&c, true);
+    assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+    let trace_id = start.traces[0].trace_id;
     // One flush of a fast stream: 1,000 events, tens of KB in one chunk.
     let events = text_deltas(trace_id, 1..=1000);
     store.append_events(&events, &[]).await.unwrap();
     let read = store.trace_events(trace_id, 0).await.unwrap();
     assert_eq!(read.len(), 1000);
     assert_eq!(json(&read[999])["text"], "t1000");
+    // An answer long enough to be compressed (past 2 KB), as prose is.
+    let text: String = (1..=1500).map(|n| format!("word{} ", n * 7919 % 1000)).collect();
+    let mut answer = Message::new(c.id, Some(start.user_message.id), Role::Assistant, text.clone());
+    answer.id = start.traces[0].message_id;
+    store.finish_run(&ended(&start.traces[0], Some(answer))).await.unwrap();
 
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
     let lz4 = sqlx::query("create temp table lz4_here (x text compression lz4)").execute(&pool).await.is_ok();
     let (method,): (Option<String>,) =
         sqlx::query_as("select pg_column_compression(events) from trace_event_chunks").fetch_one(&pool).await.unwrap();
+    let (answer_method, stored): (Option<String>, String) =
+        sqlx::query_as("select pg_column_compression(content), content from messages where role = 'assistant'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     pool.close().await;
     let expected = if lz4 { "lz4" } else { "pglz" };
     assert_eq!(method.as_deref(), Some(expected), "a server with lz4 compresses the log's chunks with it");
+    assert_eq!(answer_method.as_deref(), Some(expected), "and the answers' text");
+    assert_eq!(stored, text, "which reads back as it was written");
 }
 
 /// Notices told together reach another process each as its own, in their order (one
