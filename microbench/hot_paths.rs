@@ -49,6 +49,35 @@ fn openai_body() -> String {
     body
 }
 
+/// OpenAI's own frames, in its order, each with a random `obfuscation` of random length
+/// (a side-channel mitigation that pads every frame).
+fn openai_obfuscated_body() -> String {
+    let mut body = String::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in 0..TOKENS {
+        let mut obfuscation = String::new();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        for k in 0..(seed % 16) {
+            obfuscation.push(
+                b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"[((seed >> (k * 4)) % 62) as usize]
+                    as char,
+            );
+        }
+        body.push_str(&format!(
+            "data: {{\"id\":\"chatcmpl-B9MBs8\",\"object\":\"chat.completion.chunk\",\"created\":1741569952,\
+             \"model\":\"gpt-4o-mini-2024-07-18\",\"service_tier\":\"default\",\"system_fingerprint\":\"fp_06737a9306\",\
+             \"choices\":[{{\"index\":0,\"delta\":{{\"content\":{}}},\"logprobs\":null,\"finish_reason\":null}}],\
+             \"obfuscation\":\"{obfuscation}\"}}\n\n",
+            json!(token(i))
+        ));
+    }
+    let last = json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+    body.push_str(&format!("data: {last}\n\ndata: [DONE]\n\n"));
+    body
+}
+
 fn anthropic_body() -> String {
     let frame = |v: Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
     let mut body =
@@ -138,6 +167,7 @@ fn parse(c: &mut Criterion) {
     });
     for (name, format, body) in [
         ("openai", WireFormat::OpenAi, openai),
+        ("openai-obfuscated", WireFormat::OpenAi, openai_obfuscated_body()),
         ("anthropic", WireFormat::Anthropic, anthropic_body()),
         ("google", WireFormat::Google, google_body()),
     ] {

@@ -27,12 +27,15 @@ pub(super) fn chunk(data: &str) -> Option<Chunk<'_>> {
 /// in its place: the reader walks the same bytes through the same states to the text, finds
 /// its end at the same closing quote (the text holds no quote, backslash or control
 /// character), and walks the same bytes after it. So such a frame is two comparisons and one
-/// scan of its text. (Where a server varies a frame otherwise, as OpenAI's `obfuscation`
-/// field does, every frame is read whole, as before.)
+/// scan of its text. A frame whose last member is a plain string (OpenAI's `obfuscation`,
+/// random in every frame, padding its length) has that string as a second place that may
+/// differ: the reader skips it whatever it holds, and a plain string ends at its first quote.
 #[derive(Default)]
 pub(super) struct Frames {
     before: String,
     after: String,
+    /// Where the frame's last member is a plain string: its inside, as offsets into `after`.
+    last: Option<(usize, usize)>,
     field: Option<Field>,
 }
 
@@ -58,10 +61,11 @@ impl Frames {
     /// The chunk in `data` where it is the last frame's bytes around another plain text.
     fn like_the_last<'a>(&self, data: &'a str) -> Option<Chunk<'a>> {
         let field = self.field?;
-        let text = data.strip_prefix(self.before.as_str())?.strip_suffix(self.after.as_str())?;
-        if special(text.as_bytes(), 0).is_some() {
-            return None;
-        }
+        let rest = data.strip_prefix(self.before.as_str())?;
+        let text = match rest.strip_suffix(self.after.as_str()) {
+            Some(text) if special(text.as_bytes(), 0).is_none() => text,
+            _ => self.text_before_another_last_string(rest)?,
+        };
         let text = Text(Some(Cow::Borrowed(text)));
         let mut delta = Delta::default();
         match field {
@@ -70,6 +74,19 @@ impl Frames {
             Field::Reasoning => delta.reasoning = text,
         }
         Some(Chunk { choices: First(Some(Choice { delta, finish_reason: Text(None) })), usage: None, error: None })
+    }
+
+    /// The text of `rest` (a frame after `before`) where the frame's last string differs
+    /// from the last frame's: the text ends at its first special byte, which must be the
+    /// quote `after` starts with, and the new last string must be plain too. Apart, so that
+    /// the frames of servers that do not vary it read as quickly as before.
+    #[inline(never)]
+    fn text_before_another_last_string<'a>(&self, rest: &'a str) -> Option<&'a str> {
+        let (from, to) = self.last?;
+        let rest = rest.strip_suffix(&self.after[to..])?;
+        let (text, rest) = rest.split_at(special(rest.as_bytes(), 0)?);
+        let last = rest.strip_prefix(&self.after[..from])?;
+        special(last.as_bytes(), 0).is_none().then_some(text)
     }
 
     /// Keeps `data`'s bytes around its text where `chunk`, read from it whole, is one plain
@@ -92,8 +109,22 @@ impl Frames {
         self.before.push_str(&data[..start]);
         self.after.clear();
         self.after.push_str(&data[start + text.len()..]);
+        self.last = last_string(&self.after);
         self.field = Some(field);
     }
+}
+
+/// Where the frame ending with `after` (read whole, so valid JSON) ends with a member whose
+/// value is a plain string: that string's inside, as offsets into `after`. The byte before
+/// the frame's closing brace is then that string's closing quote, and the quote before it
+/// its opening one (a plain string holds none), which follows a colon, as an opening quote
+/// does; an escaped quote follows a backslash.
+fn last_string(after: &str) -> Option<(usize, usize)> {
+    let body = after.trim_end().strip_suffix('}')?.trim_end().strip_suffix('"')?;
+    let open = body.rfind('"')?;
+    let inside = &body[open + 1..];
+    let key = body[..open].trim_end().strip_suffix(':')?.trim_end();
+    (key.ends_with('"') && special(inside.as_bytes(), 0).is_none()).then_some((open + 1, body.len()))
 }
 
 /// Nesting past this depth is left to serde (whose own limit is 128).
@@ -560,16 +591,50 @@ mod tests {
         assert!(frames.like_the_last(&token(" tok4")).is_none());
     }
 
+    #[test]
+    fn openais_frames_whose_text_and_obfuscation_differ_are_read_without_a_walk() {
+        let token = |text: &str, obfuscation: &str| {
+            format!(
+                r#"{{"id":"chatcmpl-B9MBs8","object":"chat.completion.chunk","created":1741569952,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_06737a9306","choices":[{{"index":0,"delta":{{"content":{}}},"logprobs":null,"finish_reason":null}}],"obfuscation":{}}}"#,
+                json!(text),
+                json!(obfuscation)
+            )
+        };
+        let mut frames = Frames::default();
+        let first = token(" Hello", "Qx3");
+        assert_eq!(Ok(frames.chunk(&first).expect("read")), serde(&first));
+        assert_eq!(frames.last.map(|(from, to)| &frames.after[from..to]), Some("Qx3"));
+        for (text, obfuscation) in [(" world", "a"), ("", "Zk93mPq0"), ("é😀", "")] {
+            let next = token(text, obfuscation);
+            let quick = frames.like_the_last(&next).unwrap_or_else(|| panic!("walked {next}"));
+            assert_eq!(Ok(quick), serde(&next), "{next}");
+        }
+        // An escape in either place: read whole.
+        for (text, obfuscation) in [("say \"hi\"", "x"), (" ok", "a\"b"), (" ok", "a\nb")] {
+            let next = token(text, obfuscation);
+            assert!(frames.like_the_last(&next).is_none(), "{next}");
+        }
+        // A frame whose last member is not a string keeps no tail.
+        let usage_last =
+            r#"{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"x":"y","usage":null}"#;
+        assert_eq!(Ok(frames.chunk(usage_last).expect("read")), serde(usage_last));
+        assert!(frames.last.is_none());
+    }
+
     /// A token's frame: one text field in the delta, among others chatd skips.
     fn token() -> impl Strategy<Value = String> {
         let field = prop::sample::select(vec!["content", "reasoning_content", "reasoning"]);
-        (field, "[a-z é😀]{0,6}", members(vec![("role", Just(json!("assistant")).boxed())]), value()).prop_map(
+        // The last member: any value, half the time a string as OpenAI's `obfuscation` is.
+        let extra = prop_oneof![value(), "[a-zA-Z0-9\"\\\\]{0,12}".prop_map(Value::String)];
+        (field, "[a-z é😀]{0,6}", members(vec![("role", Just(json!("assistant")).boxed())]), extra).prop_map(
             |(field, text, others, extra)| {
                 let delta = match others.as_str() {
                     "{}" => format!("{{{}:{}}}", json!(field), json!(text)),
                     _ => format!("{{{}:{},{}", json!(field), json!(text), &others[1..]),
                 };
-                format!(r#"{{"id":"c1","choices":[{{"index":0,"delta":{delta},"finish_reason":null}}],"x":{extra}}}"#)
+                format!(
+                    r#"{{"id":"c1","choices":[{{"index":0,"delta":{delta},"finish_reason":null}}],"x" : {extra} }}"#
+                )
             },
         )
     }
@@ -596,13 +661,18 @@ mod tests {
             first in prop_oneof![token(), frame()],
             other in frame(),
             text in inside(),
+            last in inside(),
             like in any::<bool>(),
         ) {
             let mut frames = Frames::default();
             frames.chunk(&first);
-            // Half the time, where the first was kept: its bytes around another text.
-            let next = match (frames.field, like) {
-                (Some(_), true) => format!("{}{text}{}", frames.before, frames.after),
+            // Half the time, where the first was kept: its bytes around another text (and
+            // another last string, where it ends with one).
+            let next = match (frames.field, frames.last, like) {
+                (Some(_), None, true) => format!("{}{text}{}", frames.before, frames.after),
+                (Some(_), Some((from, to)), true) => {
+                    format!("{}{text}{}{last}{}", frames.before, &frames.after[..from], &frames.after[to..])
+                }
                 _ => other,
             };
             if let Some(quick) = frames.chunk(&next) {
