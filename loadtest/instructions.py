@@ -9,7 +9,7 @@ from the mock, no delay; the count covers every thread of chatd over those strea
 space: the kernel's share is not in it). Usage:
 
   loadtest/instructions.py [--chatd BIN ...] [--streams 8] [--tokens 2000] [--provider-http http2|http1]
-                           [--postgres URL]
+                           [--postgres URL] [--obfuscation]
 
 --postgres URL counts chatd on Postgres instead of SQLite: a fresh database beside the one URL
 names, made and dropped for each count (the server's own instructions are not counted: they
@@ -33,11 +33,12 @@ def loadgen(port, streams):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def count(chatd, streams, tokens, http1, keep=None, postgres=None):
+def count(chatd, streams, tokens, http1, keep=None, postgres=None, obfuscation=False):
     work = tempfile.mkdtemp(prefix="chatd-instructions-")
     database = fresh_postgres(postgres, os.path.basename(work)) if postgres else f"sqlite://{work}/chatd.db"
     mock_port, port = free_port(), free_port()
-    mock = start([os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", str(tokens), "--delay-ms", "0"])
+    mock = start([os.path.join(REL, "mockllm"), "--port", str(mock_port), "--tokens", str(tokens), "--delay-ms", "0"]
+                 + (["--obfuscation"] if obfuscation else []))
     config = os.path.join(work, "chatd.toml")
     with open(config, "w") as f:
         f.write(chatd_config(port, database, mock_port, http1))
@@ -72,6 +73,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=2000, help="tokens in each answer")
     ap.add_argument("--provider-http", default="http2", choices=["http2", "http1"])
     ap.add_argument("--postgres", metavar="URL", help="count chatd on a fresh Postgres database beside this one")
+    ap.add_argument("--obfuscation", action="store_true",
+                    help="the mock ends every frame with an `obfuscation` member, as OpenAI's own API does")
     ap.add_argument("--keep", help="copy callgrind's output here (read it with callgrind_annotate --inclusive=yes)")
     args = ap.parse_args()
     if not shutil.which("valgrind"):
@@ -81,7 +84,7 @@ def main():
         subprocess.run(["cargo", "build", "--release", "--quiet", "--bins"], cwd=ROOT, check=True)
     for chatd in binaries:
         instructions, events = count(chatd, args.streams, args.tokens, args.provider_http == "http1", args.keep,
-                                     args.postgres)
+                                     args.postgres, args.obfuscation)
         print(f"{chatd}: {instructions / max(events, 1):,.0f} instructions per relayed event, "
               f"{instructions / args.streams:,.0f} per run ({instructions:,} over {events:,} events, "
               f"{args.streams} streams of {args.tokens} tokens, {args.provider_http} to the model, "

@@ -36,6 +36,10 @@ struct Args {
     /// Ask for this tool on a request's first turn (when the request offers tools).
     #[arg(long)]
     tool: Option<String>,
+    /// End every OpenAI frame with an `obfuscation` member of varying length and content,
+    /// as OpenAI's own chat completions do.
+    #[arg(long)]
+    obfuscation: bool,
 }
 
 #[tokio::main]
@@ -84,10 +88,23 @@ async fn openai(State(args): State<Args>, Json(body): Json<Value>) -> Response {
     let delay = Duration::from_millis(args.delay_ms);
     let tool = wants_tool(&args, &body);
     let model = body["model"].as_str().unwrap_or("mock").to_owned();
-    let chunk = move |delta: Value, finish: Option<&str>| {
+    let mut sent = 0u64;
+    let obfuscation = args.obfuscation;
+    let mut chunk = move |delta: Value, finish: Option<&str>| {
         let frame = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
-        format!("data: {frame}\n\n")
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        .to_string();
+        sent += 1;
+        match obfuscation {
+            // Last, as OpenAI puts it: hex digits of a hash of the frame's number, 0 to 15 of them.
+            true => {
+                let hash = sent.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let padding = format!("{hash:016x}");
+                let padding = &padding[..(hash >> 60) as usize];
+                format!("data: {},\"obfuscation\":\"{padding}\"}}\n\n", &frame[..frame.len() - 1])
+            }
+            false => format!("data: {frame}\n\n"),
+        }
     };
     let tokens = args.tokens;
     sse(async_stream::stream! {
