@@ -614,7 +614,7 @@ mod tests {
             let next = token(text, obfuscation);
             assert!(frames.like_the_last(&next).is_none(), "{next}");
         }
-        // A frame whose last member is not a string keeps no tail.
+        // A frame whose last member is not a string keeps no last string.
         let usage_last =
             r#"{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"x":"y","usage":null}"#;
         assert_eq!(Ok(frames.chunk(usage_last).expect("read")), serde(usage_last));
