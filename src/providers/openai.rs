@@ -179,7 +179,7 @@ pub struct ChunkDecoder {
     open_calls: BTreeMap<u32, ()>,
     finish_reason: Option<String>,
     done: bool,
-    /// The stream's frames so far, as the quick reader keeps them.
+    /// The stream's last frame, as the quick reader keeps it (to read the next without a walk).
     frames: quick::Frames,
 }
 
