@@ -8,6 +8,7 @@ pub mod events;
 pub mod files;
 pub mod http;
 pub mod ids;
+pub mod outlive;
 pub mod pricing;
 pub mod providers;
 pub mod report;

@@ -25,6 +25,7 @@ use crate::chat::shared::Shared;
 use crate::config::Settings;
 use crate::domain::{Comparison, Trace, TraceStatus, now};
 use crate::ids::{ComparisonId, UserId};
+use crate::outlive::outliving;
 use crate::store::{Notice, RunStart, StartOutcome, Store};
 
 /// How often a start looks again when other replicas keep starting runs of its conversation
@@ -36,7 +37,6 @@ fn moved() -> ChatError {
     ChatError::Unavailable("Runs of this conversation keep starting on other replicas; try again".into())
 }
 
-/// A start's task that panicked (a bug): its request fails.
 /// The 429 of a start another replica's runs took past its user's budget meanwhile (which
 /// one is not told: the later to reset, where there are two).
 fn over_budget_elsewhere(hold: Option<crate::store::BudgetHold>) -> ChatError {
@@ -46,7 +46,8 @@ fn over_budget_elsewhere(hold: Option<crate::store::BudgetHold>) -> ChatError {
     }
 }
 
-fn gone(_: tokio::task::JoinError) -> ChatError {
+/// A start that panicked (a bug): its request fails.
+fn gone(_: crate::outlive::Panicked) -> ChatError {
     ChatError::Unavailable("the run could not start".into())
 }
 
@@ -129,10 +130,11 @@ impl Starter {
         request: ChatRequest,
     ) -> Result<Begun<Arc<LiveRun>>, ChatError> {
         // A client that leaves while its request is checked must not leave the files it sent
-        // behind: the start goes on (or cleans up) in a task of its own.
+        // behind: the start goes on (or cleans up) in a task of its own then; while the
+        // client waits, in its request's task (no trip through the runtime's queues).
         let (service, user) = (Arc::clone(self), user.clone());
         let start = async move { service.start_here(&user, request).await };
-        tokio::spawn(crate::report::otlp::carrying_traceparent(start)).await.map_err(gone)?
+        outliving(crate::report::otlp::carrying_traceparent(start)).await.map_err(gone)?
     }
 
     async fn start_here(
@@ -190,7 +192,7 @@ impl Starter {
         let (service, user, request) = (Arc::clone(self), user.clone(), request.clone());
         let (profile_a, profile_b) = (profile_a.to_owned(), profile_b.to_owned());
         // As in `start`: the start outlives a client that leaves.
-        tokio::spawn(crate::report::otlp::carrying_traceparent(async move {
+        outliving(crate::report::otlp::carrying_traceparent(async move {
             let (mut tries, action) = (0, ActionOutcome::new());
             loop {
                 let Checked::Ready(turn) = service.preparer.prepare(&user, &request, 2, &action).await? else {
