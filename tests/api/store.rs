@@ -1160,3 +1160,29 @@ async fn postgres_tells_notices_told_together_each_in_its_order() {
     assert_eq!(got, [Notice::Started(c, t), Notice::Cancel(t), Notice::Logged(t), Notice::Deleted(c)]);
     here.notify(&[]).await.unwrap();
 }
+
+/// A pool connection is pinged before use only after a pause (250 ms) in the pool, not before
+/// every use: connections cut while they sat idle longer (a restart, a failover, a firewall)
+/// are found by that ping and replaced, and the writes and reads after go through.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn postgres_replaces_connections_cut_while_they_sat_idle() {
+    let (store, db) = open(Backend::Postgres).await;
+    let first = conversation("ann", "before the cut");
+    assert_eq!(store.start_run(&run_start(&first, true)).await.unwrap(), StartOutcome::Started);
+    let name = db.url.rsplit('/').next().unwrap().split('?').next().unwrap().to_owned();
+    let admin = sqlx::PgPool::connect(&std::env::var("CHATD_TEST_POSTGRES_URL").unwrap()).await.unwrap();
+    let (cut,): (i64,) = sqlx::query_as(
+        "select count(pg_terminate_backend(pid)) from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()",
+    )
+    .bind(&name)
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    admin.close().await;
+    assert!(cut > 0, "the store's connections were cut");
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let second = conversation("ann", "after the cut");
+    assert_eq!(store.start_run(&run_start(&second, true)).await.unwrap(), StartOutcome::Started);
+    assert_eq!(store.get_conversation(&user("ann"), first.id).await.unwrap().title, "before the cut");
+}
