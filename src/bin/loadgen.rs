@@ -8,6 +8,10 @@
 //! opens that many more streams one by one at a steady pace and reports their time to first
 //! event on its own: the latency a new request sees while the others stream.
 //!
+//! Each stream's time to its first token is reported beside its time to first event: the
+//! first event that carries the answer's text (chatd's first `start` goes out before the model
+//! is called; an OpenAI-style server's first chunk holds the role, not a token).
+//!
 //! `loadgen --url http://127.0.0.1:8080/api/chat/stream --body '{"message":"go"}' --streams 64`
 //!
 //! `--sources N` spreads the streams over N loopback source addresses (127.0.0.1 to
@@ -71,6 +75,7 @@ struct Args {
 #[derive(Default)]
 struct Stream {
     first_event: Option<Duration>,
+    first_token: Option<Duration>,
     max_gap: Duration,
     gaps: Vec<Duration>,
     total: Duration,
@@ -153,6 +158,9 @@ async fn one(
                 if event.data == "[DONE]" {
                     stream.ended = true;
                 } else if let Ok(data) = serde_json::from_str::<Value>(&event.data) {
+                    if stream.first_token.is_none() && carries_text(&data) {
+                        stream.first_token = Some(now - started);
+                    }
                     if data["type"] == "start" {
                         stream.conversation_id = data["conversation_id"].as_str().map(str::to_owned);
                     }
@@ -185,6 +193,35 @@ async fn one(
     }
     stream.total = started.elapsed();
     stream
+}
+
+/// Whether an event carries some of the answer's text (or thinking), in any of the
+/// vocabularies measured: chatd's, the AI SDK's UI stream, AG-UI, the Responses API, and an
+/// OpenAI-style chunk.
+fn carries_text(data: &Value) -> bool {
+    const TEXT: [&str; 8] = [
+        "text_delta",
+        "thinking_delta",
+        "text-delta",
+        "reasoning-delta",
+        "TEXT_MESSAGE_CONTENT",
+        "REASONING_MESSAGE_CONTENT",
+        "response.output_text.delta",
+        "response.reasoning_summary_text.delta",
+    ];
+    if let Some(kind) = data["type"].as_str() {
+        return TEXT.contains(&kind);
+    }
+    let delta = &data["choices"][0]["delta"];
+    ["content", "reasoning_content"].iter().any(|k| delta[k].as_str().is_some_and(|t| !t.is_empty()))
+}
+
+/// A sorted sample's median, 90th and 99th percentiles, mean and maximum: a p99 of a few
+/// hundred probes rests on their two or three slowest, the p90 and the mean on all of them.
+fn spread(sorted: &[f64]) -> Value {
+    let mean = sorted.iter().sum::<f64>() / sorted.len().max(1) as f64;
+    json!({"p50": percentile(sorted, 50.0), "p90": percentile(sorted, 90.0), "p99": percentile(sorted, 99.0),
+           "mean": mean, "max": sorted.last()})
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -239,10 +276,11 @@ async fn main() {
     for task in tasks {
         streams.push(task.await.expect("stream task"));
     }
-    let mut probe_ttfe = Vec::with_capacity(probes.len());
+    let (mut probe_ttfe, mut probe_ttft) = (Vec::with_capacity(probes.len()), Vec::with_capacity(probes.len()));
     for task in probes {
         let probe = task.await.expect("probe task");
         probe_ttfe.extend(probe.first_event);
+        probe_ttft.extend(probe.first_token);
         streams.push(probe);
     }
     let wall = started.elapsed();
@@ -272,8 +310,12 @@ async fn main() {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut ttfe: Vec<f64> = streams[..args.streams].iter().filter_map(|s| s.first_event.map(ms)).collect();
     ttfe.sort_by(f64::total_cmp);
+    let mut ttft: Vec<f64> = streams[..args.streams].iter().filter_map(|s| s.first_token.map(ms)).collect();
+    ttft.sort_by(f64::total_cmp);
     let mut probe_ttfe: Vec<f64> = probe_ttfe.into_iter().map(ms).collect();
     probe_ttfe.sort_by(f64::total_cmp);
+    let mut probe_ttft: Vec<f64> = probe_ttft.into_iter().map(ms).collect();
+    probe_ttft.sort_by(f64::total_cmp);
     let mut gaps: Vec<f64> = streams.iter().flat_map(|s| s.gaps.iter().copied().map(ms)).collect();
     gaps.sort_by(f64::total_cmp);
     let mut totals: Vec<f64> = streams.iter().map(|s| ms(s.total)).collect();
@@ -295,8 +337,10 @@ async fn main() {
             "wall_ms": ms(wall),
             "events_per_sec": events as f64 / wall.as_secs_f64(),
             "ttfe_ms": {"p50": percentile(&ttfe, 50.0), "p99": percentile(&ttfe, 99.0), "max": ttfe.last()},
+            "ttft_ms": {"p50": percentile(&ttft, 50.0), "p99": percentile(&ttft, 99.0), "max": ttft.last()},
             "probes": probe_ttfe.len(),
-            "probe_ttfe_ms": {"p50": percentile(&probe_ttfe, 50.0), "p99": percentile(&probe_ttfe, 99.0), "max": probe_ttfe.last()},
+            "probe_ttfe_ms": spread(&probe_ttfe),
+            "probe_ttft_ms": spread(&probe_ttft),
             "gap_ms": {"p50": percentile(&gaps, 50.0), "p99": percentile(&gaps, 99.0)},
             "max_gap_ms": streams.iter().map(|s| ms(s.max_gap)).fold(0.0, f64::max),
             "total_ms": {"p50": percentile(&totals, 50.0), "p99": percentile(&totals, 99.0)},
