@@ -143,7 +143,10 @@ def stop(p):
             p.kill()
 
 
-def loadgen(label, url, body, streams, headers=(), verify=None, probes=0):
+def loadgen(label, url, body, streams, headers=(), verify=None, probes=0, ended=None):
+    """Runs the load generator; its figures. `ended` is called once every stream has ended,
+    before the load generator checks what chatd persisted (`verify`): that check's reads are
+    not the streams' cost."""
     # One loopback source address per 20,000 streams (each has ~28,000 ephemeral ports),
     # past 20,000 bound ones: the direct path's from 127.0.0.1, chatd's from 127.0.0.101 (a
     # bound socket takes a port none of its address holds, TIME_WAIT included, and the run
@@ -157,7 +160,18 @@ def loadgen(label, url, body, streams, headers=(), verify=None, probes=0):
         cmd += ["--header", h]
     if verify:
         cmd += ["--verify", verify]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Its one line on stdout comes last; on stderr it says when the streams have ended.
+    for line in proc.stderr:
+        if line.strip() == "streams ended":
+            if ended:
+                ended()
+            break
+        sys.stderr.write(line)
+    out, err = proc.communicate()
+    sys.stderr.write(err)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -412,11 +426,21 @@ def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
         pass
     server = ServerCpu() if row.get("backend") == "postgres" else None
     cpu0, rss0, _ = proc_stats(chatd.pid)
+    at_end = {}
+
+    def streams_ended():
+        # chatd's and the server's CPU for the streams, without the persisted answers' check.
+        at_end["chatd"] = proc_stats(chatd.pid)
+        at_end["server"] = server.stop() if server else None
+
     row["chatd"] = loadgen("chatd", f"http://127.0.0.1:{chatd_port}/api/chat/stream", {"message": "go"}, sc["streams"],
-                           verify=f"http://127.0.0.1:{chatd_port}", probes=probes)
-    cpu1, rss1, hwm1 = proc_stats(chatd.pid)
+                           verify=f"http://127.0.0.1:{chatd_port}", probes=probes, ended=streams_ended)
+    if not at_end:
+        streams_ended()
+    cpu1, rss1, hwm1 = at_end["chatd"]
+    row["chatd_cpu_s_with_check"] = proc_stats(chatd.pid)[0] - cpu0
     deltas = row["chatd"]["events"]
-    server_cpu = server.stop() if server else None
+    server_cpu = at_end["server"]
     if server_cpu is not None:
         # The Postgres server's work for chatd: beside chatd's own on the same cores.
         row["postgres_cpu_s"] = server_cpu
