@@ -23,8 +23,8 @@ mod tools;
 pub use report::*;
 pub use sections::*;
 use sections::{
-    all_tools, default_connect_timeout, default_max_iterations, default_max_retries, default_retry_base,
-    default_retry_max, default_stream_timeout,
+    all_tools, default_connect_timeout, default_http2_connections, default_max_iterations, default_max_retries,
+    default_retry_base, default_retry_max, default_stream_timeout,
 };
 pub use tools::*;
 
@@ -165,6 +165,7 @@ impl Settings {
             retry_base_secs: default_retry_base(),
             retry_max_secs: default_retry_max(),
             http2: false,
+            http2_connections: default_http2_connections(),
             chunk_chars: None,
             delay_ms: None,
             thinking: None,
@@ -300,6 +301,9 @@ impl Settings {
             return Err(ConfigError::Invalid(
                 "auth.mode = \"token\" needs [auth.tokens] or auth.tokens_file".to_owned(),
             ));
+        }
+        if let Some((id, _)) = self.providers.iter().find(|(_, p)| p.http2_connections == 0) {
+            return Err(ConfigError::Invalid(format!("providers.{id}.http2_connections must be at least 1")));
         }
         if self.stream.flush_max_events == 0 || self.limits.max_page_size == 0 {
             return Err(ConfigError::Invalid(
@@ -525,6 +529,14 @@ mod tests {
         }
         let settings = Settings::with_overrides("[tools]\napproval_timeout_secs = 30").unwrap();
         assert_eq!(settings.tools.approval_timeout_secs, 30.0);
+    }
+
+    #[test]
+    fn a_provider_spreads_its_http2_calls_over_at_least_one_connection() {
+        let provider = |extra: &str| format!("[providers.vllm]\nkind = \"openai_compatible\"\nhttp2 = true\n{extra}");
+        let error = Settings::with_overrides(&provider("http2_connections = 0")).expect_err("0").to_string();
+        assert!(error.contains("providers.vllm.http2_connections must be at least 1"), "{error}");
+        assert_eq!(Settings::with_overrides(&provider("")).unwrap().providers["vllm"].http2_connections, 4);
     }
 
     #[test]

@@ -325,6 +325,11 @@ pub struct ProviderSettings {
     /// allows (often 100 to 250), and further requests wait for a free one.
     #[serde(default)]
     pub http2: bool,
+    /// With `http2`, how many connections the provider's calls are spread over, in turn:
+    /// each carries its share of the streams, read by a task of its own (one connection's
+    /// task relays every stream's frames, on one core at a time).
+    #[serde(default = "default_http2_connections")]
+    pub http2_connections: usize,
     /// The mock model's options (`kind = "mock"` only; see [`MockSettings`]).
     #[serde(default)]
     pub chunk_chars: Option<usize>,
@@ -486,6 +491,10 @@ pub(super) fn default_connect_timeout() -> f64 {
 
 pub(super) fn default_stream_timeout() -> f64 {
     120.0
+}
+
+pub(super) fn default_http2_connections() -> usize {
+    4
 }
 
 pub(super) fn default_max_retries() -> u32 {

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -98,7 +99,10 @@ impl Keys {
 /// Timeouts and retry bounds of one provider.
 #[derive(Debug, Clone)]
 pub struct Transport {
-    client: reqwest::Client,
+    /// One client, or over HTTP/2 `http2_connections` of them, each with its connection:
+    /// calls take them in turn.
+    clients: Vec<reqwest::Client>,
+    turn: Arc<AtomicUsize>,
     /// Blotted out of every error message and log line: providers echo keys in errors.
     keys: Keys,
     retries: Retries,
@@ -110,17 +114,22 @@ impl Transport {
     /// The transport to a provider whose API root is `base` (its `base_url` or the kind's
     /// default): with `http2`, a plain `http` root is spoken to with prior knowledge.
     pub fn new(settings: &ProviderSettings, base: &str) -> Self {
-        let builder = reqwest::Client::builder()
-            .connect_timeout(secs(settings.connect_timeout_secs))
-            .user_agent(concat!("chatd/", env!("CARGO_PKG_VERSION")));
-        let builder = match (settings.http2, base.starts_with("http:")) {
-            (false, _) => builder.http1_only(),
-            (true, true) => builder.http2_prior_knowledge(),
-            (true, false) => builder,
+        let client = || {
+            let builder = reqwest::Client::builder()
+                .connect_timeout(secs(settings.connect_timeout_secs))
+                .user_agent(concat!("chatd/", env!("CARGO_PKG_VERSION")));
+            let builder = match (settings.http2, base.starts_with("http:")) {
+                (false, _) => builder.http1_only(),
+                (true, true) => builder.http2_prior_knowledge(),
+                (true, false) => builder,
+            };
+            builder.build().expect("the TLS backend initialises")
         };
-        let client = builder.build().expect("the TLS backend initialises");
+        // HTTP/1.1's pool opens a connection per stream anyway.
+        let connections = if settings.http2 { settings.http2_connections.max(1) } else { 1 };
         Self {
-            client,
+            clients: (0..connections).map(|_| client()).collect(),
+            turn: Arc::default(),
             keys: Keys::of(settings),
             retries: Retries::of(settings),
             first_byte: secs(settings.first_byte_timeout_secs),
@@ -133,8 +142,10 @@ impl Transport {
         self.idle.min(ERROR_BODY_WITHIN)
     }
 
+    /// The client of the next call.
     pub fn client(&self) -> &reqwest::Client {
-        &self.client
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        &self.clients[turn % self.clients.len()]
     }
 
     /// Sends the request `build` makes with a key (the provider's next free one), retrying

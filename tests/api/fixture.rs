@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use futures_util::StreamExt;
@@ -75,6 +75,8 @@ pub struct Received {
     pub path: String,
     /// HTTP/1.1, or HTTP/2 when the provider is configured with `http2` (the fixture speaks both).
     pub version: axum::http::Version,
+    /// The connection it came on (chatd's end of it).
+    pub peer: std::net::SocketAddr,
     pub headers: HeaderMap,
     pub body: Value,
 }
@@ -96,6 +98,7 @@ impl Fixture {
         let app = Router::new().fallback(answer).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
+        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
         tokio::spawn(async move { axum::serve(listener, app).await });
         Self { base, shared }
     }
@@ -105,13 +108,18 @@ impl Fixture {
     }
 }
 
-async fn answer(State(shared): State<Shared>, request: Request) -> Response {
+async fn answer(
+    State(shared): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    request: Request,
+) -> Response {
     let (parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
     let path = parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
     shared.received.lock().unwrap().push(Received {
         path,
         version: parts.version,
+        peer,
         headers: parts.headers,
         body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     });

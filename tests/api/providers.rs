@@ -405,6 +405,25 @@ async fn providers_speak_http1_unless_http2_is_configured() {
     assert_eq!(r.fixture.received()[0].version, axum::http::Version::HTTP_2);
 }
 
+/// Over HTTP/2 a provider's calls take `http2_connections` connections in turn (four by
+/// default): each connection's task relays its share of the streams.
+#[tokio::test]
+async fn http2_calls_are_spread_over_the_providers_connections() {
+    let answers = |n| (0..n).map(|_| Scripted::sse(&openai_text(&["Hi"]))).collect::<Vec<_>>();
+    for (setting, connections) in [("", 4), ("\nhttp2_connections = 2", 2), ("\nhttp2_connections = 1", 1)] {
+        let (app, fixture, _key) =
+            spawn_fx(Backend::Sqlite, "openai", answers(8), &format!("http2 = true{setting}"), "").await;
+        for n in 0..8 {
+            let frames = app.chat("ann", json!({"message": format!("question {n}")})).await;
+            assert_eq!(joined(&frames, "text_delta"), "Hi");
+        }
+        let received = fixture.received();
+        assert!(received.iter().all(|r| r.version == axum::http::Version::HTTP_2));
+        let peers: std::collections::BTreeSet<_> = received.iter().map(|r| r.peer).collect();
+        assert_eq!(peers.len(), connections, "{setting:?}: {peers:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_stream_reset_over_http2_is_a_network_error() {
     let script = Scripted::sse(&[openai_chunk(json!({"content": "Half"}), None)])
