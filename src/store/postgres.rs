@@ -53,20 +53,6 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            // sqlx pings every connection it hands out, a round trip before each use, on
-            // top of the ping that already checked it when it came back to the pool. A
-            // connection given back moments ago is taken as it is; one idle longer (where a
-            // restart or a firewall may have cut it unseen) is pinged first, and replaced if
-            // it does not answer.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for > PING_AFTER_IDLE {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
             .connect_with(options)
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
@@ -79,10 +65,6 @@ impl PostgresStore {
         })
     }
 }
-
-/// How long a connection may have been idle in the pool and still be handed out without a
-/// ping (see [`PostgresStore::connect`]).
-const PING_AFTER_IDLE: Duration = Duration::from_millis(250);
 
 /// Chunks of the event log written per transaction: each commit waits for the WAL to reach
 /// the disk, and writers do not block each other.

@@ -1161,9 +1161,8 @@ async fn postgres_tells_notices_told_together_each_in_its_order() {
     here.notify(&[]).await.unwrap();
 }
 
-/// A pool connection is pinged before use only after a pause (250 ms) in the pool, not before
-/// every use: connections cut while they sat idle longer (a restart, a failover, a firewall)
-/// are found by that ping and replaced, and the writes and reads after go through.
+/// Connections of the pool cut while they sat idle (a restart, a failover, a firewall) are
+/// found by the ping before use and replaced: the writes and reads after go through.
 #[tokio::test]
 #[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
 async fn postgres_replaces_connections_cut_while_they_sat_idle() {
