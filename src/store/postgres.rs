@@ -216,6 +216,20 @@ impl Backend for PostgresStore {
             .end()
     }
 
+    fn push_hold_running<'a>(
+        query: &mut QueryBuilder<'a, Postgres>,
+        users: &[(&'a UserId, usize, usize)],
+        ours: Vec<uuid::Uuid>,
+    ) -> bool {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        query.push("select chatd_hold_running(");
+        query.push_bind(users.iter().map(|(user, ..)| user.as_str()).collect::<Vec<&str>>());
+        query.push("::text[], ").push_bind(users.iter().map(|&(_, _, adding)| count(adding)).collect::<Vec<i64>>());
+        query.push("::int8[], ").push_bind(users.iter().map(|&(_, limit, _)| count(limit)).collect::<Vec<i64>>());
+        query.push("::int8[], ").push_bind(ours).push("::uuid[])");
+        true
+    }
+
     async fn running_elsewhere(&self, traces: &[TraceId], replica_id: &str) -> Result<Vec<TraceId>, StoreError> {
         let mut query = QueryBuilder::<Postgres>::new("select id from traces where coalesce(replica_id, '') <> ");
         query.push_bind(replica_id).push(" and status = 'running' and id in (");

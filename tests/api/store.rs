@@ -967,6 +967,95 @@ async fn a_start_waits_for_its_users_lock_whatever_the_users_id() {
     assert_eq!(store.list_conversations(&user("ann"), 10, None).await.unwrap().len(), 1, "nor of the start beside it");
 }
 
+/// Starts `start` while another connection holds its user's lock: the statement of the
+/// start that waits for the lock, once the start went through after it.
+async fn statement_that_waits(store: &Arc<dyn Store>, url: &str, start: RunStart) -> String {
+    use sqlx::Connection;
+    let mut holder = sqlx::PgConnection::connect(url).await.unwrap();
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 7))")
+        .bind(start.traces[0].user_id.as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let started = tokio::spawn({
+        let store = store.clone();
+        async move { store.start_run(&start).await.unwrap() }
+    });
+    let mut watcher = sqlx::PgConnection::connect(url).await.unwrap();
+    let mut waiting = None;
+    for _ in 0..200 {
+        waiting = sqlx::query_scalar(
+            "select query from pg_stat_activity \
+             where wait_event_type = 'Lock' and wait_event = 'advisory' and datname = current_database()",
+        )
+        .fetch_optional(&mut watcher)
+        .await
+        .unwrap();
+        if waiting.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(started.await.unwrap(), StartOutcome::Started);
+    waiting.expect("the start waited for the lock")
+}
+
+/// A group of starts that open new chats is one statement on Postgres, its own transaction,
+/// which checks the users' running runs under their locks itself (migration 0016); a start
+/// into a conversation that exists still begins a transaction, locks, writes and commits.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn new_chats_start_in_one_statement_on_postgres_and_other_starts_in_a_transaction() {
+    let (store, db) = open(Backend::Postgres).await;
+    let c = conversation("ann", "new");
+    let mut new = run_start(&c, true);
+    new.max_running = Some(2);
+    // The writes' statement itself waits (the server keeps a query's first 1,024 bytes: its
+    // writes; it ends with the check), not a `BEGIN` before it.
+    let query = statement_that_waits(&store, &db.url, new).await;
+    assert!(query.starts_with("with w0 as (insert into conversations"), "the statement waits: {query}");
+
+    let loaded = store.get_conversation(&user("ann"), c.id).await.unwrap();
+    let mut more = run_start(&loaded, false);
+    more.max_running = Some(2);
+    let query = statement_that_waits(&store, &db.url, more).await;
+    assert!(query.starts_with("BEGIN; select pg_advisory_xact_lock"), "a transaction begun first: {query}");
+    let mut third = run_start(&conversation("ann", "third"), true);
+    third.max_running = Some(2);
+    assert_eq!(store.start_run(&third).await.unwrap(), StartOutcome::OverLimit(2), "both counted");
+}
+
+/// Starts of new chats for one user at once on Postgres (where replicas share the limit,
+/// the database checks it), from as many connections: the limit of running runs lets
+/// exactly as many through, each refusal counts them, and a refused start leaves nothing.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn new_chats_at_once_stop_at_their_users_limit() {
+    let (store, _db) = open(Backend::Postgres).await;
+    let starts: Vec<_> = (0..12)
+        .map(|i| {
+            let mut start = run_start(&conversation("ann", &format!("chat {i}")), true);
+            start.max_running = Some(5);
+            start
+        })
+        .collect();
+    let outcomes = futures_util::future::join_all(starts.iter().map(|start| {
+        let store = store.clone();
+        let start = start.clone();
+        tokio::spawn(async move { store.start_run(&start).await.unwrap() })
+    }))
+    .await;
+    let outcomes: Vec<StartOutcome> = outcomes.into_iter().map(Result::unwrap).collect();
+    assert_eq!(outcomes.iter().filter(|o| **o == StartOutcome::Started).count(), 5, "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| matches!(o, StartOutcome::Started | StartOutcome::OverLimit(5))),
+        "a refusal counts the five: {outcomes:?}"
+    );
+    assert_eq!(store.list_conversations(&user("ann"), 20, None).await.unwrap().len(), 5, "nothing of the refused");
+}
+
 both_backends! {
     async fn a_queued_message_whose_answer_will_never_come_follows_its_question(backend: Backend) {
         let (store, _db) = open(backend).await;

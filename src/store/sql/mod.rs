@@ -43,6 +43,10 @@ use crate::ids::{TraceId, UserId};
 /// SQLite's 32,766 and Postgres's 65,535 parameters a statement.
 pub const ROWS_PER_INSERT: usize = 500;
 
+/// The SQLSTATE of a start refused in the database by its user's limit of running runs
+/// ([`Backend::push_hold_running`]); its message ends with the runs counted.
+pub(super) const OVER_LIMIT: &str = "CH429";
+
 /// A backend's connection.
 pub(super) type Conn<B> = <<B as Backend>::Db as Database>::Connection;
 /// A row of a backend's database.
@@ -90,6 +94,19 @@ pub(super) trait Backend: Send + Sync + 'static {
     fn push_trace_arrays<'a>(
         _query: &mut QueryBuilder<'a, Self::Db>,
         _rows: &'a [(&'a Trace, &'a str, Option<&'a Value>)],
+    ) -> bool {
+        false
+    }
+    /// The main query of a statement that writes new chats (its writes each a `with`
+    /// query), where the database makes their one check itself, under the users' locks:
+    /// each user's running runs (not counting `ours`, the group's traces) and the runs the
+    /// group adds within its limit, else the statement fails as
+    /// [`OVER_LIMIT`](self::OVER_LIMIT) (Postgres: `chatd_hold_running`, migration 0016).
+    /// `false` where the backend has no such function.
+    fn push_hold_running<'a>(
+        _query: &mut QueryBuilder<'a, Self::Db>,
+        _users: &[(&'a UserId, usize, usize)],
+        _ours: Vec<uuid::Uuid>,
     ) -> bool {
         false
     }

@@ -2,8 +2,9 @@
 //! new conversations, messages and traces as a few multi-row statements, in one transaction;
 //! where other replicas start runs too (Postgres), the users' limits, budgets and what the
 //! start saw of its conversation (its going runs, its leaf) checked under locks, in three
-//! round trips; where one query may
-//! hold a whole transaction (SQLite), one round trip.
+//! round trips, or in one where the starts only open new chats and the database checks
+//! their users' limits itself; where one query may hold a whole transaction (SQLite), one
+//! round trip.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -12,7 +13,7 @@ use uuid::Uuid;
 
 use super::statements::Statements;
 use super::usage::SpendRow;
-use super::{Backend, Conn, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
+use super::{Backend, Conn, OVER_LIMIT, ROWS_PER_INSERT, Row, transaction_as_one_query, write};
 use crate::domain::{Conversation, Message, Trace};
 use crate::ids::UserId;
 use crate::store::{BudgetHold, RunStart, Seen, StartOutcome, StoreError};
@@ -40,6 +41,19 @@ pub(super) trait Starts: Statements {
         starts: &[&RunStart],
         traces: &[(&Trace, &str, Option<&Value>)],
     ) -> impl Future<Output = Result<StartOutcome, StoreError>> + Send;
+
+    /// A group of starts that each open a new chat ([`opens_a_chat`]) in one round trip:
+    /// one statement that writes every row and, as its main query, checks the users'
+    /// running runs under their locks in the database ([`Backend::push_hold_running`]),
+    /// committed with its answer; a refusal fails the statement, and nothing of it is
+    /// written. `None` where the backend cannot check in SQL.
+    fn start_new_chats(
+        backend: &Self,
+        conversations: &[Conversation],
+        messages: &[(&UserId, &Message)],
+        starts: &[&RunStart],
+        traces: &[(&Trace, &str, Option<&Value>)],
+    ) -> impl Future<Output = Option<Result<StartOutcome, StoreError>>> + Send;
 
     /// Places the queued traces of `starts` after the runs going in their conversations
     /// (`lasts`: the latest `started_at` of those, from [`Checks::judge`]):
@@ -104,7 +118,40 @@ where
         if B::MANY_STATEMENTS_PER_QUERY {
             return <B as Starts>::start_runs_in_one_query(backend, &conversations, &messages, starts, &traces).await;
         }
+        if starts.iter().all(|s| opens_a_chat(s)) {
+            let started = <B as Starts>::start_new_chats(backend, &conversations, &messages, starts, &traces).await;
+            if let Some(outcome) = started {
+                return outcome;
+            }
+        }
         <B as Starts>::start_runs_under_locks(backend, &conversations, &messages, starts, &traces).await
+    }
+
+    async fn start_new_chats(
+        backend: &B,
+        conversations: &[Conversation],
+        messages: &[(&UserId, &Message)],
+        starts: &[&RunStart],
+        traces: &[(&Trace, &str, Option<&Value>)],
+    ) -> Option<Result<StartOutcome, StoreError>> {
+        let checks = Checks::of(starts);
+        let mut query = Writes::<B>::default();
+        push_rows(&mut query, conversations, messages, starts, traces);
+        let mut query = query.finish();
+        let ours = traces.iter().map(|(t, ..)| t.trace_id.0).collect();
+        if !B::push_hold_running(&mut query, &checks.running, ours) {
+            return None;
+        }
+        Some(
+            write(backend, async |conn| match B::execute(conn, query).await {
+                Ok(_) => Ok(StartOutcome::Started),
+                Err(e) => match Stop::from_insert(e) {
+                    Stop::Refused(outcome) => Ok(outcome),
+                    Stop::Fault(e) => Err(e),
+                },
+            })
+            .await,
+        )
     }
 
     async fn start_runs_under_locks(
@@ -122,18 +169,7 @@ where
                 let mut updated: Vec<Uuid> = conversations.iter().map(|c| c.id.0).collect();
                 let mut after: Vec<&RunStart> = Vec::new();
                 let mut query = Writes::<B>::default();
-                for rows in conversations.chunks(ROWS_PER_INSERT) {
-                    <B as Statements>::push_conversations(query.next(), rows);
-                    query.end();
-                }
-                for rows in messages.chunks(ROWS_PER_INSERT) {
-                    <B as Statements>::push_messages(query.next(), rows);
-                    query.end();
-                    if <B as Statements>::use_files(rows) {
-                        <B as Statements>::push_message_files(query.next(), rows);
-                        query.end();
-                    }
-                }
+                push_rows(&mut query, conversations, messages, starts, traces);
                 let mut touches = Vec::new();
                 for start in starts {
                     let conversation = start.user_message.conversation_id.0;
@@ -157,20 +193,8 @@ where
                     }
                     updated.push(conversation);
                 }
-                for comparison in starts.iter().filter_map(|s| s.comparison.as_ref()) {
-                    <B as Statements>::push_comparison(query.next(), comparison);
-                    query.end();
-                }
-                for rows in traces.chunks(ROWS_PER_INSERT) {
-                    <B as Statements>::push_traces(query.next(), rows);
-                    query.end();
-                }
                 if starts.iter().any(|s| s.budget.is_some()) {
                     <B as Statements>::push_reservations(query.next(), starts);
-                    query.end();
-                }
-                if starts.iter().any(|s| s.idempotency_key.is_some()) {
-                    <B as Statements>::push_keys(query.next(), starts);
                     query.end();
                 }
                 let mut query = query.finish();
@@ -285,6 +309,49 @@ where
     }
 }
 
+/// Whether a start only opens a new chat: nothing of an existing conversation to check or
+/// update, no budget to reserve, nothing queued; a group of such starts is written in one
+/// round trip where the database checks the users' running runs itself
+/// ([`Starts::start_new_chats`]).
+fn opens_a_chat(start: &RunStart) -> bool {
+    start.new_conversation.is_some() && start.seen.is_none() && start.budget.is_none() && !start.is_queued()
+}
+
+/// The rows a group of starts inserts, each kind as multi-row inserts, each a write of
+/// `query`: conversations, messages and their files, comparisons, traces, idempotency keys.
+fn push_rows<'a, B: Statements>(
+    query: &mut Writes<'a, B>,
+    conversations: &'a [Conversation],
+    messages: &'a [(&'a UserId, &'a Message)],
+    starts: &'a [&'a RunStart],
+    traces: &'a [(&'a Trace, &'a str, Option<&'a Value>)],
+) {
+    for rows in conversations.chunks(ROWS_PER_INSERT) {
+        <B as Statements>::push_conversations(query.next(), rows);
+        query.end();
+    }
+    for rows in messages.chunks(ROWS_PER_INSERT) {
+        <B as Statements>::push_messages(query.next(), rows);
+        query.end();
+        if <B as Statements>::use_files(rows) {
+            <B as Statements>::push_message_files(query.next(), rows);
+            query.end();
+        }
+    }
+    for comparison in starts.iter().filter_map(|s| s.comparison.as_ref()) {
+        <B as Statements>::push_comparison(query.next(), comparison);
+        query.end();
+    }
+    for rows in traces.chunks(ROWS_PER_INSERT) {
+        <B as Statements>::push_traces(query.next(), rows);
+        query.end();
+    }
+    if starts.iter().any(|s| s.idempotency_key.is_some()) {
+        <B as Statements>::push_keys(query.next(), starts);
+        query.end();
+    }
+}
+
 /// Why a start's transaction stopped short: a refusal (rolled back, and answered as the
 /// start's outcome) or a fault.
 pub(super) enum Stop {
@@ -308,6 +375,9 @@ impl Stop {
             Stop::Refused(StartOutcome::KeyTaken)
         } else if db.is_unique_violation() && violates("conversations_by_external_id", "conversations.external_id") {
             Stop::Refused(StartOutcome::ChatTaken)
+        } else if db.code().as_deref() == Some(OVER_LIMIT) {
+            let running = db.message().rsplit(' ').next().and_then(|n| n.parse().ok());
+            Stop::Refused(StartOutcome::OverLimit(running.unwrap_or(usize::MAX)))
         } else if db.is_foreign_key_violation() {
             Stop::Fault(StoreError::NotFound)
         } else {
