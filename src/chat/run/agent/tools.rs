@@ -95,6 +95,8 @@ pub(super) async fn continue_turn(
 ) -> TurnTools {
     let by_name: HashMap<&str, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.name(), t)).collect();
     let mut again = Vec::new();
+    // The interrupted calls' events go to the log with the checkpoint that keeps them.
+    emitter.hold(true);
     for slot in 0..pending.calls.len() {
         let call = &pending.calls[slot];
         if pending.results[slot].is_some() || call.invalid_arguments.is_none() && plan.gates.contains_key(&call.name) {
@@ -117,6 +119,7 @@ pub(super) async fn continue_turn(
         pending.results[slot] = Some(result_of(call, done));
     }
     keep_step(plan, emitter, output, &pending, iteration);
+    emitter.hold(false);
     run_calls(plan, emitter, cancel, &mut pending, &again, output, iteration).await;
     settled_or_waiting(cancel, pending)
 }
@@ -257,11 +260,16 @@ async fn run_calls(
                     emit_progress(emitter, &calls[slot], report);
                 }
                 let slot = done.slot;
+                // The call's events and the checkpoint that keeps its result go to the log
+                // together: a log that shows the call completed is never read beside a
+                // checkpoint from before it (another process would run it again).
+                emitter.hold(true);
                 tool_done(plan, emitter, output, &calls[slot], first + slot, &done);
                 pending.results[slot] = Some(result_of(&calls[slot], done));
                 if !cancel.is_cancelled() {
                     keep_step(plan, emitter, output, pending, iteration);
                 }
+                emitter.hold(false);
             }
         }
     }
