@@ -184,6 +184,50 @@ both_backends! {
     }
 }
 
+both_backends! {
+    async fn a_call_that_may_not_run_twice_starts_once_the_step_that_asked_for_it_is_written(backend: Backend) {
+        // A tool that is not idempotent, slow: the kill comes while it runs.
+        let once = Fixture::start(vec![
+            Scripted::json(200, json!({"text": "once done"})).then(Part::Pause(Duration::from_secs(3))),
+            Scripted::json(200, json!({"text": "once again"})),
+        ])
+        .await;
+        let config = format!(
+            "{RUNS}[http_tools.once]\nurl = \"{}/once\"\ndescription = \"once\"\nidempotent = false\n\
+             input_schema = {{ type = \"object\", properties = {{ q = {{ type = \"string\" }} }} }}\n",
+            once.base
+        );
+        let db = TestDb::new(backend).await;
+        // Its log writes what it holds every 5 s: the step is in the database by the kill only
+        // if the run waited for it before the call.
+        let first = Replica::start_with_env(&db.url, &config, &[("CHATD_STREAM__FLUSH_INTERVAL_MS", "5000")]).await;
+        let other = match backend {
+            Backend::Postgres => Some(Replica::start(&db.url, &config).await),
+            Backend::Sqlite => None,
+        };
+        let mut live = first.post_stream(json!({"message": r#"One tool [mock:tool=once {"q": "b"}] [mock:think=off]"#})).await;
+        let trace_id = live.until("start").await.data["trace_id"].as_str().unwrap().to_owned();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while once.received().is_empty() {
+            assert!(Instant::now() < deadline, "the tool was called");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        first.kill_9();
+        let survivor = match other {
+            Some(other) => other,
+            None => Replica::start(&db.url, &config).await,
+        };
+        let all = survivor.resume(&trace_id, 0).await;
+        assert_eq!(terminal_kinds(&all), ["complete"]);
+        assert_eq!(once.received().len(), 1, "the call is not made again, nor the model asked again");
+        let complete = &all.iter().find(|f| f.kind() == "complete").unwrap().data["payload"];
+        let history = complete["tool_history"].as_array().unwrap();
+        assert_eq!(history.len(), 1, "{history:?}");
+        let output = history[0]["output"].as_str().unwrap();
+        assert!(output.starts_with("The server stopped while this tool call ran"), "{output}");
+    }
+}
+
 #[tokio::test]
 #[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
 async fn sigterm_hands_running_runs_over_to_a_live_replica_instead_of_cancelling_them() {

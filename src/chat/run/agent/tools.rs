@@ -218,6 +218,19 @@ async fn run_calls(
     let by_name: HashMap<&str, &Arc<dyn Tool>> = plan.tools.iter().map(|t| (t.name(), t)).collect();
     let names: Vec<&str> = slots.iter().map(|&slot| calls[slot].name.as_str()).collect();
     emitter.emit(Event::Status { message: format!("Running {}…", names.join(", ")) });
+    // A call that may not run twice starts once the step that asked for it is written: a
+    // process that died before then would leave a checkpoint from before the model call,
+    // and the run's next process would ask the model, and run the tool, again.
+    let once = |slot: &usize| {
+        let call = &calls[*slot];
+        call.invalid_arguments.is_none() && by_name.get(call.name.as_str()).is_some_and(|tool| !tool.idempotent())
+    };
+    if slots.iter().any(once)
+        && let Err(error) = emitter.flush().await
+    {
+        // The database is away: the call runs (a tool is not held hostage to it), without that promise.
+        tracing::warn!(%error, "the step before a call that may not run twice was not written");
+    }
 
     let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<(usize, ToolProgress)>();
     let mut running = FuturesUnordered::new();
