@@ -142,16 +142,7 @@ where
         if !B::push_hold_running(&mut query, &checks.running, ours) {
             return None;
         }
-        Some(
-            write(backend, async |conn| match B::execute(conn, query).await {
-                Ok(_) => Ok(StartOutcome::Started),
-                Err(e) => match Stop::from_insert(e) {
-                    Stop::Refused(outcome) => Ok(outcome),
-                    Stop::Fault(e) => Err(e),
-                },
-            })
-            .await,
-        )
+        Some(write(backend, async |conn| Stop::outcome(B::execute(conn, query).await)).await)
     }
 
     async fn start_runs_under_locks(
@@ -298,14 +289,7 @@ where
             <B as Statements>::push_reservations(&mut query, starts);
         }
         query.push("; COMMIT");
-        write(backend, async |conn| match transaction_as_one_query::<B>(conn, query).await {
-            Ok(()) => Ok(StartOutcome::Started),
-            Err(e) => match Stop::from_insert(e) {
-                Stop::Refused(outcome) => Ok(outcome),
-                Stop::Fault(e) => Err(e),
-            },
-        })
-        .await
+        write(backend, async |conn| Stop::outcome(transaction_as_one_query::<B>(conn, query).await)).await
     }
 }
 
@@ -360,6 +344,16 @@ pub(super) enum Stop {
 }
 
 impl Stop {
+    /// What a start written as one query comes to: started, refused by the database (see
+    /// [`from_insert`](Self::from_insert)), or a fault.
+    fn outcome<T>(written: Result<T, sqlx::Error>) -> Result<StartOutcome, StoreError> {
+        match written.map_err(Stop::from_insert) {
+            Ok(_) => Ok(StartOutcome::Started),
+            Err(Stop::Refused(outcome)) => Ok(outcome),
+            Err(Stop::Fault(e)) => Err(e),
+        }
+    }
+
     /// What a failed insert of a start's rows means: a unique violation of
     /// `idempotency_keys` is another start that recorded the key first; of a conversation's
     /// external id (`conversations_by_external_id`), another start that made the same client
