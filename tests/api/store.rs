@@ -1227,6 +1227,43 @@ async fn postgres_compresses_a_fast_runs_chunks_and_its_long_answer_with_lz4_whe
     assert_eq!(stored, text, "which reads back as it was written");
 }
 
+/// A batch of the log is checked against its runs' traces as a set in whichever plan Postgres
+/// keeps for its statement. The generic plan (what a prepared statement runs from its sixth
+/// time on, where it costs no more than a custom one) had scanned the traces with a filter
+/// `id = any($1)`, each trace compared with each id of the batch: while the table is small
+/// enough to scan, a million comparisons a flush at 1,000 running runs.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn postgres_checks_a_log_batch_against_its_traces_as_a_set_in_any_plan() {
+    use sqlx::{Connection, Row};
+    let (store, db) = open(Backend::Postgres).await;
+    let starts: Vec<RunStart> = (0..300).map(|n| run_start(&conversation("ann", &format!("c{n}")), true)).collect();
+    assert_eq!(store.start_runs(&starts.iter().collect::<Vec<_>>()).await.unwrap(), StartOutcome::Started);
+    let ids: Vec<String> = starts.iter().map(|s| s.traces[0].trace_id.to_string()).collect();
+
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let prepare = format!(
+        "set plan_cache_mode = force_generic_plan; prepare batch (uuid[], int8[], int8[], text[]) as {}",
+        chatd::store::PostgresStore::INSERT_CHUNKS
+    );
+    sqlx::raw_sql(&prepare).execute(&mut conn).await.unwrap();
+    let (seqs, events) = (vec!["1"; ids.len()].join(","), vec![r#""[]""#; ids.len()].join(","));
+    let explain = format!(
+        "explain (analyze, costs off) execute batch('{{{}}}', '{{{seqs}}}', '{{{seqs}}}', '{{{events}}}')",
+        ids.join(",")
+    );
+    let plan: Vec<String> =
+        sqlx::raw_sql(&explain).fetch_all(&mut conn).await.unwrap().iter().map(|row| row.get(0)).collect();
+    let plan = plan.join("\n");
+    assert!(
+        !plan.lines().any(|line| line.contains("Filter:") && line.contains("ANY")),
+        "no trace is compared with each id of the batch:\n{plan}"
+    );
+    let (written,): (i64,) =
+        sqlx::query_as("select count(*) from trace_event_chunks").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(written, 300, "a chunk for each run: {plan}");
+}
+
 /// Notices told together reach another process each as its own, in their order (one
 /// statement, one notification each: a process of the version before reads them as it did).
 #[tokio::test]
