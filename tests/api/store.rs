@@ -497,6 +497,14 @@ both_backends! {
         store.append_events(&events, &[]).await.unwrap();
         let seqs: Vec<i64> = store.trace_events(start.traces[0].trace_id, 0).await.unwrap().iter().map(|e| e.seq).collect();
         assert_eq!(seqs, [1, 2, 3]);
+        // A batch holding a chunk written already and a new one writes the new one.
+        let other = run_start(&conversation("ann", "beside it"), true);
+        assert_eq!(store.start_run(&other).await.unwrap(), StartOutcome::Started);
+        let fresh = text_deltas(other.traces[0].trace_id, 1..=2);
+        store.append_events(&[events, fresh].concat(), &[]).await.unwrap();
+        let seqs: Vec<i64> = store.trace_events(other.traces[0].trace_id, 0).await.unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2]);
+        assert_eq!(store.trace_events(start.traces[0].trace_id, 0).await.unwrap().len(), 3);
     }
 
     async fn a_batch_holding_a_deleted_runs_events_writes_the_others(backend: Backend) {
