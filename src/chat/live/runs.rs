@@ -7,7 +7,7 @@
 
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Poll, Waker};
 
 use futures_util::Stream;
@@ -87,6 +87,13 @@ pub struct RunState {
 }
 
 impl RunState {
+    /// Whether the run counts against its user's limit of runs at once: going, ending, or
+    /// waiting here; not queued behind another (CONTRACT.md §16: it calls no model till its
+    /// turn) and not ended.
+    fn counts(&self) -> bool {
+        matches!(self.phase, Phase::Running | Phase::Ending | Phase::Waiting)
+    }
+
     /// Whether the run will send no more frames here: it ended, or waits in the store.
     pub fn settled(&self) -> bool {
         matches!(self.phase, Phase::Ended | Phase::Waiting)
@@ -108,8 +115,11 @@ pub struct LiveRun {
     pub hand_over: CancellationToken,
     frames: Mutex<Frames>,
     /// The run's state: changed with the frames' lock held where frames go with it (`done`,
-    /// a park), so that a listener that reads both under that lock sees them agree.
+    /// a park), so that a listener that reads both under that lock sees them agree; its
+    /// phase moves with the registry's lock held too (see [`Self::move_phase`]).
     state: watch::Sender<RunState>,
+    /// The registry it is in, which counts each user's runs by phase.
+    registry: Weak<Mutex<Registry>>,
 }
 
 /// The frames a run keeps of those the log has already: a listener a little behind (a
@@ -227,7 +237,7 @@ impl LiveRun {
 
     /// A queued run waits its turn (`true`), or its turn came (`false`).
     pub(in crate::chat) fn set_queued(&self, queued: bool) {
-        self.state.send_if_modified(|state| match (queued, state.phase) {
+        self.move_phase(|state| match (queued, state.phase) {
             (true, Phase::Running) => {
                 state.phase = Phase::Queued;
                 true
@@ -242,13 +252,33 @@ impl LiveRun {
 
     /// The run's ending is decided: it is being saved, then said.
     pub(in crate::chat) fn set_ending(&self) {
-        self.state.send_if_modified(|state| {
+        self.move_phase(|state| {
             let going = matches!(state.phase, Phase::Queued | Phase::Running);
             if going {
                 state.phase = Phase::Ending;
             }
             going
         });
+    }
+
+    /// Changes the run's state with `change` (true if it changed anything: its watchers are
+    /// told), under the registry's lock, where a change of phase moves the run in or out of
+    /// its user's count. (Lock order: a run's frames, the registry, its state.)
+    fn move_phase(&self, change: impl FnOnce(&mut RunState) -> bool) {
+        let registry = self.registry.upgrade();
+        let mut registry = registry.as_ref().map(|registry| registry.lock().expect("runs lock"));
+        let mut counted = (false, false);
+        self.state.send_if_modified(|state| {
+            counted.0 = state.counts();
+            let changed = change(state);
+            counted.1 = state.counts();
+            changed
+        });
+        if let Some(registry) = registry.as_mut().filter(|_| counted.0 != counted.1) {
+            if registry.holds(self) {
+                registry.count(&self.user_id, counted.1);
+            }
+        }
     }
 
     /// The seq before the first frame the run holds here (the frames before are in the log).
@@ -302,7 +332,31 @@ pub struct Runs {
 #[derive(Default)]
 struct Registry {
     runs: HashMap<TraceId, Arc<LiveRun>>,
+    /// Each user's runs here whose phase counts against the limit ([`RunState::counts`]),
+    /// kept as they move: a start looks its user up instead of walking every run (50,000
+    /// of one user took 75 % of a core in starts alone).
+    counted: HashMap<UserId, usize>,
     reserved: HashMap<UserId, usize>,
+}
+
+impl Registry {
+    /// Whether `run` is the one registered under its trace id (a run that waited is
+    /// replaced by its continuation).
+    fn holds(&self, run: &LiveRun) -> bool {
+        self.runs.get(&run.trace_id).is_some_and(|here| std::ptr::eq(Arc::as_ptr(here), run))
+    }
+
+    /// One more (`true`) or one fewer of `user`'s runs counted.
+    fn count(&mut self, user: &UserId, more: bool) {
+        if more {
+            *self.counted.entry(user.clone()).or_default() += 1;
+        } else if let Some(counted) = self.counted.get_mut(user) {
+            *counted = counted.saturating_sub(1);
+            if *counted == 0 {
+                self.counted.remove(user);
+            }
+        }
+    }
 }
 
 /// Room for a request's runs within its user's limit, held until they are registered (or
@@ -347,11 +401,17 @@ impl Runs {
             hand_over: CancellationToken::new(),
             frames: Mutex::new(Frames { base, ..Frames::default() }),
             state: watch::Sender::new(RunState { phase: Phase::Running, cancel_asked: false, logged: false }),
+            registry: Arc::downgrade(&self.live),
         });
+        let mut registry = self.live.lock().expect("runs lock");
+        registry.count(user_id, true);
         // A run that goes on after a wait takes the place of its parked self.
-        if self.live.lock().expect("runs lock").runs.insert(trace_id, run.clone()).is_none() {
-            metrics::gauge!("chatd_active_runs").increment(1.0);
+        match registry.runs.insert(trace_id, run.clone()) {
+            None => metrics::gauge!("chatd_active_runs").increment(1.0),
+            Some(parked) if parked.state.borrow().counts() => registry.count(&parked.user_id, false),
+            Some(_) => {}
         }
+        drop(registry);
         (run.clone(), Emitter { run, log, seq: base, holding: false, held: Vec::new(), text: Vec::new() })
     }
 
@@ -365,8 +425,11 @@ impl Runs {
     pub fn remove(&self, run: &Arc<LiveRun>) {
         {
             let mut registry = self.live.lock().expect("runs lock");
-            if registry.runs.get(&run.trace_id).is_some_and(|here| Arc::ptr_eq(here, run)) {
+            if registry.holds(run) {
                 registry.runs.remove(&run.trace_id);
+                if run.state.borrow().counts() {
+                    registry.count(&run.user_id, false);
+                }
                 metrics::gauge!("chatd_active_runs").decrement(1.0);
             }
         }
@@ -385,11 +448,8 @@ impl Runs {
     /// `done` yet and those already reserved leave it under `limit`; else how many there are.
     pub fn reserve(&self, user: &UserId, runs: usize, limit: usize) -> Result<Reservation, usize> {
         let mut registry = self.live.lock().expect("runs lock");
-        let reserved = registry.reserved.get(user).copied().unwrap_or(0);
-        // A queued run (CONTRACT.md §16) does not call the model until its turn: not counted.
         let running =
-            registry.runs.values().filter(|r| r.user_id == *user && !r.is_finished() && !r.is_queued()).count()
-                + reserved;
+            registry.counted.get(user).copied().unwrap_or(0) + registry.reserved.get(user).copied().unwrap_or(0);
         if running + runs > limit {
             return Err(running);
         }
@@ -459,7 +519,10 @@ impl Emitter {
             let mut frames = self.run.frames.lock().expect("frames lock");
             frames.sent.push_back(frame);
             if last {
-                self.run.state.send_modify(|state| state.phase = Phase::Ended);
+                self.run.move_phase(|state| {
+                    state.phase = Phase::Ended;
+                    true
+                });
             }
         }
         // (The log keeps microseconds: its chunks cut the time there.)
@@ -484,7 +547,10 @@ impl Emitter {
         self.publish();
         {
             let _frames = self.run.frames.lock().expect("frames lock");
-            self.run.state.send_modify(|state| state.phase = Phase::Waiting);
+            self.run.move_phase(|state| {
+                state.phase = Phase::Waiting;
+                true
+            });
         }
         self.wake();
     }
@@ -610,6 +676,54 @@ mod tests {
         runs.remove(&run);
         tokio::time::timeout(Duration::from_secs(5), run.logged()).await.expect("woken once logged");
         assert!(runs.get(trace_id).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_users_runs_are_counted_as_their_phases_move() {
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let store = crate::store::connect(&format!("sqlite://{}/runs.db", dir.path().display()), 2).await.unwrap();
+        let log = EventLog::start(store, runs.clone(), Duration::from_millis(5), 1_000_000);
+        let (ann, bob) = (UserId::new("ann"), UserId::new("bob"));
+        let register = |user: &UserId, trace_id: TraceId| {
+            runs.register(trace_id, MessageId::new(), ConversationId::new(), user, log.clone(), 0)
+        };
+        // A limit of none: the refusal says how many count.
+        let counted = |user: &UserId| runs.reserve(user, 1, 0).err().unwrap();
+        let done = |emitter: &mut Emitter| {
+            let run = emitter.run().clone();
+            let (conversation_id, message_id, trace_id) = (run.conversation_id, run.message_id, run.trace_id);
+            emitter.emit(Event::Done { conversation_id, message_id, trace_id });
+        };
+
+        let (a, mut a_emitter) = register(&ann, TraceId::new());
+        assert_eq!(counted(&ann), 1);
+        a.set_queued(true);
+        assert_eq!(counted(&ann), 0, "a queued run does not count");
+        a.set_queued(false);
+        let (b, mut b_emitter) = register(&ann, TraceId::new());
+        let (_c, _c_emitter) = register(&bob, TraceId::new());
+        assert_eq!((counted(&ann), counted(&bob)), (2, 1));
+        b.set_queued(true);
+        b.set_ending();
+        assert_eq!(counted(&ann), 2, "a queued run whose end is decided counts again");
+        done(&mut a_emitter);
+        assert_eq!(counted(&ann), 1, "an ended run does not count");
+        runs.remove(&a);
+        assert_eq!(counted(&ann), 1);
+        // A run that waits counts; its continuation takes its place, once.
+        b_emitter.park();
+        assert_eq!(counted(&ann), 1);
+        let (_b_again, mut b_again_emitter) = register(&ann, b.trace_id);
+        assert_eq!(counted(&ann), 1);
+        runs.remove(&b);
+        assert_eq!(counted(&ann), 1, "the parked run is no longer the registered one");
+        done(&mut b_again_emitter);
+        assert_eq!((counted(&ann), counted(&bob)), (0, 1));
+        // Reserved room counts with the runs.
+        let reserved = runs.reserve(&bob, 2, 3).expect("room for two beside one");
+        assert_eq!(counted(&bob), 3);
+        drop(reserved);
+        assert_eq!(counted(&bob), 1);
     }
 
     #[tokio::test]
