@@ -12,7 +12,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::{Stream, StreamExt, TryStreamExt};
 use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::Value;
 
@@ -96,6 +96,30 @@ impl Keys {
     }
 }
 
+/// A broken body's error with what caused it: reqwest's own words ("error decoding
+/// response body") say nothing of why; its sources (hyper's, h2's) do, and hold no key.
+struct WithCauses(String, String);
+
+impl std::fmt::Display for WithCauses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.1.is_empty() { f.write_str(&self.0) } else { write!(f, "{}: {}", self.0, self.1) }
+    }
+}
+
+/// The messages of `error`'s sources, joined.
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut causes = Vec::new();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        causes.push(inner.to_string());
+        source = inner.source();
+    }
+    causes.join(": ")
+}
+
+/// An HTTP/2 provider connection's receive window (see [`Transport::new`]).
+const HTTP2_CONNECTION_WINDOW: u32 = 64 << 20;
+
 /// Timeouts and retry bounds of one provider.
 #[derive(Debug, Clone)]
 pub struct Transport {
@@ -123,6 +147,12 @@ impl Transport {
                 (true, true) => builder.http2_prior_knowledge(),
                 (true, false) => builder,
             };
+            // h2 closes a connection whose small DATA frames (a token each) pile up unread
+            // past half its window (ENHANCE_YOUR_CALM, "too_many_data_frames"), failing every
+            // stream on it: at 50,000 streams on four connections, a few seconds' lag did.
+            // The default 5 MiB window allowed ~23,000 unread tokens a connection; this one
+            // ~300,000. (Each stream's own window stays 2 MiB.)
+            let builder = builder.http2_initial_connection_window_size(HTTP2_CONNECTION_WINDOW);
             builder.build().expect("the TLS backend initialises")
         };
         // HTTP/1.1's pool opens a connection per stream anyway.
@@ -200,7 +230,8 @@ impl Transport {
             })
             .boxed();
         }
-        decode(response.bytes_stream(), decoder, self.first_byte, self.idle, key).boxed()
+        let bytes = response.bytes_stream().map_err(|e| WithCauses(e.to_string(), causes(&e)));
+        decode(bytes, decoder, self.first_byte, self.idle, key).boxed()
     }
 }
 
