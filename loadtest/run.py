@@ -7,14 +7,17 @@
 
 Scenarios: (a) throughput, (b) latency under concurrency, (c) capacity of open streams,
 (d) a tool-calling run, (f) new chats while a thousand runs end at once, and (e) 50,000
-open streams (only when named: --scenarios e --provider-http http2; the bench raises its
-descriptor limit, which needs root past the hard limit). Prints one table and writes
+open streams (only when named: --scenarios e --provider-http http2; over HTTP/1.1 from the
+client each stream is a descriptor in chatd and in the load generator, and the bench raises
+its descriptor limit, which needs root past the hard limit; with --client-http2 they share
+500 connections). Prints one table and writes
 target/bench/results.json. Figures are ratios against the direct path of the same run.
 Usage:
 
   loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d,f] [--backends sqlite,postgres]
                   [--provider-http http2,http1] [--repeat N] [--chatd BIN]
                   [--encodings native,ui,agui,responses] [--postgres URL] [--extra-config FILE]
+                  [--client-http2] [--e-streams N]
 
 --backends measures chatd on each database in turn (both by default). On Postgres each
 scenario gets a database of its own, made beside the one --postgres URL names (else
@@ -43,6 +46,10 @@ direct and chatd paths N times in turn, on the same processes, and also prints t
 (`http2 = true` on the provider: its streams share one connection) and `http1` (one HTTP/1.1
 connection per stream, as Ollama, vLLM and llama.cpp are reached). --provider-http1 is
 --provider-http http1.
+
+--client-http2: the load generator reaches chatd and the mock over HTTP/2 without TLS (prior
+knowledge), 100 streams to a connection, as a proxy in front of chatd that speaks h2c to it
+would; HTTP/1.1, a connection to each stream, otherwise.
 """
 import argparse, base64, http.server, json, os, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 import urllib.request
@@ -51,6 +58,7 @@ from statistics import median
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "target", "bench")
 REL = os.path.join(ROOT, "target", "release")
+CLIENT_HTTP2 = False  # --client-http2
 LITELLM_VERSION = "1.80.0"
 MASTER_KEY = "sk-bench-master-7d1f"
 
@@ -151,9 +159,12 @@ def loadgen(label, url, body, streams, headers=(), verify=None, probes=0, ended=
     # past 20,000 bound ones: the direct path's from 127.0.0.1, chatd's from 127.0.0.101 (a
     # bound socket takes a port none of its address holds, TIME_WAIT included, and the run
     # before left its ports in TIME_WAIT).
-    sources = streams // 20000 + 1
+    # Over HTTP/2 (`--client-http2`) 100 streams share a connection: one address is plenty.
+    sources = 1 if CLIENT_HTTP2 else streams // 20000 + 1
     cmd = [os.path.join(REL, "loadgen"), "--label", label, "--url", url, "--body", json.dumps(body), "--streams", str(streams),
            "--probes", str(probes), "--sources", str(sources)]
+    if CLIENT_HTTP2:
+        cmd += ["--http2", "100"]
     if sources > 1 and label != "direct":
         cmd += ["--source-base", "100"]
     for h in headers:
@@ -281,9 +292,14 @@ def main():
     ap.add_argument("--extra-config", metavar="FILE", help="TOML added to chatd's config (webhooks, telemetry: their cost)")
     ap.add_argument("--hooks", action="store_true", help="webhooks and OTLP export on, to a receiver in this process")
     ap.add_argument("--e-streams", type=int, help="(e)'s stream count, instead of 50,000")
+    ap.add_argument("--client-http2", action="store_true",
+                    help="the load generator speaks HTTP/2 without TLS to chatd and to the mock, 100 streams a connection "
+                         "(as a proxy in front of chatd would); HTTP/1.1, a connection a stream, otherwise")
     ap.add_argument("--encodings", default="native",
                     help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's), responses (the OpenAI Responses API's)")
     args = ap.parse_args()
+    global CLIENT_HTTP2
+    CLIENT_HTTP2 = args.client_http2
     # The bench needs many sockets (chatd holds two per stream: the client's and the model's);
     # it raises its own limit, inherited by what it starts. chatd's defaults do not change.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -312,7 +328,7 @@ def main():
     # Each stream is a descriptor in chatd and one in the load generator: past the hard
     # limit (which only root with CAP_SYS_RESOURCE can raise) (e) holds what fits.
     room = resource.getrlimit(resource.RLIMIT_NOFILE)[1] - 1000
-    if "e" in args.scenarios.split(",") and scenarios["e"]["streams"] > room:
+    if "e" in args.scenarios.split(",") and scenarios["e"]["streams"] > room and not CLIENT_HTTP2:
         print(f"(e): the descriptor limit ({room + 1000}) holds {room} streams, not {scenarios['e']['streams']}")
         scenarios["e"]["streams"] = room
     litellm_bin = install_litellm() if args.litellm else None
@@ -330,7 +346,8 @@ def main():
             print(f"\n== chatd on {backend}, HTTP/{'1.1' if http == 'http1' else '2'} to the model ==")
             for key in args.scenarios.split(","):
                 results.extend(run_scenario(args, key, scenarios[key], postgres if backend == "postgres" else None,
-                                            http == "http1", litellm_bin, {"backend": backend, "provider_http": http}))
+                                            http == "http1", litellm_bin, {"backend": backend, "provider_http": http,
+                                                                          "client_http": "http2" if CLIENT_HTTP2 else "http1"}))
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
 

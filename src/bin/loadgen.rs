@@ -18,6 +18,10 @@
 //! 127.0.0.N, or from `--source-base` on): past ~28,000 streams one address runs out of
 //! ephemeral ports. The output says how many streams were open at once at most (`peak_open`).
 //!
+//! `--http2 N` speaks HTTP/2 without TLS (prior knowledge) instead, N streams to a
+//! connection: what a proxy in front of chatd does, and 50,000 streams in a few hundred
+//! descriptors.
+//!
 //! `{n}` in the body is replaced by the stream's number, for bodies that must differ (the
 //! AI SDK's chat id: `--body '{"id":"bench-{n}","messages":[…]}'`).
 
@@ -70,6 +74,10 @@ struct Args {
     /// included: two runs one after the other want different addresses.
     #[arg(long, default_value_t = 0)]
     source_base: u8,
+    /// HTTP/2 with prior knowledge, this many streams to a connection (0: HTTP/1.1, a
+    /// connection to each stream).
+    #[arg(long, default_value_t = 0)]
+    http2: usize,
 }
 
 #[derive(Default)]
@@ -237,10 +245,20 @@ async fn main() {
     let args = Arc::new(Args::parse());
     // One address and no base: not bound, the kernel picks each port for its destination.
     let bind = args.sources > 1 || args.source_base > 0;
-    let clients: Vec<reqwest::Client> = (1..=args.sources.max(1))
-        .map(|n| {
+    // Over HTTP/1.1 a client per source address, a connection per stream; over HTTP/2 a client
+    // (one connection) per `http2` streams, probes included, spread over the addresses.
+    let connections = match args.http2 {
+        0 => usize::from(args.sources.max(1)),
+        per => (args.streams + args.probes).div_ceil(per).max(1),
+    };
+    let clients: Vec<reqwest::Client> = (0..connections)
+        .map(|i| {
+            let n = u8::try_from(i % usize::from(args.sources.max(1))).expect("at most 255 sources") + 1;
             let source = bind.then(|| std::net::IpAddr::from([127, 0, 0, args.source_base.saturating_add(n)]));
-            reqwest::Client::builder().pool_max_idle_per_host(0).local_address(source).build().expect("client")
+            let builder = reqwest::Client::builder().local_address(source);
+            let builder =
+                if args.http2 > 0 { builder.http2_prior_knowledge() } else { builder.pool_max_idle_per_host(0) };
+            builder.build().expect("client")
         })
         .collect();
     let client = &clients[0];
@@ -269,6 +287,7 @@ async fn main() {
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for n in args.streams..args.streams + args.probes {
             pace.tick().await;
+            let client = if args.http2 > 0 { &clients[n % clients.len()] } else { client };
             probes.push(tokio::spawn(one(client.clone(), args.clone(), n, gate.clone(), ignored.clone())));
         }
     }

@@ -1,7 +1,8 @@
 //! Connections that hold resources without using them: idle sockets, half-sent headers,
 //! idle keep-alive connections and stalled bodies are closed after their timeouts; streams
 //! are not; the number served at once is capped; a refused large body closes its connection
-//! in a way the client hears.
+//! in a way the client hears. HTTP/2 without TLS (prior knowledge) is served on the same
+//! port: streams side by side on one connection, idle connections closed.
 
 use std::time::{Duration, Instant};
 
@@ -120,4 +121,79 @@ async fn requests_hyper_refuses_get_the_envelope_too() {
         assert_eq!(body["code"], code, "{status}");
         assert!(!body["message"].as_str().unwrap().is_empty());
     }
+}
+
+/// An HTTP/2 client that speaks it from the first byte (h2c with prior knowledge).
+fn http2_client() -> reqwest::Client {
+    reqwest::Client::builder().http2_prior_knowledge().build().unwrap()
+}
+
+#[tokio::test]
+async fn http2_without_tls_carries_streams_side_by_side_past_the_idle_timeout() {
+    let app = TestApp::spawn(Backend::Sqlite, &format!("{SHORT}[stream]\nkeepalive_secs = 1\n")).await;
+    let client = http2_client();
+    let started = Instant::now();
+    let chat = |user: &'static str| {
+        let request = client
+            .post(app.url("/api/chat/stream"))
+            .header("x-client-id", user)
+            .json(&json!({"message": "[mock:words=60] [mock:delay=40] [mock:think=off]"}));
+        async move {
+            let response = request.send().await.unwrap();
+            assert_eq!(response.version(), reqwest::Version::HTTP_2);
+            assert_eq!(response.headers()["content-type"], "text/event-stream");
+            read_frames(response).await
+        }
+    };
+    let (ann, bob) = tokio::join!(chat("ann"), chat("bob"));
+    assert!(started.elapsed() > Duration::from_secs(2), "the runs last longer than the idle timeout");
+    for frames in [&ann, &bob] {
+        assert_eq!(frames.last().unwrap().kind(), "done");
+        assert_eq!(frames.iter().filter(|f| f.kind() == "complete").count(), 1, "{frames:?}");
+    }
+    // Both answers are kept, as over HTTP/1.1.
+    for user in ["ann", "bob"] {
+        let (_, list) = app.get("/api/conversations", user).await;
+        let id = list["conversations"][0]["id"].as_str().unwrap().to_owned();
+        let (_, conversation) = app.get(&format!("/api/conversations/{id}"), user).await;
+        let answer = &conversation["messages"].as_array().unwrap().last().unwrap()["content"];
+        assert!(answer.as_str().is_some_and(|a| a.split_whitespace().count() == 60), "{answer}");
+    }
+    // A request after the streams is served on the same client.
+    let health = client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!((health.status(), health.version()), (StatusCode::OK, reqwest::Version::HTTP_2));
+}
+
+/// The frames' types in an HTTP/2 server's bytes (after its preface-less start).
+fn http2_frame_types(mut bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    while bytes.len() >= 9 {
+        let length = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+        types.push(bytes[3]);
+        bytes = &bytes[(9 + length).min(bytes.len())..];
+    }
+    types
+}
+
+#[tokio::test]
+async fn idle_and_half_opened_http2_connections_are_closed() {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const GOAWAY: u8 = 7;
+    let app = TestApp::spawn(Backend::Sqlite, SHORT).await;
+
+    let mut idle = connect(&app).await;
+    idle.write_all(PREFACE).await.unwrap();
+    // An empty SETTINGS frame: the client's half of the handshake, then nothing.
+    idle.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    let started = Instant::now();
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), idle.read_to_end(&mut received)).await;
+    assert!(read.is_ok(), "the idle connection is still open after 10 s");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(http2_frame_types(&received).contains(&GOAWAY), "closed with a GOAWAY: {received:?}");
+
+    let mut half = connect(&app).await;
+    half.write_all(&PREFACE[..10]).await.unwrap();
+    let (sent, after) = until_closed(&mut half).await;
+    assert!(sent.is_empty() && after < Duration::from_secs(5), "{sent:?} {after:?}");
 }
