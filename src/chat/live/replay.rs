@@ -92,11 +92,14 @@ impl Follower {
         through_waits: bool,
     ) -> impl Stream<Item = Frame> + Send + 'static {
         let core = self.clone();
+        // Listening from now, not from the response's first read: the run keeps its frames
+        // for this client meanwhile.
+        let live = run.clone().follow(0);
         async_stream::stream! {
             // Lives, and drops, with the stream.
             let mut guard = DisconnectGuard { run: run.clone(), cancel_on_drop, done: false };
             let mut after = 0;
-            let mut live = std::pin::pin!(run.clone().follow(0));
+            let mut live = std::pin::pin!(live);
             while let Some(frame) = live.next().await {
                 after = frame.seq;
                 guard.done |= frame.is_last();

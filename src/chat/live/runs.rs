@@ -1,9 +1,11 @@
 //! Live runs: each run has a trace id, a cancellation token and a fan-out of its events to
 //! any number of listeners. A run does not belong to the HTTP request that started it; a
 //! listener can join at any sequence number and gets every later event, then follows live.
-//! A run keeps its newest frames only: those the log has, but the last [`KEPT`], it lets go
-//! (a long answer would otherwise hold every token it sent until its end); a listener that
-//! joins later, or falls further behind, reads them from the log.
+//! A run keeps only the frames someone may still read from memory: those the log has, it lets
+//! go once every listener here has taken them (but its last two, and at most [`KEPT`] behind
+//! its newest: a long answer would otherwise hold every token it sent until its end, and a
+//! listener that stops reading every token sent since); a listener that joins later, or falls
+//! further behind, reads them from the log.
 
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
 use std::collections::{HashMap, VecDeque};
@@ -122,9 +124,15 @@ pub struct LiveRun {
     registry: Weak<Mutex<Registry>>,
 }
 
-/// The frames a run keeps of those the log has already: a listener a little behind (a
-/// client that reads slower for a moment) still follows from memory.
+/// The frames a run keeps of those the log has already while a listener here has not taken
+/// them: a listener a little behind (a client that reads slower for a moment) still follows
+/// from memory. With no listener here, it keeps as many (one is about to join: the stream of
+/// the request that started the run, which joins when its response is first read).
 pub const KEPT: usize = 16;
+
+/// The frames a run keeps of those the log has, whoever took them: its ending and `done`,
+/// for whoever asks how it ended (a cancel, see [`LiveRun::ending`]).
+const KEPT_LAST: usize = 2;
 
 /// A run's frames and the listeners waiting for more, under one lock: a listener that finds
 /// nothing new leaves its waker under the same lock, so no announcement falls in between.
@@ -136,6 +144,10 @@ struct Frames {
     /// Frames `base + 1`, `base + 2`, …
     sent: VecDeque<Frame>,
     waiting: Vec<Waker>,
+    /// Each listener here, by its number: the seq of the last frame it took.
+    listeners: Vec<(u64, u64)>,
+    /// The number of the next listener.
+    joined: u64,
 }
 
 impl Frames {
@@ -144,22 +156,73 @@ impl Frames {
             self.waiting.push(waker.clone());
         }
     }
+
+    /// The seq through which frames may be let go, the log having them through `logged`:
+    /// those every listener here took, else those more than [`KEPT`] behind the newest; never
+    /// the last [`KEPT_LAST`].
+    fn releasable(&self, logged: u64) -> u64 {
+        let newest = self.base + self.sent.len() as u64;
+        let behind = newest.saturating_sub(KEPT as u64);
+        let taken = match self.listeners.iter().map(|(_, after)| *after).min() {
+            Some(slowest) => slowest.max(behind),
+            None => behind,
+        };
+        logged.min(taken).min(newest.saturating_sub(KEPT_LAST as u64))
+    }
+
+    /// The listener `number` took the frames through `after`.
+    fn took(&mut self, number: u64, after: u64) {
+        if let Some(listener) = self.listeners.iter_mut().find(|(n, _)| *n == number) {
+            listener.1 = after;
+        }
+    }
+}
+
+/// A listener's place among a run's frames: from when it is made until it is dropped, the
+/// run keeps the frames it has not taken (as many as [`KEPT`] behind the newest).
+struct Listening {
+    run: Arc<LiveRun>,
+    number: u64,
+}
+
+impl Listening {
+    fn join(run: Arc<LiveRun>, after: u64) -> Self {
+        let number = {
+            let mut frames = run.frames.lock().expect("frames lock");
+            let number = frames.joined;
+            frames.joined += 1;
+            frames.listeners.push((number, after));
+            number
+        };
+        Self { run, number }
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let mut frames = self.run.frames.lock().expect("frames lock");
+        frames.listeners.retain(|(n, _)| *n != self.number);
+    }
 }
 
 impl LiveRun {
     /// The run's events with `seq > after` (at least [`base`](Self::base)), then the live
     /// ones, until `done`, or until the run parks to wait. The frames end early, without
     /// `done`, where the run let go of the next one this listener needs (it fell more than
-    /// [`KEPT`] frames behind the log): the rest is in the log.
+    /// [`KEPT`] frames behind the log): the rest is in the log. The listener counts as here
+    /// from this call on, not from the stream's first poll: the run keeps what it has not taken.
     pub fn follow(self: Arc<Self>, after: u64) -> impl Stream<Item = Frame> + Send + 'static {
+        let listening = Listening::join(self, after);
         async_stream::stream! {
+            let listening = listening;
+            let run = &listening.run;
             let mut after = after;
             loop {
                 let (batch, finished) = std::future::poll_fn(|cx| {
-                    let mut frames = self.frames.lock().expect("frames lock");
+                    let mut frames = run.frames.lock().expect("frames lock");
                     // Set under this lock with `done` (or the park): read here, it agrees with
                     // the frames.
-                    let finished = self.state.borrow().settled();
+                    let finished = run.state.borrow().settled();
                     // seq n is at index n - base - 1: the first frame after `after` is at
                     // index `after - base`, unless the run let go of it.
                     let Some(next) = after.checked_sub(frames.base) else {
@@ -168,7 +231,10 @@ impl LiveRun {
                     let next = usize::try_from(next).unwrap_or(usize::MAX);
                     let batch: Vec<Frame> = frames.sent.range(next.min(frames.sent.len())..).cloned().collect();
                     match batch {
-                        batch if !batch.is_empty() => Poll::Ready((batch, finished)),
+                        batch if !batch.is_empty() => {
+                            frames.took(listening.number, batch.last().map_or(after, |frame| frame.seq));
+                            Poll::Ready((batch, finished))
+                        }
                         // A listener that asked for more than a finished run sent has
                         // nothing to wait for.
                         _ if finished => Poll::Ready((Vec::new(), true)),
@@ -192,12 +258,11 @@ impl LiveRun {
         }
     }
 
-    /// Lets go of the frames the log has (`logged`: the seq of the newest one written), but
-    /// the newest [`KEPT`].
+    /// Lets go of the frames the log has (`logged`: the seq of the newest one written) that
+    /// no listener here still needs (see [`Frames::releasable`]).
     pub(super) fn let_go(&self, logged: u64) {
         let mut frames = self.frames.lock().expect("frames lock");
-        let newest = frames.base + frames.sent.len() as u64;
-        let through = logged.min(newest.saturating_sub(KEPT as u64));
+        let through = frames.releasable(logged);
         if through > frames.base {
             let count = usize::try_from(through - frames.base).unwrap_or(usize::MAX).min(frames.sent.len());
             frames.sent.drain(..count);
@@ -753,11 +818,57 @@ mod tests {
         assert_eq!(seqs, [96, 97, 98, 99, 100]);
         emitter.emit(text(101));
         assert_eq!(within.next().await.map(|f| f.seq), Some(101));
-        // The log has all of them: the newest KEPT stay.
+        // The log has all of them, and the one listener took them: the last two stay.
         emitter.flush().await.unwrap();
-        assert_eq!((run.base(), run.last_seq()), (101 - KEPT as u64, 101));
+        assert_eq!((run.base(), run.last_seq()), (99, 101));
         emitter.emit(Event::Done { conversation_id, message_id, trace_id });
         assert_eq!(within.next().await.map(|f| (f.seq, f.is_last())), Some((102, true)));
+        drop(within);
+        emitter.flush().await.unwrap();
         assert!(run.ending().is_some_and(|e| matches!(*e, Event::TextDelta { .. })), "the last two frames stay");
+    }
+
+    #[tokio::test]
+    async fn a_run_keeps_what_a_listener_here_has_not_taken() {
+        use futures_util::StreamExt;
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let (run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
+        let text = |n: u64| Event::TextDelta { text: format!("word {n} ") };
+        let emit =
+            |emitter: &mut Emitter, seqs: std::ops::RangeInclusive<u64>| seqs.for_each(|n| emitter.emit(text(n)));
+        // A listener that follows at the head: what it took and the log holds is let go, but
+        // the last two frames.
+        let mut head = Box::pin(run.clone().follow(0));
+        emit(&mut emitter, 1..=10);
+        let took: Vec<u64> = (&mut head).take(10).map(|f| f.seq).collect().await;
+        assert_eq!(took, (1..=10).collect::<Vec<_>>());
+        run.let_go(10);
+        assert_eq!((run.base(), run.last_seq()), (8, 10));
+        // One that joined and has not read yet (a response not yet polled) holds its frames,
+        // as long as they are within KEPT of the newest.
+        let mut idle = Box::pin(run.clone().follow(8));
+        emit(&mut emitter, 11..=20);
+        assert_eq!((&mut head).take(10).count().await, 10);
+        run.let_go(20);
+        assert_eq!(run.base(), 8, "the idle listener has taken nothing yet");
+        let first: Vec<u64> = (&mut idle).take(3).map(|f| f.seq).collect().await;
+        assert_eq!(first, [9, 10, 11]);
+        run.let_go(20);
+        assert_eq!(run.base(), 18, "it took all that was there at once");
+        // One that stops reading falls off KEPT behind the newest: the rest is in the log.
+        emit(&mut emitter, 21..=40);
+        assert_eq!((&mut head).take(20).count().await, 20);
+        run.let_go(40);
+        assert_eq!(run.base(), 40 - KEPT as u64);
+        let rest: Vec<u64> = idle.map(|f| f.seq).collect().await;
+        assert_eq!(rest, (12..=20).collect::<Vec<_>>(), "what it took, then it ends, without done");
+        // A listener that left holds nothing; with none here, the run keeps KEPT of what the
+        // log has (for the one about to join).
+        drop(head);
+        emit(&mut emitter, 41..=50);
+        run.let_go(50);
+        assert_eq!(run.base(), 50 - KEPT as u64);
+        let mut late = Box::pin(run.clone().follow(50 - KEPT as u64));
+        assert_eq!(late.next().await.map(|f| f.seq), Some(50 - KEPT as u64 + 1));
     }
 }
