@@ -2,6 +2,8 @@
 //! the conversation as typed messages. Each adapter turns these into its own wire body;
 //! none of them reads the store's rows or the API's views.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -10,20 +12,23 @@ use bytes::Bytes;
 use crate::domain::{AssistantTurn, Attachment, Message, Role};
 use crate::ids::MessageId;
 
-/// Serializable: a waiting run keeps the request it goes on with (CONTRACT.md §15).
+/// Serializable: a waiting run keeps the request it goes on with (CONTRACT.md §15). Its large
+/// parts are shared: a model call's copy of its run's request (fitted to the context, its
+/// files read) copies only what it changes, not the whole conversation, for as long as the
+/// answer streams.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelRequest {
     pub model: String,
-    pub system_prompt: Option<String>,
+    pub system_prompt: Option<Arc<str>>,
     /// The conversation so far, oldest first, ending with the user's new message and this
-    /// run's exchanges.
-    pub messages: Vec<InputMessage>,
+    /// run's exchanges (changed through [`Arc::make_mut`]: copied where shared).
+    pub messages: Arc<Vec<InputMessage>>,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,
     pub enable_thinking: bool,
     pub thinking_budget: Option<u32>,
     pub reasoning_effort: Option<String>,
-    pub tools: Vec<ToolSpec>,
+    pub tools: Arc<Vec<ToolSpec>>,
     /// What this request says that the next one will not (the page the user is on, an
     /// action's result, the payloads so far): sent after the history, so that everything
     /// before it stays the same from one turn to the next and the provider's prompt cache

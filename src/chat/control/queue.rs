@@ -223,7 +223,7 @@ impl Queue {
             spans: Vec::new(),
             assistant_message: None,
         };
-        ending::end(&self.store, emitter, End { record: Some(record), terminal: cancelled(trace) }).await;
+        ending::end(&self.store, emitter, End::saving(record, cancelled(trace))).await;
     }
 
     /// Takes up queued runs that no live process holds: at start-up, those left by the

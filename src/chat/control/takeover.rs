@@ -236,7 +236,7 @@ async fn interrupt(store: &Arc<dyn Store>, orphan: &RunningTrace) -> Result<bool
         spans: trace.spans.clone(),
         assistant_message: Some(message),
     };
-    if !crate::chat::live::ending::save(store, record).await {
+    if !crate::chat::live::ending::save(store, Box::new(record)).await {
         return Ok(false);
     }
     // Whoever follows or cancels it from another process learns that it ended.

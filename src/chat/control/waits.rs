@@ -288,8 +288,7 @@ pub(in crate::chat) async fn fail(
         message_id: trace.message_id,
         trace_id: trace.trace_id,
     }));
-    crate::chat::live::ending::end(store, emitter, crate::chat::live::ending::End { record: Some(record), terminal })
-        .await;
+    crate::chat::live::ending::end(store, emitter, crate::chat::live::ending::End::saving(record, terminal)).await;
 }
 
 /// Expires approvals nobody decided, until `shutdown`; on every replica (the store lets

@@ -12,13 +12,22 @@ use crate::domain::{RunError, TraceStatus};
 use crate::events::{ErrorEvent, Event};
 use crate::store::{RunFinish, Store, StoreError};
 
-/// What a run's end is made of.
+/// What a run's end is made of. (The record is boxed, as [`save`] takes it: an async
+/// function keeps an argument and the local it moves it into apart, each as large as the
+/// record, for every layer it passes, and runs end many at once.)
 pub struct End {
     /// What is stored of the run; `None` where nothing of it is left to store (its
     /// conversation was deleted).
-    pub record: Option<RunFinish>,
+    pub record: Option<Box<RunFinish>>,
     /// `complete`, `cancelled` or `error`.
     pub terminal: Event,
+}
+
+impl End {
+    /// An end whose record is stored.
+    pub fn saving(record: RunFinish, terminal: Event) -> Self {
+        Self { record: Some(Box::new(record)), terminal }
+    }
 }
 
 /// How long a run's end keeps trying to save its result while the database cannot take
@@ -72,14 +81,14 @@ pub async fn end(store: &Arc<dyn Store>, emitter: &mut Emitter, end: End) {
 /// the record could not be saved as it was. A run with no answer to keep that ended
 /// elsewhere, or whose conversation is gone, has nothing left to save: no failure. (One with
 /// an answer was not saved, and says so.)
-pub async fn save(store: &Arc<dyn Store>, record: RunFinish) -> bool {
+pub async fn save(store: &Arc<dyn Store>, record: Box<RunFinish>) -> bool {
     match retry_while_unavailable(&**store, &record, SAVE_FOR).await {
         Ok(()) => true,
         Err(StoreError::NotFound | StoreError::Conflict(_)) if record.assistant_message.is_none() => true,
         Err(e) => {
             tracing::error!(error = %e, trace_id = %record.trace_id, "could not save the run's end");
             if e.is_unavailable() {
-                save_later(store, unsaved(record));
+                save_later(store, unsaved(*record));
             }
             false
         }

@@ -223,8 +223,17 @@ impl FileReader {
     /// Fills in the content of every file of `request`. A file whose row is there and whose
     /// bytes cannot be read fails the model call: an answer that silently lacks a file the
     /// user sent is worse than an error that says so.
+    /// The messages are copied only where a file is unread (the run's own request keeps
+    /// none of the files' contents: a call's copy has them).
     pub async fn read(&self, request: &mut ModelRequest) -> Result<(), ProviderError> {
-        for message in &mut request.messages {
+        let unread = |message: &InputMessage| match message {
+            InputMessage::User { files, .. } => files.iter().any(|f| f.content == FileContent::Unread),
+            _ => false,
+        };
+        if !request.messages.iter().any(unread) {
+            return Ok(());
+        }
+        for message in Arc::make_mut(&mut request.messages) {
             let InputMessage::User { files, .. } = message else { continue };
             for input in files.iter_mut().filter(|f| f.content == FileContent::Unread) {
                 let known = self.read.lock().expect("never poisoned").get(&input.file.file_id).cloned();

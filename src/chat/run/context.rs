@@ -104,7 +104,7 @@ pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize, previou
     if before <= budget {
         return Trimmed { request: request.clone(), state: None };
     }
-    let fixed = request_tokens(&ModelRequest { messages: Vec::new(), ..request.clone() });
+    let fixed = request_tokens(&ModelRequest { messages: Arc::default(), ..request.clone() });
     let messages = &request.messages;
     let protected = protected.min(messages.len());
     let movable = messages.len() - protected;
@@ -141,7 +141,7 @@ pub fn fit(request: &ModelRequest, limit: Option<u32>, protected: usize, previou
         dropped_through: first_kept.checked_sub(1).map(|i| messages[i].id()),
         summary: None,
     };
-    Trimmed { request: ModelRequest { messages: kept, ..request.clone() }, state: Some(state) }
+    Trimmed { request: ModelRequest { messages: Arc::new(kept), ..request.clone() }, state: Some(state) }
 }
 
 /// Stores a conversation's context state as requests are trimmed (or not).
@@ -207,9 +207,9 @@ pub fn summary_request(request: &ModelRequest, dropped: &[InputMessage]) -> Mode
     let mut messages = dropped.to_vec();
     messages.push(InputMessage::user(SUMMARY_ASK));
     ModelRequest {
-        system_prompt: Some(SUMMARY_PROMPT.to_owned()),
-        messages,
-        tools: Vec::new(),
+        system_prompt: Some(SUMMARY_PROMPT.into()),
+        messages: Arc::new(messages),
+        tools: Arc::default(),
         enable_thinking: false,
         thinking_budget: None,
         max_tokens: Some(400),
@@ -246,14 +246,14 @@ mod tests {
     fn request(messages: Vec<InputMessage>) -> ModelRequest {
         ModelRequest {
             model: "m".into(),
-            system_prompt: Some("s".repeat(40)),
-            messages,
+            system_prompt: Some("s".repeat(40).into()),
+            messages: Arc::new(messages),
             temperature: None,
             max_tokens: None,
             enable_thinking: false,
             thinking_budget: None,
             reasoning_effort: None,
-            tools: Vec::new(),
+            tools: Arc::default(),
             ..ModelRequest::default()
         }
     }
@@ -263,6 +263,13 @@ mod tests {
         let r = request(vec![message(Role::User, "hi")]);
         assert_eq!(fit(&r, Some(1000), 1, None), Trimmed { request: r.clone(), state: None });
         assert_eq!(fit(&r, None, 1, None).state, None);
+        // Left alone, it is shared with the run's own request for as long as the answer
+        // streams, not copied: the conversation, the system prompt and the tools.
+        for fitted in [fit(&r, Some(1000), 1, None), fit(&r, None, 1, None)] {
+            assert!(Arc::ptr_eq(&fitted.request.messages, &r.messages));
+            assert!(Arc::ptr_eq(fitted.request.system_prompt.as_ref().unwrap(), r.system_prompt.as_ref().unwrap()));
+            assert!(Arc::ptr_eq(&fitted.request.tools, &r.tools));
+        }
     }
 
     #[test]
@@ -316,7 +323,7 @@ mod tests {
         let huge = "y".repeat(4000);
         let messages = vec![message(Role::User, "old"), message(Role::User, &huge)];
         let trimmed = fit(&request(messages.clone()), Some(100), 1, None);
-        assert_eq!(trimmed.request.messages, vec![messages[1].clone()]);
+        assert_eq!(*trimmed.request.messages, vec![messages[1].clone()]);
     }
 
     #[test]

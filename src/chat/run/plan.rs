@@ -2,6 +2,7 @@
 //! page's tools and payload types, the system prompt, and the diagnostics a client may ask for.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -185,14 +186,14 @@ impl Planner {
             provider,
             request: ModelRequest {
                 model: profile.model.clone(),
-                system_prompt: Some(system_prompt),
-                messages,
+                system_prompt: Some(system_prompt.into()),
+                messages: Arc::new(messages),
                 temperature: turn.temperature.or(profile.temperature),
                 max_tokens: turn.max_tokens.or(profile.max_tokens),
                 enable_thinking: profile.enable_thinking,
                 thinking_budget: profile.thinking_budget,
                 reasoning_effort: profile.reasoning_effort.clone(),
-                tools: specs,
+                tools: Arc::new(specs),
                 notes,
                 prompt_cache: (profile.prompt_cache == PromptCache::Auto).then_some(profile.prompt_cache_ttl),
                 cache_key: Some(turn.conversation_id.to_string()),

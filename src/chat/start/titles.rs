@@ -47,14 +47,14 @@ impl Titles {
             };
             let request = ModelRequest {
                 model: profile.model.clone(),
-                system_prompt: Some(TITLE_PROMPT.to_owned()),
-                messages: vec![InputMessage::user(first_message.clone())],
+                system_prompt: Some(TITLE_PROMPT.into()),
+                messages: Arc::new(vec![InputMessage::user(first_message.clone())]),
                 temperature: Some(0.2),
                 max_tokens: Some(30),
                 enable_thinking: false,
                 thinking_budget: None,
                 reasoning_effort: None,
-                tools: Vec::new(),
+                tools: Arc::default(),
                 ..ModelRequest::default()
             };
             let Some(text) = crate::chat::run::turn::complete_text(&*provider, &request).await else { return };

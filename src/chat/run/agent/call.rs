@@ -232,8 +232,8 @@ async fn summarize(plan: &RunPlan, fitted: &mut context::Trimmed, stored: Option
             summary
         }
     };
-    let prompt = fitted.request.system_prompt.get_or_insert_with(String::new);
-    prompt.push_str(&format!("\n\n## Earlier in this conversation\n{summary}"));
+    let prompt = fitted.request.system_prompt.as_deref().unwrap_or_default();
+    fitted.request.system_prompt = Some(format!("{prompt}\n\n## Earlier in this conversation\n{summary}").into());
     state.strategy = ContextStrategy::TrimOldestWithSummary;
     state.summary = Some(summary);
 }

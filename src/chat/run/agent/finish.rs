@@ -144,7 +144,7 @@ pub(super) async fn finish(
         spans: output.spans,
         assistant_message: assistant,
     };
-    crate::chat::live::ending::end(store, emitter, End { record: Some(record), terminal }).await;
+    crate::chat::live::ending::end(store, emitter, End::saving(record, terminal)).await;
 }
 
 pub(super) fn error_event(plan: &RunPlan, code: &str, message: &str, retryable: bool) -> Event {

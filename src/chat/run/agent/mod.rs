@@ -261,7 +261,7 @@ pub async fn supervise(plan: Box<RunPlan>, mut emitter: Emitter, store: Arc<dyn 
                 message_id,
                 trace_id,
             }));
-            Box::pin(ending::end(&store, &mut emitter, End { record: Some(record), terminal })).await;
+            Box::pin(ending::end(&store, &mut emitter, End::saving(record, terminal))).await;
         }
     }
     // A run that ended has sealed its log; one that parks to wait seals what it logged.
@@ -357,7 +357,8 @@ async fn execute(mut plan: Box<RunPlan>, emitter: &mut Emitter, store: &Arc<dyn 
             break;
         }
         // The next call sees this turn and its results.
-        plan.request.messages.push(InputMessage::Assistant { id: plan.message_id, turns: vec![turn.clone()] });
+        Arc::make_mut(&mut plan.request.messages)
+            .push(InputMessage::Assistant { id: plan.message_id, turns: vec![turn.clone()] });
         if iteration == plan.max_iterations {
             output.finish_reason = "max_iterations".to_owned();
         } else if over_budget(&plan, store, &output).await {
