@@ -126,8 +126,8 @@ pub struct LiveRun {
 
 /// The frames a run keeps of those the log has already while a listener here has not taken
 /// them: a listener a little behind (a client that reads slower for a moment) still follows
-/// from memory. With no listener here, it keeps as many (one is about to join: the stream of
-/// the request that started the run, which joins when its response is first read).
+/// from memory. With no listener here, it keeps as many, for one about to join (an A/B
+/// stream not read yet, a client resuming after its read of the log).
 pub const KEPT: usize = 16;
 
 /// The frames a run keeps of those the log has, whoever took them: its ending and `done`,
@@ -231,8 +231,8 @@ impl LiveRun {
                     let next = usize::try_from(next).unwrap_or(usize::MAX);
                     let batch: Vec<Frame> = frames.sent.range(next.min(frames.sent.len())..).cloned().collect();
                     match batch {
-                        batch if !batch.is_empty() => {
-                            frames.took(listening.number, batch.last().map_or(after, |frame| frame.seq));
+                        batch if let Some(seq) = batch.last().map(|frame| frame.seq) => {
+                            frames.took(listening.number, seq);
                             Poll::Ready((batch, finished))
                         }
                         // A listener that asked for more than a finished run sent has
