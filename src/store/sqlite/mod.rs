@@ -34,7 +34,7 @@ pub struct SqliteStore {
     pool: SqlitePool,
     /// The one connection that writes; `None` once a fault made it unfit (see [`Self::write`]),
     /// until the next write opens a new one.
-    writer: tokio::sync::Mutex<Option<SqliteConnection>>,
+    writer: Arc<WriterSlot>,
     /// How the writer is opened again after a fault.
     options: SqliteConnectOptions,
     /// Writers opened since the first: each one a write that failed for a fault.
@@ -61,23 +61,37 @@ pub struct SqliteStore {
 /// which costs only a short wait.
 const BYTES_LOCK_STRIPES: usize = 64;
 
+/// The one writer connection, `None` between a fault and the next write.
+type WriterSlot = tokio::sync::Mutex<Option<SqliteConnection>>;
+
 /// How often the WAL is copied back into the database file.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a connection waits for a lock another holds before it gives up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Past this much WAL written since it last started over, the checkpoint task makes it start
+/// over (see [`Checkpoints::start_over`]); also what a WAL that grew is cut back to.
+const WAL_START_OVER_PAST: u64 = 64 << 20;
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` and runs the SQLite migrations.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::open(url, max_connections, WAL_START_OVER_PAST).await
+    }
+
+    async fn open(url: &str, max_connections: u32, wal_start_over_past: u64) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             // WAL makes NORMAL durable against application crashes; only a power cut can
             // lose the last transactions.
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10))
+            .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true)
-            // Checkpoints run beside the writer (see `checkpoints`), not inside its commits.
+            // Checkpoints run beside the writer (see [`Checkpoints`]), not inside its commits.
             .pragma("wal_autocheckpoint", "0")
-            .pragma("journal_size_limit", "67108864");
+            .pragma("journal_size_limit", std::borrow::Cow::Owned(WAL_START_OVER_PAST.to_string()));
         if let Some(folder) = options.get_filename().parent() {
             if !folder.as_os_str().is_empty() {
                 std::fs::create_dir_all(folder)
@@ -98,11 +112,14 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await?;
         let health = Arc::new(WriteHealth { failing: AtomicBool::new(false), file: FileIdentity::of(&path) });
+        let writer = Arc::new(tokio::sync::Mutex::new(Some(writer)));
         let stop = CancellationToken::new();
-        tokio::spawn(checkpoints(pool.clone(), health.clone(), stop.clone()));
+        let task =
+            Checkpoints { pool: pool.clone(), writer: writer.clone(), health: health.clone(), wal_start_over_past };
+        tokio::spawn(task.run(stop.clone()));
         Ok(Self {
             pool,
-            writer: tokio::sync::Mutex::new(Some(writer)),
+            writer,
             options,
             reopened: AtomicU64::new(0),
             health,
@@ -389,26 +406,134 @@ impl FileIdentity {
     }
 }
 
-/// Every [`CHECKPOINT_EVERY`], copies the WAL back into the database file, on a reading
-/// connection. SQLite's automatic checkpoint runs inside the commit that crosses 1,000 pages,
-/// with an fsync, while that commit holds the one writer, and a new chat's start queued
-/// behind it. A passive checkpoint waits for nobody; the WAL starts over at the first write
-/// after one that caught up (writes come in batches, with pauses between them), and
-/// `journal_size_limit` then gives back what a burst made it grow to. (A checkpoint on the
-/// writer, to force the catch-up, held it for up to a second: its fsync.)
-async fn checkpoints(pool: SqlitePool, health: Arc<WriteHealth>, stop: CancellationToken) {
-    let mut every = tokio::time::interval(CHECKPOINT_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = every.tick() => {}
+/// The task that copies the WAL back into the database file and keeps it from growing.
+struct Checkpoints {
+    pool: SqlitePool,
+    writer: Arc<WriterSlot>,
+    health: Arc<WriteHealth>,
+    wal_start_over_past: u64,
+}
+
+/// How long a checkpoint that makes the WAL start over waits for the readers still in it,
+/// holding the writer.
+const START_OVER_WAIT: Duration = Duration::from_millis(100);
+
+/// A start-over that failed (a reader stayed in the WAL) is tried again at the next tick, this
+/// many times in a row; then after 1, 2, 4 … [`START_OVER_BACK_OFF_MAX`] ticks let go by, so
+/// that readers that always stay cost writes at most a wait every so often.
+const START_OVER_TRIES_AT_ONCE: u32 = 3;
+const START_OVER_BACK_OFF_MAX: u32 = 32;
+
+impl Checkpoints {
+    /// Every [`CHECKPOINT_EVERY`], copies the WAL back into the database file, on a reading
+    /// connection. SQLite's automatic checkpoint runs inside the commit that crosses 1,000
+    /// pages, with an fsync, while that commit holds the one writer, and a new chat's start
+    /// queued behind it. A passive checkpoint waits for nobody; the WAL starts over at the
+    /// first write after one that caught up (writes come in batches, with pauses between
+    /// them), and `journal_size_limit` then gives back what a burst made it grow to.
+    ///
+    /// Under writes without a pause that never comes: a passive checkpoint copies only what is
+    /// older than the oldest reader's snapshot, and some reader always holds one from before
+    /// the last write, so the WAL grew by every write (4.4 GB in six minutes at 50,000 streams) and every read
+    /// looked its pages up through all of it. Past [`WAL_START_OVER_PAST`] the WAL is made to
+    /// start over ([`Self::start_over`]).
+    async fn run(self, stop: CancellationToken) {
+        let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let page_size: i64 = sqlx::query_scalar("pragma page_size").fetch_one(&self.pool).await.unwrap_or(4096);
+        // Start-overs that failed in a row, and ticks to let go by before the next try.
+        let (mut failed, mut wait) = (0u32, 0u32);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            if !self.health.file.look() {
+                continue;
+            }
+            // (blocked, frames in the WAL since it started over, frames copied back)
+            let frames = match sqlx::query_as::<_, (i64, i64, i64)>("pragma wal_checkpoint(passive)")
+                .fetch_one(&self.pool)
+                .await
+            {
+                Ok((_, frames, _)) => frames,
+                Err(e) => {
+                    tracing::warn!(error = %e, "WAL checkpoint failed");
+                    continue;
+                }
+            };
+            if u64::try_from(frames.saturating_mul(page_size)).unwrap_or(0) <= self.wal_start_over_past {
+                (failed, wait) = (0, 0);
+                continue;
+            }
+            if wait > 0 {
+                wait -= 1;
+                continue;
+            }
+            if self.start_over().await {
+                failed = 0;
+            } else {
+                failed += 1;
+                wait = match failed.checked_sub(START_OVER_TRIES_AT_ONCE) {
+                    None => 0,
+                    Some(more) => START_OVER_BACK_OFF_MAX.min(1 << more.min(5)),
+                };
+            }
         }
-        if !health.file.look() {
-            continue;
-        }
-        if let Err(e) = sqlx::query("pragma wal_checkpoint(passive)").execute(&pool).await {
-            tracing::warn!(error = %e, "WAL checkpoint failed");
+    }
+
+    /// Makes the WAL start over: holding the writer (chatd's writes wait in their queue), a
+    /// checkpoint in `restart` mode copies the rest of the WAL back, then waits for the readers
+    /// still in it (reads are short; those that begin meanwhile read the database file), up to
+    /// [`START_OVER_WAIT`], and the next write starts the WAL from its top. Writes wait for the
+    /// copy of what the passive checkpoint just before could not copy, its fsync, and the
+    /// readers. False when a reader stayed longer (what it could copy is copied all the same).
+    async fn start_over(&self) -> bool {
+        let mut slot = self.writer.lock().await;
+        let Some(conn) = slot.as_mut() else { return false };
+        let began = std::time::Instant::now();
+        let checkpoint = async {
+            // SQLite's busy handler looks again after 1, 2, 5, 10, 15 … ms: the checkpoint
+            // looks every millisecond itself, so that writes wait no longer than the readers
+            // (the copy is done once; a checkpoint with nothing left to copy only looks).
+            sqlx::query("pragma busy_timeout = 0").execute(&mut *conn).await?;
+            let done = loop {
+                let done =
+                    sqlx::query_as::<_, (i64, i64, i64)>("pragma wal_checkpoint(restart)").fetch_one(&mut *conn).await;
+                if !matches!(done, Ok((1, _, _))) || began.elapsed() >= START_OVER_WAIT {
+                    break done;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            };
+            sqlx::query(&format!("pragma busy_timeout = {}", BUSY_TIMEOUT.as_millis())).execute(&mut *conn).await?;
+            done
+        };
+        let held_ms = |began: std::time::Instant| (began.elapsed().as_secs_f64() * 1e4).round() / 10.0;
+        match checkpoint.await {
+            Ok((0, frames, _)) => {
+                tracing::info!(
+                    frames,
+                    writes_waited_ms = held_ms(began),
+                    "the WAL grew under writes without a pause and was made to start over"
+                );
+                true
+            }
+            Ok((_, frames, copied)) => {
+                tracing::info!(
+                    frames,
+                    copied,
+                    writes_waited_ms = held_ms(began),
+                    "the WAL grew under writes without a pause; a reader kept it from starting over, tried again later"
+                );
+                false
+            }
+            Err(e) => {
+                // The writer may be left waiting for locks less than it should: the next write
+                // opens a new one.
+                tracing::warn!(error = %e, "WAL checkpoint failed; the writer connection is opened anew");
+                *slot = None;
+                false
+            }
         }
     }
 }
@@ -432,4 +557,67 @@ impl BytesLock for SqliteBytesLock<'_> {
     }
 
     async fn release(self: Box<Self>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The WAL header's checkpoint sequence number: one more each time the WAL starts over.
+    fn wal_started_over(database: &std::path::Path) -> u32 {
+        use std::io::Read;
+        let mut path = database.as_os_str().to_owned();
+        path.push("-wal");
+        let mut header = [0u8; 16];
+        std::fs::File::open(path).and_then(|mut wal| wal.read_exact(&mut header)).expect("the WAL has its header");
+        u32::from_be_bytes([header[12], header[13], header[14], header[15]])
+    }
+
+    /// Writes without a pause while some reader always holds a snapshot from before the last
+    /// write: no passive checkpoint can copy the whole WAL back, and without being made to
+    /// start over it grew by every write (its header's count of starts never moved).
+    #[tokio::test]
+    async fn the_wal_starts_over_under_writes_without_a_pause_and_readers_always_in_it() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let database = dir.path().join("chatd.db");
+        let store =
+            SqliteStore::open(&format!("sqlite://{}", database.display()), 4, 1 << 20).await.expect("store opens");
+        let stop = CancellationToken::new();
+        // Three readers, each holding its snapshot 20 ms, a new one every 7 ms or so.
+        let readers: Vec<_> = (0..3u64)
+            .map(|i| {
+                let (pool, stop) = (store.pool.clone(), stop.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(7 * i)).await;
+                    while !stop.is_cancelled() {
+                        let mut read = pool.begin().await.expect("a read begins");
+                        let _: i64 = sqlx::query_scalar("select count(*) from write_probe")
+                            .fetch_one(&mut *read)
+                            .await
+                            .expect("a read");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        read.commit().await.expect("a read ends");
+                    }
+                })
+            })
+            .collect();
+        // The first write starts the WAL over: nothing was in it that the first checkpoint did
+        // not copy.
+        store.probe_write().await.expect("a write passes");
+        let before = wal_started_over(&database);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        let mut writes = 0;
+        while wal_started_over(&database) - before < 2 && std::time::Instant::now() < until {
+            store.probe_write().await.expect("every write passes");
+            writes += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let started_over = wal_started_over(&database) - before;
+        stop.cancel();
+        for reader in readers {
+            reader.await.expect("a reader ends");
+        }
+        assert!(started_over >= 2, "the WAL started over {started_over} times in {writes} writes of 64 KiB");
+        assert_eq!(store.writers_reopened(), 0, "the checkpoints closed the writer");
+    }
 }
