@@ -249,12 +249,8 @@ impl Canceller {
     /// Cancels this process's runs in a conversation and waits (bounded) for them to end,
     /// so that deleting it leaves no run writing into it.
     pub async fn stop_runs_in(&self, user: &UserId, conversation_id: ConversationId) {
-        let runs: Vec<_> = self
-            .runs
-            .all()
-            .into_iter()
-            .filter(|r| r.conversation_id == conversation_id && r.user_id == *user)
-            .collect();
+        let runs: Vec<_> =
+            self.runs.in_conversation(conversation_id).into_iter().filter(|r| r.user_id == *user).collect();
         for run in &runs {
             run.cancel.cancel();
         }

@@ -143,9 +143,9 @@ impl Queue {
             let mut news = self.news.watch_all();
             let here: Vec<Arc<LiveRun>> = self
                 .runs
-                .all()
+                .in_conversation(trace.conversation_id)
                 .into_iter()
-                .filter(|r| r.conversation_id == trace.conversation_id && r.trace_id != trace.trace_id)
+                .filter(|r| r.trace_id != trace.trace_id)
                 .collect();
             let ahead = match self.store.claim_queued(trace.trace_id, &self.replica_id).await {
                 Ok(QueueTurn::Claimed(queued)) => return Waited::Turn(queued),

@@ -402,6 +402,9 @@ struct Registry {
     /// of one user took 75 % of a core in starts alone).
     counted: HashMap<UserId, usize>,
     reserved: HashMap<UserId, usize>,
+    /// The runs here of each conversation that has some, kept with `runs`: a queued run's
+    /// wake and a conversation's delete look theirs up instead of copying every run.
+    by_conversation: HashMap<ConversationId, Vec<TraceId>>,
 }
 
 impl Registry {
@@ -472,7 +475,10 @@ impl Runs {
         registry.count(user_id, true);
         // A run that goes on after a wait takes the place of its parked self.
         match registry.runs.insert(trace_id, run.clone()) {
-            None => metrics::gauge!("chatd_active_runs").increment(1.0),
+            None => {
+                registry.by_conversation.entry(conversation_id).or_default().push(trace_id);
+                metrics::gauge!("chatd_active_runs").increment(1.0);
+            }
             Some(parked) if parked.state.borrow().counts() => registry.count(&parked.user_id, false),
             Some(_) => {}
         }
@@ -492,6 +498,12 @@ impl Runs {
             let mut registry = self.live.lock().expect("runs lock");
             if registry.holds(run) {
                 registry.runs.remove(&run.trace_id);
+                if let Some(here) = registry.by_conversation.get_mut(&run.conversation_id) {
+                    here.retain(|id| *id != run.trace_id);
+                    if here.is_empty() {
+                        registry.by_conversation.remove(&run.conversation_id);
+                    }
+                }
                 if run.state.borrow().counts() {
                     registry.count(&run.user_id, false);
                 }
@@ -525,6 +537,13 @@ impl Runs {
     /// Every run in this process now.
     pub fn all(&self) -> Vec<Arc<LiveRun>> {
         self.live.lock().expect("runs lock").runs.values().cloned().collect()
+    }
+
+    /// The runs in this process now of one conversation.
+    pub fn in_conversation(&self, conversation_id: ConversationId) -> Vec<Arc<LiveRun>> {
+        let registry = self.live.lock().expect("runs lock");
+        let Some(here) = registry.by_conversation.get(&conversation_id) else { return Vec::new() };
+        here.iter().filter_map(|id| registry.runs.get(id).cloned()).collect()
     }
 }
 
@@ -789,6 +808,46 @@ mod tests {
         assert_eq!(counted(&bob), 3);
         drop(reserved);
         assert_eq!(counted(&bob), 1);
+    }
+
+    #[tokio::test]
+    async fn a_conversations_runs_are_found_by_it_as_they_come_and_go() {
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let store = crate::store::connect(&format!("sqlite://{}/runs.db", dir.path().display()), 2).await.unwrap();
+        let log = EventLog::start(store, runs.clone(), Duration::from_millis(5), 1_000_000);
+        let (one, two) = (ConversationId::new(), ConversationId::new());
+        let register = |conversation_id: ConversationId, trace_id: TraceId| {
+            runs.register(trace_id, MessageId::new(), conversation_id, &UserId::new("ann"), log.clone(), 0)
+        };
+        let found = |conversation_id: ConversationId| {
+            let mut ids: Vec<TraceId> = runs.in_conversation(conversation_id).iter().map(|r| r.trace_id).collect();
+            ids.sort();
+            ids
+        };
+        let sorted = |mut ids: Vec<TraceId>| {
+            ids.sort();
+            ids
+        };
+        let (a, mut a_emitter) = register(one, TraceId::new());
+        let (b, _b_emitter) = register(one, TraceId::new());
+        let (c, _c_emitter) = register(two, TraceId::new());
+        assert_eq!(found(one), sorted(vec![a.trace_id, b.trace_id]));
+        assert_eq!(found(two), vec![c.trace_id]);
+        assert!(found(ConversationId::new()).is_empty());
+        // A continuation after a wait takes its parked self's place, once; the parked one
+        // leaving after it takes nothing away.
+        a_emitter.park();
+        let (a_again, _a_again_emitter) = register(one, a.trace_id);
+        assert_eq!(found(one), sorted(vec![a.trace_id, b.trace_id]));
+        runs.remove(&a);
+        assert_eq!(found(one), sorted(vec![a.trace_id, b.trace_id]));
+        assert!(runs.in_conversation(one).iter().any(|r| Arc::ptr_eq(r, &a_again)), "the continuation is found");
+        runs.remove(&a_again);
+        runs.remove(&b);
+        assert!(found(one).is_empty());
+        assert_eq!(found(two), vec![c.trace_id]);
+        runs.remove(&c);
+        assert!(runs.live.lock().unwrap().by_conversation.is_empty(), "nothing kept of conversations without runs");
     }
 
     #[tokio::test]
