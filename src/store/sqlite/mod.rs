@@ -434,9 +434,9 @@ impl Checkpoints {
     ///
     /// Under writes without a pause that never comes: a passive checkpoint copies only what is
     /// older than the oldest reader's snapshot, and some reader always holds one from before
-    /// the last write, so the WAL grew by every write (4.4 GB in six minutes at 50,000 streams) and every read
-    /// looked its pages up through all of it. Past [`WAL_START_OVER_PAST`] the WAL is made to
-    /// start over ([`Self::start_over`]).
+    /// the last write, so the WAL grew by every write (4.4 GB in six minutes at 50,000
+    /// streams) and every read looked its pages up through all of it. Past
+    /// [`WAL_START_OVER_PAST`] the WAL is made to start over ([`Self::start_over`]).
     async fn run(self, stop: CancellationToken) {
         let mut every = tokio::time::interval(CHECKPOINT_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
