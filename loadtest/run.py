@@ -102,6 +102,33 @@ def proc_stats(pid):
     return cpu, rss, hwm
 
 
+class WalSize:
+    """The largest size SQLite's WAL file at `path` has from now until `stop()`, sampled every
+    0.2 s (MB). chatd makes it start over past 64 MiB written (docs/operations.md), so what
+    passes that by much is writes between two checkpoints, or a WAL that does not start over."""
+
+    def __init__(self, path):
+        self.path, self.largest, self.done = path, 0, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def sample(self):
+        try:
+            self.largest = max(self.largest, os.path.getsize(self.path))
+        except OSError:
+            pass
+
+    def run(self):
+        while not self.done.wait(0.2):
+            self.sample()
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        self.sample()
+        return self.largest / 1e6
+
+
 class ServerCpu:
     """The CPU seconds processes named `name` (the local Postgres server's) spend from now
     until `stop()`: /proc sampled every 0.2 s, each process at its last reading, those that
@@ -386,7 +413,8 @@ def run_scenario(args, key, sc, postgres, http1, litellm_bin, labels):
         probes = sc.get("probes", 0)
         for rep in range(max(args.repeat, 1)):
             row = {"scenario": key, **sc, **labels, "run": rep + 1}
-            measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes)
+            measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes,
+                    wal=None if postgres else os.path.join(work, "chatd.db-wal"))
             for encoding in [e for e in args.encodings.split(",") if e in ENCODINGS]:
                 measure_encoding(row, encoding, sc, chatd_port, chatd, probes)
             reps.append(row)
@@ -431,8 +459,9 @@ general_settings:
     return reps
 
 
-def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
-    """The direct path, then chatd's, with chatd's CPU and memory over its run, into `row`."""
+def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes, wal=None):
+    """The direct path, then chatd's, with chatd's CPU and memory over its run (and, given
+    `wal`, SQLite's WAL at its largest), into `row`."""
     row["direct"] = loadgen("direct", f"http://127.0.0.1:{mock_port}/v1/chat/completions", openai_body, sc["streams"],
                             probes=probes)
     try:
@@ -442,6 +471,7 @@ def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
     except OSError:
         pass
     server = ServerCpu() if row.get("backend") == "postgres" else None
+    wal_size = WalSize(wal) if wal else None
     cpu0, rss0, _ = proc_stats(chatd.pid)
     at_end = {}
 
@@ -449,6 +479,7 @@ def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
         # chatd's and the server's CPU for the streams, without the persisted answers' check.
         at_end["chatd"] = proc_stats(chatd.pid)
         at_end["server"] = server.stop() if server else None
+        at_end["wal"] = wal_size.stop() if wal_size else None
 
     row["chatd"] = loadgen("chatd", f"http://127.0.0.1:{chatd_port}/api/chat/stream", {"message": "go"}, sc["streams"],
                            verify=f"http://127.0.0.1:{chatd_port}", probes=probes, ended=streams_ended)
@@ -459,6 +490,8 @@ def measure(row, sc, mock_port, chatd_port, chatd, openai_body, probes):
         # The Postgres server's work for chatd: beside chatd's own on the same cores.
         row["postgres_cpu_s"] = server_cpu
         row["postgres_cpu_us_per_event"] = server_cpu * 1e6 / max(deltas, 1)
+    if at_end["wal"] is not None:
+        row["sqlite_wal_largest_mb"] = at_end["wal"]
     row["chatd_cpu_s"] = cpu1 - cpu0
     row["chatd_cpu_us_per_event"] = (cpu1 - cpu0) * 1e6 / max(deltas, 1)
     row["chatd_rss_kb"] = {"before": rss0, "after": rss1, "peak": hwm1}
@@ -535,6 +568,8 @@ def report(row):
     print(f"; all at once, first token p99 {row['chatd']['ttft_ms']['p99']:.1f} ms against "
           f"{row['direct']['ttft_ms']['p99']:.1f} ms direct = {row['chatd_ttft_p99_ratio']:.2f}x", end="")
     print()
+    if "sqlite_wal_largest_mb" in row:
+        print(f"  SQLite's WAL at its largest {row['sqlite_wal_largest_mb']:.1f} MB")
     if "postgres_cpu_s" in row:
         print(f"  Postgres server CPU beside it {row['postgres_cpu_s']:.3f} s = {row['postgres_cpu_us_per_event']:.2f} us per relayed event")
     print(f"  throughput ratio chatd/direct {c['events_per_sec'] / max(d['events_per_sec'], 1e-9):.3f}", end="")
