@@ -819,14 +819,12 @@ mod tests {
         let register = |conversation_id: ConversationId, trace_id: TraceId| {
             runs.register(trace_id, MessageId::new(), conversation_id, &UserId::new("ann"), log.clone(), 0)
         };
-        let found = |conversation_id: ConversationId| {
-            let mut ids: Vec<TraceId> = runs.in_conversation(conversation_id).iter().map(|r| r.trace_id).collect();
-            ids.sort();
-            ids
-        };
         let sorted = |mut ids: Vec<TraceId>| {
             ids.sort();
             ids
+        };
+        let found = |conversation_id: ConversationId| {
+            sorted(runs.in_conversation(conversation_id).iter().map(|r| r.trace_id).collect())
         };
         let (a, mut a_emitter) = register(one, TraceId::new());
         let (b, _b_emitter) = register(one, TraceId::new());

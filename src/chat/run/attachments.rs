@@ -223,6 +223,7 @@ impl FileReader {
     /// Fills in the content of every file of `request`. A file whose row is there and whose
     /// bytes cannot be read fails the model call: an answer that silently lacks a file the
     /// user sent is worse than an error that says so.
+    ///
     /// The messages are copied only where a file is unread (the run's own request keeps
     /// none of the files' contents: a call's copy has them).
     pub async fn read(&self, request: &mut ModelRequest) -> Result<(), ProviderError> {

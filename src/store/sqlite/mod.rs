@@ -508,12 +508,13 @@ impl Checkpoints {
             sqlx::query(&format!("pragma busy_timeout = {}", BUSY_TIMEOUT.as_millis())).execute(&mut *conn).await?;
             done
         };
-        let held_ms = |began: std::time::Instant| (began.elapsed().as_secs_f64() * 1e4).round() / 10.0;
-        match checkpoint.await {
+        let done = checkpoint.await;
+        let writes_waited_ms = (began.elapsed().as_secs_f64() * 1e4).round() / 10.0;
+        match done {
             Ok((0, frames, _)) => {
                 tracing::info!(
                     frames,
-                    writes_waited_ms = held_ms(began),
+                    writes_waited_ms,
                     "the WAL grew under writes without a pause and was made to start over"
                 );
                 true
@@ -522,7 +523,7 @@ impl Checkpoints {
                 tracing::info!(
                     frames,
                     copied,
-                    writes_waited_ms = held_ms(began),
+                    writes_waited_ms,
                     "the WAL grew under writes without a pause; a reader kept it from starting over, tried again later"
                 );
                 false
