@@ -655,6 +655,68 @@ fn ended(trace: &Trace, answer: Option<Message>) -> RunFinish {
 }
 
 both_backends! {
+    /// Runs ending at once (a burst of answers, their ends queueing for the writer's places)
+    /// are each told how their own end went: one whose run had already ended is refused and
+    /// changes nothing, one that cannot be written fails alone, and every other is kept
+    /// whole, its answer, trace, conversation and usage. (A guard for any way of writing
+    /// ends together: docs/benchmarks.md measured one.)
+    async fn runs_ending_at_once_are_each_written_or_refused_on_their_own(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let ann = user("ann");
+        let mut runs = Vec::new();
+        for i in 0..150 {
+            let c = conversation("ann", &format!("burst {i}"));
+            let start = run_start(&c, true);
+            assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+            runs.push((c, start));
+        }
+        let (already, clashing) = (0, 2);
+        store.finish_run(&ended(&runs[already].1.traces[0], None)).await.unwrap();
+        let ends = runs.iter().enumerate().map(|(i, (c, start))| {
+            let mut answer = Message::new(c.id, Some(start.user_message.id), Role::Assistant, format!("answer {i}"));
+            // This answer takes the id of another conversation's question: its insert fails.
+            answer.id = if i == clashing { runs[1].1.user_message.id } else { start.traces[0].message_id };
+            let usage = Usage { input_tokens: 10 + i as u64, output_tokens: 1, ..Usage::default() };
+            let record = RunFinish { usage, ..ended(&start.traces[0], Some(answer)) };
+            let store = store.clone();
+            tokio::spawn(async move { store.finish_run(&record).await })
+        });
+        let outcomes: Vec<_> = futures_util::future::join_all(ends).await.into_iter().map(|o| o.unwrap()).collect();
+
+        for (i, ((c, start), outcome)) in runs.iter().zip(outcomes).enumerate() {
+            let trace = store.get_trace(&ann, start.traces[0].trace_id).await.unwrap();
+            let conversation = store.get_conversation(&ann, c.id).await.unwrap();
+            let messages = store.messages(&ann, c.id).await.unwrap();
+            match i {
+                _ if i == already => {
+                    assert!(matches!(outcome, Err(StoreError::Conflict(_))), "{outcome:?}");
+                    assert_eq!(trace.status, TraceStatus::Error, "the first end stands");
+                    assert_eq!(messages.len(), 1, "no answer added");
+                }
+                _ if i == clashing => {
+                    assert!(matches!(outcome, Err(StoreError::Database(_))), "{outcome:?}");
+                    assert_eq!(trace.status, TraceStatus::Running, "nothing of the end is kept");
+                    assert_eq!((messages.len(), conversation.message_count), (1, 1));
+                }
+                _ => {
+                    assert!(outcome.is_ok(), "run {i}: {outcome:?}");
+                    assert_eq!(trace.status, TraceStatus::Completed);
+                    assert_eq!(trace.usage.map(|u| u.input_tokens), Some(10 + i as u64));
+                    assert_eq!(messages.len(), 2);
+                    assert_eq!(messages[1].content, format!("answer {i}"));
+                    assert_eq!(conversation.message_count, 2);
+                    assert_eq!(conversation.active_leaf_id, Some(start.traces[0].message_id));
+                }
+            }
+        }
+        let (from, to) = (now() - chrono::Duration::hours(1), now() + chrono::Duration::hours(1));
+        let sums = store.usage_sums(Some(&ann), from, to, UsageGrouping::Model).await.unwrap();
+        let kept: u64 = (0..150u64).filter(|&i| i != already as u64 && i != clashing as u64).map(|i| 10 + i).sum();
+        assert_eq!(sums.iter().map(|g| g.input_tokens).sum::<u64>(), kept, "{sums:?}");
+    }
+}
+
+both_backends! {
     async fn a_queued_run_is_claimed_in_its_turn_and_its_message_follows_the_answer(backend: Backend) {
         use chatd::store::QueueTurn;
         let (store, _db) = open(backend).await;
