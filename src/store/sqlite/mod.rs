@@ -112,7 +112,7 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await?;
         let health = Arc::new(WriteHealth { failing: AtomicBool::new(false), file: FileIdentity::of(&path) });
-        let writer = Arc::new(tokio::sync::Mutex::new(Some(writer)));
+        let writer = Arc::new(WriterSlot::new(Some(writer)));
         let stop = CancellationToken::new();
         let task =
             Checkpoints { pool: pool.clone(), writer: writer.clone(), health: health.clone(), wal_start_over_past };
