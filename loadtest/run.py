@@ -17,7 +17,7 @@ Usage:
   loadtest/run.py [--quick] [--litellm] [--scenarios a,b,c,d,f] [--backends sqlite,postgres]
                   [--provider-http http2,http1] [--repeat N] [--chatd BIN]
                   [--encodings native,ui,agui,responses] [--postgres URL] [--extra-config FILE]
-                  [--client-http2] [--e-streams N]
+                  [--client-http2] [--e-streams N] [--users N]
 
 --backends measures chatd on each database in turn (both by default). On Postgres each
 scenario gets a database of its own, made beside the one --postgres URL names (else
@@ -50,6 +50,12 @@ connection per stream, as Ollama, vLLM and llama.cpp are reached). --provider-ht
 --client-http2: the load generator reaches chatd and the mock over HTTP/2 without TLS (prior
 knowledge), 100 streams to a connection, as a proxy in front of chatd that speaks h2c to it
 would; HTTP/1.1, a connection to each stream, otherwise.
+
+--users N: the streams (and the probes) are spread over N users, stream n running as
+`bench-<n mod N>` (`X-Client-Id`, which chatd without auth takes as the user), as a service's
+many users would; by default all are the one local user, so that a start's check of its
+user's running runs meets every run going (1,000 at (b)): the worst case, and what the
+figures before this option measured.
 """
 import argparse, base64, http.server, json, os, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 import urllib.request
@@ -59,6 +65,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "target", "bench")
 REL = os.path.join(ROOT, "target", "release")
 CLIENT_HTTP2 = False  # --client-http2
+USERS = 0  # --users
 LITELLM_VERSION = "1.80.0"
 MASTER_KEY = "sk-bench-master-7d1f"
 
@@ -192,6 +199,8 @@ def loadgen(label, url, body, streams, headers=(), verify=None, probes=0, ended=
            "--probes", str(probes), "--sources", str(sources)]
     if CLIENT_HTTP2:
         cmd += ["--http2", "100"]
+    if USERS:
+        cmd += ["--users", str(USERS)]
     if sources > 1 and label != "direct":
         cmd += ["--source-base", "100"]
     for h in headers:
@@ -322,11 +331,13 @@ def main():
     ap.add_argument("--client-http2", action="store_true",
                     help="the load generator speaks HTTP/2 without TLS to chatd and to the mock, 100 streams a connection "
                          "(as a proxy in front of chatd would); HTTP/1.1, a connection a stream, otherwise")
+    ap.add_argument("--users", type=int, default=0, help="spread the streams over this many users (X-Client-Id)")
     ap.add_argument("--encodings", default="native",
                     help="comma-separated: native (always), ui (the AI SDK's stream), agui (AG-UI's), responses (the OpenAI Responses API's)")
     args = ap.parse_args()
-    global CLIENT_HTTP2
+    global CLIENT_HTTP2, USERS
     CLIENT_HTTP2 = args.client_http2
+    USERS = args.users
     # The bench needs many sockets (chatd holds two per stream: the client's and the model's);
     # it raises its own limit, inherited by what it starts. chatd's defaults do not change.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -47,6 +47,11 @@ struct Args {
     /// Extra headers, `Name: value`.
     #[arg(long)]
     header: Vec<String>,
+    /// Spread the streams over this many users (stream n is user `bench-<n mod users>`, named
+    /// in `X-Client-Id`, which chatd without auth takes as the user; the mock ignores it);
+    /// 0: no `X-Client-Id`, every stream the one local user.
+    #[arg(long, default_value_t = 0)]
+    users: usize,
     /// A name for this run in the output.
     #[arg(long, default_value = "run")]
     label: String,
@@ -92,6 +97,8 @@ struct Stream {
     ended: bool,
     error: Option<String>,
     conversation_id: Option<String>,
+    /// The user it ran as, where `--users` spreads them.
+    user: Option<String>,
 }
 
 /// Counts the streams that have their first event, and those open at once.
@@ -129,6 +136,11 @@ async fn one(
         if let Some((name, value)) = header.split_once(':') {
             request = request.header(name.trim(), value.trim());
         }
+    }
+    if args.users > 0 {
+        let user = format!("bench-{}", number % args.users);
+        request = request.header("x-client-id", &user);
+        stream.user = Some(user);
     }
     let response = match request.send().await {
         Ok(r) if r.status().is_success() => Ok(r),
@@ -309,13 +321,16 @@ async fn main() {
     let mut persisted = None;
     if let Some(base) = &args.verify {
         let mut ok = 0;
-        for id in streams.iter().filter_map(|s| s.conversation_id.as_ref()) {
+        for (id, user) in streams.iter().filter_map(|s| Some((s.conversation_id.as_ref()?, s.user.as_ref()))) {
             let url = format!("{base}/api/conversations/{id}");
             let mut request = client.get(url);
             for header in &args.header {
                 if let Some((name, value)) = header.split_once(':') {
                     request = request.header(name.trim(), value.trim());
                 }
+            }
+            if let Some(user) = user {
+                request = request.header("x-client-id", user);
             }
             let loaded: Option<Value> = match request.send().await {
                 Ok(r) => r.json().await.ok(),
