@@ -5,8 +5,8 @@ Load on a shared machine moves CPU times by 10-20 % from one run to the next; an
 count does not move with it, so two builds compare to the percent (and a build of another
 day, on another machine, compares at all). chatd runs under callgrind on a fresh SQLite
 file, with instrumentation off until a warm-up run is done; then N streams of 2,000 tokens
-from the mock, no delay by default; the count covers every thread of chatd over those streams (user
-space: the kernel's share is not in it). Usage:
+from the mock, no delay by default; the count covers every thread of chatd over those
+streams (user space: the kernel's share is not in it). Usage:
 
   loadtest/instructions.py [--chatd BIN ...] [--streams 8] [--tokens 2000] [--delay-ms 0]
                            [--provider-http http2|http1] [--postgres URL] [--obfuscation]

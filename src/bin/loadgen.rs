@@ -120,6 +120,24 @@ impl Started {
     }
 }
 
+/// `request` with the extra headers (`Name: value`) and, where `--users` spreads the
+/// streams, its user's `X-Client-Id`.
+fn with_headers(
+    mut request: reqwest::RequestBuilder,
+    headers: &[String],
+    user: Option<&str>,
+) -> reqwest::RequestBuilder {
+    for header in headers {
+        if let Some((name, value)) = header.split_once(':') {
+            request = request.header(name.trim(), value.trim());
+        }
+    }
+    match user {
+        Some(user) => request.header("x-client-id", user),
+        None => request,
+    }
+}
+
 async fn one(
     client: reqwest::Client,
     args: Arc<Args>,
@@ -131,17 +149,9 @@ async fn one(
     let permit = start_gate.acquire_owned().await.expect("open semaphore");
     let started = Instant::now();
     let body = args.body.replace("{n}", &number.to_string());
-    let mut request = client.post(&args.url).header("content-type", "application/json").body(body);
-    for header in &args.header {
-        if let Some((name, value)) = header.split_once(':') {
-            request = request.header(name.trim(), value.trim());
-        }
-    }
-    if args.users > 0 {
-        let user = format!("bench-{}", number % args.users);
-        request = request.header("x-client-id", &user);
-        stream.user = Some(user);
-    }
+    stream.user = (args.users > 0).then(|| format!("bench-{}", number % args.users));
+    let request = client.post(&args.url).header("content-type", "application/json").body(body);
+    let request = with_headers(request, &args.header, stream.user.as_deref());
     let response = match request.send().await {
         Ok(r) if r.status().is_success() => Ok(r),
         Ok(r) => Err(format!("status {}", r.status())),
@@ -323,15 +333,7 @@ async fn main() {
         let mut ok = 0;
         for (id, user) in streams.iter().filter_map(|s| Some((s.conversation_id.as_ref()?, s.user.as_ref()))) {
             let url = format!("{base}/api/conversations/{id}");
-            let mut request = client.get(url);
-            for header in &args.header {
-                if let Some((name, value)) = header.split_once(':') {
-                    request = request.header(name.trim(), value.trim());
-                }
-            }
-            if let Some(user) = user {
-                request = request.header("x-client-id", user);
-            }
+            let request = with_headers(client.get(url), &args.header, user.map(String::as_str));
             let loaded: Option<Value> = match request.send().await {
                 Ok(r) => r.json().await.ok(),
                 Err(_) => None,
