@@ -1,8 +1,10 @@
 //! A fake model provider: a real HTTP server on port 0 that answers each request with the
 //! next scripted response (status, headers, and a body sent in parts with pauses, a stall or
-//! a dropped connection), and records every request it got.
+//! a dropped connection), and records every request it got and how many of its answers are
+//! still being sent.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -85,6 +87,24 @@ pub struct Received {
 struct Shared {
     script: Arc<Mutex<VecDeque<Scripted>>>,
     received: Arc<Mutex<Vec<Received>>>,
+    open: Arc<AtomicUsize>,
+}
+
+/// Counts an answer as open from its first byte until its body is dropped: sent whole, or
+/// its client gone.
+struct Open(Arc<AtomicUsize>);
+
+impl Open {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 pub struct Fixture {
@@ -105,6 +125,11 @@ impl Fixture {
 
     pub fn received(&self) -> Vec<Received> {
         self.shared.received.lock().unwrap().clone()
+    }
+
+    /// How many answers are being sent: begun, and neither sent whole nor left by chatd.
+    pub fn open(&self) -> usize {
+        self.shared.open.load(Ordering::SeqCst)
     }
 }
 
@@ -144,6 +169,11 @@ async fn answer(
             }
         })
         .filter_map(|item| async move { item });
+    let open = Open::new(&shared.open);
+    let body = body.map(move |item| {
+        let _open = &open;
+        item
+    });
     let mut response = Response::builder().status(StatusCode::from_u16(scripted.status).unwrap());
     for (name, value) in scripted.headers {
         response = response.header(name, value);

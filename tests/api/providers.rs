@@ -1405,3 +1405,126 @@ async fn a_message_of_files_alone_has_no_empty_text_and_an_image_over_anthropics
     assert!(error["message"].as_str().unwrap().contains("big.png"), "{error}");
     assert_eq!(r.fixture.received().len(), 1, "never sent");
 }
+
+// A run's first model call goes out while its start is written (issue 40): on Postgres a
+// start waits for its user's lock when another transaction holds it, which shows the order.
+
+/// Polls `done` every 10 ms for up to 10 s.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{what}: not within 10 s");
+}
+
+/// Takes `user`'s start lock on Postgres in a transaction of its own (as a start of another
+/// replica's would), held until it ends.
+async fn hold_users_lock(url: &str, user: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 7))").bind(user).execute(&mut *tx).await.unwrap();
+    tx
+}
+
+/// Waits until a statement of the test's database waits for an advisory lock.
+async fn until_a_start_waits(url: &str) {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    for _ in 0..1000 {
+        let waiting: Option<i32> = sqlx::query_scalar(
+            "select 1 from pg_stat_activity \
+             where wait_event_type = 'Lock' and wait_event = 'advisory' and datname = current_database()",
+        )
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+        if waiting.is_some() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("no start waited for its user's lock within 10 s");
+}
+
+fn post_chat(app: &TestApp, user: &str, body: Value) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    tokio::spawn(app.client.post(app.url("/api/chat/stream")).header("x-client-id", user).json(&body).send())
+}
+
+/// While a new chat's start waits to be written, the model has its request already; once
+/// written, the run streams that request's answer whole, and asks nothing again. The call's
+/// span begins when the request went out.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_new_chats_model_call_goes_out_while_its_start_is_written() {
+    let script = vec![Scripted::sse(&openai_text(&["Sent", " early"]))];
+    let (app, fixture, _key) = spawn_fx(Backend::Postgres, "openai", script, "", "").await;
+    let held = hold_users_lock(&app.db_url, "ann").await;
+    let chat = post_chat(&app, "ann", json!({"message": "go"}));
+    until_a_start_waits(&app.db_url).await;
+    eventually("the model asked while the start waits", || fixture.received().len() == 1).await;
+    assert!(!chat.is_finished(), "the start is not written yet");
+    let released = chrono::Utc::now();
+    held.commit().await.unwrap();
+    let response = chat.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    let frames = read_frames(response).await;
+    assert_eq!(joined(&frames, "text_delta"), "Sent early");
+    assert_eq!(frames.iter().rev().map(Frame::kind).take(2).collect::<Vec<_>>(), ["done", "complete"]);
+    assert_eq!(fixture.received().len(), 1, "the run took the early call's answer");
+    assert_eq!(fixture.received()[0].body["messages"].as_array().unwrap().last().unwrap()["content"], "go");
+    let trace = app.get(&format!("/api/trace/{}", frames[0].data["trace_id"].as_str().unwrap()), "ann").await.1;
+    let span = &trace["spans"][0];
+    assert_eq!(span["kind"], "llm");
+    let began: chrono::DateTime<chrono::Utc> = serde_json::from_value(span["started_at"].clone()).unwrap();
+    assert!(began < released, "the call's span begins before the start was written: {span}");
+}
+
+/// A start refused at its commit (here: another replica's run fills the user's limit, which
+/// only the commit counts) drops the call it sent: the model's answer is left unread, and
+/// nothing of the request is kept.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_start_refused_at_its_commit_leaves_the_call_it_sent() {
+    let limit = "[limits]\nmax_concurrent_runs_per_user = 1\n";
+    let script = Scripted::sse(&[openai_chunk(json!({"role": "assistant", "content": "Never read"}), None)]);
+    let (app, fixture, _key) = spawn_fx(Backend::Postgres, "openai", vec![script.then(Part::Stall)], "", limit).await;
+    let other = TestApp::on(&app.db_url, limit).await;
+    let slow = json!({"message": "[mock:words=400] [mock:delay=15] [mock:think=off]", "profile": "default"});
+    let going = post_chat(&other, "ann", slow).await.unwrap().unwrap();
+    assert_eq!(going.status(), 200);
+    let held = hold_users_lock(&app.db_url, "ann").await;
+    let refused = post_chat(&app, "ann", json!({"message": "one too many"}));
+    until_a_start_waits(&app.db_url).await;
+    eventually("the model asked while the start waits", || fixture.received().len() == 1).await;
+    eventually("the model's answer begun", || fixture.open() == 1).await;
+    held.commit().await.unwrap();
+    let refused = refused.await.unwrap().unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.json::<Value>().await.unwrap()["code"], "RATE_LIMITED");
+    eventually("the early call's answer left", || fixture.open() == 0).await;
+    assert_eq!(fixture.received().len(), 1, "asked once, never again");
+    let (_, listed) = app.get("/api/conversations", "ann").await;
+    assert_eq!(listed["conversations"].as_array().unwrap().len(), 1, "only the other replica's: {listed}");
+    drop(going);
+}
+
+/// A user with a budget is asked nothing of the model until the start is written: a start
+/// refused at its commit would have spent what the budget cannot count.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_user_with_a_budget_asks_the_model_only_once_the_start_is_written() {
+    let budget = "[limits]\nbudget_tokens_per_day = 100000\n";
+    let script = vec![Scripted::sse(&openai_text(&["Counted"]))];
+    let (app, fixture, _key) = spawn_fx(Backend::Postgres, "openai", script, "", budget).await;
+    let held = hold_users_lock(&app.db_url, "ann").await;
+    let chat = post_chat(&app, "ann", json!({"message": "go"}));
+    until_a_start_waits(&app.db_url).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(fixture.received().len(), 0, "asked before the start was written");
+    held.commit().await.unwrap();
+    let frames = read_frames(chat.await.unwrap().unwrap()).await;
+    assert_eq!(joined(&frames, "text_delta"), "Counted");
+    assert_eq!(fixture.received().len(), 1);
+}

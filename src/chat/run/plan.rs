@@ -217,6 +217,7 @@ impl Planner {
             fallbacks: self.fallbacks(profile),
             prices: self.prices.clone(),
             budgets: crate::domain::budget::Budgets::of(&self.settings, user.as_str(), crate::domain::now()),
+            early: None,
         };
         Ok(Side { trace, plan })
     }
@@ -437,6 +438,7 @@ impl Planner {
             fallbacks: self.fallbacks(profile),
             prices: self.prices.clone(),
             budgets: crate::domain::budget::Budgets::of(&self.settings, trace.user_id.as_str(), crate::domain::now()),
+            early: None,
         })
     }
 }

@@ -259,7 +259,7 @@ impl Starter {
         sides: Vec<Side>,
         comparison: Option<Comparison>,
     ) -> Result<Begun<Vec<Arc<LiveRun>>>, ChatError> {
-        let (mut traces, plans): (Vec<Trace>, Vec<RunPlan>) = sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
+        let (mut traces, mut plans): (Vec<Trace>, Vec<RunPlan>) = sides.into_iter().map(|s| (s.trace, s.plan)).unzip();
         if turn.queued {
             for trace in &mut traces {
                 trace.status = TraceStatus::Queued;
@@ -270,6 +270,15 @@ impl Starter {
             Some((hold, turn)) => (Some(hold), Some(turn)),
             None => (None, None),
         };
+        // Each run's first model call goes out now, while its start is written, and the model
+        // answers meanwhile. A start refused at its commit (another replica's runs or starts
+        // won a race) drops that call unread; a user with a budget waits for the commit, so
+        // that nothing is asked of a model that the budget does not count.
+        if !turn.queued {
+            for plan in plans.iter_mut().filter(|plan| plan.budgets.is_none()) {
+                agent::send_early(plan);
+            }
+        }
         let start = RunStart {
             asked: turn.asked.kept(),
             seen: turn.seen,

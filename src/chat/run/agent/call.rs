@@ -3,8 +3,10 @@
 //! fails retryably is made again or answered by a fallback, and only the attempt that
 //! answers is kept.
 
+use chrono::{DateTime, Utc};
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::{Ending, Output, RunPlan};
 use crate::chat::live::runs::Emitter;
@@ -15,8 +17,40 @@ use crate::domain::{
 };
 use crate::events::Event;
 use crate::providers::transport;
-use crate::providers::{InputMessage, ModelRequest};
+use crate::providers::{InputMessage, ModelRequest, ProviderError, ProviderErrorKind, ProviderStream};
 use crate::wake::when_woken;
+
+/// A run's first model call, sent while the run's start was being written: the run takes its
+/// answer when it makes that call; a start that is not written drops it unread (the request
+/// is aborted).
+pub struct EarlyCall {
+    sent_at: DateTime<Utc>,
+    answer: AbortOnDropHandle<Result<ProviderStream, ProviderError>>,
+}
+
+/// Sends `plan`'s first model call now, in a task of its own, before its run starts: the
+/// model answers while the start is written (on Postgres, most of a start is its commit).
+/// Only a call known before the run starts goes early: one whose context needs no trim (a
+/// trim begins from the conversation's stored one, read by the run).
+pub fn send_early(plan: &mut RunPlan) {
+    let protected = protected(&plan.request.messages);
+    if context::fit(&plan.request, plan.context_limit, protected, None).state.is_some() {
+        return;
+    }
+    let (provider, files, mut request) = (plan.provider.clone(), plan.files.clone(), plan.request.clone());
+    let answer = tokio::spawn(async move {
+        // Read by the run's reader, which keeps them for the call.
+        files.read(&mut request).await?;
+        provider.stream(&request).await
+    });
+    plan.early = Some(EarlyCall { sent_at: now(), answer: AbortOnDropHandle::new(answer) });
+}
+
+/// How many messages at the end of `messages` a trim keeps, whatever they cost: the last
+/// user's message on.
+fn protected(messages: &[InputMessage]) -> usize {
+    messages.iter().rposition(InputMessage::is_user).map_or(messages.len(), |i| messages.len() - i)
+}
 
 /// One model call (one step, CONTRACT.md §19), streamed out as events and into `output`. A
 /// call that fails retryably after output is made again (the provider's retries), its
@@ -30,12 +64,12 @@ pub(super) async fn call_model(
     output: &mut Output,
     markers: Vec<String>,
 ) -> Ending {
-    let started_at = now();
+    let early = plan.early.take();
+    let started_at = early.as_ref().map_or_else(now, |e| e.sent_at);
     let step = output.thinking_calls.0;
     emitter.emit(Event::StepStart { step });
     emitter.emit(Event::Status { message: crate::events::THINKING_STATUS.to_owned() });
-    let messages = &plan.request.messages;
-    let protected = messages.iter().rposition(InputMessage::is_user).map_or(messages.len(), |i| messages.len() - i);
+    let protected = protected(&plan.request.messages);
     let mut fitted = context::fit(&plan.request, plan.context_limit, protected, None);
     // A request that needs trimming keeps the previous trim's first message while it fits.
     let stored = match fitted.state {
@@ -55,6 +89,8 @@ pub(super) async fn call_model(
     if let Err(error) = Box::pin(plan.files.read(&mut fitted.request)).await {
         return Ending::Failed(error);
     }
+    // The call sent early asked what this one asks (untrimmed): it is this one's first attempt.
+    let mut early = early.filter(|_| fitted.state.is_none());
     output.thinking_calls.0 += 1;
     let (mut turn, mut started_at) = (Turn::new(output.tool_history.len() as u32, markers.clone()), started_at);
     let mut retried = 0;
@@ -64,7 +100,7 @@ pub(super) async fn call_model(
         let ending = tokio::select! {
             biased;
             () = when_woken(cancel.cancelled()) => Ending::Cancelled,
-            ending = stream_turn(plan, &fitted.request, emitter, &mut turn, output) => ending,
+            ending = stream_turn(plan, &fitted.request, early.take(), emitter, &mut turn, output) => ending,
         };
         emitter.hold(false);
         let Ending::Failed(error) = &ending else { break ending };
@@ -268,14 +304,26 @@ pub(super) fn status_of(ending: &Ending) -> CallStatus {
     }
 }
 
+/// One attempt of a model call: `request` sent (or `early`'s answer taken), its output
+/// streamed into `turn` and out as events.
 async fn stream_turn(
     plan: &RunPlan,
     request: &ModelRequest,
+    early: Option<EarlyCall>,
     emitter: &mut Emitter,
     turn: &mut Turn,
     output: &mut Output,
 ) -> Ending {
-    let mut stream = match plan.provider.stream(request).await {
+    let answer = match early {
+        Some(early) => match early.answer.await {
+            Ok(answer) => answer,
+            // A provider that panics fails its run as it would in the run's own task.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(ProviderError::new(ProviderErrorKind::Network, "the model call was stopped")),
+        },
+        None => plan.provider.stream(request).await,
+    };
+    let mut stream = match answer {
         Ok(stream) => stream,
         Err(error) => return Ending::Failed(error),
     };

@@ -29,6 +29,7 @@ mod park;
 mod tools;
 
 use call::call_model;
+pub use call::{EarlyCall, send_early};
 use finish::finish;
 pub use park::{Checkpoint, Gate, PendingTurn, Resumption};
 pub use tools::INTERRUPTED_CALL;
@@ -82,6 +83,9 @@ pub struct RunPlan {
     pub prices: Arc<crate::pricing::Prices>,
     /// The user's budgets, where any is set: the run ends once its user's spend passes one.
     pub budgets: Option<crate::store::Budgets>,
+    /// The run's first model call, where it went out while the run's start was written
+    /// ([`send_early`]).
+    pub early: Option<EarlyCall>,
 }
 
 /// A profile that answers a run's model call in its own profile's stead: its provider and
