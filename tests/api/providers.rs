@@ -1491,7 +1491,8 @@ async fn a_start_refused_at_its_commit_leaves_the_call_it_sent() {
     let script = Scripted::sse(&[openai_chunk(json!({"role": "assistant", "content": "Never read"}), None)]);
     let (app, fixture, _key) = spawn_fx(Backend::Postgres, "openai", vec![script.then(Part::Stall)], "", limit).await;
     let other = TestApp::on(&app.db_url, limit).await;
-    let slow = json!({"message": "[mock:words=400] [mock:delay=15] [mock:think=off]", "profile": "default"});
+    // Running still when the start commits, however slow the machine (a minute).
+    let slow = json!({"message": "[mock:words=4000] [mock:delay=15] [mock:think=off]", "profile": "default"});
     let going = post_chat(&other, "ann", slow).await.unwrap().unwrap();
     assert_eq!(going.status(), 200);
     let held = hold_users_lock(&app.db_url, "ann").await;

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 
 use super::{Ending, Output, RunPlan};
 use crate::chat::live::runs::Emitter;
@@ -22,10 +23,11 @@ use crate::wake::when_woken;
 
 /// A run's first model call, sent while the run's start was being written: the run takes its
 /// answer when it makes that call; a start that is not written drops it unread (the request
-/// is aborted).
+/// is aborted). Its answer is `None` where the request's files could not be read then: the
+/// run reads them itself (failing as it would) and sends the call anew.
 pub struct EarlyCall {
     sent_at: DateTime<Utc>,
-    answer: AbortOnDropHandle<Result<ProviderStream, ProviderError>>,
+    answer: AbortOnDropHandle<Option<Result<ProviderStream, ProviderError>>>,
 }
 
 /// Sends `plan`'s first model call now, in a task of its own, before its run starts: the
@@ -38,11 +40,15 @@ pub fn send_early(plan: &mut RunPlan) {
         return;
     }
     let (provider, files, mut request) = (plan.provider.clone(), plan.files.clone(), plan.request.clone());
-    let answer = tokio::spawn(async move {
-        // Read by the run's reader, which keeps them for the call.
-        files.read(&mut request).await?;
-        provider.stream(&request).await
-    });
+    let span = tracing::info_span!("early_call", trace_id = %plan.trace_id, conversation_id = %plan.conversation_id);
+    let answer = tokio::spawn(
+        async move {
+            // Read by the run's reader, which keeps them for the call.
+            files.read(&mut request).await.ok()?;
+            Some(provider.stream(&request).await)
+        }
+        .instrument(span),
+    );
     plan.early = Some(EarlyCall { sent_at: now(), answer: AbortOnDropHandle::new(answer) });
 }
 
@@ -314,13 +320,17 @@ async fn stream_turn(
     turn: &mut Turn,
     output: &mut Output,
 ) -> Ending {
-    let answer = match early {
+    let early = match early {
         Some(early) => match early.answer.await {
             Ok(answer) => answer,
             // A provider that panics fails its run as it would in the run's own task.
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Err(ProviderError::new(ProviderErrorKind::Network, "the model call was stopped")),
+            Err(_) => Some(Err(ProviderError::new(ProviderErrorKind::Network, "the model call was stopped"))),
         },
+        None => None,
+    };
+    let answer = match early {
+        Some(answer) => answer,
         None => plan.provider.stream(request).await,
     };
     let mut stream = match answer {
