@@ -1511,21 +1511,34 @@ async fn a_start_refused_at_its_commit_leaves_the_call_it_sent() {
     drop(going);
 }
 
-/// A user with a budget is asked nothing of the model until the start is written: a start
-/// refused at its commit would have spent what the budget cannot count.
-#[tokio::test]
-#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
-async fn a_user_with_a_budget_asks_the_model_only_once_the_start_is_written() {
-    let budget = "[limits]\nbudget_tokens_per_day = 100000\n";
-    let script = vec![Scripted::sse(&openai_text(&["Counted"]))];
-    let (app, fixture, _key) = spawn_fx(Backend::Postgres, "openai", script, "", budget).await;
+/// Sends `message` to a fixture with `extra` in its profile while the user's lock is held:
+/// the model is asked nothing until the start is written, then once.
+async fn asked_only_once_written(extra: &str, message: &str) {
+    let script = vec![Scripted::sse(&openai_text(&["Asked", " after"]))];
+    let (app, fixture, _key) = spawn_fx(Backend::Postgres, "openai", script, "", extra).await;
     let held = hold_users_lock(&app.db_url, "ann").await;
-    let chat = post_chat(&app, "ann", json!({"message": "go"}));
+    let chat = post_chat(&app, "ann", json!({"message": message}));
     until_a_start_waits(&app.db_url).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(fixture.received().len(), 0, "asked before the start was written");
     held.commit().await.unwrap();
     let frames = read_frames(chat.await.unwrap().unwrap()).await;
-    assert_eq!(joined(&frames, "text_delta"), "Counted");
+    assert_eq!(joined(&frames, "text_delta"), "Asked after");
     assert_eq!(fixture.received().len(), 1);
+}
+
+/// A user with a budget is asked nothing of the model until the start is written: a start
+/// refused at its commit would have spent what the budget cannot count.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_user_with_a_budget_asks_the_model_only_once_the_start_is_written() {
+    asked_only_once_written("[limits]\nbudget_tokens_per_day = 100000\n", "go").await;
+}
+
+/// A request whose context needs a trim is sent by its run: the trim begins from the one
+/// the conversation keeps, which the run reads.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_request_to_trim_asks_the_model_only_once_the_start_is_written() {
+    asked_only_once_written("context_limit = 100", &"word ".repeat(400)).await;
 }
