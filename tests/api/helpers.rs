@@ -334,6 +334,10 @@ impl Replica {
             .send()
             .await
             .unwrap();
+        if response.status() != reqwest::StatusCode::OK {
+            let status = response.status();
+            panic!("the resume is not a stream: {status} {}", response.text().await.unwrap_or_default());
+        }
         read_frames(response).await
     }
 

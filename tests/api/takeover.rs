@@ -218,7 +218,7 @@ both_backends! {
             None => Replica::start(&db.url, &config).await,
         };
         let all = survivor.resume(&trace_id, 0).await;
-        assert_eq!(terminal_kinds(&all), ["complete"]);
+        assert_eq!(terminal_kinds(&all), ["complete"], "{all:?}");
         assert_eq!(once.received().len(), 1, "the call is not made again, nor the model asked again");
         let complete = &all.iter().find(|f| f.kind() == "complete").unwrap().data["payload"];
         let history = complete["tool_history"].as_array().unwrap();
