@@ -1481,6 +1481,38 @@ async fn a_new_chats_model_call_goes_out_while_its_start_is_written() {
     assert!(began < released, "the call's span begins before the start was written: {span}");
 }
 
+/// `chatd_time_to_first_token_seconds` is clocked from the first model call's going out: for
+/// a call sent while the start was written, from before the run began, so the wait for the
+/// commit counts.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn the_time_to_first_token_counts_from_the_early_calls_going_out() {
+    let fixture = Fixture::start(vec![Scripted::sse(&openai_text(&["Clocked"]))]).await;
+    // A model of its own: the metric is the process's, and other tests' models are in it.
+    let config = format!(
+        "[chat]\ndefault_profile = \"clocked\"\n[providers.fx]\nkind = \"openai\"\nbase_url = \"{}/v1\"\n\
+         [profiles.clocked]\nprovider = \"fx\"\nmodel = \"clocked-early\"\n",
+        fixture.base
+    );
+    let app = TestApp::spawn(Backend::Postgres, &config).await;
+    let held = hold_users_lock(&app.db_url, "ann").await;
+    let chat = post_chat(&app, "ann", json!({"message": "go"}));
+    until_a_start_waits(&app.db_url).await;
+    eventually("the model asked while the start waits", || fixture.received().len() == 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    held.commit().await.unwrap();
+    let frames = read_frames(chat.await.unwrap().unwrap()).await;
+    assert_eq!(joined(&frames, "text_delta"), "Clocked");
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("chatd_time_to_first_token_seconds_count{model=\"clocked-early\"}"), 1.0);
+    let took = value("chatd_time_to_first_token_seconds_sum{model=\"clocked-early\"}");
+    assert!(took >= 0.5, "the wait for the commit counts: {took} s");
+}
+
 /// A start refused at its commit (here: another replica's run fills the user's limit, which
 /// only the commit counts) drops the call it sent: the model's answer is left unread, and
 /// nothing of the request is kept.

@@ -3,6 +3,8 @@
 //! fails retryably is made again or answered by a fallback, and only the attempt that
 //! answers is kept.
 
+use std::time::Instant;
+
 use chrono::{DateTime, Utc};
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
@@ -27,6 +29,8 @@ use crate::wake::when_woken;
 /// run reads them itself (failing as it would) and sends the call anew.
 pub struct EarlyCall {
     sent_at: DateTime<Utc>,
+    /// The same moment, for the run's time to its first token.
+    pub(super) sent: Instant,
     answer: AbortOnDropHandle<Option<Result<ProviderStream, ProviderError>>>,
 }
 
@@ -49,7 +53,7 @@ pub fn send_early(plan: &mut RunPlan) {
         }
         .instrument(span),
     );
-    plan.early = Some(EarlyCall { sent_at: now(), answer: AbortOnDropHandle::new(answer) });
+    plan.early = Some(EarlyCall { sent_at: now(), sent: Instant::now(), answer: AbortOnDropHandle::new(answer) });
 }
 
 /// How many messages at the end of `messages` a trim keeps, whatever they cost: the last

@@ -286,7 +286,10 @@ async fn execute(mut plan: Box<RunPlan>, emitter: &mut Emitter, store: &Arc<dyn 
     let cancel = emitter.run().cancel.clone();
     let (mut output, first_iteration, mut settle) = match start {
         Start::Fresh => {
-            let first = Some((Instant::now(), plan.request.model.clone()));
+            // Clocked from the first model call's going out: before the run began, where it
+            // went while the start was written.
+            let asked = plan.early.as_ref().map_or_else(Instant::now, |early| early.sent);
+            let first = Some((asked, plan.request.model.clone()));
             (Output { awaiting_first_token: first, ..Output::default() }, 1, None)
         }
         Start::Resumed(resumption) => {
