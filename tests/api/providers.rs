@@ -1567,6 +1567,42 @@ async fn a_user_with_a_budget_asks_the_model_only_once_the_start_is_written() {
     asked_only_once_written("[limits]\nbudget_tokens_per_day = 100000\n", "go").await;
 }
 
+/// A queued run asks its model when its turn comes, not while its start is written: its
+/// request is planned again then, on the answers before it.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_queued_run_asks_its_model_only_when_its_turn_comes() {
+    let script = vec![Scripted::sse(&openai_text(&["Its", " turn"]))];
+    let (app, fixture, _key) = spawn_fx(Backend::Postgres, "openai", script, "", "").await;
+    let slow = json!({"message": "[mock:words=4000] [mock:delay=15] [mock:think=off]", "profile": "default"});
+    let mut ahead = crate::runs::start(&app, "ann", slow).await;
+    let begun = ahead.until("start").await.data.clone();
+    let conversation = begun["conversation_id"].as_str().unwrap().to_owned();
+    // The start's locks: its user's, and its conversation's (a queued start takes that one).
+    let mut held = hold_users_lock(&app.db_url, "ann").await;
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 8))")
+        .bind(&conversation)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let next = json!({"message": "next", "conversation_id": conversation, "profile": "fx"});
+    let queued = post_chat(&app, "ann", next);
+    until_a_start_waits(&app.db_url).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(fixture.received().len(), 0, "asked while its start was written");
+    held.commit().await.unwrap();
+    let mut queued = crate::runs::Live::open(queued.await.unwrap().unwrap()).await;
+    assert_eq!(queued.until("status").await.data["message"], "Queued");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(fixture.received().len(), 0, "asked before its turn");
+    let (status, body) = app.post("/api/cancel_stream", "ann", json!({"trace_id": begun["trace_id"]})).await;
+    assert_eq!(status, 200, "{body}");
+    let rest = queued.rest().await;
+    assert_eq!(joined(&rest, "text_delta"), "Its turn");
+    assert_eq!(fixture.received().len(), 1, "asked once, in its turn");
+    drop(ahead);
+}
+
 /// A request whose context needs a trim is sent by its run: the trim begins from the one
 /// the conversation keeps, which the run reads.
 #[tokio::test]
