@@ -276,6 +276,8 @@ pub(crate) use both_backends;
 pub struct Replica {
     pub child: Child,
     pub base: String,
+    /// What it logged (warnings and errors), printed when the test fails while it runs.
+    log: std::path::PathBuf,
 }
 
 impl Replica {
@@ -296,8 +298,9 @@ impl Replica {
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
             .envs(env.iter().copied())
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(dir.join("chatd.log")).unwrap())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
@@ -307,7 +310,7 @@ impl Replica {
             assert!(Instant::now() < deadline, "chatd did not start");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Self { child, base }
+        Self { child, base, log: dir.join("chatd.log") }
     }
 
     pub fn kill_9(mut self) {
@@ -375,5 +378,13 @@ impl Drop for Replica {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("chatd at {} said (last lines):", self.base);
+            for line in tail.iter().rev() {
+                eprintln!("  {line}");
+            }
+        }
     }
 }
