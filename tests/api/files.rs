@@ -37,7 +37,7 @@ pub async fn upload(app: &TestApp, user: &str, name: &str, bytes: Vec<u8>) -> (S
 }
 
 /// Every file under the app's file storage (blobs and anything temporary).
-fn stored_files(app: &TestApp) -> Vec<std::path::PathBuf> {
+pub fn stored_files(app: &TestApp) -> Vec<std::path::PathBuf> {
     fn walk(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             if entry.path().is_dir() {

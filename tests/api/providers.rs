@@ -1543,6 +1543,37 @@ async fn a_start_refused_at_its_commit_leaves_the_call_it_sent() {
     drop(going);
 }
 
+/// A file that could not be read for the early call (here: its bytes gone while the start
+/// waits, back before the run begins) is read again by the run, which sends the call anew
+/// with it: the model never answers a request that lacked a file.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_file_the_early_call_could_not_read_is_read_again_and_sent_by_the_run() {
+    use crate::files::{fixture, stored_files, upload};
+    let script = vec![Scripted::sse(&openai_text(&["Seen", " it"]))];
+    let (app, fixture_server, _key) =
+        spawn_fx(Backend::Postgres, "openai", script, "", "modalities = [\"text\", \"image\"]").await;
+    let png = fixture("small.png");
+    let (status, file) = upload(&app, "ann", "small.png", png.clone()).await;
+    assert_eq!(status, 201, "{file}");
+    let blobs = stored_files(&app);
+    assert_eq!(blobs.len(), 1, "{blobs:?}");
+    let held = hold_users_lock(&app.db_url, "ann").await;
+    std::fs::remove_file(&blobs[0]).unwrap();
+    let chat = post_chat(&app, "ann", json!({"message": "Describe it", "attachments": [{"file_id": file["id"]}]}));
+    until_a_start_waits(&app.db_url).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(fixture_server.received().len(), 0, "nothing sent without the file");
+    std::fs::write(&blobs[0], &png).unwrap();
+    held.commit().await.unwrap();
+    let frames = read_frames(chat.await.unwrap().unwrap()).await;
+    assert_eq!(joined(&frames, "text_delta"), "Seen it", "{frames:?}");
+    let received = fixture_server.received();
+    assert_eq!(received.len(), 1);
+    let image = &received[0].body["messages"].as_array().unwrap().last().unwrap()["content"][0];
+    assert_eq!(image["type"], "image_url", "the run sent the file: {image}");
+}
+
 /// Sends `message` to a fixture with `extra` in its profile while the user's lock is held:
 /// the model is asked nothing until the start is written, then once.
 async fn asked_only_once_written(extra: &str, message: &str) {
