@@ -97,7 +97,7 @@ async fn the_image_command_serves_from_any_folder() {
     let dockerfile = repo("Dockerfile");
     assert!(dockerfile.contains(r#"CMD ["chatd", "serve"]"#));
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = crate::helpers::free_port();
     // No config folder where it runs: the defaults compiled into the binary apply.
     let mut child = Command::new(env!("CARGO_BIN_EXE_chatd"))
         .arg("serve")
@@ -128,7 +128,7 @@ async fn a_sigbus_is_reported_before_it_ends_the_process() {
     use std::io::Read;
     use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = crate::helpers::free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_chatd"))
         .arg("serve")
         .env("CHATD_SERVER__PORT", port.to_string())
@@ -326,7 +326,7 @@ fn a_provider_and_profile_can_be_defined_by_variables_alone() {
 #[tokio::test]
 async fn a_second_ctrl_c_stops_at_once_and_the_first_says_how_long_the_drain_may_take() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = crate::helpers::free_port();
     let log = dir.path().join("chatd.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_chatd"))
         .current_dir(dir.path())

@@ -273,6 +273,32 @@ macro_rules! both_backends {
 pub(crate) use both_backends;
 
 /// A chatd process of its own (the binary), on `database_url`, with `extra` config.
+/// A port free now, for a server that binds it later (a chatd process, a peer the tests
+/// start). It comes from below the range the kernel gives out ports from itself (32768–60999
+/// on Linux), where the other tests' listeners (bound to port 0) and every outgoing
+/// connection get theirs: a port from that range, let go of for another process to bind,
+/// could be taken meanwhile, and a test then spoke to another server than its own.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static TRIED: AtomicU32 = AtomicU32::new(0);
+    let kernels_first = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let first = kernels_first.saturating_sub(17_000).max(1_024);
+    let ports = kernels_first.saturating_sub(first).max(1);
+    // Test processes that run at once start at different places (the step, a prime, is
+    // prime to `ports`: every port comes once in `ports` tries).
+    let from = std::process::id().wrapping_mul(7_919);
+    loop {
+        let n = TRIED.fetch_add(1, Ordering::Relaxed);
+        let port = (first + from.wrapping_add(n.wrapping_mul(104_729)) % ports) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 pub struct Replica {
     pub child: Child,
     pub base: String,
@@ -287,14 +313,14 @@ impl Replica {
 
     /// The same, with environment variables of its own.
     pub async fn start_with_env(database_url: &str, extra: &str, env: &[(&str, &str)]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = free_port();
         let dir = tempfile::tempdir().unwrap().keep();
         let config = dir.join("chatd.toml");
         let text = format!(
             "[server]\nport = {port}\n[database]\nurl = \"{database_url}\"\n[stream]\nflush_interval_ms = 20\n{extra}"
         );
         std::fs::write(&config, text).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_chatd"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_chatd"))
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "warn")
@@ -306,11 +332,19 @@ impl Replica {
             .unwrap();
         let base = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
-        while reqwest::get(format!("{base}/healthz")).await.is_err() {
+        let log = dir.join("chatd.log");
+        // Its own answer: a process that exits (a port taken after all) answers nothing.
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("chatd exited as it started ({status}): {}", std::fs::read_to_string(&log).unwrap_or_default());
+            }
+            if reqwest::get(format!("{base}/healthz")).await.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
             assert!(Instant::now() < deadline, "chatd did not start");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Self { child, base, log: dir.join("chatd.log") }
+        Self { child, base, log }
     }
 
     pub fn kill_9(mut self) {

@@ -423,7 +423,7 @@ async fn shutdown_stops_the_child_processes() {
 #[tokio::test]
 async fn a_streamable_http_server_works() {
     let script = installed(&format!("node/{EVERYTHING}"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let port = crate::helpers::free_port();
     let _server = tokio::process::Command::new("node")
         .arg(&script)
         .arg("streamableHttp")

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::helpers::*;
-use crate::webhooks::free_port;
 
 struct Collector {
     child: Child,

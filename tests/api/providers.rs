@@ -875,7 +875,7 @@ fn fallbacks_must_name_other_profiles() {
 #[tokio::test]
 async fn an_unreachable_provider_is_a_network_error() {
     // A port that was just free: nothing listens there.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let config = format!(
         "[chat]\ndefault_profile = \"fx\"\n[providers.fx]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 1\nretry_base_secs = 0.01\n[profiles.fx]\nprovider = \"fx\"\nmodel = \"m\"\n"
     );

@@ -31,12 +31,6 @@ fn moto_server() -> PathBuf {
     program
 }
 
-/// A port nobody listens on now (moto_server wants a number: it cannot tell which port 0 got).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local address").port()
-}
-
 /// A moto_server of the test's own; killed when dropped, even if the test panicked.
 struct Moto {
     child: Child,

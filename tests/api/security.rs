@@ -322,7 +322,7 @@ async fn the_api_key_never_leaves_chatd() {
     ])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let config = dir.path().join("chatd.toml");
     std::fs::write(
         &config,

@@ -90,10 +90,6 @@ fn accepted(attempts: &[Value]) -> Vec<&Value> {
     attempts.iter().filter(|a| a["answered"] == "ok").collect()
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Config for one endpoint `hooks` at `url` taking `events`, its secret in a file.
 pub fn endpoint(url: &str, events: &[&str], extra: &str) -> String {
     named_endpoint("hooks", url, events, extra)
