@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { after, before } from "node:test";
 import { spawn } from "node:child_process";
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -66,12 +66,34 @@ args = [${JSON.stringify(join(import.meta.dirname, "progress-server.js"))}]
 ${auth ? `[auth]\nmode = "token"\n[auth.tokens]\n${JSON.stringify(auth.token)} = ${JSON.stringify(auth.user)}\n` : ""}`;
 }
 
+/**
+ * A port free now, for a server that binds it later (chatd, a page's server). It comes from
+ * below the range the kernel gives out ports from itself (32768–60999 on Linux), where
+ * servers listening on port 0 and every outgoing connection get theirs: a port from that
+ * range, let go of for another process to bind, could be taken meanwhile, and a test would
+ * then speak to another server than its own. (As `free_port` of the Rust tests.)
+ */
 export async function freePort() {
-  const server = createServer();
-  await new Promise((done) => server.listen(0, "127.0.0.1", done));
-  const { port } = server.address();
-  await new Promise((done) => server.close(done));
-  return port;
+  let kernelsFirst = 32768;
+  try {
+    kernelsFirst = Number(readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0]) || kernelsFirst;
+  } catch {
+    // not Linux: the usual range
+  }
+  const first = Math.max(1024, kernelsFirst - 17000);
+  const ports = Math.max(1, kernelsFirst - first);
+  for (;;) {
+    const port = first + Math.floor(Math.random() * ports);
+    const server = createServer();
+    const bound = await new Promise((done) => {
+      server.once("error", () => done(false));
+      server.listen(port, "127.0.0.1", () => done(true));
+    });
+    if (bound) {
+      await new Promise((done) => server.close(done));
+      return port;
+    }
+  }
 }
 
 /**
