@@ -273,6 +273,12 @@ macro_rules! both_backends {
 pub(crate) use both_backends;
 
 /// A chatd process of its own (the binary), on `database_url`, with `extra` config.
+/// The value of the `/metrics` line that begins with `name` (its labels included).
+pub fn metric(metrics: &str, name: &str) -> f64 {
+    let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 /// A port free now, for a server that binds it later (a chatd process, a peer the tests
 /// start). It comes from below the range the kernel gives out ports from itself (32768–60999
 /// on Linux), where the other tests' listeners (bound to port 0) and every outgoing

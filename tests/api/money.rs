@@ -561,10 +561,7 @@ async fn metrics_count_tokens_cost_and_cache_hits_per_profile() {
     let app = TestApp::spawn(Backend::Sqlite, &config).await;
     app.chat("ann", json!({"message": "hello"})).await;
     let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let value = |name: &str| -> f64 {
-        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
+    let value = |name: &str| metric(&metrics, name);
     assert_eq!(value("chatd_profile_tokens_total{profile=\"metered\",kind=\"input\"}"), 1000.0);
     assert_eq!(value("chatd_profile_tokens_total{profile=\"metered\",kind=\"cache_read\"}"), 900.0);
     assert_eq!(value("chatd_prompt_cache_hit_ratio{profile=\"metered\"}"), 0.9);

@@ -1504,10 +1504,7 @@ async fn the_time_to_first_token_counts_from_the_early_calls_going_out() {
     let frames = read_frames(chat.await.unwrap().unwrap()).await;
     assert_eq!(joined(&frames, "text_delta"), "Clocked");
     let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let value = |name: &str| -> f64 {
-        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
+    let value = |name: &str| metric(&metrics, name);
     assert_eq!(value("chatd_time_to_first_token_seconds_count{model=\"clocked-early\"}"), 1.0);
     let took = value("chatd_time_to_first_token_seconds_sum{model=\"clocked-early\"}");
     assert!(took >= 0.5, "the wait for the commit counts: {took} s");

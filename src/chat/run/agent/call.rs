@@ -324,18 +324,17 @@ async fn stream_turn(
     turn: &mut Turn,
     output: &mut Output,
 ) -> Ending {
-    let early = match early {
-        Some(early) => match early.answer.await {
-            Ok(answer) => answer,
-            // A provider that panics fails its run as it would in the run's own task.
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Some(Err(ProviderError::new(ProviderErrorKind::Network, "the model call was stopped"))),
-        },
-        None => None,
+    let early = match early.map(|early| early.answer) {
+        Some(answer) => answer.await,
+        None => Ok(None),
     };
     let answer = match early {
-        Some(answer) => answer,
-        None => plan.provider.stream(request).await,
+        Ok(Some(answer)) => answer,
+        // Not sent early, or its files could not be read then.
+        Ok(None) => plan.provider.stream(request).await,
+        // A provider that panics fails its run as it would in the run's own task.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(ProviderError::new(ProviderErrorKind::Network, "the model call was stopped")),
     };
     let mut stream = match answer {
         Ok(stream) => stream,
