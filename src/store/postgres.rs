@@ -263,15 +263,17 @@ impl Backend for PostgresStore {
         true
     }
 
+    /// The ids as one array: one statement, prepared once, however many runs a replica holds
+    /// (a bind for each id would have failed past Postgres's 65,535).
     async fn running_elsewhere(&self, traces: &[TraceId], replica_id: &str) -> Result<Vec<TraceId>, StoreError> {
-        let mut query = QueryBuilder::<Postgres>::new("select id from traces where coalesce(replica_id, '') <> ");
-        query.push_bind(replica_id).push(" and status = 'running' and id in (");
-        let mut ids = query.separated(", ");
-        for id in traces {
-            ids.push_bind(*id);
-        }
-        query.push(")");
-        let rows: Vec<(TraceId,)> = query.build_query_as().fetch_all(&self.pool).await?;
+        let ids: Vec<uuid::Uuid> = traces.iter().map(|id| id.0).collect();
+        let rows: Vec<(TraceId,)> = sqlx::query_as(
+            "select id from traces where coalesce(replica_id, '') <> $1 and status = 'running' and id = any($2::uuid[])",
+        )
+        .bind(replica_id)
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 

@@ -386,6 +386,9 @@ both_backends! {
         assert_eq!(store.take_over(id, Some("replica-a"), "c").await.unwrap(), None, "once");
         assert_eq!(store.held_elsewhere(&[id], "replica-a").await.unwrap(), [id], "the replica that lost it can tell");
         assert!(store.held_elsewhere(&[id], "b").await.unwrap().is_empty());
+        // A replica may hold more runs than a statement takes binds (SQLite 32,766, Postgres 65,535).
+        let many: Vec<_> = std::iter::repeat_with(TraceId::new).take(70_000).chain([id]).collect();
+        assert_eq!(store.held_elsewhere(&many, "replica-a").await.unwrap(), [id], "among 70,001 runs");
         assert_eq!(store.running_traces().await.unwrap()[0].replica_id.as_deref(), Some("b"));
         // The log the other wrote is the log of the run that goes on.
         assert_eq!(store.trace_events(id, 0).await.unwrap().len(), 1);

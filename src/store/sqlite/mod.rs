@@ -277,15 +277,17 @@ impl Backend for SqliteStore {
         Ok(())
     }
 
+    /// The ids as one JSON array of their bytes in hex (SQLite takes at most 32,766 binds).
     async fn running_elsewhere(&self, traces: &[TraceId], replica_id: &str) -> Result<Vec<TraceId>, StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new("select id from traces where coalesce(replica_id, '') <> ");
-        query.push_bind(replica_id).push(" and status = 'running' and id in (");
-        let mut ids = query.separated(", ");
-        for id in traces {
-            ids.push_bind(*id);
-        }
-        query.push(")");
-        let rows: Vec<(TraceId,)> = query.build_query_as().fetch_all(&self.pool).await?;
+        let ids: Vec<String> = traces.iter().map(|id| id.0.simple().to_string()).collect();
+        let rows: Vec<(TraceId,)> = sqlx::query_as(
+            "select id from traces where coalesce(replica_id, '') <> $1 and status = 'running' \
+             and id in (select unhex(value) from json_each($2))",
+        )
+        .bind(replica_id)
+        .bind(serde_json::Value::from(ids).to_string())
+        .fetch_all(&self.pool)
+        .await?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
