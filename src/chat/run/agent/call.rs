@@ -74,13 +74,18 @@ pub(super) async fn call_model(
     output: &mut Output,
     markers: Vec<String>,
 ) -> Ending {
-    let early = plan.early.take();
+    let mut early = plan.early.take();
     let started_at = early.as_ref().map_or_else(now, |e| e.sent_at);
     let step = output.thinking_calls.0;
     emitter.emit(Event::StepStart { step });
     emitter.emit(Event::Status { message: crate::events::THINKING_STATUS.to_owned() });
     let protected = protected(&plan.request.messages);
-    let mut fitted = context::fit(&plan.request, plan.context_limit, protected, None);
+    // A call sent early was fitted then and needed no trim: it asked what this call asks,
+    // and is this call's first attempt.
+    let mut fitted = match early {
+        Some(_) => context::Trimmed { request: plan.request.clone(), state: None },
+        None => context::fit(&plan.request, plan.context_limit, protected, None),
+    };
     // A request that needs trimming keeps the previous trim's first message while it fits.
     let stored = match fitted.state {
         Some(_) => plan.context.stored().await,
@@ -99,8 +104,6 @@ pub(super) async fn call_model(
     if let Err(error) = Box::pin(plan.files.read(&mut fitted.request)).await {
         return Ending::Failed(error);
     }
-    // The call sent early asked what this one asks (untrimmed): it is this one's first attempt.
-    let mut early = early.filter(|_| fitted.state.is_none());
     output.thinking_calls.0 += 1;
     let (mut turn, mut started_at) = (Turn::new(output.tool_history.len() as u32, markers.clone()), started_at);
     let mut retried = 0;
