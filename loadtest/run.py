@@ -70,12 +70,30 @@ LITELLM_VERSION = "1.80.0"
 MASTER_KEY = "sk-bench-master-7d1f"
 
 
+_tried = 0
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port for a process this script starts, from below the kernel's own range (where
+    neither port-0 listeners nor the load's outgoing connections get theirs), checked free:
+    a port taken from the kernel and let go of could be given to a connection meanwhile."""
+    global _tried
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            kernels_first = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        kernels_first = 32768
+    first = max(kernels_first - 17000, 1024)
+    count = max(kernels_first - first, 1)
+    while True:
+        port = first + (os.getpid() * 7919 + _tried * 104729) % count
+        _tried += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def wait_http(url, seconds=60):

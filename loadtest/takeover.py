@@ -16,20 +16,14 @@ Usage: loadtest/takeover.py [--postgres URL] [--trials 20] [--settings 2:10,0.5:
 --postgres names a database whose server allows CREATE DATABASE (a database of its own is
 made beside it and dropped after). The release binary is built when --chatd is not given.
 """
-import argparse, json, os, random, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, random, signal, subprocess, sys, tempfile, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from statistics import median
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.join(ROOT, "loadtest"))
+from run import free_port  # noqa: E402
 
 
 def psql(url, *sql):

@@ -12,18 +12,12 @@ added is what an upload costs in memory (the file itself is never held whole).
 Usage: loadtest/upload.py [--repeat N] [--mib M] [--chatd BIN]
 Builds the release binary unless --chatd names one. Needs curl.
 """
-import argparse, json, os, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time, urllib.request
 from statistics import median
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.join(ROOT, "loadtest"))
+from run import free_port  # noqa: E402
 
 
 def kib(field, pid):
