@@ -272,7 +272,6 @@ macro_rules! both_backends {
 
 pub(crate) use both_backends;
 
-/// A chatd process of its own (the binary), on `database_url`, with `extra` config.
 /// The value of the `/metrics` line that begins with `name` (its labels included).
 pub fn metric(metrics: &str, name: &str) -> f64 {
     let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
@@ -305,6 +304,7 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A chatd process of its own (the binary), on `database_url`, with `extra` config.
 pub struct Replica {
     pub child: Child,
     pub base: String,

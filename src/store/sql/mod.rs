@@ -183,8 +183,8 @@ pub(super) trait Backend: Send + Sync + 'static {
     /// See [`Store::notify`] and [`Store::notices`].
     fn tell(&self, notices: &[Notice]) -> impl Future<Output = Result<(), StoreError>> + Send;
     fn listen(&self) -> impl Future<Output = Result<Option<BoxStream<'static, Notice>>, StoreError>> + Send;
-    /// See [`Store::held_elsewhere`] (a list of ids is bound by each backend: generic code
-    /// cannot read what a built query returns).
+    /// See [`Store::held_elsewhere`] (each backend binds the list of ids its own way, as one
+    /// value: Postgres an array, SQLite a JSON array).
     fn running_elsewhere(
         &self,
         traces: &[TraceId],

@@ -82,9 +82,10 @@ pub(super) async fn call_model(
     let protected = protected(&plan.request.messages);
     // A call sent early was fitted then and needed no trim: it asked what this call asks,
     // and is this call's first attempt.
-    let mut fitted = match early {
-        Some(_) => context::Trimmed { request: plan.request.clone(), state: None },
-        None => context::fit(&plan.request, plan.context_limit, protected, None),
+    let mut fitted = if early.is_some() {
+        context::Trimmed { request: plan.request.clone(), state: None }
+    } else {
+        context::fit(&plan.request, plan.context_limit, protected, None)
     };
     // A request that needs trimming keeps the previous trim's first message while it fits.
     let stored = match fitted.state {
