@@ -52,7 +52,7 @@ pub struct ChatRequest {
     #[serde(skip)]
     pub max_tokens: Option<u32>,
     #[serde(skip)]
-    pub temperature: Option<f32>,
+    pub temperature: Option<f64>,
     /// Kept with the run's trace (the Responses API's `metadata`); never read from this body.
     #[serde(skip)]
     pub metadata: Option<Value>,

@@ -406,7 +406,7 @@ pub struct ProfileSettings {
     #[serde(default)]
     pub system_prompt: Option<String>,
     #[serde(default)]
-    pub temperature: Option<f32>,
+    pub temperature: Option<f64>,
     #[serde(default)]
     pub max_tokens: Option<u32>,
     #[serde(default)]

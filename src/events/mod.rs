@@ -278,7 +278,7 @@ pub struct Diagnostics {
     pub model: String,
     pub max_tokens: Option<u32>,
     pub max_iterations: u32,
-    pub temperature: Option<f32>,
+    pub temperature: Option<f64>,
     /// The tools offered, by name.
     pub tools: Vec<String>,
     pub system_prompt: String,

@@ -23,7 +23,7 @@ pub struct ModelRequest {
     /// The conversation so far, oldest first, ending with the user's new message and this
     /// run's exchanges (changed through [`Arc::make_mut`]: copied where shared).
     pub messages: Arc<Vec<InputMessage>>,
-    pub temperature: Option<f32>,
+    pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
     pub enable_thinking: bool,
     pub thinking_budget: Option<u32>,

@@ -12,44 +12,24 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::sse::Frame as SseFrame;
 use async_trait::async_trait;
+use reqwest::header::CONTENT_TYPE;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::transport::{Decoder, Endpoint, Transport, json as frame_json};
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
 
-use super::{
-    FileContent, InputFile, InputMessage, LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent,
-    ProviderStream,
-};
-use crate::config::{CacheTtl, ProviderKind, ProviderSettings};
+use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
+use crate::config::{ProviderKind, ProviderSettings};
 use crate::domain::Usage;
 
 mod quick;
+mod request;
 
 pub struct OpenAiProvider {
     transport: Transport,
     url: Endpoint,
     /// OpenAI itself takes `max_completion_tokens`; compatible servers take `max_tokens`.
     native: bool,
-}
-
-/// A file as a content part: an image as `image_url` (a data URL), a PDF as `file`
-/// (`file_data`, a data URL), a text file as `text`.
-fn file_part(file: &InputFile) -> Value {
-    match &file.content {
-        FileContent::Bytes(bytes) => {
-            let url = format!("data:{};base64,{}", file.file.media_type, BASE64.encode(bytes));
-            if file.file.is_pdf() {
-                json!({"type": "file", "file": {"filename": file.file.name, "file_data": url}})
-            } else {
-                json!({"type": "image_url", "image_url": {"url": url}})
-            }
-        }
-        FileContent::Text(text) => json!({"type": "text", "text": file.text_block(text)}),
-        FileContent::Unread | FileContent::Left(_) => json!({"type": "text", "text": file.note()}),
-    }
 }
 
 impl OpenAiProvider {
@@ -59,109 +39,17 @@ impl OpenAiProvider {
         let base = settings.base_url.as_deref().unwrap_or(default);
         Self { transport: Transport::new(settings, base), url: Endpoint::new(base, "chat/completions"), native }
     }
-
-    fn body(&self, request: &ModelRequest) -> Value {
-        let mut messages = Vec::with_capacity(request.messages.len() + 1);
-        if let Some(system) = &request.system_prompt {
-            messages.push(json!({"role": "system", "content": system}));
-        }
-        let newest_question = request.messages.iter().rposition(|m| matches!(m, InputMessage::User { .. }));
-        for (i, message) in request.messages.iter().enumerate() {
-            // The request's notes end the newest question: the prefix before them is the
-            // previous turn's, which the provider's cache keeps (CONTRACT.md §21).
-            let notes = request.notes.as_deref().filter(|_| Some(i) == newest_question);
-            match message {
-                InputMessage::User { text, files, .. } if files.is_empty() => {
-                    let text = with_notes(text, notes);
-                    messages.push(json!({"role": "user", "content": text}))
-                }
-                InputMessage::User { text, files, .. } => {
-                    let mut content: Vec<Value> = files.iter().map(file_part).collect();
-                    let text = with_notes(text, notes);
-                    if !text.is_empty() {
-                        content.push(json!({"type": "text", "text": text}));
-                    }
-                    messages.push(json!({"role": "user", "content": content}))
-                }
-                InputMessage::System { text, .. } => messages.push(json!({"role": "system", "content": text})),
-                InputMessage::Assistant { turns, .. } => {
-                    for turn in turns {
-                        let mut assistant = json!({"role": "assistant", "content": turn.text});
-                        if !turn.tool_calls.is_empty() {
-                            assistant["tool_calls"] = turn
-                                .tool_calls
-                                .iter()
-                                .map(|call| {
-                                    json!({"id": call.id, "type": "function",
-                                           "function": {"name": call.name, "arguments": call.input.to_string()}})
-                                })
-                                .collect();
-                        }
-                        messages.push(assistant);
-                        messages.extend(turn.tool_results.iter().map(|result| {
-                            json!({"role": "tool", "tool_call_id": result.tool_call_id, "content": result.content})
-                        }));
-                    }
-                }
-            }
-        }
-        let mut body = json!({
-            "model": request.model,
-            "messages": messages,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-        });
-        if let Some(t) = request.temperature {
-            body["temperature"] = json!(t);
-        }
-        if let Some(max) = request.max_tokens {
-            body[if self.native { "max_completion_tokens" } else { "max_tokens" }] = json!(max);
-        }
-        if let Some(effort) = &request.reasoning_effort {
-            body["reasoning_effort"] = json!(effort);
-        }
-        // OpenAI caches every long prefix by itself; the key keeps one conversation's
-        // requests on the machines that hold its prefix. Servers that only speak the format
-        // get neither field (some refuse what they do not know).
-        if let (true, Some(ttl), Some(key)) = (self.native, request.prompt_cache, &request.cache_key) {
-            body["prompt_cache_key"] = json!(key);
-            if ttl == CacheTtl::OneHour {
-                // The API's retention past its in-memory default (minutes, up to an hour).
-                body["prompt_cache_retention"] = json!("24h");
-            }
-        }
-        if !request.tools.is_empty() {
-            body["tools"] = request
-                .tools
-                .iter()
-                .map(|t| {
-                    json!({"type": "function", "function": {
-                        "name": t.name, "description": t.description, "parameters": t.input_schema,
-                    }})
-                })
-                .collect();
-        }
-        body
-    }
-}
-
-/// The user's words with the request's notes after them, where they go.
-fn with_notes<'a>(text: &'a str, notes: Option<&str>) -> std::borrow::Cow<'a, str> {
-    match notes {
-        Some(notes) if text.is_empty() => notes.to_owned().into(),
-        Some(notes) => format!("{text}\n\n{notes}").into(),
-        None => text.into(),
-    }
 }
 
 #[async_trait]
 impl LlmProvider for OpenAiProvider {
     async fn stream(&self, request: &ModelRequest) -> Result<ProviderStream, ProviderError> {
-        let body = self.body(request);
+        let body = request::body(request, self.native);
         let response = self
             .transport
             .send(|key| {
-                let builder = self.url.post(self.transport.client()).json(&body);
+                let builder =
+                    self.url.post(self.transport.client()).header(CONTENT_TYPE, "application/json").body(body.clone());
                 match key {
                     Some(key) => builder.bearer_auth(key.expose()),
                     None => builder,
@@ -435,6 +323,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn decode(frames: &[Value]) -> Result<Vec<ProviderEvent>, ProviderError> {
         let mut decoder = ChunkDecoder::default();

@@ -185,7 +185,7 @@ async fn openai_text_streams_with_usage_and_a_correct_request() {
     let r = run(
         "openai",
         vec![Scripted::sse(&openai_text(&["Hel", "lo", " wor", "ld."]))],
-        "temperature = 0.2\nmax_tokens = 300",
+        "temperature = 0.2\nmax_tokens = 300\nreasoning_effort = \"low\"",
         "Say hello",
     )
     .await;
@@ -222,7 +222,8 @@ async fn openai_text_streams_with_usage_and_a_correct_request() {
     assert_eq!(body["stream"], true);
     assert_eq!(body["stream_options"]["include_usage"], true);
     assert_eq!(body["max_completion_tokens"], 300);
-    assert!((body["temperature"].as_f64().unwrap() - 0.2).abs() < 1e-6);
+    assert_eq!(body["temperature"], 0.2, "the configured value as written, not as an f32 reads");
+    assert_eq!(body["reasoning_effort"], "low");
     assert!(body["messages"][0]["content"].as_str().unwrap().starts_with("## Identity\nBe brief."));
     assert_eq!(body["messages"][0]["role"], "system");
     assert_eq!(body["messages"][1], json!({"role": "user", "content": "Say hello"}));
@@ -994,7 +995,7 @@ async fn anthropic_tool_use_streams_in_pieces_and_results_go_back_as_tool_result
         &[json!({"type": "text_delta", "text": "1024."})],
     ));
     answer.extend(anthropic_end("end_turn", 3));
-    let r = run("anthropic", vec![Scripted::sse(&frames), Scripted::sse(&answer)], "", "2^10?").await;
+    let r = run("anthropic", vec![Scripted::sse(&frames), Scripted::sse(&answer)], "temperature = 0.7", "2^10?").await;
     let kinds = r.kinds();
     let start = kinds.iter().position(|k| *k == "tool_input_start").unwrap();
     assert_eq!(kinds[start + 1..start + 5], ["tool_input_delta"; 4]);
@@ -1016,6 +1017,7 @@ async fn anthropic_tool_use_streams_in_pieces_and_results_go_back_as_tool_result
          "cache_control": {"type": "ephemeral"}}]})
     );
     assert_eq!(second[0]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(r.fixture.received()[0].body["temperature"], 0.7, "as configured, not as an f32 reads");
     let message = &r.conversation().await["messages"][1];
     assert_eq!(message["tool_calls"][0]["input"], json!({"expression": "2 ^ 10"}));
 }
@@ -1072,7 +1074,7 @@ async fn gemini_thoughts_text_and_usage_stream() {
     let r = run(
         "google",
         vec![Scripted::sse(&frames)],
-        "enable_thinking = true\nthinking_budget = 512\nmax_tokens = 100",
+        "enable_thinking = true\nthinking_budget = 512\nmax_tokens = 100\ntemperature = 0.7",
         "Sky colour?",
     )
     .await;
@@ -1089,6 +1091,7 @@ async fn gemini_thoughts_text_and_usage_stream() {
     assert_eq!(got.body["contents"], json!([{"role": "user", "parts": [{"text": "Sky colour?"}]}]));
     assert_eq!(got.body["generationConfig"]["thinkingConfig"], json!({"includeThoughts": true, "thinkingBudget": 512}));
     assert_eq!(got.body["generationConfig"]["maxOutputTokens"], 100);
+    assert_eq!(got.body["generationConfig"]["temperature"], 0.7, "as configured, not as an f32 reads");
 }
 
 #[tokio::test]

@@ -1121,7 +1121,7 @@ export interface components {
              */
             max_iterations: number;
             /**
-             * Format: float
+             * Format: double
              * @default null
              */
             temperature: number | null;

@@ -57,7 +57,7 @@ pub(in crate::chat) struct Ask<'a> {
     pub(in crate::chat) instructions: Option<&'a str>,
     /// The request's output limit and temperature, over the profile's.
     pub(in crate::chat) max_tokens: Option<u32>,
-    pub(in crate::chat) temperature: Option<f32>,
+    pub(in crate::chat) temperature: Option<f64>,
     /// Kept with its trace (the Responses API's `metadata`).
     pub(in crate::chat) metadata: Option<&'a Value>,
 }
@@ -76,7 +76,7 @@ pub(in crate::chat) struct Asked {
     /// The request's own instructions, output limit and temperature (CONTRACT.md §20).
     pub(in crate::chat) instructions: Option<String>,
     pub(in crate::chat) max_tokens: Option<u32>,
-    pub(in crate::chat) temperature: Option<f32>,
+    pub(in crate::chat) temperature: Option<f64>,
 }
 
 impl Asked {

@@ -96,7 +96,7 @@ pub struct Fallback {
     pub provider: Arc<dyn LlmProvider>,
     pub retries: Retries,
     pub model: String,
-    pub temperature: Option<f32>,
+    pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
     pub enable_thinking: bool,
     pub thinking_budget: Option<u32>,

@@ -378,7 +378,7 @@ impl CreateResponse {
             client_tools,
             instructions,
             max_tokens: self.max_output_tokens,
-            temperature: self.temperature.map(|t| t as f32),
+            temperature: self.temperature,
             metadata: self.metadata.clone().filter(|m| !m.is_empty()).map(Value::Object),
             ..ChatRequest::default()
         })
