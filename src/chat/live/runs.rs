@@ -9,7 +9,7 @@
 
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::task::{Poll, Waker};
 
 use futures_util::Stream;
@@ -567,6 +567,11 @@ pub struct Emitter {
 /// Events held at most before they are announced anyway.
 const MAX_HELD: usize = 256;
 
+/// A NUL as serde_json writes it, looked for in every event's text with a searcher made once
+/// (`str::contains` makes one for each text: a hundred instructions an event).
+static ESCAPED_NUL: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b"\\u0000"));
+
 /// Room for held events an emitter keeps between bursts (some 70 bytes an event).
 const HELD_ROOM: usize = 64;
 
@@ -579,7 +584,7 @@ impl Emitter {
         text.clear();
         event.write_json(&mut text);
         let data: Arc<str> = match std::str::from_utf8(&text).expect("JSON is UTF-8") {
-            json if json.contains("\\u0000") => {
+            json if ESCAPED_NUL.find(json.as_bytes()).is_some() => {
                 // Postgres cannot store NUL in jsonb, and no client wants one: tool output is
                 // the only text that may carry it this far.
                 let mut value: serde_json::Value = serde_json::from_str(json).expect("just serialized");
@@ -846,6 +851,24 @@ mod tests {
         assert_eq!(found(two), vec![c.trace_id]);
         runs.remove(&c);
         assert!(runs.live.lock().unwrap().by_conversation.is_empty(), "nothing kept of conversations without runs");
+    }
+
+    /// A NUL reaches the emitter only in a tool's output (the model's text is cleaned before):
+    /// neither the listeners' frame nor the typed event keeps it (Postgres cannot store it).
+    #[tokio::test]
+    async fn a_nul_in_an_events_text_is_left_out_of_its_frame_and_its_event() {
+        use futures_util::StreamExt;
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let (run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
+        emitter.emit(Event::TextDelta { text: "before\0after".to_owned() });
+        emitter.emit(Event::TextDelta { text: "a backslash and u0000: \\u0000".to_owned() });
+        let frames: Vec<Frame> = run.clone().follow(0).take(2).collect().await;
+        assert_eq!(&*frames[0].data, r#"{"type":"text_delta","text":"beforeafter"}"#);
+        assert!(matches!(frames[0].event.as_deref(), Some(Event::TextDelta { text }) if text == "beforeafter"));
+        assert_eq!(
+            &*frames[1].data, r#"{"type":"text_delta","text":"a backslash and u0000: \\u0000"}"#,
+            "a backslash before u0000 stays"
+        );
     }
 
     #[tokio::test]
