@@ -285,7 +285,7 @@ impl Backend for SqliteStore {
              and id in (select unhex(value) from json_each($2))",
         )
         .bind(replica_id)
-        .bind(serde_json::Value::from(ids).to_string())
+        .bind(serde_json::to_string(&ids).expect("ids serialize"))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
