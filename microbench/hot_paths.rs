@@ -317,7 +317,7 @@ fn event_log(c: &mut Criterion) {
                     seq: seq + (i / RUNS) as i64,
                     at: now(),
                     kind: "text_delta",
-                    data: Arc::from(text),
+                    data: chatd::events::Sent::text(&text),
                 }
             })
             .collect()
@@ -339,7 +339,7 @@ fn event_log(c: &mut Criterion) {
                             .push_bind(e.seq)
                             .push_bind(e.at)
                             .push_bind(e.kind)
-                            .push_bind(&*e.data);
+                            .push_bind(e.data.json());
                     });
                     query.build().execute(&mut *tx).await.unwrap();
                     tx.commit().await.unwrap();

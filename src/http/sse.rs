@@ -60,11 +60,11 @@ impl Encoder for Native {
     type Item = Frame;
 
     fn encode(&mut self, frame: &Frame, out: &mut String) {
-        push_frame(out, frame.seq, &frame.data);
+        push_frame(out, frame.seq, frame.data());
     }
 
     fn size(&self, frame: &Frame) -> usize {
-        frame.data.len() + 32
+        frame.data().len() + 32
     }
 }
 
@@ -76,7 +76,7 @@ impl Encoder for Conversational {
     type Item = (crate::ids::TraceId, Frame);
 
     fn encode(&mut self, (trace_id, frame): &Self::Item, out: &mut String) {
-        let Ok(serde_json::Value::Object(mut event)) = serde_json::from_str::<serde_json::Value>(&frame.data) else {
+        let Ok(serde_json::Value::Object(mut event)) = serde_json::from_str::<serde_json::Value>(frame.data()) else {
             return;
         };
         event.insert("trace_id".into(), serde_json::Value::String(trace_id.to_string()));
@@ -99,7 +99,7 @@ impl Encoder for Legacy {
     type Item = Frame;
 
     fn encode(&mut self, frame: &Frame, out: &mut String) {
-        if let Some(event) = frame.event.as_deref().and_then(|event| self.0.translate(event)) {
+        if let Some(event) = frame.event().and_then(|event| self.0.translate(event)) {
             push_event(out, frame.seq, &event);
         }
     }
@@ -141,7 +141,7 @@ impl Encoder for Comparisons {
         let (comparison, a, b) = (&self.comparison, self.message_a, self.message_b);
         let data = match item {
             Paired::Opening => serde_json::to_string(&ComparisonEvent::opening(comparison, a, b)),
-            Paired::Side(variant, frame) => match frame.event.as_deref() {
+            Paired::Side(variant, frame) => match frame.event() {
                 Some(event) => serde_json::to_string(&Tagged { event, variant: *variant }),
                 // (A live run's frames always have their event.)
                 None => return,

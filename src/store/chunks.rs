@@ -64,7 +64,7 @@ pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
                 let room: usize = events[at_event..]
                     .iter()
                     .take_while(|e| e.trace_id == event.trace_id)
-                    .map(|e| e.data.len() + ENTRY_ROOM)
+                    .map(|e| e.data.json().len() + ENTRY_ROOM)
                     .sum();
                 let mut text = String::with_capacity(room + 2);
                 text.push('[');
@@ -87,7 +87,7 @@ pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
         chunk.events.push(',');
         chunk.events.push_str(number.format(at));
         chunk.events.push(',');
-        chunk.events.push_str(&event.data);
+        chunk.events.push_str(event.data.json());
         chunk.events.push(']');
         chunk.first_seq = chunk.first_seq.min(event.seq);
         chunk.last_seq = chunk.last_seq.max(event.seq);
@@ -112,14 +112,12 @@ pub fn decode(text: &str, after: i64, into: &mut Vec<LoggedEvent>) -> Result<(),
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::domain::now;
 
     fn event(trace_id: TraceId, seq: i64, text: &str) -> NewEvent {
         let data = serde_json::json!({"type": "text_delta", "text": text}).to_string();
-        NewEvent { trace_id, seq, at: now(), kind: "text_delta", data: Arc::from(data) }
+        NewEvent { trace_id, seq, at: now(), kind: "text_delta", data: crate::events::Sent::text(&data) }
     }
 
     #[test]

@@ -217,8 +217,8 @@ pub struct NewEvent {
     pub seq: i64,
     pub at: DateTime<Utc>,
     pub kind: &'static str,
-    /// The event's JSON text, exactly as it was sent.
-    pub data: Arc<str>,
+    /// The event's JSON text, exactly as it was sent (`Sent::json`); the log writes only that.
+    pub data: crate::events::Sent,
 }
 
 /// A running run's checkpoint after a completed step, written with its events (see

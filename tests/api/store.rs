@@ -7,6 +7,7 @@ use chatd::domain::{
     CallStatus, ContextState, Conversation, LlmAttributes, Message, Role, Span, SpanTiming, Trace, TraceStatus, Usage,
     now,
 };
+use chatd::events::Sent;
 use chatd::ids::{TraceId, UserId};
 use chatd::store::{
     self, ConversationStore, NewEvent, PageCursor, RunFinish, RunStart, RunStore, Seen, StartOutcome, Store,
@@ -183,7 +184,7 @@ both_backends! {
                 seq,
                 at: now(),
                 kind: "text_delta",
-                data: json!({"type": "text_delta", "text": format!("t{seq}")}).to_string().into(),
+                data: Sent::text(&json!({"type": "text_delta", "text": format!("t{seq}")}).to_string()),
             })
             .collect();
         // Two batches: a resume point inside the first one must not repeat what came before.
@@ -376,7 +377,7 @@ both_backends! {
             seq: 1,
             at: now(),
             kind: "status",
-            data: r#"{"type":"status","message":"Thinking…"}"#.into(),
+            data: Sent::text(r#"{"type":"status","message":"Thinking…"}"#),
         };
         let checkpoint = serde_json::json!({"seq": 1, "step": "kept"});
         let progress = chatd::store::Progress::of(id, &checkpoint);
@@ -405,7 +406,7 @@ both_backends! {
             seq,
             at: now(),
             kind: "status",
-            data: json!({"type": "status", "message": message}).to_string().into(),
+            data: Sent::text(&json!({"type": "status", "message": message}).to_string()),
         };
         store.append_events(&[event(1, "before")], &[]).await.unwrap();
         // The process stops; the next opens the store (SQLite seals what runs left at start-up)
@@ -549,7 +550,7 @@ fn text_deltas(trace_id: TraceId, seqs: std::ops::RangeInclusive<i64>) -> Vec<Ne
         seq,
         at: now(),
         kind: "text_delta",
-        data: json!({"type": "text_delta", "text": format!("t{seq}")}).to_string().into(),
+        data: Sent::text(&json!({"type": "text_delta", "text": format!("t{seq}")}).to_string()),
     })
     .collect()
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::chat::shared::Shared;
 use crate::domain::{Trace, TraceStatus};
-use crate::events::Event;
+use crate::events::{Event, Sent};
 use crate::store::{Notice, StoreError};
 
 /// How long a cancel waits for another process to stop its run.
@@ -212,7 +212,7 @@ impl Canceller {
         if run.is_parked() {
             return None;
         }
-        Some(match run.ending().as_deref() {
+        Some(match run.ending().as_ref().and_then(Sent::event) {
             Some(Event::Cancelled(_)) => Ok(()),
             _ => Err(ControlError::Ended(ENDED)),
         })

@@ -17,43 +17,47 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::log::EventLog;
-use crate::events::{Event, LoggedEvent};
+use crate::events::{Event, LoggedEvent, Sent};
 use crate::store::NewEvent;
 
-/// One event of a run as sent: its sequence number, the event, and its JSON, serialized
+/// One event of a run as sent: its sequence number, and the event with its JSON, serialized
 /// once for every listener (and the log). Live or replayed from the log, a run's events
 /// reach every encoder as frames.
 #[derive(Debug, Clone)]
 pub struct Frame {
     pub seq: u64,
-    /// `None` only for a logged event this version does not know (see [`LoggedEvent`]).
-    pub event: Option<Arc<Event>>,
-    pub data: Arc<str>,
+    pub sent: Sent,
     /// Set on `done`, after which a run sends nothing.
     last: bool,
 }
 
 impl Frame {
     /// A frame of an event as it was serialized for the run.
-    fn sent(seq: u64, event: Event, data: Arc<str>) -> Self {
-        let last = matches!(event, Event::Done { .. });
-        Self { seq, event: Some(Arc::new(event)), data, last }
+    fn sent(seq: u64, sent: Sent) -> Self {
+        let last = matches!(sent.event(), Some(Event::Done { .. }));
+        Self { seq, sent, last }
     }
 
     /// A frame of an event no run sent itself (a resumed run whose process died).
     pub fn new(seq: u64, event: Event) -> Self {
         let data = serde_json::to_string(&event).expect("events always serialize");
-        Self::sent(seq, event, data.into())
+        Self::sent(seq, Sent::new(Some(event), &data))
     }
 
     /// A logged event as a frame again: the stored text is what was sent.
     pub fn logged(logged: LoggedEvent) -> Self {
-        Self {
-            seq: logged.seq as u64,
-            last: logged.kind == "done",
-            data: Arc::from(logged.data.get()),
-            event: logged.event.map(Arc::new),
-        }
+        Self { seq: logged.seq as u64, last: logged.kind == "done", sent: logged.into() }
+    }
+
+    /// The event; `None` only for a logged event this version does not know (see
+    /// [`LoggedEvent::event`]).
+    pub fn event(&self) -> Option<&Event> {
+        self.sent.event()
+    }
+
+    /// The event's JSON, as it was sent.
+    pub fn data(&self) -> &str {
+        self.sent.json()
     }
 
     /// `done`, after which a run sends nothing.
@@ -357,10 +361,10 @@ impl LiveRun {
     }
 
     /// The event that ended the run (`complete`, `cancelled` or `error`), once it has.
-    pub fn ending(&self) -> Option<Arc<Event>> {
+    pub fn ending(&self) -> Option<Sent> {
         let frames = self.frames.lock().expect("frames lock");
         let (ending, done) = (frames.sent.get(frames.sent.len().checked_sub(2)?)?, frames.sent.back()?);
-        if done.is_last() { ending.event.clone() } else { None }
+        if done.is_last() { Some(ending.sent.clone()) } else { None }
     }
 
     /// True for the first cancel asked of this run only.
@@ -583,7 +587,8 @@ impl Emitter {
         let mut text = std::mem::take(&mut self.text);
         text.clear();
         event.write_json(&mut text);
-        let data: Arc<str> = match std::str::from_utf8(&text).expect("JSON is UTF-8") {
+        let kind = event.kind();
+        let sent = match std::str::from_utf8(&text).expect("JSON is UTF-8") {
             json if ESCAPED_NUL.find(json.as_bytes()).is_some() => {
                 // Postgres cannot store NUL in jsonb, and no client wants one: tool output is
                 // the only text that may carry it this far.
@@ -592,17 +597,16 @@ impl Emitter {
                 let json = value.to_string();
                 // The typed event says what the text says.
                 event = serde_json::from_str(&json).expect("an event without NUL is still that event");
-                json.into()
+                Sent::new(Some(event), &json)
             }
-            json => json.into(),
+            json => Sent::new(Some(event), json),
         };
         // A large event (a tool's output) does not keep its size for the rest of the run.
         if text.capacity() <= 64 * 1024 {
             self.text = text;
         }
-        let kind = event.kind();
         // Built before the lock: listeners wait on it only for the push.
-        let frame = Frame::sent(self.seq, event, data.clone());
+        let frame = Frame::sent(self.seq, sent.clone());
         let last = frame.is_last();
         {
             let mut frames = self.run.frames.lock().expect("frames lock");
@@ -616,7 +620,7 @@ impl Emitter {
         }
         // (The log keeps microseconds: its chunks cut the time there.)
         let at = chrono::Utc::now();
-        self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at, kind, data });
+        self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at, kind, data: sent });
         if !self.holding || last || self.held.len() >= MAX_HELD {
             self.publish();
         }
@@ -863,10 +867,11 @@ mod tests {
         emitter.emit(Event::TextDelta { text: "before\0after".to_owned() });
         emitter.emit(Event::TextDelta { text: "a backslash and u0000: \\u0000".to_owned() });
         let frames: Vec<Frame> = run.clone().follow(0).take(2).collect().await;
-        assert_eq!(&*frames[0].data, r#"{"type":"text_delta","text":"beforeafter"}"#);
-        assert!(matches!(frames[0].event.as_deref(), Some(Event::TextDelta { text }) if text == "beforeafter"));
+        assert_eq!(frames[0].data(), r#"{"type":"text_delta","text":"beforeafter"}"#);
+        assert!(matches!(frames[0].event(), Some(Event::TextDelta { text }) if text == "beforeafter"));
         assert_eq!(
-            &*frames[1].data, r#"{"type":"text_delta","text":"a backslash and u0000: \\u0000"}"#,
+            frames[1].data(),
+            r#"{"type":"text_delta","text":"a backslash and u0000: \\u0000"}"#,
             "a backslash before u0000 stays"
         );
     }
@@ -905,7 +910,10 @@ mod tests {
         assert_eq!(within.next().await.map(|f| (f.seq, f.is_last())), Some((102, true)));
         drop(within);
         emitter.flush().await.unwrap();
-        assert!(run.ending().is_some_and(|e| matches!(*e, Event::TextDelta { .. })), "the last two frames stay");
+        assert!(
+            run.ending().is_some_and(|e| matches!(e.event(), Some(Event::TextDelta { .. }))),
+            "the last two frames stay"
+        );
     }
 
     #[tokio::test]

@@ -14,7 +14,7 @@ use super::{Output, RunPlan};
 use crate::chat::live::runs::Emitter;
 use crate::chat::request::ClientTool;
 use crate::domain::{ToolCall, ToolResult, now};
-use crate::events::{Event, ToolApprovalRequestEvent, ToolResultRequestEvent};
+use crate::events::{Event, Sent, ToolApprovalRequestEvent, ToolResultRequestEvent};
 use crate::providers::ModelRequest;
 use crate::store::{NewEvent, RunPark, Store, Wait, WaitKind};
 
@@ -175,7 +175,7 @@ pub(super) async fn park(
             seq: seq as i64,
             at: created_at,
             kind: event.kind(),
-            data: serde_json::to_string(event).expect("events always serialize").into(),
+            data: Sent::text(&serde_json::to_string(event).expect("events always serialize")),
         })
         .collect();
     let (usage, cost_usd, spans) = (output.usage, output.cost.usd(), output.spans.clone());

@@ -427,7 +427,7 @@ impl Encoder for Agui {
 
     fn encode(&mut self, frame: &Frame, out: &mut String) {
         self.open(out);
-        let Some(event) = frame.event.as_deref() else { return };
+        let Some(event) = frame.event() else { return };
         let mut events = Vec::new();
         self.to_agui.translate(event, &mut events);
         for event in &events {

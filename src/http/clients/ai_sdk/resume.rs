@@ -10,7 +10,7 @@ use crate::events::Event;
 /// the frames from the last `step_start {k}` before it through the reset itself. A replay
 /// to a client that rebuilds the message from its first chunk then has no voided parts.
 pub fn drop_voided(frames: Vec<Frame>) -> Vec<Frame> {
-    let step_of = |frame: &Frame, reset: bool| match frame.event.as_deref() {
+    let step_of = |frame: &Frame, reset: bool| match frame.event() {
         Some(Event::StepStart { step }) if !reset => Some(*step),
         Some(Event::StepReset { step, .. }) if reset => Some(*step),
         _ => None,

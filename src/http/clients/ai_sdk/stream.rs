@@ -396,7 +396,7 @@ impl Encoder for UiMessages {
 
     fn encode(&mut self, frame: &Frame, out: &mut String) {
         self.open(out);
-        let Some(event) = frame.event.as_deref() else { return };
+        let Some(event) = frame.event() else { return };
         let mut chunks = Vec::new();
         self.to_ui.translate(event, &mut chunks);
         for chunk in &chunks {

@@ -346,8 +346,8 @@ async fn run_frames(
 
 /// The response a run's frames come to, read to their end.
 async fn answered(events: ResponseEvents, frames: impl futures_util::Stream<Item = crate::chat::Frame>) -> Response {
-    let events_read: Vec<_> = frames.filter_map(|frame| async move { frame.event }).collect().await;
-    replay(events, events_read.iter().map(|e| &**e))
+    let frames_read: Vec<crate::chat::Frame> = frames.collect().await;
+    replay(events, frames_read.iter().filter_map(crate::chat::Frame::event))
 }
 
 /// The user's response `id`: its run's trace, and the seq after which its events begin.

@@ -79,7 +79,7 @@ pub fn response_frames(
 ) -> impl futures_util::Stream<Item = Frame> + Send + 'static {
     use futures_util::StreamExt;
     let mut cut = Cut::default();
-    frames.take_while(move |frame| std::future::ready(cut.keeps(frame.event.as_deref())))
+    frames.take_while(move |frame| std::future::ready(cut.keeps(frame.event())))
 }
 
 /// A tool call of the run.
@@ -554,7 +554,7 @@ impl Encoder for ResponsesSse {
     type Item = Frame;
 
     fn encode(&mut self, frame: &Frame, out: &mut String) {
-        let Some(event) = frame.event.as_deref() else { return };
+        let Some(event) = frame.event() else { return };
         let first = self.events.next;
         self.events.translate(event, &mut self.scratch);
         self.write(first, out);
