@@ -202,7 +202,7 @@ fn large_frame(c: &mut Criterion) {
 }
 
 fn provider_events() -> Vec<ProviderEvent> {
-    let mut events: Vec<ProviderEvent> = (0..TOKENS).map(|i| ProviderEvent::Text(token(i))).collect();
+    let mut events: Vec<ProviderEvent> = (0..TOKENS).map(|i| ProviderEvent::Text(token(i).into())).collect();
     events[10] = ProviderEvent::Text("<thi".into());
     events[11] = ProviderEvent::Text("nk>".into());
     events[500] = ProviderEvent::Text("</think>".into());
@@ -249,7 +249,7 @@ fn clean(c: &mut Criterion) {
 fn serialize(c: &mut Criterion) {
     let mut group = c.benchmark_group("serialize");
     group.throughput(Throughput::Elements(TOKENS as u64));
-    let events: Vec<Event> = (0..TOKENS).map(|i| Event::TextDelta { text: token(i) }).collect();
+    let events: Vec<Event> = (0..TOKENS).map(|i| Event::TextDelta { text: token(i).into() }).collect();
     group.bench_function("text_delta", |b| {
         b.iter(|| {
             for event in &events {

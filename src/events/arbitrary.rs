@@ -116,8 +116,8 @@ fn build(model_calls: &[ModelCall], ending: Ending, cut: prop::sample::Index) ->
     let mut body = Vec::new();
     let mut index = 0u32;
     let said = |piece: &Piece| match piece {
-        Piece::Thinking(text) => Event::ThinkingDelta { text: text.clone() },
-        Piece::Text(text) => Event::TextDelta { text: text.clone() },
+        Piece::Thinking(text) => Event::ThinkingDelta { text: text.into() },
+        Piece::Text(text) => Event::TextDelta { text: text.into() },
     };
     for (step, model_call) in (0u32..).zip(model_calls) {
         body.push(Event::StepStart { step });
@@ -173,7 +173,7 @@ fn build(model_calls: &[ModelCall], ending: Ending, cut: prop::sample::Index) ->
                 duration_ms: 1,
                 summary: None,
             })));
-            body.push(Event::TextDelta { text: format!("\n\n[[tool:{index}]]") });
+            body.push(Event::TextDelta { text: format!("\n\n[[tool:{index}]]").into() });
             index += 1;
         }
     }

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::config::{CacheTtl, ProviderSettings};
 use crate::domain::{ThinkingBlock, Usage};
+use crate::events::Text;
 
 const API_VERSION: &str = "2023-06-01";
 /// Anthropic requires `max_tokens`; used when the profile sets none.
@@ -265,7 +266,7 @@ impl Decoder for MessageDecoder {
                     _ => Block::Other,
                 };
                 if let Some(text) = block["text"].as_str().filter(|t| !t.is_empty()) {
-                    out.push_back(ProviderEvent::Text(text.to_owned()));
+                    out.push_back(ProviderEvent::Text(text.into()));
                 }
                 self.blocks.insert(index, kind);
             }
@@ -273,9 +274,10 @@ impl Decoder for MessageDecoder {
                 let index = data["index"].as_u64().ok_or_else(parse_error)?;
                 let delta = &data["delta"];
                 let text = |key: &str| delta[key].as_str().map(str::to_owned).ok_or_else(parse_error);
+                let token = |key: &str| delta[key].as_str().map(Text::from).ok_or_else(parse_error);
                 match delta["type"].as_str() {
-                    Some("text_delta") => out.push_back(ProviderEvent::Text(text("text")?)),
-                    Some("thinking_delta") => out.push_back(ProviderEvent::Thinking(text("thinking")?)),
+                    Some("text_delta") => out.push_back(ProviderEvent::Text(token("text")?)),
+                    Some("thinking_delta") => out.push_back(ProviderEvent::Thinking(token("thinking")?)),
                     Some("signature_delta") => out.push_back(ProviderEvent::ThinkingSignature(text("signature")?)),
                     Some("input_json_delta") => out.push_back(ProviderEvent::ToolCallDelta {
                         index: index as u32,

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::config::ProviderSettings;
 use crate::domain::Usage;
+use crate::events::Text;
 
 pub struct GoogleProvider {
     transport: Transport,
@@ -168,7 +169,7 @@ impl Decoder for ResponseDecoder {
                 out.push_back(ProviderEvent::ToolCallDelta { index, arguments: args.to_string() });
                 out.push_back(ProviderEvent::ToolCallEnd { index });
             } else if let Some(text) = part["text"].as_str().filter(|t| !t.is_empty()) {
-                let text = text.to_owned();
+                let text = Text::from(text);
                 out.push_back(if part["thought"] == true {
                     ProviderEvent::Thinking(text)
                 } else {

@@ -228,7 +228,7 @@ impl LlmProvider for MockProvider {
                 output_tokens += estimate_tokens(thinking);
                 for piece in chunks(thinking, size) {
                     pause(script.delay).await;
-                    yield Ok(ProviderEvent::Thinking(piece));
+                    yield Ok(ProviderEvent::Thinking(piece.into()));
                 }
             }
             for (sent, piece) in chunks(&script.text, size).into_iter().enumerate() {
@@ -237,7 +237,7 @@ impl LlmProvider for MockProvider {
                     return;
                 }
                 pause(script.delay).await;
-                yield Ok(ProviderEvent::Text(piece));
+                yield Ok(ProviderEvent::Text(piece.into()));
             }
             output_tokens += estimate_tokens(&script.text);
             for (index, (name, args)) in script.tools.iter().enumerate() {

@@ -29,8 +29,8 @@ pub use openai::OpenAiProvider;
 /// One thing a provider said, already decoded from its wire format.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProviderEvent {
-    Text(String),
-    Thinking(String),
+    Text(crate::events::Text),
+    Thinking(crate::events::Text),
     /// Opaque proof of a thinking block, to be sent back in later turns (Anthropic).
     ThinkingSignature(String),
     ToolCallStart {

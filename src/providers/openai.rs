@@ -91,11 +91,11 @@ impl Decoder for ChunkDecoder {
             let delta = &choice.delta;
             for text in [&delta.reasoning_content, &delta.reasoning] {
                 if let Some(text) = text.get() {
-                    out.push_back(ProviderEvent::Thinking(text.to_owned()));
+                    out.push_back(ProviderEvent::Thinking(text.into()));
                 }
             }
             if let Some(text) = delta.content.get() {
-                out.push_back(ProviderEvent::Text(text.to_owned()));
+                out.push_back(ProviderEvent::Text(text.into()));
             }
             for call in &delta.tool_calls {
                 self.tool_call(call, out)?;

@@ -864,8 +864,8 @@ mod tests {
         use futures_util::StreamExt;
         let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
         let (run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
-        emitter.emit(Event::TextDelta { text: "before\0after".to_owned() });
-        emitter.emit(Event::TextDelta { text: "a backslash and u0000: \\u0000".to_owned() });
+        emitter.emit(Event::TextDelta { text: "before\0after".into() });
+        emitter.emit(Event::TextDelta { text: "a backslash and u0000: \\u0000".into() });
         let frames: Vec<Frame> = run.clone().follow(0).take(2).collect().await;
         assert_eq!(frames[0].data(), r#"{"type":"text_delta","text":"beforeafter"}"#);
         assert!(matches!(frames[0].event(), Some(Event::TextDelta { text }) if text == "beforeafter"));
@@ -883,7 +883,7 @@ mod tests {
         let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
         let (run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
         let (trace_id, message_id, conversation_id) = (run.trace_id, run.message_id, run.conversation_id);
-        let text = |n: u64| Event::TextDelta { text: format!("word {n} ") };
+        let text = |n: u64| Event::TextDelta { text: format!("word {n} ").into() };
         for n in 1..=100 {
             emitter.emit(text(n));
         }
@@ -921,7 +921,7 @@ mod tests {
         use futures_util::StreamExt;
         let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
         let (run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
-        let text = |n: u64| Event::TextDelta { text: format!("word {n} ") };
+        let text = |n: u64| Event::TextDelta { text: format!("word {n} ").into() };
         let emit =
             |emitter: &mut Emitter, seqs: std::ops::RangeInclusive<u64>| seqs.for_each(|n| emitter.emit(text(n)));
         // A listener that follows at the head: what it took and the log holds is let go, but

@@ -8,6 +8,7 @@
 
 use super::markers::{Captured, MarkerFilter};
 use super::scan::{find, partial_len};
+use crate::events::Text;
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -15,8 +16,8 @@ const CLOSE: &str = "</think>";
 /// A cleaned piece, ready to append on the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {
-    Text(String),
-    Thinking(String),
+    Text(Text),
+    Thinking(Text),
 }
 
 #[derive(Debug)]
@@ -42,7 +43,7 @@ struct Edge {
 }
 
 impl Edge {
-    fn push(&mut self, text: &str, out: &mut String) {
+    fn push(&mut self, text: &str, out: &mut Text) {
         let text = if self.started { text } else { text.trim_start() };
         let body = text.trim_end();
         if body.is_empty() {
@@ -102,7 +103,7 @@ impl Cleaner {
     /// Cleans a chunk of the answer channel, which may carry `<think>` tags. The usual
     /// chunk (a token of the answer: every character visible, nothing held back, no tag or
     /// marker begun, nothing at its edges to trim) becomes its piece as it is.
-    pub fn text(&mut self, chunk: String, out: &mut Vec<Piece>) {
+    pub fn text(&mut self, chunk: Text, out: &mut Vec<Piece>) {
         // A chunk without a tag's or a marker's first byte holds none and begins none.
         let quiet = || !chunk.bytes().any(|b| self.first_bytes.contains(&b));
         let holds_nothing = || {
@@ -180,13 +181,13 @@ impl Cleaner {
     }
 
     fn push_text(&mut self, text: &str, out: &mut Vec<Piece>) {
-        let mut cleaned = String::with_capacity(self.text.pending.len() + text.len());
+        let mut cleaned = Text::with_capacity(self.text.pending.len() + text.len());
         self.text.push(text, &mut cleaned);
         append(out, Piece::Text(cleaned));
     }
 
     fn push_thinking(&mut self, text: &str, out: &mut Vec<Piece>) {
-        let mut cleaned = String::with_capacity(self.thinking.pending.len() + text.len());
+        let mut cleaned = Text::with_capacity(self.thinking.pending.len() + text.len());
         self.thinking.push(text, &mut cleaned);
         append(out, Piece::Thinking(cleaned));
     }
@@ -245,7 +246,7 @@ pub fn clean_chunks(chunks: &[(bool, &str)]) -> Vec<Piece> {
         if *thinking {
             cleaner.thinking(chunk, &mut out);
         } else {
-            cleaner.text((*chunk).to_owned(), &mut out);
+            cleaner.text((*chunk).into(), &mut out);
         }
     }
     cleaner.finish(&mut out);
@@ -305,7 +306,7 @@ mod tests {
         let mut cleaner = Cleaner::default();
         let mut out = Vec::new();
         for c in "ok <think>hm</think> done".chars() {
-            cleaner.text(c.to_string(), &mut out);
+            cleaner.text(c.to_string().into(), &mut out);
         }
         cleaner.finish(&mut out);
         for piece in &out {

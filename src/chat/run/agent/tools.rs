@@ -380,7 +380,7 @@ fn tool_done(
     let marker = format!("{separator}[[tool:{index}]]");
     output.text.push_str(&marker);
     output.after_marker = true;
-    emitter.emit(Event::TextDelta { text: marker });
+    emitter.emit(Event::TextDelta { text: marker.into() });
 
     if let Some(payload) = &done.payload {
         let kind = payload.get("type").and_then(Value::as_str).unwrap_or(&call.name).to_owned();
