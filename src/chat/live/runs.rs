@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::task::{Poll, Waker};
 
+use chrono::{DateTime, Utc};
 use futures_util::Stream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -487,7 +488,10 @@ impl Runs {
             Some(_) => {}
         }
         drop(registry);
-        (run.clone(), Emitter { run, log, seq: base, holding: false, held: Vec::new(), text: Vec::new() })
+        (
+            run.clone(),
+            Emitter { run, log, seq: base, holding: false, held: Vec::new(), held_at: None, text: Vec::new() },
+        )
     }
 
     pub fn get(&self, trace_id: TraceId) -> Option<Arc<LiveRun>> {
@@ -564,6 +568,10 @@ pub struct Emitter {
     /// Events pushed to the run's frames but not yet announced to listeners nor handed to
     /// the log writer.
     held: Vec<NewEvent>,
+    /// When the first of the held events was emitted: the time of each event the burst
+    /// holds, as they are announced together (the clock read once a burst, not once a
+    /// token: a calendar time made from it was 1 % of a relayed event's instructions).
+    held_at: Option<DateTime<Utc>>,
     /// The buffer each event is serialized in.
     text: Vec<u8>,
 }
@@ -618,8 +626,7 @@ impl Emitter {
                 });
             }
         }
-        // (The log keeps microseconds: its chunks cut the time there.)
-        let at = chrono::Utc::now();
+        let at = *self.held_at.get_or_insert_with(Utc::now);
         self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at, kind, data: sent });
         if !self.holding || last || self.held.len() >= MAX_HELD {
             self.publish();
@@ -668,6 +675,7 @@ impl Emitter {
     /// written in one transaction (see [`EventLog::append_with`]).
     pub fn checkpoint(&mut self, checkpoint: &impl serde::Serialize) {
         if !self.held.is_empty() {
+            self.held_at = None;
             self.wake();
         }
         let progress = crate::store::Progress::of(self.run.trace_id, checkpoint);
@@ -686,6 +694,7 @@ impl Emitter {
     /// Announces the held events to listeners and hands them to the log.
     pub fn publish(&mut self) {
         if !self.held.is_empty() {
+            self.held_at = None;
             self.wake();
             self.log.append(&mut self.held);
             self.let_go_of_room();
@@ -855,6 +864,28 @@ mod tests {
         assert_eq!(found(two), vec![c.trace_id]);
         runs.remove(&c);
         assert!(runs.live.lock().unwrap().by_conversation.is_empty(), "nothing kept of conversations without runs");
+    }
+
+    /// Events held in one burst are announced together, and carry the time of its first; the
+    /// next burst has its own.
+    #[tokio::test]
+    async fn a_bursts_events_carry_the_time_it_began_and_the_next_burst_its_own() {
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let (_run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
+        let text = |t: &str| Event::TextDelta { text: t.into() };
+        emitter.hold(true);
+        emitter.emit(text("one"));
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        emitter.emit(text("two"));
+        let first: Vec<_> = emitter.held.iter().map(|e| (e.seq, e.at)).collect();
+        assert_eq!((first[0].0, first[1].0), (1, 2));
+        assert_eq!(first[0].1, first[1].1, "one burst, one time");
+        emitter.publish();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        emitter.emit(text("three"));
+        let next = &emitter.held[0];
+        assert_eq!(next.seq, 3);
+        assert!(next.at - first[0].1 >= chrono::TimeDelta::milliseconds(3), "{} {}", next.at, first[0].1);
     }
 
     /// A NUL reaches the emitter only in a tool's output (the model's text is cleaned before):
