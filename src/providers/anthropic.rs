@@ -23,7 +23,6 @@ use super::{
 };
 use crate::config::{CacheTtl, ProviderSettings};
 use crate::domain::{ThinkingBlock, Usage};
-use crate::events::Text;
 
 const API_VERSION: &str = "2023-06-01";
 /// Anthropic requires `max_tokens`; used when the profile sets none.
@@ -273,15 +272,16 @@ impl Decoder for MessageDecoder {
             "content_block_delta" => {
                 let index = data["index"].as_u64().ok_or_else(parse_error)?;
                 let delta = &data["delta"];
-                let text = |key: &str| delta[key].as_str().map(str::to_owned).ok_or_else(parse_error);
-                let token = |key: &str| delta[key].as_str().map(Text::from).ok_or_else(parse_error);
+                let text = |key: &str| delta[key].as_str().ok_or_else(parse_error);
                 match delta["type"].as_str() {
-                    Some("text_delta") => out.push_back(ProviderEvent::Text(token("text")?)),
-                    Some("thinking_delta") => out.push_back(ProviderEvent::Thinking(token("thinking")?)),
-                    Some("signature_delta") => out.push_back(ProviderEvent::ThinkingSignature(text("signature")?)),
+                    Some("text_delta") => out.push_back(ProviderEvent::Text(text("text")?.into())),
+                    Some("thinking_delta") => out.push_back(ProviderEvent::Thinking(text("thinking")?.into())),
+                    Some("signature_delta") => {
+                        out.push_back(ProviderEvent::ThinkingSignature(text("signature")?.into()))
+                    }
                     Some("input_json_delta") => out.push_back(ProviderEvent::ToolCallDelta {
                         index: index as u32,
-                        arguments: text("partial_json")?,
+                        arguments: text("partial_json")?.into(),
                     }),
                     // Deltas of block types this version does not know (e.g. citations).
                     _ => {}

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::task::{Poll, Waker};
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures_util::Stream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -488,10 +488,7 @@ impl Runs {
             Some(_) => {}
         }
         drop(registry);
-        (
-            run.clone(),
-            Emitter { run, log, seq: base, holding: false, held: Vec::new(), held_at: None, text: Vec::new() },
-        )
+        (run.clone(), Emitter { run, log, seq: base, holding: false, held: Vec::new(), text: Vec::new() })
     }
 
     pub fn get(&self, trace_id: TraceId) -> Option<Arc<LiveRun>> {
@@ -568,10 +565,6 @@ pub struct Emitter {
     /// Events pushed to the run's frames but not yet announced to listeners nor handed to
     /// the log writer.
     held: Vec<NewEvent>,
-    /// When the first of the held events was emitted: the time of each event the burst
-    /// holds, as they are announced together (the clock read once a burst, not once a
-    /// token: a calendar time made from it was 1 % of a relayed event's instructions).
-    held_at: Option<DateTime<Utc>>,
     /// The buffer each event is serialized in.
     text: Vec<u8>,
 }
@@ -626,7 +619,10 @@ impl Emitter {
                 });
             }
         }
-        let at = *self.held_at.get_or_insert_with(Utc::now);
+        // The events of a held burst are announced together: each carries the time of the
+        // first (the clock read once a burst, not once a token: a calendar time made from it
+        // was 1 % of a relayed event's instructions).
+        let at = self.held.first().map_or_else(Utc::now, |first| first.at);
         self.held.push(NewEvent { trace_id: self.run.trace_id, seq: self.seq as i64, at, kind, data: sent });
         if !self.holding || last || self.held.len() >= MAX_HELD {
             self.publish();
@@ -675,7 +671,6 @@ impl Emitter {
     /// written in one transaction (see [`EventLog::append_with`]).
     pub fn checkpoint(&mut self, checkpoint: &impl serde::Serialize) {
         if !self.held.is_empty() {
-            self.held_at = None;
             self.wake();
         }
         let progress = crate::store::Progress::of(self.run.trace_id, checkpoint);
@@ -694,7 +689,6 @@ impl Emitter {
     /// Announces the held events to listeners and hands them to the log.
     pub fn publish(&mut self) {
         if !self.held.is_empty() {
-            self.held_at = None;
             self.wake();
             self.log.append(&mut self.held);
             self.let_go_of_room();
