@@ -16,7 +16,7 @@ use reqwest::header::CONTENT_TYPE;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::transport::{Decoder, Endpoint, Transport, json as frame_json};
+use super::transport::{Decoder, Endpoint, Transport, json_text, text as frame_text};
 
 use super::{LlmProvider, ModelRequest, ProviderError, ProviderErrorKind, ProviderEvent, ProviderStream};
 use crate::config::{ProviderKind, ProviderSettings};
@@ -73,16 +73,26 @@ pub struct ChunkDecoder {
 
 impl Decoder for ChunkDecoder {
     fn frame(&mut self, frame: &SseFrame<'_>, out: &mut VecDeque<ProviderEvent>) -> Result<(), ProviderError> {
-        if frame.data.trim() == "[DONE]" {
-            self.close_calls(out);
-            out.push_back(ProviderEvent::Finish(self.finish_reason.take().unwrap_or_else(|| "stop".to_owned())));
-            self.done = true;
-            return Ok(());
-        }
-        // A token's frame is read by the quick reader; what it declines, by serde.
-        let chunk = match self.frames.chunk(frame.data) {
+        // A token's frame is read by the quick reader, from its bytes where they are the last
+        // frame's around another text; any other frame is read as text, by the quick reader
+        // where it can and by serde where it declines.
+        let chunk = match self.frames.like_the_last(frame.data) {
             Some(chunk) => chunk,
-            None => frame_json(frame)?,
+            None => {
+                let data = frame_text(frame)?;
+                if data.trim() == "[DONE]" {
+                    self.close_calls(out);
+                    out.push_back(ProviderEvent::Finish(
+                        self.finish_reason.take().unwrap_or_else(|| "stop".to_owned()),
+                    ));
+                    self.done = true;
+                    return Ok(());
+                }
+                match self.frames.chunk(data) {
+                    Some(chunk) => chunk,
+                    None => json_text(data)?,
+                }
+            }
         };
         if let Some(error) = &chunk.error {
             return Err(stream_error(error));
@@ -330,7 +340,7 @@ mod tests {
         let mut out = VecDeque::new();
         for frame in frames {
             let data = frame.to_string();
-            decoder.frame(&SseFrame { event: "message", data: &data, id: "", retry: None }, &mut out)?;
+            decoder.frame(&SseFrame { event: "message", data: data.as_bytes(), id: "", retry: None }, &mut out)?;
         }
         Ok(out.into())
     }

@@ -8,6 +8,13 @@
 //! allocate nothing once its first few have sized them. (A stream that begins with a byte
 //! order mark made eventsource-stream 0.2.3 panic; here the mark is left out, as the spec
 //! says.)
+//!
+//! A frame's data is lent as the bytes came, and its reader checks that they are UTF-8
+//! ([`Frame::text`]) where it reads them: OpenAI's reader checks only the bytes of a token's
+//! frame that differ from the frame before (already checked), which is its text, where
+//! checking every data line here was the parser's largest cost. Every other line is checked
+//! here, whole. Bytes that are not UTF-8 fail the stream either way, once the frame that
+//! holds them ends (a frame never ended is never read, whatever its bytes).
 
 use std::time::Duration;
 
@@ -38,11 +45,19 @@ impl std::fmt::Display for Fault {
 pub struct Frame<'a> {
     /// `message` where the frame names no event.
     pub event: &'a str,
-    /// Its data lines, joined by LF.
-    pub data: &'a str,
+    /// Its data lines, joined by LF, as the bytes came: not checked for UTF-8 here
+    /// ([`text`](Self::text) does).
+    pub data: &'a [u8],
     /// The last `id:` seen in the stream so far.
     pub id: &'a str,
     pub retry: Option<Duration>,
+}
+
+impl<'a> Frame<'a> {
+    /// Its data as text, or [`Fault::Utf8`] where it is not UTF-8.
+    pub fn text(&self) -> Result<&'a str, Fault> {
+        std::str::from_utf8(self.data).map_err(|_| Fault::Utf8)
+    }
 }
 
 /// Why [`Parser::feed`] stopped before the end of a chunk.
@@ -78,7 +93,7 @@ struct Building {
     /// Its `event:` (the last one), empty for none.
     event: String,
     /// Its data lines, each followed by a LF.
-    data: String,
+    data: Vec<u8>,
     retry: Option<Duration>,
 }
 
@@ -159,13 +174,21 @@ impl Parser {
         Ok(())
     }
 
-    /// Reads one line, without its end.
+    /// Reads one line, without its end: a data line's value as it came, any other line
+    /// checked for UTF-8 whole.
     fn line<E>(&mut self, line: &[u8], read: &mut impl FnMut(Frame<'_>) -> Result<(), E>) -> Result<(), Stop<E>> {
         if line.is_empty() {
             self.frame_bytes = 0;
             return self.dispatch(read).map_err(Stop::Reader);
         }
         self.frame_bytes += line.len();
+        if let Some(value) = data_value(line) {
+            let data = &mut self.frame.data;
+            data.reserve(value.len() + 1);
+            data.extend_from_slice(value);
+            data.push(b'\n');
+            return Ok(());
+        }
         let line = std::str::from_utf8(line).map_err(|_| Stop::Fault(Fault::Utf8))?;
         if line.starts_with(':') {
             return Ok(());
@@ -176,12 +199,6 @@ impl Parser {
         };
         match name {
             "event" => value.clone_into(&mut self.frame.event),
-            "data" => {
-                let data = &mut self.frame.data;
-                data.reserve(value.len() + 1);
-                data.push_str(value);
-                data.push('\n');
-            }
             "id" if !value.contains('\0') => value.clone_into(&mut self.last_id),
             "retry" => {
                 if let Ok(ms) = value.parse::<u64>() {
@@ -209,10 +226,19 @@ impl Parser {
         frame.event.clear();
         frame.data.clear();
         if frame.data.capacity() > KEPT_CAPACITY {
-            frame.data = String::new();
+            frame.data = Vec::new();
         }
         frame.retry = None;
         read_frame
+    }
+}
+
+/// The value of a `data` line (`data`, `data:` and `data: ` before it), unchecked.
+fn data_value(line: &[u8]) -> Option<&[u8]> {
+    match line.strip_prefix(b"data")? {
+        [] => Some(&[]),
+        [b':', b' ', value @ ..] | [b':', value @ ..] => Some(value),
+        _ => None,
     }
 }
 
@@ -226,7 +252,7 @@ impl Frame<'_> {
     fn owned(&self) -> eventsource_stream::Event {
         eventsource_stream::Event {
             event: self.event.to_owned(),
-            data: self.data.to_owned(),
+            data: self.text().expect("UTF-8 data").to_owned(),
             id: self.id.to_owned(),
             retry: self.retry,
         }
@@ -320,15 +346,15 @@ mod tests {
         let mut read = Vec::new();
         let mut reader = |frame: Frame<'_>| {
             read.push(frame.data.to_owned());
-            if frame.data == "stop" { Err("stopped") } else { Ok(()) }
+            if frame.data == b"stop" { Err("stopped") } else { Ok(()) }
         };
         let fed = parser.feed(b"data: a\n\ndata: stop\n\ndata: c\n\n", &mut reader);
         assert_eq!(fed, Err(Stop::Reader("stopped")));
-        assert_eq!(read, ["a", "stop"], "nothing after the frame that failed");
+        assert_eq!(read, [b"a".to_vec(), b"stop".to_vec()], "nothing after the frame that failed");
     }
 
     #[test]
-    fn a_frame_past_the_bound_and_bytes_not_utf8_are_faults() {
+    fn a_frame_past_the_bound_is_a_fault() {
         let (mut parser, mut out) = (Parser::default(), Vec::new());
         let line = format!("data: {}\n", "x".repeat(1024 * 1024));
         let fed = (0..9).map(|_| parser.feed(line.as_bytes(), &mut keep(&mut out))).find(Result::is_err);
@@ -338,9 +364,24 @@ mod tests {
         let piece = vec![b'x'; 1024 * 1024];
         let fed = (0..9).map(|_| parser.feed(&piece, &mut keep(&mut out))).find(Result::is_err);
         assert_eq!(fed, Some(Err(Stop::Fault(Fault::TooLarge))));
+    }
+
+    #[test]
+    fn data_not_utf8_is_lent_as_it_came_and_any_other_line_not_utf8_is_a_fault() {
         let mut parser = Parser::default();
-        let fed = parser.feed(b"data: ok\n\ndata: \xff\xfe\n\n", &mut keep(&mut out));
-        assert_eq!(fed, Err(Stop::Fault(Fault::Utf8)));
-        assert_eq!(out.len(), 1, "the frame before is read");
+        let mut read: Vec<(Vec<u8>, Result<String, Fault>)> = Vec::new();
+        let mut reader = |frame: Frame<'_>| {
+            read.push((frame.data.to_vec(), frame.text().map(str::to_owned)));
+            Ok::<_, ()>(())
+        };
+        let fed = parser.feed(b"data: ok\n\ndata: \xff\xfe\ndata:\xc3\xa9\n\n", &mut reader);
+        assert_eq!(fed, Ok(()));
+        assert_eq!(read[0], (b"ok".to_vec(), Ok("ok".to_owned())));
+        assert_eq!(read[1], (b"\xff\xfe\n\xc3\xa9".to_vec(), Err(Fault::Utf8)), "the reader is told");
+        for line in [&b"event: \xff\n"[..], b": \xff\n", b"id: \xff\n", b"dat\xff: x\n", b"\xff\n"] {
+            let mut parser = Parser::default();
+            let fed = parser.feed(&[b"data: before\n\n", line].concat(), &mut |_| Ok::<_, ()>(()));
+            assert_eq!(fed, Err(Stop::Fault(Fault::Utf8)), "{line:?}");
+        }
     }
 }

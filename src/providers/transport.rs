@@ -411,8 +411,22 @@ pub fn parse_error() -> ProviderError {
 /// Parses one frame's JSON (into a `Value`, or a typed frame borrowing from it), or fails
 /// the run with "Failed to parse response".
 pub fn json<'a, T: serde::Deserialize<'a>>(frame: &SseFrame<'a>) -> Result<T, ProviderError> {
-    serde_json::from_str(frame.data).map_err(|e| {
-        tracing::warn!(error = %e, data = %truncate(frame.data, 200), "unparsable provider frame");
+    json_text(text(frame)?)
+}
+
+/// [`json`] of a frame's data already read as text.
+pub fn json_text<'a, T: serde::Deserialize<'a>>(data: &'a str) -> Result<T, ProviderError> {
+    serde_json::from_str(data).map_err(|e| {
+        tracing::warn!(error = %e, data = %truncate(data, 200), "unparsable provider frame");
+        parse_error()
+    })
+}
+
+/// A frame's data as text; bytes that are not UTF-8 are no SSE, a broken answer (not a
+/// broken connection: trying again would not mend them).
+pub fn text<'a>(frame: &SseFrame<'a>) -> Result<&'a str, ProviderError> {
+    frame.text().map_err(|fault| {
+        tracing::warn!(error = %fault, "provider stream is not SSE");
         parse_error()
     })
 }

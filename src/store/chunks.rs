@@ -53,8 +53,14 @@ pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
     let mut index: HashMap<TraceId, usize> = HashMap::new();
     let mut number = itoa::Buffer::new();
     let mut last: Option<usize> = None;
+    // The events of a burst carry one time (the emitter's): it is written out once for them.
+    let (mut last_at, mut at_text) = (None, String::new());
     for (at_event, event) in events.iter().enumerate() {
-        let at = event.at.timestamp_micros();
+        if last_at != Some(event.at) {
+            last_at = Some(event.at);
+            at_text.clear();
+            at_text.push_str(number.format(event.at.timestamp_micros()));
+        }
         // A run's emitter hands its events over together: the map is asked only where the
         // run changes.
         let i = match last.filter(|&i| chunks[i].trace_id == event.trace_id) {
@@ -85,7 +91,7 @@ pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
         chunk.events.push('[');
         chunk.events.push_str(number.format(event.seq));
         chunk.events.push(',');
-        chunk.events.push_str(number.format(at));
+        chunk.events.push_str(&at_text);
         chunk.events.push(',');
         chunk.events.push_str(event.data.json());
         chunk.events.push(']');
@@ -142,6 +148,25 @@ mod tests {
         assert_eq!(read[1].data.get(), r#"{"type":"text_delta","text":"a\"2\n"}"#, "the stored text, unchanged");
         assert_eq!(read[1].at, events[2].at);
         assert_eq!(read[1].kind, "text_delta");
+    }
+
+    #[test]
+    fn each_event_reads_back_its_own_time_where_a_burst_shares_one() {
+        let (a, b) = (TraceId::new(), TraceId::new());
+        let t = now();
+        let later = t + chrono::Duration::microseconds(1);
+        let times = [t, t, later, later, t, later];
+        let events: Vec<NewEvent> = times
+            .iter()
+            .enumerate()
+            .map(|(i, &at)| NewEvent { at, ..event(if i % 3 == 0 { b } else { a }, i as i64 + 1, "x") })
+            .collect();
+        let mut read = Vec::new();
+        for chunk in encode(&events) {
+            decode(&chunk.events, 0, &mut read).unwrap();
+        }
+        read.sort_by_key(|e| e.seq);
+        assert_eq!(read.iter().map(|e| e.at).collect::<Vec<_>>(), times);
     }
 
     #[test]

@@ -48,25 +48,25 @@ enum Field {
 }
 
 impl Frames {
-    /// The chunk in `data`, as [`chunk`] reads it.
+    /// The chunk in `data`, as [`chunk`] reads it, kept for the next frame to be read like it.
     pub(super) fn chunk<'a>(&mut self, data: &'a str) -> Option<Chunk<'a>> {
-        if let Some(chunk) = self.like_the_last(data) {
-            return Some(chunk);
-        }
         let chunk = chunk(data)?;
         self.remember(data, &chunk);
         Some(chunk)
     }
 
-    /// The chunk in `data` where it is the last frame's bytes around another plain text.
-    fn like_the_last<'a>(&self, data: &'a str) -> Option<Chunk<'a>> {
+    /// The chunk in `data` (a frame's bytes, not yet known to be UTF-8) where it is the last
+    /// frame's bytes around another plain text, or `None`, for [`chunk`](Self::chunk) to read.
+    /// Only the bytes that differ from the last frame's are checked for UTF-8 (the rest are
+    /// the last frame's, read as text): the text, and the last string where it differs.
+    pub(super) fn like_the_last<'a>(&self, data: &'a [u8]) -> Option<Chunk<'a>> {
         let field = self.field?;
-        let rest = data.strip_prefix(self.before.as_str())?;
-        let text = match rest.strip_suffix(self.after.as_str()) {
-            Some(text) if special(text.as_bytes(), 0).is_none() => text,
+        let rest = data.strip_prefix(self.before.as_bytes())?;
+        let text = match rest.strip_suffix(self.after.as_bytes()) {
+            Some(text) if special(text, 0).is_none() => text,
             _ => self.text_before_another_last_string(rest)?,
         };
-        let text = Text(Some(Cow::Borrowed(text)));
+        let text = Text(Some(Cow::Borrowed(std::str::from_utf8(text).ok()?)));
         let mut delta = Delta::default();
         match field {
             Field::Content => delta.content = text,
@@ -81,12 +81,12 @@ impl Frames {
     /// quote `after` starts with, and the new last string must be plain too. Apart, so that
     /// the frames of servers that do not vary it read as quickly as before.
     #[inline(never)]
-    fn text_before_another_last_string<'a>(&self, rest: &'a str) -> Option<&'a str> {
+    fn text_before_another_last_string<'a>(&self, rest: &'a [u8]) -> Option<&'a [u8]> {
         let (from, to) = self.last?;
-        let rest = rest.strip_suffix(&self.after[to..])?;
-        let (text, rest) = rest.split_at(special(rest.as_bytes(), 0)?);
-        let last = rest.strip_prefix(&self.after[..from])?;
-        special(last.as_bytes(), 0).is_none().then_some(text)
+        let rest = rest.strip_suffix(&self.after.as_bytes()[to..])?;
+        let (text, rest) = rest.split_at(special(rest, 0)?);
+        let last = rest.strip_prefix(&self.after.as_bytes()[..from])?;
+        (special(last, 0).is_none() && std::str::from_utf8(last).is_ok()).then_some(text)
     }
 
     /// Keeps `data`'s bytes around its text where `chunk`, read from it whole, is one plain
@@ -562,6 +562,11 @@ mod tests {
         })
     }
 
+    /// `frame`'s bytes with each `#` made 0xff, which is never UTF-8.
+    fn not_utf8(frame: &str) -> Vec<u8> {
+        frame.bytes().map(|b| if b == b'#' { 0xff } else { b }).collect()
+    }
+
     #[test]
     fn a_frame_that_changes_only_the_last_ones_text_is_read_without_a_walk() {
         let token = |text: &str| {
@@ -575,20 +580,21 @@ mod tests {
         assert_eq!(Ok(frames.chunk(&first).expect("read")), serde(&first));
         for text in [" tok2", "", "é😀 and more"] {
             let next = token(text);
-            let quick = frames.like_the_last(&next).unwrap_or_else(|| panic!("walked {next}"));
+            let quick = frames.like_the_last(next.as_bytes()).unwrap_or_else(|| panic!("walked {next}"));
             assert_eq!(Ok(quick), serde(&next), "{next}");
         }
+        assert!(frames.like_the_last(&not_utf8(&token("a#b"))).is_none(), "a byte not UTF-8: read whole");
         // A text with an escape is read whole (and its frame then not kept: its text is owned).
         let escaped = token("say \"hi\"");
-        assert!(frames.like_the_last(&escaped).is_none());
+        assert!(frames.like_the_last(escaped.as_bytes()).is_none());
         assert_eq!(Ok(frames.chunk(&escaped).expect("read")), serde(&escaped));
         assert!(frames.field.is_none());
         // The last frame, with its finish reason, is not kept either; the one before it is forgotten.
         frames.chunk(&first);
         let last = r#"{"id":"chatcmpl-mock","object":"chat.completion.chunk","created":0,"model":"mock-1","choices":[{"index":0,"delta":{"reasoning":" tok3"},"finish_reason":"stop"}]}"#;
-        assert!(frames.like_the_last(last).is_none());
+        assert!(frames.like_the_last(last.as_bytes()).is_none());
         assert_eq!(Ok(frames.chunk(last).expect("read")), serde(last));
-        assert!(frames.like_the_last(&token(" tok4")).is_none());
+        assert!(frames.like_the_last(token(" tok4").as_bytes()).is_none());
     }
 
     #[test]
@@ -606,13 +612,18 @@ mod tests {
         assert_eq!(frames.last.map(|(from, to)| &frames.after[from..to]), Some("Qx3"));
         for (text, obfuscation) in [(" world", "a"), ("", "Zk93mPq0"), ("é😀", "")] {
             let next = token(text, obfuscation);
-            let quick = frames.like_the_last(&next).unwrap_or_else(|| panic!("walked {next}"));
+            let quick = frames.like_the_last(next.as_bytes()).unwrap_or_else(|| panic!("walked {next}"));
             assert_eq!(Ok(quick), serde(&next), "{next}");
         }
         // An escape in either place: read whole.
         for (text, obfuscation) in [("say \"hi\"", "x"), (" ok", "a\"b"), (" ok", "a\nb")] {
             let next = token(text, obfuscation);
-            assert!(frames.like_the_last(&next).is_none(), "{next}");
+            assert!(frames.like_the_last(next.as_bytes()).is_none(), "{next}");
+        }
+        // A byte that is not UTF-8 in either place (`#` made 0xff): left to the whole frame's check.
+        for (text, obfuscation) in [("#", "x"), (" ok", "#"), (" é#", "a#")] {
+            let next = not_utf8(&token(text, obfuscation));
+            assert!(frames.like_the_last(&next).is_none(), "{}", String::from_utf8_lossy(&next));
         }
         // A frame whose last member is not a string keeps no last string.
         let usage_last =
@@ -675,7 +686,7 @@ mod tests {
                 }
                 _ => other,
             };
-            if let Some(quick) = frames.chunk(&next) {
+            if let Some(quick) = frames.like_the_last(next.as_bytes()).or_else(|| frames.chunk(&next)) {
                 prop_assert_eq!(Ok(quick), serde(&next), "{} after {}", next, first);
             }
         }
