@@ -32,6 +32,9 @@ pub struct Cleaner {
     thinking: Edge,
     /// The first bytes of the tags and markers.
     first_bytes: Vec<u8>,
+    /// The bytes a usual token is made of, as bits (bit `b` for byte `b`): ASCII that is
+    /// visible (or `\n`, `\t`) and begins no tag or marker.
+    plain_bytes: u128,
 }
 
 /// Trims one channel's edges: nothing before its first visible character, and whitespace
@@ -84,6 +87,8 @@ impl Cleaner {
         let mut first_bytes: Vec<u8> = markers.first_bytes().chain([b'<']).collect();
         first_bytes.sort_unstable();
         first_bytes.dedup();
+        let visible = (0x20..0x7f).chain([b'\n', b'\t']).fold(0u128, |bits, b: u8| bits | 1 << b);
+        let plain_bytes = first_bytes.iter().filter(|b| b.is_ascii()).fold(visible, |bits, b| bits & !(1 << b));
         Self {
             markers,
             in_think: false,
@@ -92,6 +97,7 @@ impl Cleaner {
             text: Edge::default(),
             thinking: Edge::default(),
             first_bytes,
+            plain_bytes,
         }
     }
 
@@ -104,6 +110,9 @@ impl Cleaner {
     /// chunk (a token of the answer: every character visible, nothing held back, no tag or
     /// marker begun, nothing at its edges to trim) becomes its piece as it is.
     pub fn text(&mut self, chunk: Text, out: &mut Vec<Piece>) {
+        // A chunk of plain bytes alone is visible, and holds and begins no tag or marker:
+        // one look at each byte tells it.
+        let plain = || chunk.bytes().all(|b| b.is_ascii() && (self.plain_bytes >> b) & 1 == 1);
         // A chunk without a tag's or a marker's first byte holds none and begins none.
         let quiet = || !chunk.bytes().any(|b| self.first_bytes.contains(&b));
         let holds_nothing = || {
@@ -115,9 +124,8 @@ impl Cleaner {
         let whole = !self.in_think
             && self.held.is_empty()
             && self.text.passes(&chunk)
-            && all_visible(&chunk)
             && self.markers.idle()
-            && (quiet() || holds_nothing());
+            && (plain() || all_visible(&chunk) && (quiet() || holds_nothing()));
         if whole {
             out.push(Piece::Text(chunk));
         } else {
@@ -383,6 +391,30 @@ mod tests {
                 prop_assert!(out.chars().all(visible));
                 prop_assert_eq!(out.trim(), out.as_str());
             }
+        }
+
+        #[test]
+        fn with_markers_the_output_does_not_depend_on_the_chunking(
+            atoms in prop::collection::vec(prop::sample::select(vec![
+                "SUGGESTED_VALUES:", "SUGG", "S", "$$", "$", "<think>", "</think>", "<", "[", "]", "\"a\"", ",",
+                " ", "\n", "\u{4}", "word", "é",
+            ]), 0..40),
+            cuts in prop::collection::vec(0usize..300, 0..12),
+        ) {
+            // A marker that begins with a letter and one that begins with a symbol: each
+            // first byte is one a plain token must not hold.
+            let clean = |chunks: &[String]| {
+                let mut cleaner = Cleaner::with_markers(vec!["SUGGESTED_VALUES:".to_owned(), "$$".to_owned()]);
+                let mut out = Vec::new();
+                for chunk in chunks {
+                    cleaner.text(chunk.as_str().into(), &mut out);
+                }
+                cleaner.finish(&mut out);
+                let (captured, invalid) = cleaner.markers();
+                (join(&out), captured.to_vec(), invalid.to_vec())
+            };
+            let text = atoms.concat();
+            prop_assert_eq!(clean(&split(&text, &cuts)), clean(&[text]));
         }
     }
 }
