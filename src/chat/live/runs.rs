@@ -696,10 +696,11 @@ impl Emitter {
     }
 
     /// A burst past `HELD_ROOM` events (a fast model's many frames in one read) does not
-    /// keep its room for the rest of the run.
+    /// keep its room for the rest of the run: the room goes back to `HELD_ROOM` (the next
+    /// burst grows from there, not from nothing).
     fn let_go_of_room(&mut self) {
         if self.held.capacity() > HELD_ROOM {
-            self.held = Vec::new();
+            self.held.shrink_to(HELD_ROOM);
         }
     }
 
@@ -880,6 +881,20 @@ mod tests {
         let next = &emitter.held[0];
         assert_eq!(next.seq, 3);
         assert!(next.at - first[0].1 >= chrono::TimeDelta::milliseconds(3), "{} {}", next.at, first[0].1);
+    }
+
+    #[tokio::test]
+    async fn a_bursts_room_goes_back_to_the_kept_room_once_it_is_announced() {
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let (_run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
+        emitter.hold(true);
+        for _ in 0..200 {
+            emitter.emit(Event::TextDelta { text: "t".into() });
+        }
+        assert!(emitter.held.capacity() >= 200);
+        emitter.publish();
+        assert!(emitter.held.is_empty());
+        assert_eq!(emitter.held.capacity(), HELD_ROOM, "a burst keeps the kept room, not its own");
     }
 
     /// A NUL reaches the emitter only in a tool's output (the model's text is cleaned before):
