@@ -25,7 +25,7 @@ pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
 /// What is wrong with bytes that are no SSE stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// A line is not UTF-8.
+    /// A line, or a frame's data, is not UTF-8.
     Utf8,
     /// A frame is longer than [`MAX_FRAME_BYTES`].
     TooLarge,
@@ -34,7 +34,7 @@ pub enum Fault {
 impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Fault::Utf8 => write!(f, "an SSE line that is not UTF-8"),
+            Fault::Utf8 => write!(f, "SSE bytes that are not UTF-8"),
             Fault::TooLarge => write!(f, "an SSE frame longer than {MAX_FRAME_BYTES} bytes"),
         }
     }

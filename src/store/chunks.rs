@@ -54,12 +54,11 @@ pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
     let mut number = itoa::Buffer::new();
     let mut last: Option<usize> = None;
     // The events of a burst carry one time (the emitter's): it is written out once for them.
-    let (mut last_at, mut at_text) = (None, String::new());
+    let (mut times, mut last_at, mut at_text) = (itoa::Buffer::new(), None, "");
     for (at_event, event) in events.iter().enumerate() {
         if last_at != Some(event.at) {
             last_at = Some(event.at);
-            at_text.clear();
-            at_text.push_str(number.format(event.at.timestamp_micros()));
+            at_text = times.format(event.at.timestamp_micros());
         }
         // A run's emitter hands its events over together: the map is asked only where the
         // run changes.
@@ -91,7 +90,7 @@ pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
         chunk.events.push('[');
         chunk.events.push_str(number.format(event.seq));
         chunk.events.push(',');
-        chunk.events.push_str(&at_text);
+        chunk.events.push_str(at_text);
         chunk.events.push(',');
         chunk.events.push_str(event.data.json());
         chunk.events.push(']');
