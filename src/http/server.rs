@@ -45,6 +45,11 @@ const RESERVED_DESCRIPTORS: u64 = 256;
 /// proxy with more opens another connection.
 const HTTP2_STREAMS_PER_CONNECTION: u32 = 200;
 
+/// A request's head over HTTP/1.1 (its request line and headers), at most: more is refused
+/// with 431. hyper's own bound, its read buffer (about 400 KiB), is not exact: a read may
+/// fill the buffer's spare room past it, and a head that came in larger reads got through.
+const MAX_HEAD_BYTES: usize = 400 * 1024;
+
 /// What an HTTP/2 client sends first, before any frame, when it speaks HTTP/2 without TLS.
 const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -54,7 +59,7 @@ pub async fn serve(listener: TcpListener, router: Router, settings: &ServerSetti
     let permits = Arc::new(Semaphore::new(max_connections));
     let header_timeout = Duration::from_secs(settings.header_read_timeout_secs.max(1));
     let mut http1 = hyper::server::conn::http1::Builder::new();
-    http1.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    http1.timer(TokioTimer::new()).header_read_timeout(header_timeout).max_header_size(MAX_HEAD_BYTES);
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2.timer(TokioTimer::new()).max_concurrent_streams(HTTP2_STREAMS_PER_CONNECTION);
     let graceful = GracefulShutdown::new();
