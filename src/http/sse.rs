@@ -6,19 +6,23 @@
 use crate::ids::MessageId;
 use std::convert::Infallible;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::{FutureExt, Stream};
 use serde::Serialize;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::AppState;
 use crate::chat::Frame;
 use crate::domain::Comparison;
 use crate::events::comparison::{ComparisonEvent, Tagged, Variant};
 use crate::events::legacy::ToLegacy;
-use crate::wake::when_woken;
+use crate::wake::{WhenWoken, when_woken};
 
 /// Turns the items of a stream into SSE text.
 pub trait Encoder: Send + 'static {
@@ -158,50 +162,21 @@ const ITEMS_PER_WRITE: usize = 512;
 
 /// The SSE response for a stream of items; ends with the stream or when the server stops.
 /// Items that are ready together go out as one write, and `: ping` goes out when idle.
-pub fn sse<E: Encoder>(
+pub fn sse<E: Encoder + Unpin>(
     state: &AppState,
     items: impl Stream<Item = E::Item> + Send + 'static,
-    mut encoder: E,
+    encoder: E,
 ) -> Response {
-    let items = items.take_until(when_woken(state.shutdown.clone().cancelled_owned())).ready_chunks(ITEMS_PER_WRITE);
     let keepalive = state.keepalive();
-    let body = async_stream::stream! {
-        let mut items = std::pin::pin!(items);
-        let mut idle = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
-        idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // A ping only after a whole interval without frames: re-arming the timer on every
-        // write would cost more than the frames themselves.
-        let mut sent = false;
-        loop {
-            tokio::select! {
-                biased;
-                batch = items.next() => match batch {
-                    Some(batch) => {
-                        let mut out = String::with_capacity(batch.iter().map(|item| encoder.size(item)).sum());
-                        for item in &batch {
-                            encoder.encode(item, &mut out);
-                        }
-                        if !out.is_empty() {
-                            sent = true;
-                            yield Ok::<_, Infallible>(Bytes::from(out));
-                        }
-                    }
-                    None => {
-                        let mut out = String::new();
-                        encoder.end(&mut out);
-                        if !out.is_empty() {
-                            yield Ok(Bytes::from(out));
-                        }
-                        break;
-                    }
-                },
-                _ = idle.tick() => {
-                    if !std::mem::take(&mut sent) {
-                        yield Ok(Bytes::from_static(b": ping\n\n"));
-                    }
-                }
-            }
-        }
+    let mut idle = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+    idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let body = Writes {
+        items: Box::pin(items),
+        encoder,
+        shutdown: Some(when_woken(state.shutdown.clone().cancelled_owned())),
+        idle,
+        sent: false,
+        ended: false,
     };
     let mut response = Body::from_stream(body).into_response();
     let headers = response.headers_mut();
@@ -210,4 +185,144 @@ pub fn sse<E: Encoder>(
     // Proxies such as nginx must pass each frame on at once.
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     response
+}
+
+/// An SSE response's writes (see [`sse`]): each takes the items ready when it is asked for,
+/// at most [`ITEMS_PER_WRITE`], and encodes them as they are taken, straight into its text.
+struct Writes<S, E> {
+    items: Pin<Box<S>>,
+    encoder: E,
+    /// The server's stop, until it comes: then the items end.
+    shutdown: Option<WhenWoken<WaitForCancellationFutureOwned>>,
+    idle: tokio::time::Interval,
+    /// Whether a write went out since the idle timer last fired.
+    sent: bool,
+    /// The items ended, and the encoder's ending is written.
+    ended: bool,
+}
+
+impl<S, E> Stream for Writes<S, E>
+where
+    S: Stream<Item = E::Item>,
+    E: Encoder + Unpin,
+{
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        let stopped = this.shutdown.as_mut().is_some_and(|shutdown| shutdown.poll_unpin(cx).is_ready());
+        if stopped {
+            this.shutdown = None;
+        }
+        let mut out = String::new();
+        let mut ended = stopped;
+        loop {
+            let mut taken = 0;
+            while !ended && taken < ITEMS_PER_WRITE {
+                match this.items.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(item)) => {
+                        out.reserve(this.encoder.size(&item));
+                        this.encoder.encode(&item, &mut out);
+                        taken += 1;
+                    }
+                    Poll::Ready(None) => ended = true,
+                    Poll::Pending => break,
+                }
+            }
+            if ended {
+                this.encoder.end(&mut out);
+                this.ended = true;
+                return Poll::Ready((!out.is_empty()).then(|| Ok(Bytes::from(out))));
+            }
+            if !out.is_empty() {
+                this.sent = true;
+                return Poll::Ready(Some(Ok(Bytes::from(out))));
+            }
+            // As many items as a write takes, all of them without a word in this
+            // vocabulary: take on.
+            if taken < ITEMS_PER_WRITE {
+                break;
+            }
+        }
+        // A ping only after a whole interval without a write: re-arming the timer on every
+        // write would cost more than the frames themselves. (Polled until pending, so that
+        // the timer wakes this stream for its next tick.)
+        while this.idle.poll_tick(cx).is_ready() {
+            if !std::mem::take(&mut this.sent) {
+                return Poll::Ready(Some(Ok(Bytes::from_static(b": ping\n\n"))));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+
+    /// Writes the items it is asked to (and the rest as nothing), then `end`.
+    struct Only(fn(u32) -> bool);
+
+    impl Encoder for Only {
+        type Item = u32;
+
+        fn encode(&mut self, item: &u32, out: &mut String) {
+            if (self.0)(*item) {
+                out.push_str(&format!("{item}\n"));
+            }
+        }
+
+        fn end(&mut self, out: &mut String) {
+            out.push_str("end\n");
+        }
+    }
+
+    fn writes<S: Stream<Item = u32>>(items: S, encoder: Only, stop: &CancellationToken) -> Writes<S, Only> {
+        let hour = std::time::Duration::from_secs(3600);
+        Writes {
+            items: Box::pin(items),
+            encoder,
+            shutdown: Some(when_woken(stop.clone().cancelled_owned())),
+            idle: tokio::time::interval_at(tokio::time::Instant::now() + hour, hour),
+            sent: false,
+            ended: false,
+        }
+    }
+
+    fn text(write: Result<Bytes, Infallible>) -> String {
+        String::from_utf8(write.unwrap().to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn items_ready_together_are_one_write_and_the_servers_stop_ends_them_with_the_encoders_end() {
+        let stop = CancellationToken::new();
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let items = futures_util::stream::unfold(receiver, |mut r| async { r.recv().await.map(|item| (item, r)) });
+        let mut body = writes(items, Only(|_| true), &stop);
+        sender.send(1).unwrap();
+        sender.send(2).unwrap();
+        assert_eq!(text(body.next().await.unwrap()), "1\n2\n");
+        sender.send(3).unwrap();
+        assert_eq!(text(body.next().await.unwrap()), "3\n");
+        let waiting = tokio::spawn(async move { body.next().await.map(text) });
+        tokio::task::yield_now().await;
+        stop.cancel();
+        assert_eq!(waiting.await.unwrap().as_deref(), Some("end\n"), "woken by the stop");
+    }
+
+    #[tokio::test]
+    async fn items_without_a_word_in_the_vocabulary_are_taken_past_a_writes_worth() {
+        let stop = CancellationToken::new();
+        // 1000 is in the second write's worth of items, 2000 in the fourth.
+        assert_eq!(ITEMS_PER_WRITE, 512);
+        let body = writes(futures_util::stream::iter(1..=2600), Only(|n| n % 1000 == 0), &stop);
+        let written = tokio::time::timeout(std::time::Duration::from_secs(5), body.map(text).collect::<Vec<_>>());
+        assert_eq!(written.await.expect("not left waiting"), ["1000\n", "2000\n", "end\n"]);
+    }
 }

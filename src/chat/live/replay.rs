@@ -3,14 +3,16 @@
 //! the log grew. Nothing here polls; every wait is woken.
 
 use crate::ids::{TraceId, UserId};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
 
 use super::news::ConversationNews;
-use super::runs::{Frame, LiveRun};
+use super::runs::{Follow, Frame, LiveRun};
 use crate::chat::errors::ControlError;
 use crate::chat::shared::Shared;
 use crate::domain::{Trace, TraceStatus};
@@ -91,44 +93,40 @@ impl Follower {
         cancel_on_drop: bool,
         through_waits: bool,
     ) -> impl Stream<Item = Frame> + Send + 'static {
+        FromTheStart {
+            // Listening from now, not from the response's first read: the run keeps its
+            // frames for this client meanwhile.
+            live: Some(run.clone().follow(0)),
+            rest: None,
+            guard: DisconnectGuard { run, cancel_on_drop, done: false },
+            after: 0,
+            core: self.clone(),
+            through_waits,
+        }
+    }
+
+    /// The frames of a run after `after`, from its log and wherever it goes on, for a client
+    /// that followed it live from its start (see [`FromTheStart`]); `None` where its trace
+    /// could not be read: the stream ends there, not the run.
+    fn rest_from_the_log(
+        &self,
+        run: Arc<LiveRun>,
+        after: u64,
+        through_waits: bool,
+    ) -> impl Stream<Item = Option<Frame>> + Send + 'static {
         let core = self.clone();
-        // Listening from now, not from the response's first read: the run keeps its frames
-        // for this client meanwhile.
-        let live = run.clone().follow(0);
         async_stream::stream! {
-            // Lives, and drops, with the stream.
-            let mut guard = DisconnectGuard { run: run.clone(), cancel_on_drop, done: false };
-            let mut after = 0;
-            let mut live = std::pin::pin!(live);
-            while let Some(frame) = live.next().await {
-                after = frame.seq;
-                guard.done |= frame.is_last();
-                yield frame;
-            }
-            // The client fell behind what the run keeps here: the rest from the log, then
-            // live again, and leaving still stops the run while it runs here. Else it waits
-            // (or ended): leaving no longer stops it, and a wait is followed on from the log.
-            let behind = !guard.done && after < run.base() && !run.is_parked();
-            if !behind {
-                guard.done = true;
-                if !run.is_parked() || !through_waits {
-                    return;
-                }
-            }
             let trace = match core.store.get_trace(&run.user_id, run.trace_id).await {
                 Ok(trace) => trace,
                 Err(e) => {
                     tracing::warn!(error = %e, trace_id = %run.trace_id, "could not follow a run from its log");
-                    // The stream ends here, not the client: the run goes on.
-                    guard.done = true;
+                    yield None;
                     return;
                 }
             };
-            // (Boxed: a client rarely gets here, and the stream is kept as long as it is open.)
-            let mut rest = core.follow(trace, after, through_waits).boxed();
+            let mut rest = std::pin::pin!(core.follow(trace, after, through_waits));
             while let Some(frame) = rest.next().await {
-                guard.done |= frame.is_last() || run.is_parked();
-                yield frame;
+                yield Some(frame);
             }
         }
     }
@@ -422,6 +420,75 @@ fn ending(trace: &Trace, after: u64) -> [Frame; 2] {
         ),
         Frame::new(after + 2, Event::Done { conversation_id, message_id, trace_id }),
     ]
+}
+
+/// [`Follower::follow_from_the_start`]'s frames: the run's own, live, handed on one by one
+/// as they come (no generator between them and the client); then, where the client fell
+/// behind what the run keeps here or the run waits, the rest from its log.
+struct FromTheStart {
+    /// The run's frames here, until they end.
+    live: Option<Follow>,
+    /// Then the rest from the log (boxed: a client rarely gets here).
+    rest: Option<BoxStream<'static, Option<Frame>>>,
+    /// Lives, and drops, with the stream.
+    guard: DisconnectGuard,
+    /// The seq of the last frame handed on.
+    after: u64,
+    core: Follower,
+    through_waits: bool,
+}
+
+impl Stream for FromTheStart {
+    type Item = Frame;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Frame>> {
+        let this = self.get_mut();
+        if let Some(live) = &mut this.live {
+            match std::task::ready!(live.poll_next_unpin(cx)) {
+                Some(frame) => {
+                    this.after = frame.seq;
+                    this.guard.done |= frame.is_last();
+                    return Poll::Ready(Some(frame));
+                }
+                None => {
+                    this.live = None;
+                    // The client fell behind what the run keeps here: the rest from the log,
+                    // then live again, and leaving still stops the run while it runs here.
+                    // Else it waits (or ended): leaving no longer stops it, and a wait is
+                    // followed on from the log.
+                    let run = &this.guard.run;
+                    let behind = !this.guard.done && this.after < run.base() && !run.is_parked();
+                    if !behind {
+                        this.guard.done = true;
+                        if !run.is_parked() || !this.through_waits {
+                            return Poll::Ready(None);
+                        }
+                    }
+                    this.rest = Some(this.core.rest_from_the_log(run.clone(), this.after, this.through_waits).boxed());
+                }
+            }
+        }
+        let Some(rest) = &mut this.rest else {
+            return Poll::Ready(None);
+        };
+        match std::task::ready!(rest.poll_next_unpin(cx)) {
+            Some(Some(frame)) => {
+                this.guard.done |= frame.is_last() || this.guard.run.is_parked();
+                Poll::Ready(Some(frame))
+            }
+            // The trace could not be read: the stream ends here, not the client; the run
+            // goes on.
+            Some(None) => {
+                this.guard.done = true;
+                this.rest = None;
+                Poll::Ready(None)
+            }
+            None => {
+                this.rest = None;
+                Poll::Ready(None)
+            }
+        }
+    }
 }
 
 /// Cancels the run if the client goes away before `done` (with `on_disconnect = "cancel"`).

@@ -9,8 +9,9 @@
 
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
 use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use chrono::Utc;
 use futures_util::Stream;
@@ -210,57 +211,76 @@ impl Drop for Listening {
     }
 }
 
+/// The frames a listener keeps room for between takings, at most.
+const TAKEN_ROOM: usize = 16;
+
+/// A listener's frames of a run: see [`LiveRun::follow`]. The frames ready together are
+/// taken under one lock and handed out one by one from here, without a trip through the
+/// lock (or a generator) for each.
+pub struct Follow {
+    listening: Listening,
+    /// The seq of the last frame taken.
+    after: u64,
+    /// Frames taken, not yet handed out (its room kept from one taking to the next).
+    taken: VecDeque<Frame>,
+    /// Set when the run had settled as the frames were last taken: they were its last.
+    finished: bool,
+}
+
+impl Stream for Follow {
+    type Item = Frame;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Frame>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.taken.pop_front() {
+            return Poll::Ready(Some(frame));
+        }
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        let run = &this.listening.run;
+        let mut frames = run.frames.lock().expect("frames lock");
+        // Set under this lock with `done` (or the park): read here, it agrees with the frames.
+        let finished = run.state.borrow().settled();
+        // seq n is at index n - base - 1: the first frame after `after` is at index
+        // `after - base`, unless the run let go of it.
+        let Some(next) = this.after.checked_sub(frames.base) else {
+            this.finished = true;
+            return Poll::Ready(None);
+        };
+        let next = usize::try_from(next).unwrap_or(usize::MAX).min(frames.sent.len());
+        match frames.sent.range(next..).last().map(|frame| frame.seq) {
+            Some(seq) => {
+                // A listener that caught up on many keeps room for a few, not for them all.
+                this.taken.shrink_to(TAKEN_ROOM);
+                this.taken.extend(frames.sent.range(next..).cloned());
+                frames.took(this.listening.number, seq);
+                drop(frames);
+                this.after = seq;
+                this.finished = finished;
+                Poll::Ready(this.taken.pop_front())
+            }
+            // A listener that asked for more than a finished run sent has nothing to wait for.
+            None if finished => {
+                this.finished = true;
+                Poll::Ready(None)
+            }
+            None => {
+                frames.wait(cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+}
+
 impl LiveRun {
     /// The run's events with `seq > after` (at least [`base`](Self::base)), then the live
     /// ones, until `done`, or until the run parks to wait. The frames end early, without
     /// `done`, where the run let go of the next one this listener needs (it fell more than
     /// [`KEPT`] frames behind the log): the rest is in the log. The listener counts as here
     /// from this call on, not from the stream's first poll: the run keeps what it has not taken.
-    pub fn follow(self: Arc<Self>, after: u64) -> impl Stream<Item = Frame> + Send + 'static {
-        let listening = Listening::join(self, after);
-        async_stream::stream! {
-            let listening = listening;
-            let run = &listening.run;
-            let mut after = after;
-            loop {
-                let (batch, finished) = std::future::poll_fn(|cx| {
-                    let mut frames = run.frames.lock().expect("frames lock");
-                    // Set under this lock with `done` (or the park): read here, it agrees with
-                    // the frames.
-                    let finished = run.state.borrow().settled();
-                    // seq n is at index n - base - 1: the first frame after `after` is at
-                    // index `after - base`, unless the run let go of it.
-                    let Some(next) = after.checked_sub(frames.base) else {
-                        return Poll::Ready((Vec::new(), true));
-                    };
-                    let next = usize::try_from(next).unwrap_or(usize::MAX);
-                    let batch: Vec<Frame> = frames.sent.range(next.min(frames.sent.len())..).cloned().collect();
-                    match batch {
-                        batch if let Some(seq) = batch.last().map(|frame| frame.seq) => {
-                            frames.took(listening.number, seq);
-                            Poll::Ready((batch, finished))
-                        }
-                        // A listener that asked for more than a finished run sent has
-                        // nothing to wait for.
-                        _ if finished => Poll::Ready((Vec::new(), true)),
-                        _ => {
-                            frames.wait(cx.waker());
-                            Poll::Pending
-                        }
-                    }
-                })
-                .await;
-                if let Some(frame) = batch.last() {
-                    after = frame.seq;
-                }
-                for frame in batch {
-                    yield frame;
-                }
-                if finished {
-                    break;
-                }
-            }
-        }
+    pub fn follow(self: Arc<Self>, after: u64) -> Follow {
+        Follow { listening: Listening::join(self, after), after, taken: VecDeque::new(), finished: false }
     }
 
     /// Lets go of the frames the log has (`logged`: the seq of the newest one written) that
@@ -954,6 +974,24 @@ mod tests {
             run.ending().is_some_and(|e| matches!(e.event(), Some(Event::TextDelta { .. }))),
             "the last two frames stay"
         );
+    }
+
+    #[tokio::test]
+    async fn a_listener_takes_what_is_ready_at_once_and_keeps_room_for_a_few_after() {
+        use futures_util::StreamExt;
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let (run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
+        let text = |n: u64| Event::TextDelta { text: format!("word {n} ").into() };
+        let mut listener = run.clone().follow(0);
+        (1..=100).for_each(|n| emitter.emit(text(n)));
+        assert_eq!(listener.next().await.map(|f| f.seq), Some(1));
+        assert_eq!(listener.taken.len(), 99, "the frames ready then, taken under one lock");
+        assert_eq!(run.frames.lock().unwrap().listeners[0].1, 100, "the run knows they are taken");
+        let rest: Vec<u64> = (&mut listener).take(99).map(|f| f.seq).collect().await;
+        assert_eq!(rest, (2..=100).collect::<Vec<_>>());
+        emitter.emit(text(101));
+        assert_eq!(listener.next().await.map(|f| f.seq), Some(101));
+        assert!(listener.taken.capacity() <= TAKEN_ROOM, "room for {} kept", listener.taken.capacity());
     }
 
     #[tokio::test]

@@ -22,6 +22,7 @@ use crate::providers::transport::Retries;
 use crate::providers::{InputMessage, LlmProvider, ModelRequest, ProviderError};
 use crate::store::{RunFinish, Store};
 use crate::tools::Tool;
+use crate::wake::when_woken;
 
 mod call;
 mod finish;
@@ -227,10 +228,11 @@ pub async fn supervise(plan: Box<RunPlan>, mut emitter: Emitter, store: Arc<dyn 
     let hand_over = emitter.run().hand_over.clone();
     let run = {
         let run = AssertUnwindSafe(execute(plan, &mut emitter, &store, start)).catch_unwind();
+        // The task wakes once a token: the hand-over is looked at only when it wakes it.
         tokio::select! {
             biased;
             run = run => Some(run),
-            () = hand_over.cancelled() => None,
+            () = when_woken(hand_over.cancelled()) => None,
         }
     };
     let Some(run) = run else {
