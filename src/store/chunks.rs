@@ -48,54 +48,63 @@ pub fn transactions(chunks: Vec<Chunk>, per: usize, progress: &[Progress]) -> Ve
 const ENTRY_ROOM: usize = 4 + 20 + 20;
 
 /// Groups a batch into one chunk per run, each run's events in the order given.
+///
+/// Two passes: the first finds each event's chunk and adds up each chunk's room, the second
+/// writes each text into a string of its full size. (Sized by the first stretch of a run's
+/// events, a chunk grew by doubling wherever runs' events came interleaved, as they do when
+/// each run sends a token a read.)
 pub fn encode(events: &[NewEvent]) -> Vec<Chunk> {
     let mut chunks: Vec<Chunk> = Vec::new();
+    let mut rooms: Vec<usize> = Vec::new();
+    let mut places: Vec<usize> = Vec::with_capacity(events.len());
     let mut index: HashMap<TraceId, usize> = HashMap::new();
-    let mut number = itoa::Buffer::new();
     let mut last: Option<usize> = None;
-    // The events of a burst carry one time (the emitter's): it is written out once for them.
-    let (mut times, mut last_at, mut at_text) = (itoa::Buffer::new(), None, "");
-    for (at_event, event) in events.iter().enumerate() {
-        if last_at != Some(event.at) {
-            last_at = Some(event.at);
-            at_text = times.format(event.at.timestamp_micros());
-        }
+    for event in events {
         // A run's emitter hands its events over together: the map is asked only where the
         // run changes.
         let i = match last.filter(|&i| chunks[i].trace_id == event.trace_id) {
             Some(i) => i,
             None => *index.entry(event.trace_id).or_insert_with(|| {
-                // Room for this stretch of the run's events at once, not grown by doubling.
-                let room: usize = events[at_event..]
-                    .iter()
-                    .take_while(|e| e.trace_id == event.trace_id)
-                    .map(|e| e.data.json().len() + ENTRY_ROOM)
-                    .sum();
-                let mut text = String::with_capacity(room + 2);
-                text.push('[');
                 chunks.push(Chunk {
                     trace_id: event.trace_id,
                     first_seq: event.seq,
                     last_seq: event.seq,
-                    events: text,
+                    events: String::new(),
                 });
+                rooms.push(2);
                 chunks.len() - 1
             }),
         };
         last = Some(i);
+        places.push(i);
+        rooms[i] += event.data.json().len() + ENTRY_ROOM;
         let chunk = &mut chunks[i];
-        if chunk.events.len() > 1 {
-            chunk.events.push(',');
-        }
-        chunk.events.push('[');
-        chunk.events.push_str(number.format(event.seq));
-        chunk.events.push(',');
-        chunk.events.push_str(at_text);
-        chunk.events.push(',');
-        chunk.events.push_str(event.data.json());
-        chunk.events.push(']');
         chunk.first_seq = chunk.first_seq.min(event.seq);
         chunk.last_seq = chunk.last_seq.max(event.seq);
+    }
+    for (chunk, room) in chunks.iter_mut().zip(rooms) {
+        chunk.events.reserve_exact(room);
+        chunk.events.push('[');
+    }
+    let mut number = itoa::Buffer::new();
+    // The events of a burst carry one time (the emitter's): it is written out once for them.
+    let (mut times, mut last_at, mut at_text) = (itoa::Buffer::new(), None, "");
+    for (event, i) in events.iter().zip(places) {
+        if last_at != Some(event.at) {
+            last_at = Some(event.at);
+            at_text = times.format(event.at.timestamp_micros());
+        }
+        let text = &mut chunks[i].events;
+        if text.len() > 1 {
+            text.push(',');
+        }
+        text.push('[');
+        text.push_str(number.format(event.seq));
+        text.push(',');
+        text.push_str(at_text);
+        text.push(',');
+        text.push_str(event.data.json());
+        text.push(']');
     }
     for chunk in &mut chunks {
         chunk.events.push(']');

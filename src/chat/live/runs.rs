@@ -508,7 +508,10 @@ impl Runs {
             Some(_) => {}
         }
         drop(registry);
-        (run.clone(), Emitter { run, log, seq: base, holding: false, held: Vec::new(), text: Vec::new() })
+        (
+            run.clone(),
+            Emitter { run, log, seq: base, holding: false, held: Vec::new(), text: Vec::new(), woken: Vec::new() },
+        )
     }
 
     pub fn get(&self, trace_id: TraceId) -> Option<Arc<LiveRun>> {
@@ -587,6 +590,9 @@ pub struct Emitter {
     held: Vec<NewEvent>,
     /// The buffer each event is serialized in.
     text: Vec<u8>,
+    /// The listeners' wakers, taken from the frames to be woken outside their lock (a list
+    /// kept, as the frames keep theirs: each wake-up allocated one).
+    woken: Vec<Waker>,
 }
 
 /// Events held at most before they are announced anyway.
@@ -671,9 +677,9 @@ impl Emitter {
         self.wake();
     }
 
-    fn wake(&self) {
-        let waiting = std::mem::take(&mut self.run.frames.lock().expect("frames lock").waiting);
-        waiting.into_iter().for_each(Waker::wake);
+    fn wake(&mut self) {
+        self.woken.append(&mut self.run.frames.lock().expect("frames lock").waiting);
+        self.woken.drain(..).for_each(Waker::wake);
     }
 
     /// The seq of the last event emitted.
