@@ -59,9 +59,7 @@ pub async fn serve(listener: TcpListener, router: Router, settings: &ServerSetti
     let permits = Arc::new(Semaphore::new(max_connections));
     let header_timeout = Duration::from_secs(settings.header_read_timeout_secs.max(1));
     let mut http1 = hyper::server::conn::http1::Builder::new();
-    // Each write copied into one buffer, not queued for `writev`: an SSE write is an event
-    // or a few, and setting up a vectored write cost more than copying them.
-    http1.timer(TokioTimer::new()).header_read_timeout(header_timeout).max_header_size(MAX_HEAD_BYTES).writev(false);
+    http1.timer(TokioTimer::new()).header_read_timeout(header_timeout).max_header_size(MAX_HEAD_BYTES);
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2.timer(TokioTimer::new()).max_concurrent_streams(HTTP2_STREAMS_PER_CONNECTION);
     let graceful = GracefulShutdown::new();

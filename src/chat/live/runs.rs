@@ -238,6 +238,9 @@ impl Stream for Follow {
         if this.finished {
             return Poll::Ready(None);
         }
+        // A listener that caught up on many keeps room for a few, not for them all (shrunk
+        // here, not under the run's lock).
+        this.taken.shrink_to(TAKEN_ROOM);
         let run = &this.listening.run;
         let mut frames = run.frames.lock().expect("frames lock");
         // Set under this lock with `done` (or the park): read here, it agrees with the frames.
@@ -251,8 +254,6 @@ impl Stream for Follow {
         let next = usize::try_from(next).unwrap_or(usize::MAX).min(frames.sent.len());
         match frames.sent.range(next..).last().map(|frame| frame.seq) {
             Some(seq) => {
-                // A listener that caught up on many keeps room for a few, not for them all.
-                this.taken.shrink_to(TAKEN_ROOM);
                 this.taken.extend(frames.sent.range(next..).cloned());
                 frames.took(this.listening.number, seq);
                 drop(frames);
