@@ -8,6 +8,7 @@ use std::convert::Infallible;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
@@ -15,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::{FutureExt, Stream};
 use serde::Serialize;
-use tokio_util::sync::WaitForCancellationFutureOwned;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::AppState;
 use crate::chat::Frame;
@@ -167,17 +168,7 @@ pub fn sse<E: Encoder + Unpin>(
     items: impl Stream<Item = E::Item> + Send + 'static,
     encoder: E,
 ) -> Response {
-    let keepalive = state.keepalive();
-    let mut idle = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
-    idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let body = Writes {
-        items: Box::pin(items),
-        encoder,
-        shutdown: Some(when_woken(state.shutdown.clone().cancelled_owned())),
-        idle,
-        sent: false,
-        ended: false,
-    };
+    let body = Writes::new(items, encoder, &state.shutdown, state.keepalive());
     let mut response = Body::from_stream(body).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -192,13 +183,22 @@ pub fn sse<E: Encoder + Unpin>(
 struct Writes<S, E> {
     items: Pin<Box<S>>,
     encoder: E,
-    /// The server's stop, until it comes: then the items end.
-    shutdown: Option<WhenWoken<WaitForCancellationFutureOwned>>,
+    /// The server's stop: then the items end.
+    shutdown: WhenWoken<WaitForCancellationFutureOwned>,
     idle: tokio::time::Interval,
     /// Whether a write went out since the idle timer last fired.
     sent: bool,
     /// The items ended, and the encoder's ending is written.
     ended: bool,
+}
+
+impl<S, E> Writes<S, E> {
+    fn new(items: S, encoder: E, shutdown: &CancellationToken, keepalive: Duration) -> Self {
+        let mut idle = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+        idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let shutdown = when_woken(shutdown.clone().cancelled_owned());
+        Self { items: Box::pin(items), encoder, shutdown, idle, sent: false, ended: false }
+    }
 }
 
 impl<S, E> Stream for Writes<S, E>
@@ -213,39 +213,33 @@ where
         if this.ended {
             return Poll::Ready(None);
         }
-        let stopped = this.shutdown.as_mut().is_some_and(|shutdown| shutdown.poll_unpin(cx).is_ready());
-        if stopped {
-            this.shutdown = None;
-        }
         let mut out = String::new();
-        let mut ended = stopped;
-        loop {
-            let mut taken = 0;
-            while !ended && taken < ITEMS_PER_WRITE {
+        let mut taken = 0;
+        // A write ends after a write's worth of items once it has something to say: items
+        // this vocabulary has no word for do not end it empty.
+        let ended = this.shutdown.poll_unpin(cx).is_ready()
+            || loop {
                 match this.items.as_mut().poll_next(cx) {
                     Poll::Ready(Some(item)) => {
                         out.reserve(this.encoder.size(&item));
                         this.encoder.encode(&item, &mut out);
                         taken += 1;
+                        if taken >= ITEMS_PER_WRITE && !out.is_empty() {
+                            break false;
+                        }
                     }
-                    Poll::Ready(None) => ended = true,
-                    Poll::Pending => break,
+                    Poll::Ready(None) => break true,
+                    Poll::Pending => break false,
                 }
-            }
-            if ended {
-                this.encoder.end(&mut out);
-                this.ended = true;
-                return Poll::Ready((!out.is_empty()).then(|| Ok(Bytes::from(out))));
-            }
-            if !out.is_empty() {
-                this.sent = true;
-                return Poll::Ready(Some(Ok(Bytes::from(out))));
-            }
-            // As many items as a write takes, all of them without a word in this
-            // vocabulary: take on.
-            if taken < ITEMS_PER_WRITE {
-                break;
-            }
+            };
+        if ended {
+            this.encoder.end(&mut out);
+            this.ended = true;
+            return Poll::Ready((!out.is_empty()).then(|| Ok(Bytes::from(out))));
+        }
+        if !out.is_empty() {
+            this.sent = true;
+            return Poll::Ready(Some(Ok(Bytes::from(out))));
         }
         // A ping only after a whole interval without a write: re-arming the timer on every
         // write would cost more than the frames themselves. (Polled until pending, so that
@@ -262,7 +256,6 @@ where
 #[cfg(test)]
 mod tests {
     use futures_util::StreamExt;
-    use tokio_util::sync::CancellationToken;
 
     use super::*;
 
@@ -284,15 +277,7 @@ mod tests {
     }
 
     fn writes<S: Stream<Item = u32>>(items: S, encoder: Only, stop: &CancellationToken) -> Writes<S, Only> {
-        let hour = std::time::Duration::from_secs(3600);
-        Writes {
-            items: Box::pin(items),
-            encoder,
-            shutdown: Some(when_woken(stop.clone().cancelled_owned())),
-            idle: tokio::time::interval_at(tokio::time::Instant::now() + hour, hour),
-            sent: false,
-            ended: false,
-        }
+        Writes::new(items, encoder, stop, Duration::from_secs(3600))
     }
 
     fn text(write: Result<Bytes, Infallible>) -> String {

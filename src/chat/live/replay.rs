@@ -476,14 +476,10 @@ impl Stream for FromTheStart {
                 this.guard.done |= frame.is_last() || this.guard.run.is_parked();
                 Poll::Ready(Some(frame))
             }
-            // The trace could not be read: the stream ends here, not the client; the run
-            // goes on.
-            Some(None) => {
-                this.guard.done = true;
-                this.rest = None;
-                Poll::Ready(None)
-            }
-            None => {
+            ended => {
+                // `Some(None)`: the trace could not be read, and the stream ends here, not
+                // the client; the run goes on.
+                this.guard.done |= ended.is_some();
                 this.rest = None;
                 Poll::Ready(None)
             }

@@ -252,9 +252,10 @@ impl Stream for Follow {
             return Poll::Ready(None);
         };
         let next = usize::try_from(next).unwrap_or(usize::MAX).min(frames.sent.len());
-        match frames.sent.range(next..).last().map(|frame| frame.seq) {
+        // (`taken` is empty here: all it held was handed out.)
+        this.taken.extend(frames.sent.range(next..).cloned());
+        match this.taken.back().map(|frame| frame.seq) {
             Some(seq) => {
-                this.taken.extend(frames.sent.range(next..).cloned());
                 frames.took(this.listening.number, seq);
                 drop(frames);
                 this.after = seq;
