@@ -581,7 +581,11 @@ def report(row):
         print(f"  {r['label']:>8}: ended {r['ended']}/{r['streams']} ({r['peak_open']} open at once), errors {r['errors']}, "
               f"persisted {r['persisted']}, "
               f"{r['events_per_sec']:.0f} events/s, ttfe p50 {r['ttfe_ms']['p50']:.1f} ms p99 {r['ttfe_ms']['p99']:.1f} ms, "
-              f"gap p99 {r['gap_ms']['p99']:.1f} ms, wall {r['wall_ms']:.0f} ms")
+              f"gap p99 {r['gap_ms']['p99']:.1f} ms, wall {r['wall_ms']:.0f} ms", end="")
+        if r.get("end_wait_ms"):
+            # From a stream's last token to its end: chatd writes the run's end before `done`.
+            print(f", last token to end p50 {r['end_wait_ms']['p50']:.1f} ms p99 {r['end_wait_ms']['p99']:.1f} ms", end="")
+        print()
         if r.get("probes"):
             print(f"            {r['probes']} probes while the others stream: ttfe p50 {r['probe_ttfe_ms']['p50']:.2f} ms "
                   f"p99 {r['probe_ttfe_ms']['p99']:.2f} ms max {r['probe_ttfe_ms']['max']:.2f} ms "

@@ -89,6 +89,11 @@ struct Args {
 struct Stream {
     first_event: Option<Duration>,
     first_token: Option<Duration>,
+    /// When the last event carrying text came, from the stream's start.
+    last_token: Option<Duration>,
+    /// From the last event carrying text to the stream's end (the run's end written, its
+    /// terminal event and `done`).
+    end_wait: Option<Duration>,
     max_gap: Duration,
     gaps: Vec<Duration>,
     total: Duration,
@@ -188,8 +193,9 @@ async fn one(
                 if event.data == "[DONE]" {
                     stream.ended = true;
                 } else if let Ok(data) = serde_json::from_str::<Value>(&event.data) {
-                    if stream.first_token.is_none() && carries_text(&data) {
-                        stream.first_token = Some(now - started);
+                    if carries_text(&data) {
+                        stream.first_token.get_or_insert(now - started);
+                        stream.last_token = Some(now - started);
                     }
                     if data["type"] == "start" {
                         stream.conversation_id = data["conversation_id"].as_str().map(str::to_owned);
@@ -222,6 +228,9 @@ async fn one(
         }
     }
     stream.total = started.elapsed();
+    if stream.ended {
+        stream.end_wait = stream.last_token.map(|at| stream.total - at);
+    }
     stream
 }
 
@@ -356,6 +365,8 @@ async fn main() {
     probe_ttft.sort_by(f64::total_cmp);
     let mut gaps: Vec<f64> = streams.iter().flat_map(|s| s.gaps.iter().copied().map(ms)).collect();
     gaps.sort_by(f64::total_cmp);
+    let mut end_waits: Vec<f64> = streams[..args.streams].iter().filter_map(|s| s.end_wait.map(ms)).collect();
+    end_waits.sort_by(f64::total_cmp);
     let mut totals: Vec<f64> = streams.iter().map(|s| ms(s.total)).collect();
     totals.sort_by(f64::total_cmp);
     let events: usize = streams.iter().map(|s| s.events).sum();
@@ -381,6 +392,7 @@ async fn main() {
             "probe_ttft_ms": spread(&probe_ttft),
             "gap_ms": {"p50": percentile(&gaps, 50.0), "p99": percentile(&gaps, 99.0)},
             "max_gap_ms": streams.iter().map(|s| ms(s.max_gap)).fold(0.0, f64::max),
+            "end_wait_ms": spread(&end_waits),
             "total_ms": {"p50": percentile(&totals, 50.0), "p99": percentile(&totals, 99.0)},
         })
     );
