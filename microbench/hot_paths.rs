@@ -287,12 +287,32 @@ async fn store_with_runs(dir: &std::path::Path, runs: usize) -> (Arc<dyn Store>,
     (store, traces)
 }
 
+/// A flush's batch: `each` events of every one of `traces`, interleaved as tokens arrive,
+/// each run's from `seq` on.
+fn flush_of(traces: &[chatd::ids::TraceId], each: usize, seq: i64) -> Vec<NewEvent> {
+    let runs = traces.len();
+    (0..runs * each)
+        .map(|i| {
+            let text = json!({"type": "text_delta", "text": token(i)}).to_string();
+            NewEvent {
+                trace_id: traces[i % runs],
+                seq: seq + (i / runs) as i64,
+                at: now(),
+                kind: "text_delta",
+                data: chatd::events::Sent::text(&text),
+            }
+        })
+        .collect()
+}
+
 fn event_log(c: &mut Criterion) {
     const RUNS: usize = 10;
     const EVENTS: usize = 1_000;
+    const PACED_RUNS: usize = 50;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (store, traces) = runtime.block_on(store_with_runs(dir.path(), RUNS));
+    let (store, traces) = runtime.block_on(store_with_runs(dir.path(), RUNS + PACED_RUNS));
+    let paced_traces = traces[RUNS..].to_vec();
     // The table as chatd wrote the log before chunks: a row per event.
     let legacy = runtime.block_on(async {
         let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}/bench.db", dir.path().display())).await.unwrap();
@@ -309,18 +329,7 @@ fn event_log(c: &mut Criterion) {
     // Every batch continues each run's sequence, as a run's flushes do.
     let mut batch = move || -> Vec<NewEvent> {
         seq += (EVENTS / RUNS) as i64;
-        (0..EVENTS)
-            .map(|i| {
-                let text = json!({"type": "text_delta", "text": token(i)}).to_string();
-                NewEvent {
-                    trace_id: traces[i % RUNS],
-                    seq: seq + (i / RUNS) as i64,
-                    at: now(),
-                    kind: "text_delta",
-                    data: chatd::events::Sent::text(&text),
-                }
-            })
-            .collect()
+        flush_of(&traces[..RUNS], EVENTS / RUNS, seq)
     };
     let mut group = c.benchmark_group("event_log");
     group.throughput(Throughput::Elements(EVENTS as u64));
@@ -351,6 +360,24 @@ fn event_log(c: &mut Criterion) {
     group.bench_function("chunk_per_run", |b| {
         b.iter_batched(
             &mut batch,
+            |events| runtime.block_on(store.append_events(&events, &[])).expect("appends"),
+            BatchSize::SmallInput,
+        )
+    });
+    // A flush at (b)'s pace: a few events from each of 40 to 50 runs (a token every 20 ms, a
+    // flush every 100 ms), the number of runs changing from one flush to the next as runs
+    // start and end.
+    const EACH: usize = 5;
+    let (mut seq, mut flush) = (1_000_000_i64, 0_usize);
+    let mut paced = move || -> Vec<NewEvent> {
+        seq += EACH as i64;
+        flush += 1;
+        flush_of(&paced_traces[..PACED_RUNS - flush % 11], EACH, seq)
+    };
+    group.throughput(Throughput::Elements((PACED_RUNS * EACH) as u64));
+    group.bench_function("chunk_per_run_paced", |b| {
+        b.iter_batched(
+            &mut paced,
             |events| runtime.block_on(store.append_events(&events, &[])).expect("appends"),
             BatchSize::SmallInput,
         )

@@ -534,6 +534,46 @@ both_backends! {
             assert_eq!(postgres_chunks(&db.url).await, 2, "none written for the deleted run");
         }
     }
+
+    async fn batches_of_any_number_of_runs_are_written_whole(backend: Backend) {
+        // SQLite's insert of a batch is made once for each number of runs a transaction holds
+        // (up to 100; a larger batch goes in several): each count, a count again with other
+        // events, counts past a transaction's, checkpoints beside some; every run reads back
+        // exactly what it logged, and its last checkpoint.
+        let (store, _db) = open(backend).await;
+        let starts: Vec<RunStart> = (0..150).map(|n| run_start(&conversation("ann", &format!("run {n}")), true)).collect();
+        assert_eq!(store.start_runs(&starts.iter().collect::<Vec<_>>()).await.unwrap(), StartOutcome::Started);
+        let ids: Vec<TraceId> = starts.iter().map(|s| s.traces[0].trace_id).collect();
+        let mut last = vec![0_i64; ids.len()];
+        let mut checkpoints = std::collections::HashMap::new();
+        for count in [1, 2, 3, 3, 64, 99, 100, 101, 150, 2] {
+            // Each run's next two events, the runs interleaved as tokens arrive.
+            let mut batch = Vec::new();
+            for _ in 0..2 {
+                for (n, id) in ids[..count].iter().enumerate() {
+                    last[n] += 1;
+                    batch.extend(text_deltas(*id, last[n]..=last[n]));
+                }
+            }
+            let checkpoint = json!({"after": count});
+            let progress = [chatd::store::Progress::of(ids[count - 1], &checkpoint)];
+            let progress: &[chatd::store::Progress] = if count % 2 == 1 { &progress } else { &[] };
+            if !progress.is_empty() {
+                checkpoints.insert(ids[count - 1], checkpoint.clone());
+            }
+            store.append_events(&batch, progress).await.unwrap();
+        }
+        for (n, id) in ids.iter().enumerate() {
+            let events = store.trace_events(*id, 0).await.unwrap();
+            let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+            assert_eq!(seqs, (1..=last[n]).collect::<Vec<_>>(), "run {n}");
+            let texts: Vec<String> = events.iter().map(|e| json(e)["text"].as_str().unwrap().to_owned()).collect();
+            assert_eq!(texts, (1..=last[n]).map(|seq| format!("t{seq}")).collect::<Vec<_>>(), "run {n}");
+        }
+        for (id, checkpoint) in checkpoints {
+            assert_eq!(store.take_over(id, Some("replica-a"), "b").await.unwrap(), Some(Some(checkpoint)));
+        }
+    }
 }
 
 /// Rows in Postgres's table of the log's chunks.

@@ -226,7 +226,7 @@ where
 }
 
 /// `result` of a transaction sent as one query, after rolling back what it began where it failed.
-async fn rolled_back_if_failed<B: Backend, T>(
+pub(super) async fn rolled_back_if_failed<B: Backend, T>(
     conn: &mut Conn<B>,
     result: Result<T, sqlx::Error>,
 ) -> Result<T, sqlx::Error>

@@ -4,15 +4,18 @@
 //! ([`Store::seal_logs`](crate::store::Store::seal_logs)), and the row's deletion takes them
 //! along.
 
+use std::borrow::Cow;
+use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 
-use sqlx::{Sqlite, SqliteConnection};
+use sqlx::sqlite::SqliteArguments;
+use sqlx::{Arguments, Sqlite, SqliteConnection};
 
 use super::SqliteStore;
 use crate::events::LoggedEvent;
 use crate::ids::TraceId;
 use crate::store::chunks::Chunk;
-use crate::store::sql::{transaction_as_one_query, write};
+use crate::store::sql::{rolled_back_if_failed, transaction_as_one_query, write};
 use crate::store::{NewEvent, Progress, StoreError};
 
 /// A sealed log's chunk ids with the new ones of a run that went on after it waited
@@ -43,13 +46,56 @@ pub(super) async fn seal_left_over_logs(writer: &mut SqliteConnection) -> Result
 /// behind it; in smaller transactions, starts get the writer in between.
 const LOG_ROWS_PER_TRANSACTION: usize = 100;
 
-/// The insert of `rows` as chunks with ids from `first_id` on. (Their texts are moved into
-/// the query: sqlx gives SQLite's thread its own copy of what is bound by reference.)
-fn push_chunks(query: &mut sqlx::QueryBuilder<'_, Sqlite>, rows: Vec<Chunk>, first_id: i64) {
-    query.push("insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) ");
-    query.push_values(rows.into_iter().zip(first_id..), |mut row, (c, id)| {
-        row.push_bind(id).push_bind(c.trace_id).push_bind(c.first_seq).push_bind(c.last_seq).push_bind(c.events);
-    });
+/// The insert of `rows` chunks, alone and as a whole transaction, for [`bind_chunks`]: made
+/// once for each row count, so that it is not formatted anew at every flush, and prepared
+/// once on the writer for each (sqlx keeps a connection's prepared statements by their text).
+struct InsertText {
+    alone: String,
+    transaction: String,
+}
+
+static INSERT_TEXTS: [OnceLock<InsertText>; LOG_ROWS_PER_TRANSACTION] =
+    [const { OnceLock::new() }; LOG_ROWS_PER_TRANSACTION];
+
+/// [`InsertText`] for `rows` rows, 1 to [`LOG_ROWS_PER_TRANSACTION`].
+fn insert_text(rows: usize) -> &'static InsertText {
+    INSERT_TEXTS[rows - 1].get_or_init(|| {
+        let mut alone =
+            String::from("insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) values ");
+        for n in 0..rows {
+            alone.push_str(if n == 0 { "(?, ?, ?, ?, ?)" } else { ", (?, ?, ?, ?, ?)" });
+        }
+        let transaction = format!("BEGIN IMMEDIATE; {alone}; COMMIT");
+        InsertText { alone, transaction }
+    })
+}
+
+/// Binds `rows` as chunks with ids from `first_id` on, for [`insert_text`]. (Their
+/// texts are moved into the arguments: sqlx gives SQLite's thread its own copy of what is
+/// bound by reference.)
+fn bind_chunks(args: &mut SqliteArguments<'_>, rows: Vec<Chunk>, first_id: i64) {
+    const BINDS: &str = "an integer, a uuid or a text binds";
+    for (c, id) in rows.into_iter().zip(first_id..) {
+        args.add(id).expect(BINDS);
+        args.add(c.trace_id).expect(BINDS);
+        args.add(c.first_seq).expect(BINDS);
+        args.add(c.last_seq).expect(BINDS);
+        args.add(c.events).expect(BINDS);
+    }
+}
+
+/// `chunks` in groups of at most an insert's rows, each with the id its first takes.
+fn chunks_in_inserts(chunks: Vec<Chunk>, first_id: i64) -> Vec<(Vec<Chunk>, i64)> {
+    let mut groups = Vec::new();
+    let mut chunks = chunks.into_iter().peekable();
+    let mut id = first_id;
+    while chunks.peek().is_some() {
+        let group: Vec<Chunk> = chunks.by_ref().take(LOG_ROWS_PER_TRANSACTION).collect();
+        let next = id + group.len() as i64;
+        groups.push((group, id));
+        id = next;
+    }
+    groups
 }
 
 /// Runs and their lists of chunk ids as a `values` table (`column1`, `column2`).
@@ -77,17 +123,29 @@ impl SqliteStore {
             let ids = write(self, async |conn| {
                 let first_id = self.next_chunk_id.fetch_add(rows.len() as i64, Ordering::Relaxed);
                 let ids = first_id..first_id + rows.len() as i64;
-                let mut query = sqlx::QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE; ");
-                if !rows.is_empty() {
-                    push_chunks(&mut query, rows, first_id);
-                    query.push("; ");
-                }
+                let mut args = SqliteArguments::default();
+                let text = match (rows.len(), progress.is_empty()) {
+                    (0, _) | (_, false) => {
+                        let mut text = String::from("BEGIN IMMEDIATE; ");
+                        if !rows.is_empty() {
+                            text.push_str(&insert_text(rows.len()).alone);
+                            text.push_str("; ");
+                        }
+                        for _ in &progress {
+                            text.push_str("update traces set checkpoint = ? where id = ? and status = 'running'; ");
+                        }
+                        text.push_str("COMMIT");
+                        Cow::Owned(text)
+                    }
+                    (rows, true) => Cow::Borrowed(insert_text(rows).transaction.as_str()),
+                };
+                bind_chunks(&mut args, rows, first_id);
                 for p in &progress {
-                    query.push("update traces set checkpoint = ").push_bind(&p.checkpoint);
-                    query.push(" where id = ").push_bind(p.trace_id).push(" and status = 'running'; ");
+                    args.add(&p.checkpoint).expect("a checkpoint binds");
+                    args.add(p.trace_id).expect("a uuid binds");
                 }
-                query.push("COMMIT");
-                transaction_as_one_query::<Self>(conn, query).await?;
+                let done = sqlx::query_with(&text, args).execute(&mut *conn).await.map(drop);
+                rolled_back_if_failed::<Self, _>(conn, done).await?;
                 Ok(ids)
             })
             .await?;
@@ -109,9 +167,12 @@ impl SqliteStore {
         }
         let first_id = self.next_chunk_id.fetch_add(chunks.len() as i64, Ordering::Relaxed);
         let written = chunks.iter().map(|c| c.trace_id).zip(first_id..).collect();
-        let mut query = sqlx::QueryBuilder::<Sqlite>::new("");
-        push_chunks(&mut query, chunks, first_id);
-        query.build().execute(&mut *conn).await?;
+        for (chunks, first_id) in chunks_in_inserts(chunks, first_id) {
+            let text = &insert_text(chunks.len()).alone;
+            let mut args = SqliteArguments::default();
+            bind_chunks(&mut args, chunks, first_id);
+            sqlx::query_with(text, args).execute(&mut *conn).await?;
+        }
         Ok(written)
     }
 
