@@ -10,6 +10,7 @@
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 
@@ -122,6 +123,11 @@ pub struct LiveRun {
     /// its last completed step (a drain that hands its runs over, CONTRACT.md §19).
     pub hand_over: CancellationToken,
     frames: Mutex<Frames>,
+    /// How many times the listeners waiting in `frames` were taken to be woken (raised under
+    /// its lock): a listener that left its waker there, and finds this unchanged since, is
+    /// still waiting there, and a poll that comes before it is woken (its connection woken by
+    /// a write, a timer) need not take the lock to learn that nothing was announced.
+    wakes: AtomicU64,
     /// The run's state: changed with the frames' lock held where frames go with it (`done`,
     /// a park), so that a listener that reads both under that lock sees them agree; its
     /// phase moves with the registry's lock held too (see [`Self::move_phase`]).
@@ -225,6 +231,9 @@ pub struct Follow {
     taken: VecDeque<Frame>,
     /// Set when the run had settled as the frames were last taken: they were its last.
     finished: bool,
+    /// Where this listener left its waker among the run's waiting ones: the run's
+    /// [`wakes`](LiveRun::wakes) then, and the waker.
+    waiting: Option<(u64, Waker)>,
 }
 
 impl Stream for Follow {
@@ -238,10 +247,18 @@ impl Stream for Follow {
         if this.finished {
             return Poll::Ready(None);
         }
+        // Still waiting where it left its waker, and polled by the same task: nothing was
+        // announced since (the frames a run holds back for a burst are announced with it).
+        let run = &this.listening.run;
+        if let Some((wakes, waker)) = &this.waiting
+            && *wakes == run.wakes.load(Ordering::Acquire)
+            && waker.will_wake(cx.waker())
+        {
+            return Poll::Pending;
+        }
         // A listener that caught up on many keeps room for a few, not for them all (shrunk
         // here, not under the run's lock).
         this.taken.shrink_to(TAKEN_ROOM);
-        let run = &this.listening.run;
         let mut frames = run.frames.lock().expect("frames lock");
         // Set under this lock with `done` (or the park): read here, it agrees with the frames.
         let finished = run.state.borrow().settled();
@@ -269,6 +286,7 @@ impl Stream for Follow {
             }
             None => {
                 frames.wait(cx.waker());
+                this.waiting = Some((run.wakes.load(Ordering::Relaxed), cx.waker().clone()));
                 Poll::Pending
             }
         }
@@ -282,7 +300,13 @@ impl LiveRun {
     /// [`KEPT`] frames behind the log): the rest is in the log. The listener counts as here
     /// from this call on, not from the stream's first poll: the run keeps what it has not taken.
     pub fn follow(self: Arc<Self>, after: u64) -> Follow {
-        Follow { listening: Listening::join(self, after), after, taken: VecDeque::new(), finished: false }
+        Follow {
+            listening: Listening::join(self, after),
+            after,
+            taken: VecDeque::new(),
+            finished: false,
+            waiting: None,
+        }
     }
 
     /// Lets go of the frames the log has (`logged`: the seq of the newest one written) that
@@ -495,6 +519,7 @@ impl Runs {
             begins_after: base,
             hand_over: CancellationToken::new(),
             frames: Mutex::new(Frames { base, ..Frames::default() }),
+            wakes: AtomicU64::new(0),
             state: watch::Sender::new(RunState { phase: Phase::Running, cancel_asked: false, logged: false }),
             registry: Arc::downgrade(&self.live),
         });
@@ -680,7 +705,11 @@ impl Emitter {
     }
 
     fn wake(&mut self) {
-        self.woken.append(&mut self.run.frames.lock().expect("frames lock").waiting);
+        {
+            let mut frames = self.run.frames.lock().expect("frames lock");
+            self.woken.append(&mut frames.waiting);
+            self.run.wakes.fetch_add(1, Ordering::Release);
+        }
         self.woken.drain(..).for_each(Waker::wake);
     }
 
@@ -1000,6 +1029,49 @@ mod tests {
         emitter.emit(text(101));
         assert_eq!(listener.next().await.map(|f| f.seq), Some(101));
         assert!(listener.taken.capacity() <= TAKEN_ROOM, "room for {} kept", listener.taken.capacity());
+    }
+
+    /// A waker that counts its wakes.
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Counted {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_listener_polled_before_it_is_woken_waits_where_it_left_its_waker() {
+        let (dir, runs) = (tempfile::tempdir().unwrap(), Runs::default());
+        let (run, mut emitter) = registered(&dir, &runs, Duration::from_secs(3600)).await;
+        let text = |n: u64| Event::TextDelta { text: format!("word {n} ").into() };
+        let mut listener = run.clone().follow(0);
+        let counted = Arc::new(Counted(Default::default()));
+        let waker = Waker::from(counted.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut listener).poll_next(&mut cx).is_pending(), "nothing yet: it leaves its waker");
+        // A burst held back: its frames are in, not announced yet.
+        emitter.hold(true);
+        emitter.emit(text(1));
+        emitter.emit(text(2));
+        // Polled again by its task before it is woken (its connection woken by a write, a
+        // timer): nothing was announced, and it waits without looking.
+        assert!(Pin::new(&mut listener).poll_next(&mut cx).is_pending(), "the burst is not announced yet");
+        assert_eq!(counted.0.load(Ordering::SeqCst), 0);
+        emitter.hold(false);
+        assert_eq!(counted.0.load(Ordering::SeqCst), 1, "woken by the announcement");
+        let took: Vec<u64> = std::iter::from_fn(|| match Pin::new(&mut listener).poll_next(&mut cx) {
+            Poll::Ready(frame) => frame.map(|f| f.seq),
+            Poll::Pending => None,
+        })
+        .collect();
+        assert_eq!(took, [1, 2]);
+        // Another task's poll looks: its waker is not the one left there.
+        emitter.hold(true);
+        emitter.emit(text(3));
+        let other = std::task::Waker::noop();
+        let frame = Pin::new(&mut listener).poll_next(&mut Context::from_waker(other));
+        assert!(matches!(frame, Poll::Ready(Some(ref f)) if f.seq == 3), "another task takes what is there");
     }
 
     #[tokio::test]
