@@ -582,7 +582,7 @@ def report(row):
               f"persisted {r['persisted']}, "
               f"{r['events_per_sec']:.0f} events/s, ttfe p50 {r['ttfe_ms']['p50']:.1f} ms p99 {r['ttfe_ms']['p99']:.1f} ms, "
               f"gap p99 {r['gap_ms']['p99']:.1f} ms, wall {r['wall_ms']:.0f} ms", end="")
-        if r.get("end_wait_ms"):
+        if (r.get("end_wait_ms") or {}).get("max") is not None:
             # From a stream's last token to its end: chatd writes the run's end before `done`.
             print(f", last token to end p50 {r['end_wait_ms']['p50']:.1f} ms p99 {r['end_wait_ms']['p99']:.1f} ms", end="")
         print()

@@ -91,8 +91,8 @@ struct Stream {
     first_token: Option<Duration>,
     /// When the last event carrying text came, from the stream's start.
     last_token: Option<Duration>,
-    /// From the last event carrying text to the stream's end (the run's end written, its
-    /// terminal event and `done`).
+    /// From the last event carrying text to the event that ends the stream (chatd: the
+    /// run's end written, then its terminal event and `done`).
     end_wait: Option<Duration>,
     max_gap: Duration,
     gaps: Vec<Duration>,
@@ -191,7 +191,7 @@ async fn one(
                 }
                 last = now;
                 if event.data == "[DONE]" {
-                    stream.ended = true;
+                    stream.end(now - started);
                 } else if let Ok(data) = serde_json::from_str::<Value>(&event.data) {
                     if carries_text(&data) {
                         stream.first_token.get_or_insert(now - started);
@@ -211,7 +211,7 @@ async fn one(
                         "response.incomplete",
                     ];
                     if data["type"].as_str().is_some_and(|t| last.contains(&t)) {
-                        stream.ended = true;
+                        stream.end(now - started);
                     }
                 }
             }
@@ -228,10 +228,17 @@ async fn one(
         }
     }
     stream.total = started.elapsed();
-    if stream.ended {
-        stream.end_wait = stream.last_token.map(|at| stream.total - at);
-    }
     stream
+}
+
+impl Stream {
+    /// The stream's end came `at` from its start: the first event that ends it counts.
+    fn end(&mut self, at: Duration) {
+        if !self.ended {
+            self.ended = true;
+            self.end_wait = self.last_token.map(|token| at - token);
+        }
+    }
 }
 
 /// Whether an event carries some of the answer's text (or thinking), in any of the

@@ -537,16 +537,16 @@ both_backends! {
 
     async fn batches_of_any_number_of_runs_are_written_whole(backend: Backend) {
         // SQLite's insert of a batch is made once for each number of runs a transaction holds
-        // (up to 100; a larger batch goes in several): each count, a count again with other
-        // events, counts past a transaction's, checkpoints beside some; every run reads back
-        // exactly what it logged, and its last checkpoint.
+        // (up to 100; a larger batch goes in several): small counts, a count again with other
+        // events, counts up to and past a transaction's, checkpoints beside some and alone;
+        // every run reads back exactly what it logged, and its last checkpoint.
         let (store, _db) = open(backend).await;
         let starts: Vec<RunStart> = (0..150).map(|n| run_start(&conversation("ann", &format!("run {n}")), true)).collect();
         assert_eq!(store.start_runs(&starts.iter().collect::<Vec<_>>()).await.unwrap(), StartOutcome::Started);
         let ids: Vec<TraceId> = starts.iter().map(|s| s.traces[0].trace_id).collect();
         let mut last = vec![0_i64; ids.len()];
         let mut checkpoints = std::collections::HashMap::new();
-        for count in [1, 2, 3, 3, 64, 99, 100, 101, 150, 2] {
+        for (round, count) in [1, 2, 3, 3, 64, 99, 100, 101, 150, 2].into_iter().enumerate() {
             // Each run's next two events, the runs interleaved as tokens arrive.
             let mut batch = Vec::new();
             for _ in 0..2 {
@@ -555,7 +555,7 @@ both_backends! {
                     batch.extend(text_deltas(*id, last[n]..=last[n]));
                 }
             }
-            let checkpoint = json!({"after": count});
+            let checkpoint = json!({"round": round, "runs": count});
             let progress = [chatd::store::Progress::of(ids[count - 1], &checkpoint)];
             let progress: &[chatd::store::Progress] = if count % 2 == 1 { &progress } else { &[] };
             if !progress.is_empty() {
@@ -563,6 +563,10 @@ both_backends! {
             }
             store.append_events(&batch, progress).await.unwrap();
         }
+        // A checkpoint alone, for a run without events in its batch.
+        let alone = json!({"alone": true});
+        store.append_events(&[], &[chatd::store::Progress::of(ids[149], &alone)]).await.unwrap();
+        checkpoints.insert(ids[149], alone);
         for (n, id) in ids.iter().enumerate() {
             let events = store.trace_events(*id, 0).await.unwrap();
             let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();

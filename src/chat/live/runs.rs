@@ -1072,6 +1072,14 @@ mod tests {
         let other = std::task::Waker::noop();
         let frame = Pin::new(&mut listener).poll_next(&mut Context::from_waker(other));
         assert!(matches!(frame, Poll::Ready(Some(ref f)) if f.seq == 3), "another task takes what is there");
+        // Its own task again, waiting where it left its waker before: the wakes since tell it
+        // to look, and it leaves its waker anew; a park wakes it, and it ends.
+        emitter.hold(false);
+        let woken = counted.0.load(Ordering::SeqCst);
+        assert!(Pin::new(&mut listener).poll_next(&mut cx).is_pending());
+        emitter.park();
+        assert_eq!(counted.0.load(Ordering::SeqCst), woken + 1, "woken by the park");
+        assert!(matches!(Pin::new(&mut listener).poll_next(&mut cx), Poll::Ready(None)));
     }
 
     #[tokio::test]

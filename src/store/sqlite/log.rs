@@ -47,8 +47,9 @@ pub(super) async fn seal_left_over_logs(writer: &mut SqliteConnection) -> Result
 const LOG_ROWS_PER_TRANSACTION: usize = 100;
 
 /// The insert of `rows` chunks, alone and as a whole transaction, for [`bind_chunks`]: made
-/// once for each row count, so that it is not formatted anew at every flush, and prepared
-/// once on the writer for each (sqlx keeps a connection's prepared statements by their text).
+/// once for each row count, so that it is not formatted anew at every flush. (sqlx keeps a
+/// connection's prepared statements by their text, as many as its cache holds: a count
+/// seen before is not prepared again while its statement is there.)
 struct InsertText {
     alone: String,
     transaction: String,
@@ -59,6 +60,7 @@ static INSERT_TEXTS: [OnceLock<InsertText>; LOG_ROWS_PER_TRANSACTION] =
 
 /// [`InsertText`] for `rows` rows, 1 to [`LOG_ROWS_PER_TRANSACTION`].
 fn insert_text(rows: usize) -> &'static InsertText {
+    assert!((1..=LOG_ROWS_PER_TRANSACTION).contains(&rows), "an insert holds 1 to 100 rows, not {rows}");
     INSERT_TEXTS[rows - 1].get_or_init(|| {
         let mut alone =
             String::from("insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) values ");
