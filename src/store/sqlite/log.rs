@@ -86,20 +86,6 @@ fn bind_chunks(args: &mut SqliteArguments<'_>, rows: Vec<Chunk>, first_id: i64) 
     }
 }
 
-/// `chunks` in groups of at most an insert's rows, each with the id its first takes.
-fn chunks_in_inserts(chunks: Vec<Chunk>, first_id: i64) -> Vec<(Vec<Chunk>, i64)> {
-    let mut groups = Vec::new();
-    let mut chunks = chunks.into_iter().peekable();
-    let mut id = first_id;
-    while chunks.peek().is_some() {
-        let group: Vec<Chunk> = chunks.by_ref().take(LOG_ROWS_PER_TRANSACTION).collect();
-        let next = id + group.len() as i64;
-        groups.push((group, id));
-        id = next;
-    }
-    groups
-}
-
 /// Runs and their lists of chunk ids as a `values` table (`column1`, `column2`).
 fn lists_as_values<'a>(query: &mut sqlx::QueryBuilder<'a, Sqlite>, lists: &'a [(TraceId, String)]) {
     query.push_values(lists, |mut row, (trace_id, ids)| {
@@ -169,11 +155,13 @@ impl SqliteStore {
         }
         let first_id = self.next_chunk_id.fetch_add(chunks.len() as i64, Ordering::Relaxed);
         let written = chunks.iter().map(|c| c.trace_id).zip(first_id..).collect();
-        for (chunks, first_id) in chunks_in_inserts(chunks, first_id) {
-            let text = &insert_text(chunks.len()).alone;
+        let mut id = first_id;
+        for (chunks, _) in crate::store::chunks::transactions(chunks, LOG_ROWS_PER_TRANSACTION, &[]) {
+            let (text, count) = (&insert_text(chunks.len()).alone, chunks.len() as i64);
             let mut args = SqliteArguments::default();
-            bind_chunks(&mut args, chunks, first_id);
+            bind_chunks(&mut args, chunks, id);
             sqlx::query_with(text, args).execute(&mut *conn).await?;
+            id += count;
         }
         Ok(written)
     }
