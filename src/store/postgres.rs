@@ -34,16 +34,26 @@ pub struct PostgresStore {
     ends: tokio::sync::Semaphore,
 }
 
-/// [`PostgresStore::INSERT_CHUNKS`] with `$tail` after it.
+/// [`LOG_CHANNEL`], as a literal for the statements that tell it.
+macro_rules! log_channel {
+    () => {
+        "chatd_log"
+    };
+}
+
+/// [`PostgresStore::INSERT_CHUNKS`] with `$tail` after its insert.
 macro_rules! insert_chunks {
     ($tail:literal) => {
         concat!(
-            "insert into trace_event_chunks (trace_id, first_seq, last_seq, events) \
+            "with written as (insert into trace_event_chunks (trace_id, first_seq, last_seq, events) \
              select c.trace_id, c.first_seq, c.last_seq, c.events \
              from unnest($1::uuid[], $2::int8[], $3::int8[], $4::text[]) as c (trace_id, first_seq, last_seq, events) \
              where c.trace_id in \
              (select t.id from traces t join unnest($1::uuid[]) as k (id) on t.id = k.id for key share of t)",
-            $tail
+            $tail,
+            " returning trace_id) select pg_notify('",
+            log_channel!(),
+            "', trace_id::text) from written"
         )
     };
 }
@@ -106,7 +116,7 @@ const LOG_ROWS_PER_TRANSACTION: usize = 1000;
 /// The channel on which replicas ask each other to cancel a run; the payload is its trace id.
 const CANCEL_CHANNEL: &str = "chatd_cancel";
 /// Where a run's log growing, or its end, is told.
-const LOG_CHANNEL: &str = "chatd_log";
+const LOG_CHANNEL: &str = log_channel!();
 /// A run started (CONTRACT.md §16): the payload is its conversation's id and its trace id.
 const START_CHANNEL: &str = "chatd_start";
 /// A conversation was deleted: the payload is its id.
@@ -282,7 +292,7 @@ impl Backend for PostgresStore {
         conn: &mut PgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<(TraceId, i64)>, StoreError> {
-        insert_chunks(conn, &super::chunks::encode(events), INSERT_CHUNKS_AGAIN).await?;
+        chunks_insert(&super::chunks::encode(events), INSERT_CHUNKS_AGAIN).execute(conn).await?;
         Ok(Vec::new())
     }
 
@@ -534,16 +544,22 @@ impl<'q, 'a, R> Arrays<'q, 'a, R> {
     }
 }
 
-/// One transaction of the log: its chunks (by `statement`) and its runs' checkpoints.
+/// One transaction of the log: its chunks (by `statement`) and its runs' checkpoints. Chunks
+/// alone (most batches: a checkpoint comes at a step's end) are one statement, a transaction
+/// of its own, in one round trip.
 async fn append_log_once(
     pool: &PgPool,
     rows: &[super::chunks::Chunk],
     progress: &[&Progress],
     statement: &'static str,
 ) -> Result<(), StoreError> {
+    if progress.is_empty() {
+        chunks_insert(rows, statement).execute(pool).await?;
+        return Ok(());
+    }
     let mut tx = pool.begin().await?;
     if !rows.is_empty() {
-        insert_chunks(&mut tx, rows, statement).await?;
+        chunks_insert(rows, statement).execute(&mut *tx).await?;
     }
     for p in progress {
         sqlx::query("update traces set checkpoint = $1 where id = $2 and status = 'running'")
@@ -562,24 +578,17 @@ fn written_already(error: &StoreError) -> bool {
     db.is_unique_violation() && db.constraint() == Some("trace_event_chunks_pkey")
 }
 
-/// Inserts chunks of the log in the transaction on `conn` with `statement`
-/// ([`PostgresStore::INSERT_CHUNKS`] or [`INSERT_CHUNKS_AGAIN`]); a chunk of a run whose
-/// trace is gone (its conversation deleted meanwhile) is not written. Whoever follows these
-/// runs from another process reads again (told at commit).
-async fn insert_chunks(
-    conn: &mut PgConnection,
-    rows: &[super::chunks::Chunk],
+/// The insert of chunks of the log by `statement` ([`PostgresStore::INSERT_CHUNKS`] or
+/// [`INSERT_CHUNKS_AGAIN`]); a chunk of a run whose trace is gone (its conversation deleted
+/// meanwhile) is not written. Whoever follows the runs written from another process reads
+/// again: the statement tells them, at its transaction's commit.
+fn chunks_insert<'a>(
+    rows: &'a [super::chunks::Chunk],
     statement: &'static str,
-) -> Result<(), StoreError> {
+) -> sqlx::query::Query<'a, Postgres, sqlx::postgres::PgArguments> {
     let traces: Vec<TraceId> = rows.iter().map(|c| c.trace_id).collect();
     let firsts: Vec<i64> = rows.iter().map(|c| c.first_seq).collect();
     let lasts: Vec<i64> = rows.iter().map(|c| c.last_seq).collect();
     let events: Vec<&str> = rows.iter().map(|c| c.events.as_str()).collect();
-    sqlx::query(statement).bind(&traces).bind(&firsts).bind(&lasts).bind(&events).execute(&mut *conn).await?;
-    sqlx::query("select pg_notify($1, t::text) from unnest($2::uuid[]) as t")
-        .bind(LOG_CHANNEL)
-        .bind(&traces)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    sqlx::query(statement).bind(traces).bind(firsts).bind(lasts).bind(events)
 }

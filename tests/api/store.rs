@@ -1405,6 +1405,40 @@ async fn postgres_tells_notices_told_together_each_in_its_order() {
     here.notify(&[]).await.unwrap();
 }
 
+/// Each run of a log batch is told to other processes as the batch commits: chunks alone
+/// (one statement), chunks with a checkpoint (a transaction), and a batch written again
+/// past a chunk written already.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn postgres_tells_each_run_of_a_log_batch_as_it_commits() {
+    use chatd::store::{Notice, Progress};
+    use futures_util::StreamExt;
+    let (here, db) = open(Backend::Postgres).await;
+    let there = store::connect(&db.url, 2).await.unwrap();
+    let mut heard = there.notices().await.unwrap().expect("Postgres has other processes");
+    let starts: Vec<RunStart> = (0..3).map(|n| run_start(&conversation("ann", &format!("c{n}")), true)).collect();
+    assert_eq!(here.start_runs(&starts.iter().collect::<Vec<_>>()).await.unwrap(), StartOutcome::Started);
+    let ids: Vec<TraceId> = starts.iter().map(|s| s.traces[0].trace_id).collect();
+    let mut hear = async |runs: &[TraceId]| {
+        let mut got = Vec::new();
+        while got.len() < runs.len() {
+            got.push(tokio::time::timeout(std::time::Duration::from_secs(10), heard.next()).await.unwrap().unwrap());
+        }
+        for id in runs {
+            assert!(got.contains(&Notice::Logged(*id)), "{id} is told: {got:?}");
+        }
+    };
+    here.append_events(&[text_deltas(ids[0], 1..=2), text_deltas(ids[1], 1..=1)].concat(), &[]).await.unwrap();
+    hear(&ids[..2]).await;
+    let checkpoint = Progress::of(ids[0], &json!({"step": 1}));
+    here.append_events(&text_deltas(ids[2], 1..=1), &[checkpoint]).await.unwrap();
+    hear(&ids[2..]).await;
+    here.append_events(&[text_deltas(ids[2], 1..=1), text_deltas(ids[1], 2..=2)].concat(), &[]).await.unwrap();
+    hear(&ids[1..2]).await;
+    assert_eq!(here.trace_events(ids[1], 0).await.unwrap().len(), 2, "the batch written again wrote its new chunk");
+    assert_eq!(here.trace_events(ids[2], 0).await.unwrap().len(), 1, "and not the one written already");
+}
+
 /// Connections of the pool cut while they sat idle (a restart, a failover, a firewall) are
 /// found by the ping before use and replaced: the writes and reads after go through.
 #[tokio::test]
