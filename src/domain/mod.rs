@@ -210,6 +210,19 @@ pub struct AssistantTurn {
     pub tool_results: Vec<ToolResult>,
 }
 
+impl AssistantTurn {
+    /// A turn of `text` alone: what an answer stored without its turns is sent as.
+    pub fn of_text(text: &str) -> Self {
+        AssistantTurn { text: text.to_owned(), ..AssistantTurn::default() }
+    }
+
+    /// Whether this turn is [`of_text`](Self::of_text)`(text)`, without making one.
+    pub fn is_text(&self, text: &str) -> bool {
+        let AssistantTurn { text: said, thinking_blocks, tool_calls, tool_results } = self;
+        said == text && thinking_blocks.is_empty() && tool_calls.is_empty() && tool_results.is_empty()
+    }
+}
+
 /// A block of the model's thinking with the provider's proof of it, which later turns must
 /// send back unchanged (Anthropic's `thinking` content block).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -408,6 +421,16 @@ impl Message {
             client_id: None,
             attachments: Vec::new(),
             created_at: now(),
+        }
+    }
+
+    /// The turns of an answer that its content does not already say: none where its one
+    /// turn is its content alone (the answer is sent as that turn without them), so that
+    /// most answers are not stored twice.
+    pub fn turns_to_keep(&self) -> &[AssistantTurn] {
+        match self.turns.as_slice() {
+            [turn] if turn.is_text(&self.content) => &[],
+            turns => turns,
         }
     }
 }

@@ -140,10 +140,9 @@ impl InputMessage {
                 files: message.attachments.iter().cloned().map(InputFile::new).collect(),
             }),
             Role::System => Some(InputMessage::System { id, text: message.content.clone() }),
-            Role::Assistant if message.turns.is_empty() => Some(InputMessage::Assistant {
-                id,
-                turns: vec![AssistantTurn { text: message.content.clone(), ..AssistantTurn::default() }],
-            }),
+            Role::Assistant if message.turns.is_empty() => {
+                Some(InputMessage::Assistant { id, turns: vec![AssistantTurn::of_text(&message.content)] })
+            }
             Role::Assistant => Some(InputMessage::Assistant { id, turns: message.turns.clone() }),
             Role::Tool => None,
         }
@@ -177,5 +176,29 @@ mod tests {
         assert_eq!(turns, vec![AssistantTurn { text: "hello".into(), ..AssistantTurn::default() }]);
         let tool = Message::new(ConversationId::new(), None, Role::Tool, "x".into());
         assert_eq!(InputMessage::of(&tool), None);
+    }
+
+    /// What the store keeps of an answer's turns ([`Message::turns_to_keep`]) is sent to the
+    /// model as the whole turns are, for answers of one plain turn and for the rest.
+    #[test]
+    fn an_answer_is_sent_the_same_with_the_turns_the_store_keeps() {
+        let answer = |text: &str, turns: Vec<AssistantTurn>| Message {
+            turns,
+            ..Message::new(ConversationId::new(), None, Role::Assistant, text.into())
+        };
+        let thinking = crate::domain::ThinkingBlock::Thinking { thinking: "hm".into(), signature: "s".into() };
+        let signed = AssistantTurn { thinking_blocks: vec![thinking], ..AssistantTurn::of_text("a") };
+        let cases = [
+            (answer("a", vec![AssistantTurn::of_text("a")]), 0),
+            (answer("", vec![AssistantTurn::of_text("")]), 0),
+            (answer("a", vec![signed]), 1),
+            (answer("a [cancelled]", vec![AssistantTurn::of_text("a")]), 1),
+            (answer("ab", vec![AssistantTurn::of_text("a"), AssistantTurn::of_text("b")]), 2),
+        ];
+        for (full, kept) in cases {
+            let stored = Message { turns: full.turns_to_keep().to_vec(), ..full.clone() };
+            assert_eq!(stored.turns.len(), kept, "{:?}", full.content);
+            assert_eq!(InputMessage::of(&stored), InputMessage::of(&full), "{:?}", full.content);
+        }
     }
 }

@@ -34,9 +34,12 @@ struct ProviderState<T> {
     turns: T,
 }
 
-/// The `provider_state` to store for a message: its turns, if it has any.
+/// The `provider_state` to store for a message: its turns, where they say more than its
+/// content ([`Message::turns_to_keep`]; an answer of one turn of text alone, most of them,
+/// would otherwise be stored twice).
 pub fn provider_state(message: &Message) -> Option<JsonText> {
-    (!message.turns.is_empty()).then(|| json(&ProviderState { turns: &message.turns }))
+    let turns = message.turns_to_keep();
+    (!turns.is_empty()).then(|| json(&ProviderState { turns }))
 }
 
 /// A conversation's stored context state.

@@ -467,6 +467,42 @@ both_backends! {
         assert_eq!(texts, ["one", "two"]);
     }
 
+    /// An answer whose one turn is its text alone is stored once, as its content (it reads
+    /// back without turns, and is sent to the model as that turn); turns that say more (a
+    /// signed thinking block, a tool call, a text other than the content, several turns) are
+    /// kept whole.
+    async fn an_answers_turns_are_kept_only_where_they_say_more_than_its_text(backend: Backend) {
+        use chatd::domain::{AssistantTurn, ThinkingBlock, ToolCall};
+        let (store, _db) = open(backend).await;
+        let ann = user("ann");
+        let c = conversation("ann", "turns");
+        store.create_conversation(&c).await.unwrap();
+        let answer = |text: &str, turns: Vec<AssistantTurn>| Message {
+            turns,
+            ..Message::new(c.id, None, Role::Assistant, text.into())
+        };
+        let signed = AssistantTurn {
+            thinking_blocks: vec![ThinkingBlock::Thinking { thinking: "hm".into(), signature: "sig==".into() }],
+            ..AssistantTurn::of_text("two")
+        };
+        let call = ToolCall { id: "c1".into(), name: "calculator".into(), input: json!({}), invalid_arguments: None };
+        let asking = AssistantTurn { tool_calls: vec![call], ..AssistantTurn::of_text("three") };
+        let answers = vec![
+            answer("one", vec![AssistantTurn::of_text("one")]),
+            answer("two", vec![signed]),
+            answer("three", vec![asking, AssistantTurn::of_text("four")]),
+            answer("five\n\n[cancelled]", vec![AssistantTurn::of_text("five")]),
+            answer("six", Vec::new()),
+        ];
+        store.append_messages(&ann, c.id, answers.clone()).await.unwrap();
+        let read = store.messages(&ann, c.id).await.unwrap();
+        assert_eq!(read.len(), answers.len());
+        assert_eq!((read[0].content.as_str(), read[0].turns.as_slice()), ("one", &[][..]), "stored once");
+        for (read, written) in read.iter().zip(&answers).skip(1) {
+            assert_eq!(read.turns, written.turns, "{}: kept whole", written.content);
+        }
+    }
+
     async fn the_cursor_breaks_ties_on_equal_times(backend: Backend) {
         let (store, _db) = open(backend).await;
         let at = now();
