@@ -546,7 +546,7 @@ impl<'q, 'a, R> Arrays<'q, 'a, R> {
 
 /// One transaction of the log: its chunks (by `statement`) and its runs' checkpoints. Chunks
 /// alone (most batches: a checkpoint comes at a step's end) are one statement, a transaction
-/// of its own, in one round trip.
+/// of its own: no `BEGIN` or `COMMIT` of their own (the pool's ping before use stays).
 async fn append_log_once(
     pool: &PgPool,
     rows: &[super::chunks::Chunk],

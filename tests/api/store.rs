@@ -1443,7 +1443,8 @@ async fn postgres_tells_notices_told_together_each_in_its_order() {
 
 /// Each run of a log batch is told to other processes as the batch commits: chunks alone
 /// (one statement), chunks with a checkpoint (a transaction), and a batch written again
-/// past a chunk written already.
+/// past a chunk written already (its new chunk's run only: notices come in the order of
+/// their commits, and the next one heard is one told after it).
 #[tokio::test]
 #[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
 async fn postgres_tells_each_run_of_a_log_batch_as_it_commits() {
@@ -1471,6 +1472,10 @@ async fn postgres_tells_each_run_of_a_log_batch_as_it_commits() {
     hear(&ids[2..]).await;
     here.append_events(&[text_deltas(ids[2], 1..=1), text_deltas(ids[1], 2..=2)].concat(), &[]).await.unwrap();
     hear(&ids[1..2]).await;
+    // Nothing else was told: the chunk written before was told by its own commit.
+    let sentinel = TraceId::new();
+    here.notify(&[Notice::Logged(sentinel)]).await.unwrap();
+    hear(&[sentinel]).await;
     assert_eq!(here.trace_events(ids[1], 0).await.unwrap().len(), 2, "the batch written again wrote its new chunk");
     assert_eq!(here.trace_events(ids[2], 0).await.unwrap().len(), 1, "and not the one written already");
 }
