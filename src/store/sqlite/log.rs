@@ -60,7 +60,10 @@ static INSERT_TEXTS: [OnceLock<InsertText>; LOG_ROWS_PER_TRANSACTION] =
 
 /// [`InsertText`] for `rows` rows, 1 to [`LOG_ROWS_PER_TRANSACTION`].
 fn insert_text(rows: usize) -> &'static InsertText {
-    assert!((1..=LOG_ROWS_PER_TRANSACTION).contains(&rows), "an insert holds 1 to 100 rows, not {rows}");
+    assert!(
+        (1..=LOG_ROWS_PER_TRANSACTION).contains(&rows),
+        "an insert holds 1 to {LOG_ROWS_PER_TRANSACTION} rows, not {rows}"
+    );
     INSERT_TEXTS[rows - 1].get_or_init(|| {
         let mut alone =
             String::from("insert into trace_event_chunks (id, trace_id, first_seq, last_seq, events) values ");
