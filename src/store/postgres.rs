@@ -15,8 +15,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgNotification,
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use super::rows::{json, provider_state};
-use super::sql::{Backend, bytes_used, insert_file};
-use super::{BytesLock, NewEvent, Notice, Progress, StoreError};
+use super::sql::{Backend, Ends, MESSAGE_COLUMNS, SPEND_INSERT, SPEND_UPDATE, bytes_used, insert_file, tokens};
+use super::{BytesLock, NewEvent, Notice, Progress, RunFinish, StoreError};
 use crate::domain::{Conversation, Message, StoredFile, Trace};
 use crate::events::LoggedEvent;
 use crate::ids::{ConversationId, TraceId, UserId};
@@ -30,8 +30,8 @@ pub struct PostgresStore {
     /// it is known not to be.
     listening: Arc<AtomicBool>,
     outbox: crate::store::OutboxState,
-    /// Runs' ends take turns here for half the pool at most (see [`Backend::ends`]).
-    ends: tokio::sync::Semaphore,
+    /// Runs' ends take turns here, one at a time, those waiting together (see [`Backend::ends`]).
+    ends: Ends,
 }
 
 /// [`LOG_CHANNEL`], as a literal for the statements that tell it.
@@ -104,7 +104,8 @@ impl PostgresStore {
             origin: uuid::Uuid::new_v4().simple().to_string(),
             listening: Arc::new(AtomicBool::new(true)),
             outbox: Default::default(),
-            ends: tokio::sync::Semaphore::new((max_connections as usize / 2).max(1)),
+            // One end (or group of ends) at a time: the others wait and go together.
+            ends: Ends::new(1),
         })
     }
 }
@@ -130,6 +131,10 @@ impl Backend for PostgresStore {
     const BEGIN_WRITE: &'static str = "BEGIN";
     const MANY_STATEMENTS_PER_QUERY: bool = false;
     const WRITES_IN_WITH: bool = true;
+    /// Ends written together share one commit and one statement's trip and setup, most of
+    /// an end's time on the server (docs/benchmarks.md); with one turn for ends, those that
+    /// come while a statement is written go together in the next.
+    const ENDS_TOGETHER: usize = 32;
     const CLAIM_LOG: &'static str = "";
     const LOCK_ROW: &'static str = " for update";
     const SKIP_LOCKED: &'static str = " for update skip locked";
@@ -138,7 +143,7 @@ impl Backend for PostgresStore {
         &self.outbox
     }
 
-    fn ends(&self) -> &tokio::sync::Semaphore {
+    fn ends(&self) -> &Ends {
         &self.ends
     }
 
@@ -231,6 +236,55 @@ impl Backend for PostgresStore {
             .column("jsonb", |(_, m)| json(&m.attachments))
             .column("timestamptz", |(_, m)| m.created_at)
             .end()
+    }
+
+    /// The ends' own values (`v`) and their answers (`a`) as arrays, joined by the answer's
+    /// id: a trace closed by the update returns its end's answer, and only answers so
+    /// returned are inserted and touch their conversations (each once: the ends are of
+    /// different conversations).
+    fn push_ends<'a>(
+        query: &mut QueryBuilder<'a, Postgres>,
+        ends: &'a [&'a RunFinish],
+        answers: &'a [(&'a UserId, &'a Message)],
+    ) {
+        query.push("with v as (");
+        Arrays::new(query, ends)
+            .column("uuid", |f| f.trace_id)
+            .column("text", |f| f.user_id.as_str())
+            .column("uuid", |f| f.assistant_message.as_ref().map(|m| m.id))
+            .column("text", |f| f.status.as_str())
+            .column("timestamptz", |f| f.ended_at)
+            .column("jsonb", |f| json(&f.usage))
+            .column("jsonb", |f| f.error.as_ref().map(json))
+            .column("jsonb", |f| json(&f.spans))
+            .column("float8", |f| f.cost_usd)
+            .column("int8", |f| tokens(f.usage.input_tokens))
+            .column("int8", |f| tokens(f.usage.output_tokens))
+            .column("int8", |f| tokens(f.usage.cache_read_tokens.unwrap_or(0)))
+            .column("int8", |f| tokens(f.usage.cache_write_tokens.unwrap_or(0)))
+            .end();
+        query.push(
+            " as v (id, user_id, answer, status, ended_at, usage, error, spans, cost_usd, input_tokens, \
+             output_tokens, cache_read_tokens, cache_write_tokens)), a as (",
+        );
+        Self::push_message_arrays(query, answers);
+        query.push(format_args!(
+            " as a ({MESSAGE_COLUMNS})), ended as (update traces t set status = v.status, ended_at = v.ended_at, \
+             usage = v.usage, error = v.error, spans = v.spans, cost_usd = v.cost_usd from v \
+             where t.id = v.id and t.user_id = v.user_id and t.status in ('running', 'queued') \
+             returning t.id, t.user_id, t.profile, t.model, t.started_at, v.answer), \
+             spent as ({SPEND_INSERT}select e.id, e.user_id, e.profile, e.model, e.started_at, v.input_tokens, \
+             v.output_tokens, v.cache_read_tokens, v.cache_write_tokens, v.cost_usd from ended e join v on v.id = e.id\
+             {SPEND_UPDATE}, reserved_tokens = 0, reserved_usd = 0), \
+             answer as (insert into messages ({MESSAGE_COLUMNS}) select a.* from a join ended e on e.answer = a.id), \
+             touched as (update conversations c set active_leaf_id = case when a.variant = 'b' then c.active_leaf_id \
+             when a.role = 'assistant' and a.parent_id is not null and c.active_leaf_id is not null \
+             and c.active_leaf_id <> a.parent_id and not exists (select 1 from messages x \
+             where x.id = c.active_leaf_id and x.parent_id = a.parent_id) then c.active_leaf_id else a.id end, \
+             message_count = c.message_count + 1, last_message_at = a.created_at, updated_at = a.created_at \
+             from a join ended e on e.answer = a.id where c.id = a.conversation_id and c.user_id = a.user_id) \
+             select id from ended"
+        ));
     }
 
     fn push_trace_arrays<'a>(

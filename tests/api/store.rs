@@ -742,36 +742,62 @@ both_backends! {
     /// Runs ending at once (a burst of answers, their ends queueing for the writer's places)
     /// are each told how their own end went: one whose run had already ended is refused and
     /// changes nothing, one that cannot be written fails alone, and every other is kept
-    /// whole, its answer, trace, conversation and usage. (A guard for any way of writing
-    /// ends together: docs/benchmarks.md measured one.)
+    /// whole, its answer, trace, conversation and usage; the two answers of an A/B pair,
+    /// ending at once, each count in their one conversation. (A guard for any way of writing
+    /// ends together: Postgres writes the ends waiting for a turn as one statement.)
     async fn runs_ending_at_once_are_each_written_or_refused_on_their_own(backend: Backend) {
         let (store, _db) = open(backend).await;
         let ann = user("ann");
+        // Postgres writes the ends that wait for a turn 32 at most to a statement, taken in
+        // the order they came: the clashing end fails the first statement (each of its ends
+        // is then written alone), and the pair, well after it, shares a later one.
+        let (already, clashing, pair) = (0, 2, 40);
         let mut runs = Vec::new();
         for i in 0..150 {
             let c = conversation("ann", &format!("burst {i}"));
-            let start = run_start(&c, true);
+            let mut start = run_start(&c, true);
+            if i == pair {
+                let comparison = Some(chatd::ids::ComparisonId::new());
+                let mut b = Trace::start(&ann, &start.user_message, "m", "p");
+                (b.comparison_id, b.variant) = (comparison, Some("b".into()));
+                let a = &mut start.traces[0];
+                (a.comparison_id, a.variant) = (comparison, Some("a".into()));
+                start.traces.push(b);
+            }
             assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
             runs.push((c, start));
         }
-        let (already, clashing) = (0, 2);
         store.finish_run(&ended(&runs[already].1.traces[0], None)).await.unwrap();
-        let ends = runs.iter().enumerate().map(|(i, (c, start))| {
-            let mut answer = Message::new(c.id, Some(start.user_message.id), Role::Assistant, format!("answer {i}"));
-            // This answer takes the id of another conversation's question: its insert fails.
-            answer.id = if i == clashing { runs[1].1.user_message.id } else { start.traces[0].message_id };
-            let usage = Usage { input_tokens: 10 + i as u64, output_tokens: 1, ..Usage::default() };
-            let record = RunFinish { usage, ..ended(&start.traces[0], Some(answer)) };
+        let mut records = Vec::new();
+        for (i, (c, start)) in runs.iter().enumerate() {
+            for trace in &start.traces {
+                let mut answer = Message::new(c.id, Some(start.user_message.id), Role::Assistant, format!("answer {i}"));
+                // This answer takes the id of another conversation's question: its insert fails.
+                answer.id = if i == clashing { runs[1].1.user_message.id } else { trace.message_id };
+                answer.variant = trace.variant.clone();
+                let usage = Usage { input_tokens: 10 + i as u64, output_tokens: 1, ..Usage::default() };
+                records.push(RunFinish { usage, ..ended(trace, Some(answer)) });
+            }
+        }
+        let ends = records.into_iter().map(|record| {
             let store = store.clone();
             tokio::spawn(async move { store.finish_run(&record).await })
         });
-        let outcomes: Vec<_> = futures_util::future::join_all(ends).await.into_iter().map(|o| o.unwrap()).collect();
+        let mut outcomes: Vec<_> = futures_util::future::join_all(ends).await.into_iter().map(|o| o.unwrap()).collect();
+        let b_outcome = outcomes.remove(pair + 1);
 
         for (i, ((c, start), outcome)) in runs.iter().zip(outcomes).enumerate() {
             let trace = store.get_trace(&ann, start.traces[0].trace_id).await.unwrap();
             let conversation = store.get_conversation(&ann, c.id).await.unwrap();
             let messages = store.messages(&ann, c.id).await.unwrap();
             match i {
+                _ if i == pair => {
+                    assert!(outcome.is_ok() && b_outcome.is_ok(), "{outcome:?}, {b_outcome:?}");
+                    let b = store.get_trace(&ann, start.traces[1].trace_id).await.unwrap();
+                    assert_eq!((trace.status, b.status), (TraceStatus::Completed, TraceStatus::Completed));
+                    assert_eq!((messages.len(), conversation.message_count), (3, 3));
+                    assert_eq!(conversation.active_leaf_id, Some(start.traces[0].message_id), "A keeps the branch");
+                }
                 _ if i == already => {
                     assert!(matches!(outcome, Err(StoreError::Conflict(_))), "{outcome:?}");
                     assert_eq!(trace.status, TraceStatus::Error, "the first end stands");
@@ -795,7 +821,8 @@ both_backends! {
         }
         let (from, to) = (now() - chrono::Duration::hours(1), now() + chrono::Duration::hours(1));
         let sums = store.usage_sums(Some(&ann), from, to, UsageGrouping::Model).await.unwrap();
-        let kept: u64 = (0..150u64).filter(|&i| i != already as u64 && i != clashing as u64).map(|i| 10 + i).sum();
+        let kept: u64 = (0..150u64).filter(|&i| i != already as u64 && i != clashing as u64).map(|i| 10 + i).sum::<u64>()
+            + (10 + pair as u64);
         assert_eq!(sums.iter().map(|g| g.input_tokens).sum::<u64>(), kept, "{sums:?}");
     }
 }

@@ -17,6 +17,7 @@
 
 mod cluster;
 mod conversations;
+mod ends;
 mod files;
 mod log;
 mod outbox;
@@ -26,7 +27,9 @@ mod statements;
 mod usage;
 mod waits;
 
+pub(crate) use ends::Ends;
 pub(super) use files::{bytes_used, insert_file};
+pub(super) use statements::{MESSAGE_COLUMNS, SPEND_INSERT, SPEND_UPDATE, tokens};
 
 use std::ops::DerefMut;
 
@@ -34,7 +37,7 @@ use futures_util::stream::BoxStream;
 use serde_json::Value;
 use sqlx::{Database, Executor, IntoArguments, Pool, QueryBuilder};
 
-use super::{BytesLock, NewEvent, Notice, Progress, StoreError};
+use super::{BytesLock, NewEvent, Notice, Progress, RunFinish, StoreError};
 use crate::domain::{Conversation, Message, Trace};
 use crate::events::LoggedEvent;
 use crate::ids::{TraceId, UserId};
@@ -111,6 +114,24 @@ pub(super) trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// How many runs' ends one statement writes at most ([`push_ends`](Self::push_ends)):
+    /// an end that gets its turn takes the ends waiting then with it. 1 where each end is
+    /// written on its own.
+    const ENDS_TOGETHER: usize = 1;
+    /// The statement that writes the ends of several runs, each with an answer and each of
+    /// a different conversation (`answers`, each end's answer with its user), whole or not
+    /// at all, as one run's end writes it: each trace closed where it is its user's and
+    /// still running or queued, and only where it was, its spend, its answer and its
+    /// conversation's update. Its rows are the ids of the traces it closed. Only a backend
+    /// whose [`ENDS_TOGETHER`](Self::ENDS_TOGETHER) is more than 1 has one.
+    fn push_ends<'a>(
+        _query: &mut QueryBuilder<'a, Self::Db>,
+        _ends: &'a [&'a RunFinish],
+        _answers: &'a [(&'a UserId, &'a Message)],
+    ) {
+        unreachable!("a backend that writes ends one at a time has no statement for several")
+    }
+
     /// The pool reads use.
     fn pool(&self) -> &Pool<Self::Db>;
     /// A connection to write on, when the writes before have had theirs.
@@ -134,9 +155,9 @@ pub(super) trait Backend: Send + Sync + 'static {
     where
         O: for<'r> sqlx::FromRow<'r, Row<Self>> + Send + Unpin;
 
-    /// The places runs' ends take in the writers' queue at once (see
-    /// [`RunStore::finish_run`](crate::store::RunStore::finish_run)'s implementation).
-    fn ends(&self) -> &tokio::sync::Semaphore;
+    /// The places runs' ends take in the writers' queue at once, and the ends waiting for
+    /// one (see [`RunStore::finish_run`](crate::store::RunStore::finish_run)'s implementation).
+    fn ends(&self) -> &Ends;
     /// Whether the database answers and takes writes.
     fn ping_database(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Added to the update that claims a waiting run to continue it: what the backend's log

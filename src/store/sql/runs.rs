@@ -1,9 +1,12 @@
 //! Runs starting and ending, their traces and idempotency keys (see [`RunStore`]); the statements a start writes are in `statements.rs`.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
+use super::ends::{self, Told, Turn};
 use super::outbox::{REPORTED_RUN, ReportedRun};
 use super::starts::Starts;
 use super::statements::Statements;
@@ -22,6 +25,7 @@ where
     for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
     for<'r> TraceRow: FromRow<'r, Row<B>>,
     for<'r> ReportedRun: FromRow<'r, Row<B>>,
+    for<'r> (TraceId,): FromRow<'r, Row<B>>,
     for<'r> (String, TraceId, DateTime<Utc>): FromRow<'r, Row<B>>,
     for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
     for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
@@ -87,12 +91,47 @@ where
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
         let ended = || StoreError::Conflict("the run has already ended".into());
         let reports = super::outbox::taken(self, Report::run_event(finish.status));
-        // Ends take turns among themselves for a few places in the writers' queue (SQLite:
-        // one, for its one writer; Postgres: half the pool): a burst of runs ending together
-        // (a thousand answers finishing in the same second) holds those places only, and a
-        // start, a log write or a decision waits behind a few ends at most instead of
-        // behind all of them.
-        let _turn = self.ends().acquire().await.map_err(|_| StoreError::Unavailable("the store is closed".into()))?;
+        // Ends take turns among themselves for one place in the writers' queue: a burst of
+        // runs ending together (a thousand answers finishing in the same second) holds that
+        // place only, and a start, a log write or a decision waits behind one end at most
+        // instead of behind all of them. Where the backend writes several ends as one
+        // statement (Postgres), an end with an answer that gets the turn takes those
+        // waiting with it (an end with a webhook message goes alone, its message written
+        // in its transaction).
+        let ends = self.ends();
+        // The turn, where this end is written on its own below.
+        let _turn = 'alone: {
+            let Some(conversation) = ends::conversation(finish).filter(|_| B::ENDS_TOGETHER > 1 && !reports) else {
+                break 'alone ends.turn().await?;
+            };
+            let turn = match ends.turn_or_taken(finish).await? {
+                Turn::Held(turn) => turn,
+                Turn::Told(Told::Written) => return Ok(()),
+                Turn::Told(Told::Ended) => return Err(ended()),
+                Turn::Told(Told::Alone) => break 'alone ends.turn().await?,
+            };
+            let others = ends.take(HashSet::from([conversation]), B::ENDS_TOGETHER - 1);
+            if others.is_empty() {
+                break 'alone turn;
+            }
+            let group: Vec<&RunFinish> = std::iter::once(finish).chain(others.iter().map(|w| &w.finish)).collect();
+            match end_together(self, &group).await {
+                Ok(closed) => {
+                    for end in others {
+                        let told = if closed.contains(&end.finish.trace_id) { Told::Written } else { Told::Ended };
+                        end.tell(told);
+                    }
+                    return closed.contains(&finish.trace_id).then_some(()).ok_or_else(ended);
+                }
+                // Nothing of the group was written: each end is written again on its own,
+                // and the one that failed it fails alone.
+                Err(e) => {
+                    tracing::debug!(error = %e, ends = group.len(), "runs' ends written together failed; each goes alone");
+                    others.into_iter().for_each(|end| end.tell(Told::Alone));
+                    turn
+                }
+            }
+        };
         write(self, async |conn| {
             // One round trip where no webhook message has to join the end: one statement is a
             // transaction of its own (Postgres), or the transaction goes as one query (SQLite).
@@ -150,6 +189,24 @@ where
         let rows: Vec<TraceRow> = sqlx::query_as(&sql).bind(conversation_id).bind(user).fetch_all(self.pool()).await?;
         rows.into_iter().map(Trace::try_from).collect()
     }
+}
+
+/// Several runs' ends as [`Backend::push_ends`](super::Backend::push_ends) writes them, as
+/// one statement; the ids of the traces it closed (the others had ended already).
+async fn end_together<B>(store: &B, group: &[&RunFinish]) -> Result<Vec<TraceId>, StoreError>
+where
+    B: Statements,
+    for<'r> (TraceId,): FromRow<'r, Row<B>>,
+{
+    let answers: Vec<(&UserId, &Message)> =
+        group.iter().filter_map(|f| Some((&f.user_id, f.assistant_message.as_ref()?))).collect();
+    write(store, async |conn| {
+        let mut query = sqlx::QueryBuilder::<B::Db>::new("");
+        B::push_ends(&mut query, group, &answers);
+        let closed: Vec<(TraceId,)> = B::fetch_all(conn, query).await?;
+        Ok(closed.into_iter().map(|(id,)| id).collect())
+    })
+    .await
 }
 
 /// A run's end as [`Statements::push_end`] writes it; the run's report columns, none where

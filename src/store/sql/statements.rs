@@ -19,24 +19,31 @@ use crate::ids::{ComparisonId, MessageId, TraceId, UserId};
 use crate::store::rows::*;
 use crate::store::{Claim, RunFinish, RunStart, StoreError, Wait};
 
+/// The columns of a message, in the order its values are given.
+macro_rules! message_columns {
+    () => {
+        "id, conversation_id, user_id, parent_id, role, content, thinking, provider_state, tool_calls, \
+         tool_history, payloads, suggested_values, suggested_actions, cancelled, model, trace_id, usage, \
+         cost_usd, feedback, comparison_id, variant, client_id, attachments, created_at"
+    };
+}
+/// See [`message_columns`].
+pub(in crate::store) const MESSAGE_COLUMNS: &str = message_columns!();
 /// The insert of [`Statements::push_messages`], its columns in their values' order.
-const MESSAGE_INSERT: &str = "insert into messages (id, conversation_id, user_id, parent_id, role, content, \
-     thinking, provider_state, tool_calls, tool_history, payloads, suggested_values, \
-     suggested_actions, cancelled, model, trace_id, usage, cost_usd, feedback, comparison_id, \
-     variant, client_id, attachments, created_at) ";
+const MESSAGE_INSERT: &str = concat!("insert into messages (", message_columns!(), ") ");
 
 /// The insert of a run's spend into `run_usage`, a select of the trace's row and five
 /// values after it (input, output, cache read and cache write tokens, cost), and the update
 /// where the row is there (a reservation, or an earlier step's spend); what the update does
 /// with the reservation follows it.
-const SPEND_INSERT: &str = "insert into run_usage (trace_id, user_id, profile, model, started_at, input_tokens, \
+pub(in crate::store) const SPEND_INSERT: &str = "insert into run_usage (trace_id, user_id, profile, model, started_at, input_tokens, \
      output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) ";
-const SPEND_UPDATE: &str = " on conflict (trace_id) do update set input_tokens = excluded.input_tokens, \
+pub(in crate::store) const SPEND_UPDATE: &str = " on conflict (trace_id) do update set input_tokens = excluded.input_tokens, \
      output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, \
      cache_write_tokens = excluded.cache_write_tokens, cost_usd = excluded.cost_usd";
 
 /// A count of tokens as its column holds it.
-fn tokens(n: u64) -> i64 {
+pub(in crate::store) fn tokens(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 

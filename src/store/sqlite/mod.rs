@@ -49,7 +49,7 @@ pub struct SqliteStore {
     outbox: crate::store::OutboxState,
     /// Runs' ends take turns here before they wait for the writer: one at a time in its
     /// queue (see [`Backend::ends`]).
-    ends: tokio::sync::Semaphore,
+    ends: crate::store::sql::Ends,
     /// The locks on files' bytes (see [`Store::lock_bytes`](super::Store::lock_bytes)),
     /// one per stripe of sha256s: one process has the file, so a lock in memory is enough.
     bytes_locks: Vec<Arc<tokio::sync::Mutex<()>>>,
@@ -126,7 +126,7 @@ impl SqliteStore {
             chunk_ids: Mutex::default(),
             next_chunk_id: AtomicI64::new(last_chunk_id + 1),
             outbox: Default::default(),
-            ends: tokio::sync::Semaphore::new(1),
+            ends: crate::store::sql::Ends::new(1),
             bytes_locks: (0..BYTES_LOCK_STRIPES).map(|_| Arc::default()).collect(),
             _checkpoints: stop.drop_guard(),
         })
@@ -193,7 +193,7 @@ impl Backend for SqliteStore {
         &self.outbox
     }
 
-    fn ends(&self) -> &tokio::sync::Semaphore {
+    fn ends(&self) -> &crate::store::sql::Ends {
         &self.ends
     }
 

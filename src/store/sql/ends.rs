@@ -1,0 +1,137 @@
+//! Where runs' ends wait for their turn in the writers' queue, and how those that wait go
+//! together: the end that gets a turn takes the ends waiting then into its own statement
+//! (where the backend writes several ends as one, [`Backend::ENDS_TOGETHER`]), and tells
+//! each how its own end went.
+//!
+//! [`Backend::ENDS_TOGETHER`]: super::Backend::ENDS_TOGETHER
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+
+use tokio::sync::{Semaphore, SemaphorePermit, oneshot};
+
+use crate::ids::ConversationId;
+use crate::store::{RunFinish, StoreError};
+
+/// The turns runs' ends take, and the ends waiting for one.
+pub(crate) struct Ends {
+    turns: Semaphore,
+    waiting: Mutex<Waiting>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    ends: VecDeque<Waits>,
+    tickets: u64,
+}
+
+/// An end waiting for a turn: a copy of its record (another end's statement may write it),
+/// and where it hears how that went.
+pub(super) struct Waits {
+    ticket: u64,
+    pub finish: RunFinish,
+    tell: oneshot::Sender<Told>,
+}
+
+/// How an end taken into another's statement went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Told {
+    /// The statement closed the run's trace and wrote the rest of its end.
+    Written,
+    /// The run had already ended (or is another user's): nothing of this end was written.
+    Ended,
+    /// The statement failed as a whole: the end is written again on its own, so that it
+    /// hears its own outcome (the one that failed the group fails alone).
+    Alone,
+}
+
+/// Where an end stands once it has asked for a turn.
+pub(super) enum Turn<'a> {
+    /// It holds a turn, and writes itself and any ends it takes.
+    Held(SemaphorePermit<'a>),
+    /// Another end's statement took it, and told it how it went.
+    Told(Told),
+}
+
+impl Ends {
+    /// `turns`: how many ends are written at once.
+    pub(crate) fn new(turns: usize) -> Self {
+        Self { turns: Semaphore::new(turns), waiting: Mutex::default() }
+    }
+
+    /// A turn, waited for.
+    pub(super) async fn turn(&self) -> Result<SemaphorePermit<'_>, StoreError> {
+        self.turns.acquire().await.map_err(|_| StoreError::Unavailable("the store is closed".into()))
+    }
+
+    /// A turn for an end that other ends' statements may take meanwhile (`finish`, copied
+    /// only where it has to wait): the turn, or how another end's statement wrote it.
+    pub(super) async fn turn_or_taken(&self, finish: &RunFinish) -> Result<Turn<'_>, StoreError> {
+        if let Ok(turn) = self.turns.try_acquire() {
+            return Ok(Turn::Held(turn));
+        }
+        let (ticket, mut told) = self.wait(finish.clone());
+        tokio::select! {
+            biased;
+            told = &mut told => Ok(Turn::Told(told.unwrap_or(Told::Alone))),
+            turn = self.turn() => {
+                let turn = turn?;
+                if self.leave(ticket) {
+                    return Ok(Turn::Held(turn));
+                }
+                // Taken into a statement while its turn came: that statement tells it.
+                drop(turn);
+                // A taker dropped before it could tell (its task cancelled mid-write)
+                // leaves the end to write itself, which hears "already ended" where the
+                // statement had committed.
+                Ok(Turn::Told(told.await.unwrap_or(Told::Alone)))
+            }
+        }
+    }
+
+    /// Up to `most` ends waiting now, in the order they came, each of a conversation none of
+    /// the others (nor `taken`'s) is of: one statement updates each conversation once.
+    pub(super) fn take(&self, mut taken: HashSet<ConversationId>, most: usize) -> Vec<Waits> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let mut group = Vec::new();
+        let mut left = VecDeque::with_capacity(waiting.ends.len());
+        while let Some(end) = waiting.ends.pop_front() {
+            let fits = group.len() < most && conversation(&end.finish).is_some_and(|c| taken.insert(c));
+            match fits {
+                true => group.push(end),
+                false => left.push_back(end),
+            }
+        }
+        waiting.ends = left;
+        group
+    }
+
+    fn wait(&self, finish: RunFinish) -> (u64, oneshot::Receiver<Told>) {
+        let (tell, told) = oneshot::channel();
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.tickets += 1;
+        let ticket = waiting.tickets;
+        waiting.ends.push_back(Waits { ticket, finish, tell });
+        (ticket, told)
+    }
+
+    /// Takes the end with `ticket` out of the waiting; false where a statement took it.
+    fn leave(&self, ticket: u64) -> bool {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(at) = waiting.ends.iter().position(|w| w.ticket == ticket) else { return false };
+        waiting.ends.remove(at);
+        true
+    }
+}
+
+impl Waits {
+    pub(super) fn tell(self, told: Told) {
+        // An end that stopped waiting (its future dropped) hears nothing; its end stands.
+        let _ = self.tell.send(told);
+    }
+}
+
+/// The conversation an end's answer goes to; none for an end without one (those go alone).
+pub(super) fn conversation(finish: &RunFinish) -> Option<ConversationId> {
+    finish.assistant_message.as_ref().map(|m| m.conversation_id)
+}
