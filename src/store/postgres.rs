@@ -30,7 +30,8 @@ pub struct PostgresStore {
     /// it is known not to be.
     listening: Arc<AtomicBool>,
     outbox: crate::store::OutboxState,
-    /// Runs' ends take turns here, one at a time, those waiting together (see [`Backend::ends`]).
+    /// Runs' ends take turns here: half the pool at most for ends alone, one for ends that
+    /// go together (see [`Backend::ends`]).
     ends: Ends,
 }
 
@@ -104,8 +105,7 @@ impl PostgresStore {
             origin: uuid::Uuid::new_v4().simple().to_string(),
             listening: Arc::new(AtomicBool::new(true)),
             outbox: Default::default(),
-            // One end (or group of ends) at a time: the others wait and go together.
-            ends: Ends::new(1),
+            ends: Ends::new((max_connections as usize / 2).max(1)),
         })
     }
 }
@@ -132,8 +132,8 @@ impl Backend for PostgresStore {
     const MANY_STATEMENTS_PER_QUERY: bool = false;
     const WRITES_IN_WITH: bool = true;
     /// Ends written together share one commit and one statement's trip and setup, most of
-    /// an end's time on the server (docs/benchmarks.md); with one turn for ends, those that
-    /// come while a statement is written go together in the next.
+    /// an end's time on the server (docs/benchmarks.md); with one turn for such ends, those
+    /// that come while a statement is written go together in the next.
     const ENDS_TOGETHER: usize = 32;
     const CLAIM_LOG: &'static str = "";
     const LOCK_ROW: &'static str = " for update";

@@ -724,6 +724,17 @@ fn queued_start(conversation: &Conversation, after: chatd::ids::MessageId) -> Ru
     start
 }
 
+/// `n` runs started, each in a new chat of ann's.
+async fn new_chats(store: &Arc<dyn Store>, n: usize) -> Vec<RunStart> {
+    let mut starts = Vec::new();
+    for i in 0..n {
+        let start = run_start(&conversation("ann", &format!("chat {i}")), true);
+        assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
+        starts.push(start);
+    }
+    starts
+}
+
 fn ended(trace: &Trace, answer: Option<Message>) -> RunFinish {
     RunFinish {
         trace_id: trace.trace_id,
@@ -746,7 +757,7 @@ both_backends! {
     /// ending at once, each count in their one conversation. (A guard for any way of writing
     /// ends together: Postgres writes the ends waiting for a turn as one statement.)
     async fn runs_ending_at_once_are_each_written_or_refused_on_their_own(backend: Backend) {
-        let (store, _db) = open(backend).await;
+        let (store, db) = open(backend).await;
         let ann = user("ann");
         // Postgres writes the ends that wait for a turn 32 at most to a statement, taken in
         // the order they came: the clashing end fails the first statement (each of its ends
@@ -824,10 +835,53 @@ both_backends! {
         let kept: u64 = (0..150u64).filter(|&i| i != already as u64 && i != clashing as u64).map(|i| 10 + i).sum::<u64>()
             + (10 + pair as u64);
         assert_eq!(sums.iter().map(|g| g.input_tokens).sum::<u64>(), kept, "{sums:?}");
+        if backend == Backend::Postgres {
+            // The ends that waited went together: far fewer transactions closed the traces
+            // than there were ends (a row's `xmin` is the transaction that last wrote it).
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            let ids: Vec<uuid::Uuid> = runs.iter().flat_map(|(_, s)| s.traces.iter().map(|t| t.trace_id.0)).collect();
+            let (commits,): (i64,) = sqlx::query_as("select count(distinct xmin::text) from traces where id = any($1)")
+                .bind(&ids)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            assert!(commits < ids.len() as i64 / 2, "{commits} transactions for {} ends", ids.len());
+        }
     }
 }
 
 both_backends! {
+    /// An end whose caller stops waiting for its turn (its future dropped: its run handed
+    /// over, say) is not written later by another end that takes the ends waiting.
+    async fn an_end_dropped_while_it_waits_is_not_written_later(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let ann = user("ann");
+        let records: Vec<RunFinish> = new_chats(&store, 3)
+            .await
+            .iter()
+            .map(|start| {
+                let (trace, question) = (&start.traces[0], &start.user_message);
+                let mut answer = Message::new(question.conversation_id, Some(question.id), Role::Assistant, "a".into());
+                answer.id = trace.message_id;
+                ended(trace, Some(answer))
+            })
+            .collect();
+        // The first end holds the turn, writing; the second waits for it, and is dropped.
+        let first = store.finish_run(&records[0]);
+        tokio::pin!(first);
+        assert!(futures_util::poll!(&mut first).is_pending());
+        {
+            let second = store.finish_run(&records[1]);
+            tokio::pin!(second);
+            assert!(futures_util::poll!(&mut second).is_pending());
+        }
+        first.await.unwrap();
+        store.finish_run(&records[2]).await.unwrap();
+        let dropped = store.get_trace(&ann, records[1].trace_id).await.unwrap();
+        assert_eq!(dropped.status, TraceStatus::Running, "the dropped end was not written");
+        assert_eq!(store.get_trace(&ann, records[2].trace_id).await.unwrap().status, TraceStatus::Completed);
+    }
+
     async fn a_queued_run_is_claimed_in_its_turn_and_its_message_follows_the_answer(backend: Backend) {
         use chatd::store::QueueTurn;
         let (store, _db) = open(backend).await;
@@ -923,12 +977,7 @@ both_backends! {
     async fn runs_that_end_at_once_each_get_their_own_outcome(backend: Backend) {
         let (store, _db) = open(backend).await;
         let ann = user("ann");
-        let mut starts = Vec::new();
-        for i in 0..40 {
-            let start = run_start(&conversation("ann", &format!("chat {i}")), true);
-            assert_eq!(store.start_run(&start).await.unwrap(), StartOutcome::Started);
-            starts.push(start);
-        }
+        let starts = new_chats(&store, 40).await;
         let answers: Vec<Message> = starts
             .iter()
             .map(|start| {

@@ -1,7 +1,8 @@
 //! Where runs' ends wait for their turn in the writers' queue, and how those that wait go
-//! together: the end that gets a turn takes the ends waiting then into its own statement
-//! (where the backend writes several ends as one, [`Backend::ENDS_TOGETHER`]), and tells
-//! each how its own end went.
+//! together: where the backend writes several ends as one ([`Backend::ENDS_TOGETHER`]),
+//! ends that may go together take one turn, and the end that gets it takes the ends waiting
+//! then into its own statement and tells each how its own end went. Ends that go alone take
+//! turns of their own.
 //!
 //! [`Backend::ENDS_TOGETHER`]: super::Backend::ENDS_TOGETHER
 
@@ -15,7 +16,11 @@ use crate::store::{RunFinish, StoreError};
 
 /// The turns runs' ends take, and the ends waiting for one.
 pub(crate) struct Ends {
+    /// For ends written on their own.
     turns: Semaphore,
+    /// For ends that may go together: one at a time, so that those that come meanwhile wait
+    /// and go together in the next statement.
+    together: Semaphore,
     waiting: Mutex<Waiting>,
 }
 
@@ -54,28 +59,31 @@ pub(super) enum Turn<'a> {
 }
 
 impl Ends {
-    /// `turns`: how many ends are written at once.
+    /// `turns`: how many ends written on their own are written at once.
     pub(crate) fn new(turns: usize) -> Self {
-        Self { turns: Semaphore::new(turns), waiting: Mutex::default() }
+        Self { turns: Semaphore::new(turns), together: Semaphore::new(1), waiting: Mutex::default() }
     }
 
-    /// A turn, waited for.
+    /// A turn for an end written on its own, waited for.
     pub(super) async fn turn(&self) -> Result<SemaphorePermit<'_>, StoreError> {
-        self.turns.acquire().await.map_err(|_| StoreError::Unavailable("the store is closed".into()))
+        closed_if_err(self.turns.acquire().await)
     }
 
-    /// A turn for an end that other ends' statements may take meanwhile (`finish`, copied
-    /// only where it has to wait): the turn, or how another end's statement wrote it.
+    /// The turn for an end that other ends' statements may take meanwhile (`finish`,
+    /// copied only where it has to wait): the turn, or how another end's statement wrote it.
     pub(super) async fn turn_or_taken(&self, finish: &RunFinish) -> Result<Turn<'_>, StoreError> {
-        if let Ok(turn) = self.turns.try_acquire() {
+        if let Ok(turn) = self.together.try_acquire() {
             return Ok(Turn::Held(turn));
         }
         let (ticket, mut told) = self.wait(finish.clone());
+        // An end whose future is dropped while it waits (its run handed over, say) leaves
+        // the waiting: no later statement writes it.
+        let _leaves = Leaves { ends: self, ticket };
         tokio::select! {
             biased;
             told = &mut told => Ok(Turn::Told(told.unwrap_or(Told::Alone))),
-            turn = self.turn() => {
-                let turn = turn?;
+            turn = self.together.acquire() => {
+                let turn = closed_if_err(turn)?;
                 if self.leave(ticket) {
                     return Ok(Turn::Held(turn));
                 }
@@ -122,6 +130,22 @@ impl Ends {
         waiting.ends.remove(at);
         true
     }
+}
+
+/// Takes its end out of the waiting when dropped, where it is still there.
+struct Leaves<'a> {
+    ends: &'a Ends,
+    ticket: u64,
+}
+
+impl Drop for Leaves<'_> {
+    fn drop(&mut self) {
+        self.ends.leave(self.ticket);
+    }
+}
+
+fn closed_if_err<T, E>(turn: Result<T, E>) -> Result<T, StoreError> {
+    turn.map_err(|_| StoreError::Unavailable("the store is closed".into()))
 }
 
 impl Waits {

@@ -91,13 +91,14 @@ where
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
         let ended = || StoreError::Conflict("the run has already ended".into());
         let reports = super::outbox::taken(self, Report::run_event(finish.status));
-        // Ends take turns among themselves for one place in the writers' queue: a burst of
-        // runs ending together (a thousand answers finishing in the same second) holds that
-        // place only, and a start, a log write or a decision waits behind one end at most
-        // instead of behind all of them. Where the backend writes several ends as one
-        // statement (Postgres), an end with an answer that gets the turn takes those
-        // waiting with it (an end with a webhook message goes alone, its message written
-        // in its transaction).
+        // Ends take turns among themselves for a few places in the writers' queue (SQLite:
+        // one, for its one writer; Postgres: half the pool): a burst of runs ending together
+        // (a thousand answers finishing in the same second) holds those places only, and a
+        // start, a log write or a decision waits behind a few ends at most instead of
+        // behind all of them. Where the backend writes several ends as one statement
+        // (Postgres), ends with an answer take one turn of their own, and the end that gets
+        // it takes those waiting with it (an end with a webhook message goes alone, its
+        // message written in its transaction, as does an end without an answer).
         let ends = self.ends();
         // The turn, where this end is written on its own below.
         let _turn = 'alone: {
@@ -126,7 +127,18 @@ where
                 // Nothing of the group was written: each end is written again on its own,
                 // and the one that failed it fails alone.
                 Err(e) => {
-                    tracing::debug!(error = %e, ends = group.len(), "runs' ends written together failed; each goes alone");
+                    // One end's row refused (a conversation deleted meanwhile) is to be
+                    // expected; any other failure of the statement is worth a look.
+                    match &e {
+                        StoreError::Database(sqlx::Error::Database(db))
+                            if db.kind() != sqlx::error::ErrorKind::Other =>
+                        {
+                            tracing::debug!(error = %e, ends = group.len(), "runs' ends written together were refused; each goes alone")
+                        }
+                        _ => {
+                            tracing::warn!(error = %e, ends = group.len(), "runs' ends written together failed; each goes alone")
+                        }
+                    }
                     others.into_iter().for_each(|end| end.tell(Told::Alone));
                     turn
                 }
