@@ -30,8 +30,8 @@ pub struct PostgresStore {
     /// it is known not to be.
     listening: Arc<AtomicBool>,
     outbox: crate::store::OutboxState,
-    /// Runs' ends take turns here: half the pool at most for ends alone, one for ends that
-    /// go together (see [`Backend::ends`]).
+    /// Runs' ends take turns here, for half the pool at most: one turn for ends that go
+    /// together, the others for ends alone (see [`Backend::ends`]).
     ends: Ends,
 }
 
@@ -105,7 +105,8 @@ impl PostgresStore {
             origin: uuid::Uuid::new_v4().simple().to_string(),
             listening: Arc::new(AtomicBool::new(true)),
             outbox: Default::default(),
-            ends: Ends::new((max_connections as usize / 2).max(1)),
+            // Half the pool for ends: one turn for those that go together, the rest alone.
+            ends: Ends::new((max_connections as usize / 2).saturating_sub(1).max(1)),
         })
     }
 }

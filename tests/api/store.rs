@@ -761,7 +761,8 @@ both_backends! {
         let ann = user("ann");
         // Postgres writes the ends that wait for a turn 32 at most to a statement, taken in
         // the order they came: the clashing end fails the first statement (each of its ends
-        // is then written alone), and the pair, well after it, shares a later one.
+        // is then written alone), and the pair's two ends, well after it, go in later
+        // statements, apart (one statement updates a conversation once).
         let (already, clashing, pair) = (0, 2, 40);
         let mut runs = Vec::new();
         for i in 0..150 {

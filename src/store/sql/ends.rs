@@ -78,13 +78,17 @@ impl Ends {
         let (ticket, mut told) = self.wait(finish.clone());
         // An end whose future is dropped while it waits (its run handed over, say) leaves
         // the waiting: no later statement writes it.
-        let _leaves = Leaves { ends: self, ticket };
+        let mut queued = Queued { ends: self, ticket, there: true };
         tokio::select! {
             biased;
-            told = &mut told => Ok(Turn::Told(told.unwrap_or(Told::Alone))),
+            told = &mut told => {
+                // The statement that told it took it out of the waiting.
+                queued.there = false;
+                Ok(Turn::Told(told.unwrap_or(Told::Alone)))
+            }
             turn = self.together.acquire() => {
                 let turn = closed_if_err(turn)?;
-                if self.leave(ticket) {
+                if queued.leave() {
                     return Ok(Turn::Held(turn));
                 }
                 // Taken into a statement while its turn came: that statement tells it.
@@ -132,15 +136,27 @@ impl Ends {
     }
 }
 
-/// Takes its end out of the waiting when dropped, where it is still there.
-struct Leaves<'a> {
+/// An end in the waiting: taken out when dropped, where it is still there.
+struct Queued<'a> {
     ends: &'a Ends,
     ticket: u64,
+    /// Whether it may still be there (once out, no need to look).
+    there: bool,
 }
 
-impl Drop for Leaves<'_> {
+impl Queued<'_> {
+    /// Takes the end out of the waiting; false where a statement took it.
+    fn leave(&mut self) -> bool {
+        self.there = false;
+        self.ends.leave(self.ticket)
+    }
+}
+
+impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        self.ends.leave(self.ticket);
+        if self.there {
+            self.leave();
+        }
     }
 }
 

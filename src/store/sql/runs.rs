@@ -96,8 +96,8 @@ where
         // (a thousand answers finishing in the same second) holds those places only, and a
         // start, a log write or a decision waits behind a few ends at most instead of
         // behind all of them. Where the backend writes several ends as one statement
-        // (Postgres), ends with an answer take one turn of their own, and the end that gets
-        // it takes those waiting with it (an end with a webhook message goes alone, its
+        // (Postgres), ends with an answer take one of those places for themselves, and the
+        // end that gets it takes those waiting with it (an end with a webhook message goes alone, its
         // message written in its transaction, as does an end without an answer).
         let ends = self.ends();
         // The turn, where this end is written on its own below.
