@@ -852,37 +852,6 @@ both_backends! {
 }
 
 both_backends! {
-    /// An end whose caller stops waiting for its turn (its future dropped: its run handed
-    /// over, say) is not written later by another end that takes the ends waiting.
-    async fn an_end_dropped_while_it_waits_is_not_written_later(backend: Backend) {
-        let (store, _db) = open(backend).await;
-        let ann = user("ann");
-        let records: Vec<RunFinish> = new_chats(&store, 3)
-            .await
-            .iter()
-            .map(|start| {
-                let (trace, question) = (&start.traces[0], &start.user_message);
-                let mut answer = Message::new(question.conversation_id, Some(question.id), Role::Assistant, "a".into());
-                answer.id = trace.message_id;
-                ended(trace, Some(answer))
-            })
-            .collect();
-        // The first end holds the turn, writing; the second waits for it, and is dropped.
-        let first = store.finish_run(&records[0]);
-        tokio::pin!(first);
-        assert!(futures_util::poll!(&mut first).is_pending());
-        {
-            let second = store.finish_run(&records[1]);
-            tokio::pin!(second);
-            assert!(futures_util::poll!(&mut second).is_pending());
-        }
-        first.await.unwrap();
-        store.finish_run(&records[2]).await.unwrap();
-        let dropped = store.get_trace(&ann, records[1].trace_id).await.unwrap();
-        assert_eq!(dropped.status, TraceStatus::Running, "the dropped end was not written");
-        assert_eq!(store.get_trace(&ann, records[2].trace_id).await.unwrap().status, TraceStatus::Completed);
-    }
-
     async fn a_queued_run_is_claimed_in_its_turn_and_its_message_follows_the_answer(backend: Backend) {
         use chatd::store::QueueTurn;
         let (store, _db) = open(backend).await;
@@ -1516,6 +1485,49 @@ async fn postgres_tells_notices_told_together_each_in_its_order() {
     }
     assert_eq!(got, [Notice::Started(c, t), Notice::Cancel(t), Notice::Logged(t), Notice::Deleted(c)]);
     here.notify(&[]).await.unwrap();
+}
+
+/// An end whose caller stops waiting for its turn (its future dropped: its run handed
+/// over, say) is not written later by another end that takes the ends waiting (Postgres,
+/// where ends go together).
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn postgres_writes_no_end_dropped_while_it_waits() {
+    let (store, db) = open(Backend::Postgres).await;
+    let ann = user("ann");
+    let records: Vec<RunFinish> = new_chats(&store, 3)
+        .await
+        .iter()
+        .map(|start| {
+            let (trace, question) = (&start.traces[0], &start.user_message);
+            let mut answer = Message::new(question.conversation_id, Some(question.id), Role::Assistant, "a".into());
+            answer.id = trace.message_id;
+            ended(trace, Some(answer))
+        })
+        .collect();
+    // The first end takes the turn, and its statement waits for a lock held on its trace;
+    // the second waits for the turn, and is dropped.
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("select 1 from traces where id = $1 for update")
+        .bind(records[0].trace_id.0)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let first = store.finish_run(&records[0]);
+    tokio::pin!(first);
+    assert!(futures_util::poll!(&mut first).is_pending());
+    {
+        let second = store.finish_run(&records[1]);
+        tokio::pin!(second);
+        assert!(futures_util::poll!(&mut second).is_pending());
+    }
+    lock.rollback().await.unwrap();
+    first.await.unwrap();
+    store.finish_run(&records[2]).await.unwrap();
+    let dropped = store.get_trace(&ann, records[1].trace_id).await.unwrap();
+    assert_eq!(dropped.status, TraceStatus::Running, "the dropped end was not written");
+    assert_eq!(store.get_trace(&ann, records[2].trace_id).await.unwrap().status, TraceStatus::Completed);
 }
 
 /// Each run of a log batch is told to other processes as the batch commits: chunks alone
