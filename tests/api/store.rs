@@ -735,6 +735,14 @@ async fn new_chats(store: &Arc<dyn Store>, n: usize) -> Vec<RunStart> {
     starts
 }
 
+/// The end of a start's first run, with its answer (under the id the start gave it).
+fn answered(start: &RunStart) -> RunFinish {
+    let (trace, question) = (&start.traces[0], &start.user_message);
+    let mut answer = Message::new(question.conversation_id, Some(question.id), Role::Assistant, "a".into());
+    answer.id = trace.message_id;
+    ended(trace, Some(answer))
+}
+
 fn ended(trace: &Trace, answer: Option<Message>) -> RunFinish {
     RunFinish {
         trace_id: trace.trace_id,
@@ -746,6 +754,27 @@ fn ended(trace: &Trace, answer: Option<Message>) -> RunFinish {
         error: None,
         spans: Vec::new(),
         assistant_message: answer,
+    }
+}
+
+both_backends! {
+    /// An end tried again after its first try was written (its answer lost with its
+    /// connection: the run's end is tried again while the database seems unavailable) is told
+    /// it was written, and writes nothing twice; another record of the run's end is refused.
+    async fn an_end_tried_again_after_it_was_written_is_told_so(backend: Backend) {
+        let (store, _db) = open(backend).await;
+        let ann = user("ann");
+        let start = &new_chats(&store, 1).await[0];
+        let record = answered(start);
+        store.finish_run(&record).await.unwrap();
+        store.finish_run(&record).await.expect("the same end, tried again");
+        let later = RunFinish { ended_at: record.ended_at + chrono::Duration::milliseconds(1), ..record.clone() };
+        assert!(matches!(store.finish_run(&later).await, Err(StoreError::Conflict(_))));
+        let cancelled = RunFinish { status: TraceStatus::Cancelled, ..record.clone() };
+        assert!(matches!(store.finish_run(&cancelled).await, Err(StoreError::Conflict(_))));
+        let conversation = store.get_conversation(&ann, start.user_message.conversation_id).await.unwrap();
+        assert_eq!(conversation.message_count, 2, "its answer was written once");
+        assert_eq!(store.messages(&ann, conversation.id).await.unwrap().len(), 2);
     }
 }
 
@@ -1495,16 +1524,7 @@ async fn postgres_tells_notices_told_together_each_in_its_order() {
 async fn postgres_writes_no_end_dropped_while_it_waits() {
     let (store, db) = open(Backend::Postgres).await;
     let ann = user("ann");
-    let records: Vec<RunFinish> = new_chats(&store, 3)
-        .await
-        .iter()
-        .map(|start| {
-            let (trace, question) = (&start.traces[0], &start.user_message);
-            let mut answer = Message::new(question.conversation_id, Some(question.id), Role::Assistant, "a".into());
-            answer.id = trace.message_id;
-            ended(trace, Some(answer))
-        })
-        .collect();
+    let records: Vec<RunFinish> = new_chats(&store, 3).await.iter().map(answered).collect();
     // The first end takes the turn, and its statement waits for a lock held on its trace;
     // the second waits for the turn, and is dropped.
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
@@ -1528,6 +1548,89 @@ async fn postgres_writes_no_end_dropped_while_it_waits() {
     let dropped = store.get_trace(&ann, records[1].trace_id).await.unwrap();
     assert_eq!(dropped.status, TraceStatus::Running, "the dropped end was not written");
     assert_eq!(store.get_trace(&ann, records[2].trace_id).await.unwrap().status, TraceStatus::Completed);
+}
+
+/// An end taken into another's statement, whose taker is dropped after its statement went to
+/// the server (its run's task cancelled mid-write, by a hand-over that came as the run began
+/// its end), writes itself again on its own; where the statement had committed, it finds its
+/// run ended by its own record and hears that it was written, not that its answer could not
+/// be saved. (So does an end tried again after its first try was written.)
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn postgres_tells_an_end_written_by_a_statement_whose_taker_was_dropped() {
+    use sqlx::Connection;
+    let (store, db) = open(Backend::Postgres).await;
+    let ann = user("ann");
+    let starts = new_chats(&store, 4).await;
+    let mut records: Vec<RunFinish> = starts.iter().map(answered).collect();
+    // The fourth has no answer: it goes alone, and holds the one turn for ends alone (a
+    // pool of 4) while a lock holds its statement.
+    records[3] = ended(&starts[3].traces[0], None);
+    let locks = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let lock = async |n: usize| {
+        let mut tx = locks.begin().await.unwrap();
+        sqlx::query("select 1 from traces where id = $1 for update")
+            .bind(records[n].trace_id.0)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx
+    };
+    let (held_first, held_third, held_fourth) = (lock(0).await, lock(2).await, lock(3).await);
+    let mut watcher = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut waiting = async |n: usize| {
+        for _ in 0..500 {
+            let queries: Vec<String> = sqlx::query_scalar(
+                "select query from pg_stat_activity where wait_event_type = 'Lock' and datname = current_database()",
+            )
+            .fetch_all(&mut watcher)
+            .await
+            .unwrap();
+            if queries.len() == n {
+                return queries;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{n} statements never waited for a lock");
+    };
+    let end = |n: usize| {
+        let (store, record) = (store.clone(), records[n].clone());
+        Box::pin(async move { store.finish_run(&record).await })
+    };
+    let fourth = tokio::spawn(end(3));
+    waiting(1).await;
+    // The first takes the turn for ends that go together, and writes alone (none waits).
+    let first = tokio::spawn(end(0));
+    waiting(2).await;
+    // The second and third wait for that turn, in that order.
+    let (mut second, mut third) = (end(1), end(2));
+    assert!(futures_util::poll!(&mut second).is_pending());
+    assert!(futures_util::poll!(&mut third).is_pending());
+    let (second, third) = (tokio::spawn(second), tokio::spawn(third));
+    held_first.rollback().await.unwrap();
+    first.await.unwrap().unwrap();
+    // The second gets the turn, takes the third, and their statement waits for the third's
+    // trace; the second is dropped there.
+    let queries = waiting(2).await;
+    assert!(queries.iter().any(|q| q.starts_with("with v as")), "the two ends' statement waits: {queries:?}");
+    second.abort();
+    assert!(second.await.unwrap_err().is_cancelled());
+    held_third.rollback().await.unwrap();
+    let mut tries = 0;
+    while store.get_trace(&ann, records[1].trace_id).await.unwrap().status != TraceStatus::Completed {
+        tries += 1;
+        assert!(tries < 500, "the dropped taker's statement committed");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.get_trace(&ann, records[2].trace_id).await.unwrap().status, TraceStatus::Completed);
+    // The third, told nothing, writes itself alone once the fourth has written: its run has
+    // ended, by its own record.
+    held_fourth.rollback().await.unwrap();
+    fourth.await.unwrap().unwrap();
+    third.await.unwrap().expect("the end written by the dropped taker's statement is told it was written");
+    let conversation = store.get_conversation(&ann, starts[2].user_message.conversation_id).await.unwrap();
+    assert_eq!(conversation.message_count, 2, "its answer was written once");
+    assert_eq!(conversation.active_leaf_id, Some(records[2].assistant_message.as_ref().unwrap().id));
 }
 
 /// Each run of a log batch is told to other processes as the batch commits: chunks alone

@@ -39,14 +39,18 @@ pub(super) struct Waits {
 }
 
 /// How an end taken into another's statement went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub(super) enum Told {
     /// The statement closed the run's trace and wrote the rest of its end.
     Written,
     /// The run had already ended (or is another user's): nothing of this end was written.
     Ended,
     /// The statement failed as a whole: the end is written again on its own, so that it
-    /// hears its own outcome (the one that failed the group fails alone).
+    /// hears its own outcome (the one that failed the group fails alone). Also where the end
+    /// that took it was dropped before it told how its statement went (its run's task
+    /// cancelled mid-write, by a hand-over that came as the run began its end): the
+    /// statement may then have committed, and the end, written again, finds its run ended
+    /// by its own record (see `finish_run`).
     Alone,
 }
 
@@ -75,10 +79,9 @@ impl Ends {
         if let Ok(turn) = self.together.try_acquire() {
             return Ok(Turn::Held(turn));
         }
-        let (ticket, mut told) = self.wait(finish.clone());
         // An end whose future is dropped while it waits (its run handed over, say) leaves
         // the waiting: no later statement writes it.
-        let mut queued = Queued { ends: self, ticket, there: true };
+        let (mut queued, mut told) = self.wait(finish.clone());
         tokio::select! {
             biased;
             told = &mut told => {
@@ -93,9 +96,6 @@ impl Ends {
                 }
                 // Taken into a statement while its turn came: that statement tells it.
                 drop(turn);
-                // A taker dropped before it could tell (its task cancelled mid-write)
-                // leaves the end to write itself, which hears "already ended" where the
-                // statement had committed.
                 Ok(Turn::Told(told.await.unwrap_or(Told::Alone)))
             }
         }
@@ -118,13 +118,14 @@ impl Ends {
         group
     }
 
-    fn wait(&self, finish: RunFinish) -> (u64, oneshot::Receiver<Told>) {
+    /// Puts `finish` in the waiting: where it hears how a statement that takes it went.
+    fn wait(&self, finish: RunFinish) -> (Queued<'_>, oneshot::Receiver<Told>) {
         let (tell, told) = oneshot::channel();
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         waiting.tickets += 1;
         let ticket = waiting.tickets;
         waiting.ends.push_back(Waits { ticket, finish, tell });
-        (ticket, told)
+        (Queued { ends: self, ticket, there: true }, told)
     }
 
     /// Takes the end with `ticket` out of the waiting; false where a statement took it.

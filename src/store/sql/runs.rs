@@ -10,7 +10,7 @@ use super::ends::{self, Told, Turn};
 use super::outbox::{REPORTED_RUN, ReportedRun};
 use super::starts::Starts;
 use super::statements::Statements;
-use super::{Conn, Row, write};
+use super::{Backend, Conn, Row, write};
 use crate::domain::Trace;
 use crate::domain::webhook::{Report, ReportedError, RunReport};
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
@@ -89,86 +89,97 @@ where
     }
 
     async fn finish_run(&self, finish: &RunFinish) -> Result<(), StoreError> {
-        let ended = || StoreError::Conflict("the run has already ended".into());
-        let reports = super::outbox::taken(self, Report::run_event(finish.status));
-        // Ends take turns among themselves for a few places in the writers' queue (SQLite:
-        // one, for its one writer; Postgres: half the pool): a burst of runs ending together
-        // (a thousand answers finishing in the same second) holds those places only, and a
-        // start, a log write or a decision waits behind a few ends at most instead of
-        // behind all of them. Where the backend writes several ends as one statement
-        // (Postgres), ends with an answer take one of those places for themselves, and the
-        // end that gets it takes those waiting with it (an end with a webhook message goes alone, its
-        // message written in its transaction, as does an end without an answer).
-        let ends = self.ends();
-        // The turn, where this end is written on its own below.
-        let _turn = 'alone: {
-            let Some(conversation) = ends::conversation(finish).filter(|_| B::ENDS_TOGETHER > 1 && !reports) else {
-                break 'alone ends.turn().await?;
-            };
-            let turn = match ends.turn_or_taken(finish).await? {
-                Turn::Held(turn) => turn,
-                Turn::Told(Told::Written) => return Ok(()),
-                Turn::Told(Told::Ended) => return Err(ended()),
-                Turn::Told(Told::Alone) => break 'alone ends.turn().await?,
-            };
-            let others = ends.take(HashSet::from([conversation]), B::ENDS_TOGETHER - 1);
-            if others.is_empty() {
-                break 'alone turn;
-            }
-            let group: Vec<&RunFinish> = std::iter::once(finish).chain(others.iter().map(|w| &w.finish)).collect();
-            match end_together(self, &group).await {
-                Ok(closed) => {
-                    for end in others {
-                        let told = if closed.contains(&end.finish.trace_id) { Told::Written } else { Told::Ended };
-                        end.tell(told);
-                    }
-                    return closed.contains(&finish.trace_id).then_some(()).ok_or_else(ended);
-                }
-                // Nothing of the group was written: each end is written again on its own,
-                // and the one that failed it fails alone.
-                Err(e) => {
-                    // One end's row refused (a conversation deleted meanwhile) is to be
-                    // expected; any other failure of the statement is worth a look.
-                    match &e {
-                        StoreError::Database(sqlx::Error::Database(db))
-                            if db.kind() != sqlx::error::ErrorKind::Other =>
-                        {
-                            tracing::debug!(error = %e, ends = group.len(), "runs' ends written together were refused; each goes alone")
-                        }
-                        _ => {
-                            tracing::warn!(error = %e, ends = group.len(), "runs' ends written together failed; each goes alone")
-                        }
-                    }
-                    others.into_iter().for_each(|end| end.tell(Told::Alone));
-                    turn
-                }
-            }
-        };
-        write(self, async |conn| {
-            // One round trip where no webhook message has to join the end: one statement is a
-            // transaction of its own (Postgres), or the transaction goes as one query (SQLite).
-            if !reports {
-                let run = match B::WRITES_IN_WITH {
-                    true => end_in_one_statement::<B>(conn, finish).await?,
-                    false => end_in_one_query::<B>(conn, finish).await?,
+        let written = async {
+            let ended = || StoreError::Conflict("the run has already ended".into());
+            let reports = super::outbox::taken(self, Report::run_event(finish.status));
+            // Ends take turns among themselves for a few places in the writers' queue (SQLite:
+            // one, for its one writer; Postgres: half the pool): a burst of runs ending together
+            // (a thousand answers finishing in the same second) holds those places only, and a
+            // start, a log write or a decision waits behind a few ends at most instead of
+            // behind all of them. Where the backend writes several ends as one statement
+            // (Postgres), ends with an answer take one of those places for themselves, and the
+            // end that gets it takes those waiting with it (an end with a webhook message goes alone, its
+            // message written in its transaction, as does an end without an answer).
+            let ends = self.ends();
+            // The turn, where this end is written on its own below.
+            let _turn = 'alone: {
+                let Some(conversation) = ends::conversation(finish).filter(|_| B::ENDS_TOGETHER > 1 && !reports) else {
+                    break 'alone ends.turn().await?;
                 };
-                return run.map(drop).ok_or_else(ended);
-            }
-            let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
-            let run = match B::WRITES_IN_WITH {
-                true => end_in_one_statement::<B>(&mut tx, finish).await?,
-                false => end_in_turn::<B>(&mut tx, finish).await?,
+                let turn = match ends.turn_or_taken(finish).await? {
+                    Turn::Held(turn) => turn,
+                    Turn::Told(Told::Written) => return Ok(()),
+                    Turn::Told(Told::Ended) => return Err(ended()),
+                    Turn::Told(Told::Alone) => break 'alone ends.turn().await?,
+                };
+                let others = ends.take(HashSet::from([conversation]), B::ENDS_TOGETHER - 1);
+                if others.is_empty() {
+                    break 'alone turn;
+                }
+                let group: Vec<&RunFinish> = std::iter::once(finish).chain(others.iter().map(|w| &w.finish)).collect();
+                match end_together(self, &group).await {
+                    Ok(closed) => {
+                        for end in others {
+                            let told = if closed.contains(&end.finish.trace_id) { Told::Written } else { Told::Ended };
+                            end.tell(told);
+                        }
+                        return closed.contains(&finish.trace_id).then_some(()).ok_or_else(ended);
+                    }
+                    // Nothing of the group was written: each end is written again on its own,
+                    // and the one that failed it fails alone.
+                    Err(e) => {
+                        // One end's row refused (a conversation deleted meanwhile) is to be
+                        // expected; any other failure of the statement is worth a look.
+                        match &e {
+                            StoreError::Database(sqlx::Error::Database(db))
+                                if db.kind() != sqlx::error::ErrorKind::Other =>
+                            {
+                                tracing::debug!(error = %e, ends = group.len(), "runs' ends written together were refused; each goes alone")
+                            }
+                            _ => {
+                                tracing::warn!(error = %e, ends = group.len(), "runs' ends written together failed; each goes alone")
+                            }
+                        }
+                        others.into_iter().for_each(|end| end.tell(Told::Alone));
+                        turn
+                    }
+                }
             };
-            let run = run.ok_or_else(ended)?;
-            let answered_by = finish.assistant_message.as_ref().and_then(|m| m.model.clone());
-            let report = run.report(finish.trace_id, finish.status, finish.usage, finish.cost_usd, answered_by);
-            let error = finish.error.as_ref().map(ReportedError::from);
-            let reported = super::outbox::report(self, &mut *tx, &Report::Run(RunReport { error, ..report })).await?;
-            tx.commit().await?;
-            super::outbox::written(self, reported);
-            Ok(())
-        })
-        .await
+            write(self, async |conn| {
+                // One round trip where no webhook message has to join the end: one statement is a
+                // transaction of its own (Postgres), or the transaction goes as one query (SQLite).
+                if !reports {
+                    let run = match B::WRITES_IN_WITH {
+                        true => end_in_one_statement::<B>(conn, finish).await?,
+                        false => end_in_one_query::<B>(conn, finish).await?,
+                    };
+                    return run.map(drop).ok_or_else(ended);
+                }
+                let mut tx = sqlx::Connection::begin_with(conn, B::BEGIN_WRITE).await?;
+                let run = match B::WRITES_IN_WITH {
+                    true => end_in_one_statement::<B>(&mut tx, finish).await?,
+                    false => end_in_turn::<B>(&mut tx, finish).await?,
+                };
+                let run = run.ok_or_else(ended)?;
+                let answered_by = finish.assistant_message.as_ref().and_then(|m| m.model.clone());
+                let report = run.report(finish.trace_id, finish.status, finish.usage, finish.cost_usd, answered_by);
+                let error = finish.error.as_ref().map(ReportedError::from);
+                let reported = super::outbox::report(self, &mut *tx, &Report::Run(RunReport { error, ..report })).await?;
+                tx.commit().await?;
+                super::outbox::written(self, reported);
+                Ok(())
+            })
+            .await
+        }
+        .await;
+        // A run found ended may have been ended by this very record: by a statement of ends
+        // written together whose taker was dropped before it told this end (`Told::Alone`),
+        // or by an earlier try whose answer was lost with its connection (`chat/live/ending.rs`
+        // tries again while the database is unavailable). Its end was written.
+        match written {
+            Err(StoreError::Conflict(_)) if ended_by(self, finish).await? => Ok(()),
+            written => written,
+        }
     }
 
     async fn get_trace(&self, user: &UserId, trace_id: TraceId) -> Result<Trace, StoreError> {
@@ -219,6 +230,31 @@ where
         Ok(closed.into_iter().map(|(id,)| id).collect())
     })
     .await
+}
+
+/// Whether the run's trace was closed by `finish` itself: its status and end time are the
+/// record's. (A run ended by anything else, a cancel or another replica that took it over,
+/// has its own status or end time.)
+async fn ended_by<B>(store: &B, finish: &RunFinish) -> Result<bool, StoreError>
+where
+    B: Backend,
+    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
+    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
+    for<'r> (TraceId,): FromRow<'r, Row<B>>,
+    for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
+    for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
+{
+    let ended: Option<(TraceId,)> =
+        sqlx::query_as("select id from traces where id = $1 and user_id = $2 and status = $3 and ended_at = $4")
+            .bind(finish.trace_id)
+            .bind(&finish.user_id)
+            .bind(finish.status.as_str())
+            .bind(finish.ended_at)
+            .fetch_optional(store.pool())
+            .await?;
+    Ok(ended.is_some())
 }
 
 /// A run's end as [`Statements::push_end`] writes it; the run's report columns, none where
