@@ -10,7 +10,7 @@ use super::ends::{self, Told, Turn};
 use super::outbox::{REPORTED_RUN, ReportedRun};
 use super::starts::Starts;
 use super::statements::Statements;
-use super::{Backend, Conn, Row, write};
+use super::{Conn, Row, write};
 use crate::domain::Trace;
 use crate::domain::webhook::{Report, ReportedError, RunReport};
 use crate::ids::{ConversationId, MessageId, TraceId, UserId};
@@ -175,10 +175,14 @@ where
         // A run found ended may have been ended by this very record: by a statement of ends
         // written together whose taker was dropped before it told this end (`Told::Alone`),
         // or by an earlier try whose answer was lost with its connection (`chat/live/ending.rs`
-        // tries again while the database is unavailable). Its end was written.
-        match written {
-            Err(StoreError::Conflict(_)) if ended_by(self, finish).await? => Ok(()),
-            written => written,
+        // tries again while the database is unavailable). Its end was written: the trace's
+        // status and end time are the record's. (A run ended by anything else, a cancel or
+        // another replica that took it over, has its own.)
+        let Err(StoreError::Conflict(refused)) = written else { return written };
+        match self.get_trace(&finish.user_id, finish.trace_id).await {
+            Ok(trace) if trace.status == finish.status && trace.ended_at == Some(finish.ended_at) => Ok(()),
+            Ok(_) | Err(StoreError::NotFound) => Err(StoreError::Conflict(refused)),
+            Err(e) => Err(e),
         }
     }
 
@@ -230,31 +234,6 @@ where
         Ok(closed.into_iter().map(|(id,)| id).collect())
     })
     .await
-}
-
-/// Whether the run's trace was closed by `finish` itself: its status and end time are the
-/// record's. (A run ended by anything else, a cancel or another replica that took it over,
-/// has its own status or end time.)
-async fn ended_by<B>(store: &B, finish: &RunFinish) -> Result<bool, StoreError>
-where
-    B: Backend,
-    for<'c> &'c mut Conn<B>: Executor<'c, Database = B::Db>,
-    for<'q> <B::Db as Database>::Arguments<'q>: IntoArguments<'q, B::Db>,
-    for<'r> (TraceId,): FromRow<'r, Row<B>>,
-    for<'q> &'q str: Encode<'q, B::Db> + Type<B::Db>,
-    for<'q> String: Encode<'q, B::Db> + Type<B::Db>,
-    for<'q> DateTime<Utc>: Encode<'q, B::Db> + Type<B::Db>,
-    for<'q> Uuid: Encode<'q, B::Db> + Type<B::Db>,
-{
-    let ended: Option<(TraceId,)> =
-        sqlx::query_as("select id from traces where id = $1 and user_id = $2 and status = $3 and ended_at = $4")
-            .bind(finish.trace_id)
-            .bind(&finish.user_id)
-            .bind(finish.status.as_str())
-            .bind(finish.ended_at)
-            .fetch_optional(store.pool())
-            .await?;
-    Ok(ended.is_some())
 }
 
 /// A run's end as [`Statements::push_end`] writes it; the run's report columns, none where
