@@ -31,10 +31,10 @@ struct Waiting {
 }
 
 /// An end waiting for a turn: a copy of its record (another end's statement may write it),
-/// and where it hears how that went.
+/// boxed (the waiting moves its ends as they leave it), and where it hears how that went.
 pub(super) struct Waits {
     ticket: u64,
-    pub finish: RunFinish,
+    pub finish: Box<RunFinish>,
     tell: oneshot::Sender<Told>,
 }
 
@@ -81,7 +81,7 @@ impl Ends {
         }
         // An end whose future is dropped while it waits (its run handed over, say) leaves
         // the waiting: no later statement writes it.
-        let (mut queued, mut told) = self.wait(finish.clone());
+        let (mut queued, mut told) = self.wait(Box::new(finish.clone()));
         tokio::select! {
             biased;
             told = &mut told => {
@@ -102,24 +102,26 @@ impl Ends {
     }
 
     /// Up to `most` ends waiting now, in the order they came, each of a conversation none of
-    /// the others (nor `taken`'s) is of: one statement updates each conversation once.
+    /// the others (nor `taken`'s) is of: one statement updates each conversation once. It
+    /// looks no further than it takes: a burst of ends (fifty thousand answers finishing
+    /// within seconds) leaves thousands waiting, and each statement takes a few of them.
     pub(super) fn take(&self, mut taken: HashSet<ConversationId>, most: usize) -> Vec<Waits> {
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         let mut group = Vec::new();
-        let mut left = VecDeque::with_capacity(waiting.ends.len());
-        while let Some(end) = waiting.ends.pop_front() {
-            let fits = group.len() < most && conversation(&end.finish).is_some_and(|c| taken.insert(c));
-            match fits {
-                true => group.push(end),
-                false => left.push_back(end),
+        // An end left is one of a conversation already in the group: seldom, so those taken
+        // are near the front, where taking one out moves only the ends before it.
+        let mut at = 0;
+        while group.len() < most && at < waiting.ends.len() {
+            match conversation(&waiting.ends[at].finish).is_some_and(|c| taken.insert(c)) {
+                true => group.extend(waiting.ends.remove(at)),
+                false => at += 1,
             }
         }
-        waiting.ends = left;
         group
     }
 
     /// Puts `finish` in the waiting: where it hears how a statement that takes it went.
-    fn wait(&self, finish: RunFinish) -> (Queued<'_>, oneshot::Receiver<Told>) {
+    fn wait(&self, finish: Box<RunFinish>) -> (Queued<'_>, oneshot::Receiver<Told>) {
         let (tell, told) = oneshot::channel();
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         waiting.tickets += 1;
@@ -175,4 +177,42 @@ impl Waits {
 /// The conversation an end's answer goes to; none for an end without one (those go alone).
 pub(super) fn conversation(finish: &RunFinish) -> Option<ConversationId> {
     finish.assistant_message.as_ref().map(|m| m.conversation_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Message, Role, TraceStatus, Usage};
+    use crate::ids::{TraceId, UserId};
+
+    fn end_of(conversation: ConversationId) -> RunFinish {
+        RunFinish {
+            trace_id: TraceId::new(),
+            user_id: UserId::new("ann"),
+            status: TraceStatus::Completed,
+            ended_at: chrono::Utc::now(),
+            usage: Usage::default(),
+            cost_usd: None,
+            error: None,
+            spans: Vec::new(),
+            assistant_message: Some(Message::new(conversation, None, Role::Assistant, "hi".into())),
+        }
+    }
+
+    #[test]
+    fn a_group_takes_the_first_ends_of_conversations_apart_and_leaves_the_rest_in_order() {
+        let ends = Ends::new(1);
+        let [a, b, c, d, e] = std::array::from_fn(|_| ConversationId::new());
+        let waiting: Vec<RunFinish> = [a, b, a, c, d, a, e].into_iter().map(end_of).collect();
+        let ids: Vec<TraceId> = waiting.iter().map(|f| f.trace_id).collect();
+        let _queued: Vec<_> = waiting.into_iter().map(|f| ends.wait(Box::new(f))).collect();
+        let taken = |group: Vec<Waits>| group.into_iter().map(|w| w.finish.trace_id).collect::<Vec<_>>();
+
+        // The taker's own conversation (c) is left, as is a second end of `a`; it stops at 3.
+        assert_eq!(taken(ends.take(HashSet::from([c]), 3)), [ids[0], ids[1], ids[4]]);
+        // What is left is in the order it came: a, c, a, e.
+        assert_eq!(taken(ends.take(HashSet::new(), 2)), [ids[2], ids[3]]);
+        assert_eq!(taken(ends.take(HashSet::new(), 10)), [ids[5], ids[6]]);
+        assert!(ends.take(HashSet::new(), 10).is_empty());
+    }
 }

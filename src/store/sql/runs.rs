@@ -116,7 +116,7 @@ where
                 if others.is_empty() {
                     break 'alone turn;
                 }
-                let group: Vec<&RunFinish> = std::iter::once(finish).chain(others.iter().map(|w| &w.finish)).collect();
+                let group: Vec<&RunFinish> = std::iter::once(finish).chain(others.iter().map(|w| &*w.finish)).collect();
                 match end_together(self, &group).await {
                     Ok(closed) => {
                         for end in others {
