@@ -103,18 +103,20 @@ impl Ends {
 
     /// Up to `most` ends waiting now, in the order they came, each of a conversation none of
     /// the others (nor `taken`'s) is of: one statement updates each conversation once. It
-    /// looks no further than it takes: a burst of ends (fifty thousand answers finishing
-    /// within seconds) leaves thousands waiting, and each statement takes a few of them.
+    /// stops once it has `most`: a burst of ends (fifty thousand answers finishing within
+    /// seconds) leaves thousands waiting, and each statement takes a few of them.
     pub(super) fn take(&self, mut taken: HashSet<ConversationId>, most: usize) -> Vec<Waits> {
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         let mut group = Vec::new();
-        // An end left is one of a conversation already in the group: seldom, so those taken
-        // are near the front, where taking one out moves only the ends before it.
+        // An end left is one of a conversation already in the group (the other of an A/B
+        // pair, say): few, so those taken are near the front, where taking one out moves only
+        // the ends before it.
         let mut at = 0;
         while group.len() < most && at < waiting.ends.len() {
-            match conversation(&waiting.ends[at].finish).is_some_and(|c| taken.insert(c)) {
-                true => group.extend(waiting.ends.remove(at)),
-                false => at += 1,
+            if !conversation(&waiting.ends[at].finish).is_some_and(|c| taken.insert(c)) {
+                at += 1;
+            } else if let Some(end) = waiting.ends.remove(at) {
+                group.push(end);
             }
         }
         group
@@ -203,16 +205,18 @@ mod tests {
     fn a_group_takes_the_first_ends_of_conversations_apart_and_leaves_the_rest_in_order() {
         let ends = Ends::new(1);
         let [a, b, c, d, e] = std::array::from_fn(|_| ConversationId::new());
-        let waiting: Vec<RunFinish> = [a, b, a, c, d, a, e].into_iter().map(end_of).collect();
+        // The fourth end has no answer, so no conversation: a statement never takes it.
+        let mut waiting: Vec<RunFinish> = [a, b, a, c, c, d, a, e].into_iter().map(end_of).collect();
+        waiting[3].assistant_message = None;
         let ids: Vec<TraceId> = waiting.iter().map(|f| f.trace_id).collect();
         let _queued: Vec<_> = waiting.into_iter().map(|f| ends.wait(Box::new(f))).collect();
         let taken = |group: Vec<Waits>| group.into_iter().map(|w| w.finish.trace_id).collect::<Vec<_>>();
 
         // The taker's own conversation (c) is left, as is a second end of `a`; it stops at 3.
-        assert_eq!(taken(ends.take(HashSet::from([c]), 3)), [ids[0], ids[1], ids[4]]);
-        // What is left is in the order it came: a, c, a, e.
-        assert_eq!(taken(ends.take(HashSet::new(), 2)), [ids[2], ids[3]]);
-        assert_eq!(taken(ends.take(HashSet::new(), 10)), [ids[5], ids[6]]);
+        assert_eq!(taken(ends.take(HashSet::from([c]), 3)), [ids[0], ids[1], ids[5]]);
+        // What is left is in the order it came: a, none, c, a, e.
+        assert_eq!(taken(ends.take(HashSet::new(), 2)), [ids[2], ids[4]]);
+        assert_eq!(taken(ends.take(HashSet::new(), 10)), [ids[6], ids[7]]);
         assert!(ends.take(HashSet::new(), 10).is_empty());
     }
 }
