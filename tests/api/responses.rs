@@ -50,6 +50,41 @@ async fn a_background_response_is_read_on_another_replica_with_the_same_numbers(
     assert_eq!(other["error"]["type"], "not_found_error", "another user's: {other}");
 }
 
+/// A response read while its log is behind its stream is the one the stream says: read
+/// before the log has its first event, it is that response, in progress; read right after
+/// its stream ended, it has ended as the stream did. (The log is held back by a lock on its
+/// table: the live stream does not wait for the log, a read waits for a run that ended.)
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_response_read_while_its_log_is_behind_is_the_one_streamed() {
+    use sqlx::Connection;
+    let app = TestApp::spawn(Backend::Postgres, "").await;
+    let mut lock = sqlx::PgConnection::connect(&app.db_url).await.unwrap();
+    sqlx::query("begin").execute(&mut lock).await.unwrap();
+    sqlx::query("lock table trace_event_chunks in exclusive mode").execute(&mut lock).await.unwrap();
+    let body = json!({"model": "default", "input": "Soon [mock:words=20] [mock:delay=10]", "background": true});
+    let (status, begun) = app.post("/v1/responses", "ann", body).await;
+    assert_eq!(status, 200, "{begun}");
+    let id = begun["id"].as_str().unwrap().to_owned();
+    let (status, early) = app.get(&format!("/v1/responses/{id}"), "ann").await;
+    assert_eq!(status, 200, "{early}");
+    assert_eq!(early["status"], "in_progress", "{early}");
+    for field in ["id", "created_at", "model", "conversation"] {
+        assert_eq!(early[field], begun[field], "{field}: {early}");
+    }
+    let streamed = events(&app, &id, None).await;
+    assert_eq!(streamed.last().unwrap()["type"], "response.completed", "the stream is live, not from the log");
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::query("commit").execute(&mut lock).await.unwrap();
+    });
+    let (status, read) = app.get(&format!("/v1/responses/{id}"), "ann").await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["status"], "completed", "{read}");
+    assert_eq!(read["output"], streamed.last().unwrap()["response"]["output"]);
+    release.await.unwrap();
+}
+
 /// `instructions`, `max_output_tokens` and `temperature` reach the model for that response
 /// only (an OpenAI-compatible server of the fixture records each request).
 #[tokio::test]

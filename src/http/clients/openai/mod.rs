@@ -262,6 +262,11 @@ pub async fn retrieve(
     AppQuery(query): AppQuery<RetrieveQuery>,
 ) -> Result<HttpResponse, AppError> {
     let (trace, from) = response_of(&state, &user, &id).await?;
+    if !query.stream {
+        // A run that has just sent its last event writes it to its log a moment later: a
+        // response read right after its stream ended is the one the stream ended with.
+        state.chat.logged(trace.trace_id).await;
+    }
     let (events, logged) = response_log(&state, &trace, from).await?;
     if query.stream {
         let frames = response_frames(run_frames(&state, &user, trace.trace_id, from).await?);
@@ -374,10 +379,10 @@ async fn response_log(
 /// The events that build `trace`'s response beginning after `from`, knowing the run's
 /// `logged` events before it (any `from` but where a wait ended is no response's).
 fn opening(trace: &Trace, from: u64, logged: &[crate::events::LoggedEvent]) -> Result<ResponseEvents, AppError> {
-    let events = ResponseEvents::new().with_metadata(trace.metadata.as_ref());
     if from == 0 {
-        return Ok(events);
+        return Ok(ResponseEvents::of(trace));
     }
+    let events = ResponseEvents::new().with_metadata(trace.metadata.as_ref());
     if !ends_a_wait(logged, from) {
         return Err(AppError::not_found("Response not found"));
     }

@@ -129,6 +129,7 @@ impl Response {
     pub fn begun(trace_id: TraceId, conversation: ConversationId, message_id: MessageId, profile: &str) -> Self {
         Response {
             id: response_id(trace_id),
+            // When the run started, from its time-ordered id: the same on every replay.
             created_at: trace_id.0.get_timestamp().map_or(0, |t| t.to_unix().0 as i64),
             model: profile.to_owned(),
             conversation: Some(ConversationRef { id: conversation_id(conversation) }),

@@ -16,10 +16,9 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::object::{
-    Answer, IncompleteDetails, OutputItem, OutputText, Response, ResponseError, Status, SummaryText, response_id,
-};
+use super::object::{Answer, IncompleteDetails, OutputItem, OutputText, Response, ResponseError, Status, SummaryText};
 use crate::chat::Frame;
+use crate::domain::Trace;
 use crate::events::parts::{Open, is_tool_marker, part_delta};
 use crate::events::{Event, StartEvent};
 use crate::http::sse::Encoder;
@@ -153,6 +152,14 @@ impl ResponseEvents {
         };
         let calls = earlier.calls.into_iter().map(|call| Call { item: None, ..call }).collect();
         Self { response, calls, ..Self::new() }
+    }
+
+    /// A run's first response read from its log, begun by its `trace` (a log read just
+    /// after the run began may not have its `start` yet), with the `metadata` it was
+    /// started with.
+    pub fn of(trace: &Trace) -> Self {
+        let response = Response::begun(trace.trace_id, trace.conversation_id, trace.message_id, &trace.profile);
+        Self { response, ..Self::new() }.with_metadata(trace.metadata.as_ref())
     }
 
     /// With the `metadata` its run was started with.
@@ -626,17 +633,6 @@ pub fn replay<'a>(mut translated: ResponseEvents, events: impl IntoIterator<Item
 
 impl Response {
     fn started(start: &StartEvent) -> Self {
-        Response {
-            id: response_id(start.trace_id),
-            // When the run started, from its time-ordered id: the same on every replay.
-            created_at: start.trace_id.0.get_timestamp().map_or(0, |t| t.to_unix().0 as i64),
-            model: start.profile.clone(),
-            conversation: Some(super::object::ConversationRef {
-                id: super::object::conversation_id(start.conversation_id),
-            }),
-            message_id: Some(start.message_id),
-            trace_id: Some(start.trace_id),
-            ..Response::default()
-        }
+        Self::begun(start.trace_id, start.conversation_id, start.message_id, &start.profile)
     }
 }
