@@ -77,6 +77,13 @@ string_enum!(
     }
 );
 
+impl TraceStatus {
+    /// Whether a run in this state will send more (queued, running or waiting).
+    pub fn is_going(self) -> bool {
+        matches!(self, TraceStatus::Running | TraceStatus::Waiting | TraceStatus::Queued)
+    }
+}
+
 /// Token counts of one model call, or summed over a run (CONTRACT.md §18). `input_tokens`
 /// is every input token, those read from or written to the provider's prompt cache
 /// included (as OpenAI and Gemini count them; Anthropic's three counts are added up);

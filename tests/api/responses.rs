@@ -52,36 +52,44 @@ async fn a_background_response_is_read_on_another_replica_with_the_same_numbers(
 
 /// A response read while its log is behind its stream is the one the stream says: read
 /// before the log has its first event, it is that response, in progress; read right after
-/// its stream ended, it has ended as the stream did. (The log is held back by a lock on its
-/// table: the live stream does not wait for the log, a read waits for a run that ended.)
+/// its stream ended, on the replica that ran it or on another, it has ended as the stream
+/// did. (The log is held back by a lock on its table: the live stream does not wait for the
+/// log; a read of a run that ended follows it to its end.)
 #[tokio::test]
 #[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
 async fn a_response_read_while_its_log_is_behind_is_the_one_streamed() {
     use sqlx::Connection;
-    let app = TestApp::spawn(Backend::Postgres, "").await;
-    let mut lock = sqlx::PgConnection::connect(&app.db_url).await.unwrap();
+    let db = TestDb::new(Backend::Postgres).await;
+    let (a, b) = (TestApp::on(&db.url, "").await, TestApp::on(&db.url, "").await);
+    let mut lock = sqlx::PgConnection::connect(&db.url).await.unwrap();
     sqlx::query("begin").execute(&mut lock).await.unwrap();
     sqlx::query("lock table trace_event_chunks in exclusive mode").execute(&mut lock).await.unwrap();
     let body = json!({"model": "default", "input": "Soon [mock:words=20] [mock:delay=10]", "background": true});
-    let (status, begun) = app.post("/v1/responses", "ann", body).await;
+    let (status, begun) = a.post("/v1/responses", "ann", body).await;
     assert_eq!(status, 200, "{begun}");
     let id = begun["id"].as_str().unwrap().to_owned();
-    let (status, early) = app.get(&format!("/v1/responses/{id}"), "ann").await;
-    assert_eq!(status, 200, "{early}");
-    assert_eq!(early["status"], "in_progress", "{early}");
-    for field in ["id", "created_at", "model", "conversation"] {
-        assert_eq!(early[field], begun[field], "{field}: {early}");
+    let path = format!("/v1/responses/{id}");
+    for app in [&a, &b] {
+        let (status, early) = app.get(&path, "ann").await;
+        assert_eq!(status, 200, "{early}");
+        assert_eq!(early["status"], "in_progress", "{early}");
+        for field in ["id", "created_at", "model", "conversation"] {
+            assert_eq!(early[field], begun[field], "{field}: {early}");
+        }
     }
-    let streamed = events(&app, &id, None).await;
-    assert_eq!(streamed.last().unwrap()["type"], "response.completed", "the stream is live, not from the log");
+    let streamed = events(&a, &id, None).await;
+    let ended = &streamed.last().unwrap()["response"];
+    assert_eq!(ended["status"], "completed", "the stream is live, not from the log");
     let release = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
         sqlx::query("commit").execute(&mut lock).await.unwrap();
     });
-    let (status, read) = app.get(&format!("/v1/responses/{id}"), "ann").await;
-    assert_eq!(status, 200, "{read}");
-    assert_eq!(read["status"], "completed", "{read}");
-    assert_eq!(read["output"], streamed.last().unwrap()["response"]["output"]);
+    let (here, there) = tokio::join!(a.get(&path, "ann"), b.get(&path, "ann"));
+    for (status, read) in [here, there] {
+        assert_eq!(status, 200, "{read}");
+        assert_eq!(read["status"], "completed", "{read}");
+        assert_eq!(read["output"], ended["output"]);
+    }
     release.await.unwrap();
 }
 

@@ -531,6 +531,13 @@ async fn without_continue_after_restart_a_run_killed_with_kill_9_is_marked_inter
     assert_eq!(ending[0]["trace_id"], trace_id.as_str());
     assert_eq!(ending[1]["type"], "done");
     assert_eq!(ending[1]["conversation_id"], conversation);
+
+    // Read as a response (CONTRACT.md §20), it failed with that error: not in progress.
+    let id = format!("resp_{}", trace_id.replace('-', ""));
+    let response: Value =
+        client.get(format!("{}/v1/responses/{id}", restarted.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(response["status"], "failed", "{response}");
+    assert_eq!(response["error"]["message"], "The server stopped during the run", "{response}");
 }
 
 both_backends! {

@@ -67,7 +67,7 @@ impl Follower {
             if run.heard_all(after) {
                 return Ok(Resumed::HeardAll);
             }
-        } else if !going_on(trace.status) {
+        } else if !trace.status.is_going() {
             // The log from the client's last event on, read once: whether that event was
             // `done`, and whether the client missed anything.
             let mut missed = self.store.trace_events(trace_id, after.saturating_sub(1) as i64).await?;
@@ -283,7 +283,7 @@ impl Follower {
                             match core.store.runs_started_since(&user, conversation_id, since).await {
                                 Ok(started) => {
                                     for trace in started {
-                                        if going_on(trace.status) || going.iter().any(|g| g.trace_id == trace.trace_id) {
+                                        if trace.status.is_going() || going.iter().any(|g| g.trace_id == trace.trace_id) {
                                             continue;
                                         }
                                         if trace.ended_at.is_some_and(|at| at < opened_at) {
@@ -392,11 +392,6 @@ impl Follower {
 
 /// How long a deleted conversation's stream still passes on its stopped runs' last events.
 const DELETED_DRAIN: Duration = Duration::from_secs(5);
-
-/// Whether a run in this state will send more.
-fn going_on(status: TraceStatus) -> bool {
-    matches!(status, TraceStatus::Running | TraceStatus::Waiting | TraceStatus::Queued)
-}
 
 /// The seq of the run's logged `done`, if it has one.
 async fn logged_done(store: &dyn Store, trace_id: TraceId) -> Result<Option<u64>, crate::store::StoreError> {

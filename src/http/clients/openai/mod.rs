@@ -262,15 +262,19 @@ pub async fn retrieve(
     AppQuery(query): AppQuery<RetrieveQuery>,
 ) -> Result<HttpResponse, AppError> {
     let (trace, from) = response_of(&state, &user, &id).await?;
-    if !query.stream {
-        // A run that has just sent its last event writes it to its log a moment later: a
-        // response read right after its stream ended is the one the stream ended with.
-        state.chat.logged(trace.trace_id).await;
-    }
     let (events, logged) = response_log(&state, &trace, from).await?;
     if query.stream {
         let frames = response_frames(run_frames(&state, &user, trace.trace_id, from).await?);
         return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(events, query.starting_after))));
+    }
+    if !trace.status.is_going() && logged.last().is_none_or(|e| e.kind != "done") {
+        // Ended (its trace is saved before its last events are sent), and its log does not
+        // have them yet: they are written a moment after its stream ended, here or on
+        // another replica (or never, where its process died). Read to its end, as a client
+        // that follows it would, so that a response read right after its stream is the one
+        // the stream ended with.
+        let frames = response_frames(run_frames(&state, &user, trace.trace_id, from).await?);
+        return Ok(Json(answered(events, frames).await).into_response());
     }
     Ok(Json(replay(events, logged.iter().filter_map(|e| e.event.as_ref()))).into_response())
 }
