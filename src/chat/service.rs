@@ -187,9 +187,14 @@ impl ChatService {
         self.rooms.follower.active_runs(user, conversation_id).await
     }
 
-    /// Waits until a run's log is written whole.
+    /// Waits until a run of this process has its log written whole.
     pub async fn logged(&self, trace_id: TraceId) {
         self.rooms.follower.logged(trace_id).await
+    }
+
+    /// A run's trace and log, whole where it ended moments ago, on any replica.
+    pub async fn whole_log(&self, trace: Trace) -> Result<(Trace, Vec<crate::events::LoggedEvent>), StoreError> {
+        self.rooms.follower.whole_log(trace).await
     }
 
     /// The active branch of a conversation, across the answers of its going runs.

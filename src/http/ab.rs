@@ -95,10 +95,8 @@ async fn describe(state: &AppState, user: &UserId, comparison: Comparison) -> Re
 }
 
 async fn side(state: &AppState, user: &UserId, trace_id: TraceId, profile: &str) -> Result<SideView, AppError> {
-    let trace = state.store.get_trace(user, trace_id).await?;
     // A run that has just sent `done` may not have its log written yet.
-    state.chat.logged(trace_id).await;
-    let events = state.store.trace_events(trace.trace_id, 0).await?;
+    let (trace, events) = state.chat.whole_log(state.store.get_trace(user, trace_id).await?).await?;
     let first_token =
         events.iter().find(|e| matches!(e.event, Some(Event::TextDelta { .. } | Event::ThinkingDelta { .. })));
     Ok(SideView {

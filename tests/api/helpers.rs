@@ -26,7 +26,29 @@ pub struct TestDb {
     postgres: Option<(String, String)>,
 }
 
+/// Every write to a Postgres database's run logs, held back (by a lock on the log's table:
+/// reads go on) until [`LogHold::release_after`].
+pub struct LogHold(sqlx::PgConnection);
+
+impl LogHold {
+    /// Lets the held writes through `wait` from now.
+    pub fn release_after(mut self, wait: Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            sqlx::query("commit").execute(&mut self.0).await.unwrap();
+        })
+    }
+}
+
 impl TestDb {
+    /// Holds back the writes to this (Postgres) database's run logs.
+    pub async fn hold_logs(&self) -> LogHold {
+        let mut lock = <sqlx::PgConnection as sqlx::Connection>::connect(&self.url).await.unwrap();
+        sqlx::query("begin").execute(&mut lock).await.unwrap();
+        sqlx::query("lock table trace_event_chunks in exclusive mode").execute(&mut lock).await.unwrap();
+        LogHold(lock)
+    }
+
     pub async fn new(backend: Backend) -> Self {
         match backend {
             Backend::Sqlite => {

@@ -54,16 +54,13 @@ async fn a_background_response_is_read_on_another_replica_with_the_same_numbers(
 /// before the log has its first event, it is that response, in progress; read right after
 /// its stream ended, on the replica that ran it or on another, it has ended as the stream
 /// did. (The log is held back by a lock on its table: the live stream does not wait for the
-/// log; a read of a run that ended follows it to its end.)
+/// log; a read of a run that ended waits for its end to be logged.)
 #[tokio::test]
 #[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
 async fn a_response_read_while_its_log_is_behind_is_the_one_streamed() {
-    use sqlx::Connection;
     let db = TestDb::new(Backend::Postgres).await;
     let (a, b) = (TestApp::on(&db.url, "").await, TestApp::on(&db.url, "").await);
-    let mut lock = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query("begin").execute(&mut lock).await.unwrap();
-    sqlx::query("lock table trace_event_chunks in exclusive mode").execute(&mut lock).await.unwrap();
+    let hold = db.hold_logs().await;
     let body = json!({"model": "default", "input": "Soon [mock:words=20] [mock:delay=10]", "background": true});
     let (status, begun) = a.post("/v1/responses", "ann", body).await;
     assert_eq!(status, 200, "{begun}");
@@ -80,10 +77,7 @@ async fn a_response_read_while_its_log_is_behind_is_the_one_streamed() {
     let streamed = events(&a, &id, None).await;
     let ended = &streamed.last().unwrap()["response"];
     assert_eq!(ended["status"], "completed", "the stream is live, not from the log");
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        sqlx::query("commit").execute(&mut lock).await.unwrap();
-    });
+    let release = hold.release_after(Duration::from_millis(300));
     let (here, there) = tokio::join!(a.get(&path, "ann"), b.get(&path, "ann"));
     for (status, read) in [here, there] {
         assert_eq!(status, 200, "{read}");

@@ -392,6 +392,36 @@ async fn two_replicas_on_one_postgres_cancel_and_resume_each_others_runs() {
     assert_eq!(trace["status"], "cancelled");
 }
 
+/// A run's log is written a moment after its stream ends (held back here by a lock on the
+/// log's table): its trace, read right after, on the replica that ran it and on another, is
+/// whole all the same, with exactly what the stream sent.
+#[tokio::test]
+#[cfg_attr(not(chatd_postgres_tests), ignore = "set CHATD_TEST_POSTGRES_URL to run")]
+async fn a_trace_read_right_after_its_stream_is_whole_on_any_replica() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let (a, b) = (TestApp::on(&db.url, "").await, TestApp::on(&db.url, "").await);
+    let hold = db.hold_logs().await;
+    let frames = a.chat("ann", json!({"message": "[mock:words=20] [mock:delay=5]"})).await;
+    assert_eq!(terminal_kinds(&frames), ["complete"]);
+    let trace_id = frames[0].data["trace_id"].as_str().unwrap().to_owned();
+    let release = hold.release_after(Duration::from_millis(300));
+    let path = format!("/api/trace/{trace_id}");
+    let (here, there) = tokio::join!(a.get(&path, "ann"), b.get(&path, "ann"));
+    let sent: Vec<(u64, Value)> = frames.iter().map(|f| (f.id, f.data.clone())).collect();
+    for (status, trace) in [here, there] {
+        assert_eq!(status, 200, "{trace}");
+        assert_eq!(trace["status"], "completed");
+        let logged: Vec<(u64, Value)> = trace["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["seq"].as_u64().unwrap(), e["data"].clone()))
+            .collect();
+        assert_eq!(logged, sent, "the trace holds exactly what was sent");
+    }
+    release.await.unwrap();
+}
+
 #[tokio::test]
 async fn graceful_shutdown_lets_runs_finish_and_refuses_new_ones() {
     let app = TestApp::spawn(Backend::Sqlite, "[server]\nshutdown_grace_secs = 10").await;

@@ -16,8 +16,8 @@ use super::runs::{Follow, Frame, LiveRun};
 use crate::chat::errors::ControlError;
 use crate::chat::shared::Shared;
 use crate::domain::{Trace, TraceStatus};
-use crate::events::{ErrorEvent, Event};
-use crate::store::Store;
+use crate::events::{ErrorEvent, Event, LoggedEvent};
+use crate::store::{Store, StoreError};
 
 /// How long a follower waits, after a run on another process ended, for its last events
 /// to be logged (they follow within a flush interval; a crashed process never logs them).
@@ -235,7 +235,7 @@ impl Follower {
                 }
                 // Its process died before it could say so (an interrupted run): end the
                 // stream the way the contract promises, with one terminal event.
-                for frame in ending(&trace, after) {
+                for frame in unlogged_ending(&trace, after) {
                     yield frame;
                 }
                 return;
@@ -267,7 +267,7 @@ impl Follower {
                 let looked_at = crate::domain::now();
                 // A conversation deleted while news was missed: nothing more will come.
                 if let Err(e) = core.store.get_conversation(&user, conversation_id).await {
-                    if !matches!(e, crate::store::StoreError::NotFound) {
+                    if !matches!(e, StoreError::NotFound) {
                         tracing::warn!(error = %e, %conversation_id, "could not read a followed conversation");
                     }
                     return;
@@ -369,7 +369,7 @@ impl Follower {
         &self,
         user: &UserId,
         conversation_id: crate::ids::ConversationId,
-    ) -> Result<Vec<(Trace, u64)>, crate::store::StoreError> {
+    ) -> Result<Vec<(Trace, u64)>, StoreError> {
         let mut active = Vec::new();
         for trace in self.store.running_in_conversation(user, conversation_id).await? {
             let last_seq = match self.runs.get(trace.trace_id).filter(|run| !run.is_parked()) {
@@ -388,19 +388,49 @@ impl Follower {
             let _ = tokio::time::timeout(LOGGED_WAIT, run.logged()).await;
         }
     }
+
+    /// A run's trace and its log, as they stand, and whole where the run has ended: a run
+    /// saves its trace, sends its last events, then logs them, here or on another process.
+    /// So a read right after its stream ended, on any replica, waits (up to
+    /// [`LAST_EVENTS_WAIT`]) for the logged `done`. A run whose process died never logs one:
+    /// one marked interrupted, or that ended more than [`ENDED_LATELY`] ago, is read as it is.
+    pub async fn whole_log(&self, trace: Trace) -> Result<(Trace, Vec<LoggedEvent>), StoreError> {
+        let trace_id = trace.trace_id;
+        self.logged(trace_id).await;
+        let trace = if trace.status.is_going() { self.store.get_trace(&trace.user_id, trace_id).await? } else { trace };
+        let behind_lately = !trace.status.is_going()
+            && trace.status != TraceStatus::Interrupted
+            && self.cluster.runs_elsewhere()
+            && trace.ended_at.is_some_and(|at| crate::domain::now() - at < ENDED_LATELY);
+        let deadline = tokio::time::Instant::now() + LAST_EVENTS_WAIT;
+        loop {
+            // Watching before reading: the news of its last batch is not missed.
+            let mut news = self.news.watch(trace_id);
+            let events = self.store.trace_events(trace_id, 0).await?;
+            let whole = events.last().is_some_and(|e| e.kind == "done");
+            if whole || !behind_lately || tokio::time::timeout_at(deadline, news.changed()).await.is_err() {
+                return Ok((trace, events));
+            }
+        }
+    }
 }
+
+/// How long after its trace says it ended a run's log may still lack its last events
+/// (replicas' clocks differ, and a busy process flushes late); longer, and they never come.
+const ENDED_LATELY: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 
 /// How long a deleted conversation's stream still passes on its stopped runs' last events.
 const DELETED_DRAIN: Duration = Duration::from_secs(5);
 
 /// The seq of the run's logged `done`, if it has one.
-async fn logged_done(store: &dyn Store, trace_id: TraceId) -> Result<Option<u64>, crate::store::StoreError> {
+async fn logged_done(store: &dyn Store, trace_id: TraceId) -> Result<Option<u64>, StoreError> {
     let events = store.trace_events(trace_id, 0).await?;
     Ok(events.iter().rev().find(|e| e.kind == "done").map(|e| e.seq as u64))
 }
 
-/// An `error` and `done` for a run that will never send its own.
-fn ending(trace: &Trace, after: u64) -> [Frame; 2] {
+/// The `error` and `done` that stand in, for whoever follows or reads it, for the end of a
+/// run whose process died before it could log its own (its log's last seq is `after`).
+pub fn unlogged_ending(trace: &Trace, after: u64) -> [Frame; 2] {
     let Trace { trace_id, message_id, conversation_id, .. } = *trace;
     [
         Frame::new(

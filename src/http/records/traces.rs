@@ -36,15 +36,9 @@ async fn by_message(
 }
 
 async fn render(state: &AppState, trace: Trace) -> Result<Json<TraceView>, AppError> {
-    // A run that has just sent `done` writes its last events a moment later: a trace read
-    // right after the stream ends is whole.
-    state.chat.logged(trace.trace_id).await;
-    let trace = if trace.status == crate::domain::TraceStatus::Running {
-        state.store.get_trace(&trace.user_id, trace.trace_id).await?
-    } else {
-        trace
-    };
-    let events = state.store.trace_events(trace.trace_id, 0).await?;
+    // A run that has just sent `done` writes its last events a moment later, here or on
+    // another replica: a trace read right after the stream ends is whole.
+    let (trace, events) = state.chat.whole_log(trace).await?;
     let duration_ms = trace.ended_at.map(|end| (end - trace.started_at).num_milliseconds());
     Ok(Json(TraceView { trace, duration_ms, events }))
 }

@@ -262,21 +262,22 @@ pub async fn retrieve(
     AppQuery(query): AppQuery<RetrieveQuery>,
 ) -> Result<HttpResponse, AppError> {
     let (trace, from) = response_of(&state, &user, &id).await?;
-    let (events, logged) = response_log(&state, &trace, from).await?;
     if query.stream {
+        let (events, _) = response_log(&state, &trace, from).await?;
         let frames = response_frames(run_frames(&state, &user, trace.trace_id, from).await?);
         return Ok(responses_sse(sse(&state, frames, ResponsesSse::new(events, query.starting_after))));
     }
-    if !trace.status.is_going() && logged.last().is_none_or(|e| e.kind != "done") {
-        // Ended (its trace is saved before its last events are sent), and its log does not
-        // have them yet: they are written a moment after its stream ended, here or on
-        // another replica (or never, where its process died). Read to its end, as a client
-        // that follows it would, so that a response read right after its stream is the one
-        // the stream ended with.
-        let frames = response_frames(run_frames(&state, &user, trace.trace_id, from).await?);
-        return Ok(Json(answered(events, frames).await).into_response());
-    }
-    Ok(Json(replay(events, logged.iter().filter_map(|e| e.event.as_ref()))).into_response())
+    // Read right after its stream ended, on any replica, the response is the one the stream
+    // ended with (its log's last events are written a moment after).
+    let (trace, whole) = state.chat.whole_log(trace).await?;
+    let last = whole.last().map_or(0, |e| e.seq as u64);
+    // An ended run whose log has no `done`: its process died first, and a follower is told
+    // the contract's ending in its place.
+    let unlogged = (!trace.status.is_going() && whole.last().is_none_or(|e| e.kind != "done"))
+        .then(|| crate::chat::unlogged_ending(&trace, last));
+    let (events, logged) = response_events(&trace, from, whole)?;
+    let ending = unlogged.iter().flatten().filter_map(crate::chat::Frame::event);
+    Ok(Json(replay(events, logged.iter().filter_map(|e| e.event.as_ref()).chain(ending))).into_response())
 }
 
 /// `POST /v1/responses/{id}/cancel`: cancels its run (CONTRACT.md §6) and answers the
@@ -374,7 +375,15 @@ async fn response_log(
     trace: &Trace,
     from: u64,
 ) -> Result<(ResponseEvents, Vec<crate::events::LoggedEvent>), AppError> {
-    let mut logged = state.store.trace_events(trace.trace_id, 0).await?;
+    response_events(trace, from, state.store.trace_events(trace.trace_id, 0).await?)
+}
+
+/// [`response_log`] of the run's whole log, read already.
+fn response_events(
+    trace: &Trace,
+    from: u64,
+    mut logged: Vec<crate::events::LoggedEvent>,
+) -> Result<(ResponseEvents, Vec<crate::events::LoggedEvent>), AppError> {
     let events = opening(trace, from, &logged)?;
     let at = logged.partition_point(|e| (e.seq as u64) <= from);
     Ok((events, logged.split_off(at)))
