@@ -89,8 +89,11 @@ async fn show(
 }
 
 async fn describe(state: &AppState, user: &UserId, comparison: Comparison) -> Result<ComparisonView, AppError> {
-    let a = side(state, user, comparison.trace_a, &comparison.profile_a).await?;
-    let b = side(state, user, comparison.trace_b, &comparison.profile_b).await?;
+    // Together: each may wait a moment for its run's last events to be logged.
+    let (a, b) = tokio::try_join!(
+        side(state, user, comparison.trace_a, &comparison.profile_a),
+        side(state, user, comparison.trace_b, &comparison.profile_b)
+    )?;
     Ok(ComparisonView { comparison, a, b })
 }
 

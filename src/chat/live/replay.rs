@@ -221,6 +221,8 @@ impl Follower {
                         news.changed().await;
                         true
                     }
+                    // Marked so by whoever found its process dead: nothing more comes.
+                    TraceStatus::Interrupted => false,
                     // Ended (its last events follow within a flush interval, or never), or
                     // running in no process here: a waiting run that is being taken over
                     // here, or one whose process died.
@@ -391,26 +393,49 @@ impl Follower {
 
     /// A run's trace and its log, as they stand, and whole where the run has ended: a run
     /// saves its trace, sends its last events, then logs them, here or on another process.
-    /// So a read right after its stream ended, on any replica, waits (up to
-    /// [`LAST_EVENTS_WAIT`]) for the logged `done`. A run whose process died never logs one:
-    /// one marked interrupted, or that ended more than [`ENDED_LATELY`] ago, is read as it is.
+    /// So a read right after its stream ended, on any replica, waits for the logged `done`
+    /// (all waits together at most [`LAST_EVENTS_WAIT`]): where the run is in this process,
+    /// until it has sealed its log; where another process may be writing it, until that
+    /// process tells that it did. A run whose process died never logs one: one marked
+    /// interrupted, or that ended more than [`ENDED_LATELY`] ago, is read as it is.
     pub async fn whole_log(&self, trace: Trace) -> Result<(Trace, Vec<LoggedEvent>), StoreError> {
         let trace_id = trace.trace_id;
-        self.logged(trace_id).await;
-        let trace = if trace.status.is_going() { self.store.get_trace(&trace.user_id, trace_id).await? } else { trace };
+        let deadline = tokio::time::Instant::now() + LAST_EVENTS_WAIT;
+        self.sealed_here(trace_id, !trace.status.is_going(), deadline).await;
+        let trace = if trace.status.is_going() {
+            let now = self.store.get_trace(&trace.user_id, trace_id).await?;
+            // Ended since: between saving its end and sealing its log, perhaps here.
+            if !now.status.is_going() {
+                self.sealed_here(trace_id, true, deadline).await;
+            }
+            now
+        } else {
+            trace
+        };
         let behind_lately = !trace.status.is_going()
             && trace.status != TraceStatus::Interrupted
             && self.cluster.runs_elsewhere()
             && trace.ended_at.is_some_and(|at| crate::domain::now() - at < ENDED_LATELY);
-        let deadline = tokio::time::Instant::now() + LAST_EVENTS_WAIT;
         loop {
             // Watching before reading: the news of its last batch is not missed.
             let mut news = self.news.watch(trace_id);
             let events = self.store.trace_events(trace_id, 0).await?;
             let whole = events.last().is_some_and(|e| e.kind == "done");
-            if whole || !behind_lately || tokio::time::timeout_at(deadline, news.changed()).await.is_err() {
+            if whole
+                || !behind_lately
+                || tokio::time::Instant::now() >= deadline
+                || tokio::time::timeout_at(deadline, news.changed()).await.is_err()
+            {
                 return Ok((trace, events));
             }
+        }
+    }
+
+    /// Waits, until `deadline`, for a run of this process that has `ended` (its trace says
+    /// so: it may be sending its last events), finished or parked to have its log sealed.
+    async fn sealed_here(&self, trace_id: TraceId, ended: bool, deadline: tokio::time::Instant) {
+        if let Some(run) = self.runs.get(trace_id).filter(|run| ended || run.is_finished() || run.is_parked()) {
+            let _ = tokio::time::timeout_at(deadline, run.logged()).await;
         }
     }
 }
