@@ -18,7 +18,7 @@ pub mod start;
 pub use control::cancel::{CancelTarget, Cancelled};
 pub use errors::{ChatError, ControlError};
 pub use live::log::EventLog;
-pub use live::replay::{Resumed, unlogged_ending};
+pub use live::replay::{Resumed, ending_never_logged};
 pub use live::runs::{Frame, LiveRun, Runs};
 pub use request::{AttachmentRef, ChatRequest, InteractionType};
 pub use service::ChatService;

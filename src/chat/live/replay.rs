@@ -386,9 +386,7 @@ impl Follower {
     /// Waits (bounded) until a run of this process that has sent `done`, or stopped to wait,
     /// has its log written, so that a trace read right after its stream ended is whole.
     pub async fn logged(&self, trace_id: TraceId) {
-        if let Some(run) = self.runs.get(trace_id).filter(|run| run.is_finished() || run.is_parked()) {
-            let _ = tokio::time::timeout(LOGGED_WAIT, run.logged()).await;
-        }
+        self.sealed_here(trace_id, false, tokio::time::Instant::now() + LOGGED_WAIT).await;
     }
 
     /// A run's trace and its log, as they stand, and whole where the run has ended: a run
@@ -401,17 +399,11 @@ impl Follower {
     pub async fn whole_log(&self, trace: Trace) -> Result<(Trace, Vec<LoggedEvent>), StoreError> {
         let trace_id = trace.trace_id;
         let deadline = tokio::time::Instant::now() + LAST_EVENTS_WAIT;
-        self.sealed_here(trace_id, !trace.status.is_going(), deadline).await;
-        let trace = if trace.status.is_going() {
-            let now = self.store.get_trace(&trace.user_id, trace_id).await?;
-            // Ended since: between saving its end and sealing its log, perhaps here.
-            if !now.status.is_going() {
-                self.sealed_here(trace_id, true, deadline).await;
-            }
-            now
-        } else {
-            trace
+        let trace = match trace.status.is_going() {
+            true => self.store.get_trace(&trace.user_id, trace_id).await?,
+            false => trace,
         };
+        self.sealed_here(trace_id, !trace.status.is_going(), deadline).await;
         let behind_lately = !trace.status.is_going()
             && trace.status != TraceStatus::Interrupted
             && self.cluster.runs_elsewhere()
@@ -453,9 +445,17 @@ async fn logged_done(store: &dyn Store, trace_id: TraceId) -> Result<Option<u64>
     Ok(events.iter().rev().find(|e| e.kind == "done").map(|e| e.seq as u64))
 }
 
+/// Where `trace` has ended and its whole `log` (see [`Follower::whole_log`]) has no `done`:
+/// the ending a follower is told in its place.
+pub fn ending_never_logged(trace: &Trace, log: &[LoggedEvent]) -> Option<[Frame; 2]> {
+    let last = log.last();
+    let never = !trace.status.is_going() && last.is_none_or(|e| e.kind != "done");
+    never.then(|| unlogged_ending(trace, last.map_or(0, |e| e.seq as u64)))
+}
+
 /// The `error` and `done` that stand in, for whoever follows or reads it, for the end of a
 /// run whose process died before it could log its own (its log's last seq is `after`).
-pub fn unlogged_ending(trace: &Trace, after: u64) -> [Frame; 2] {
+fn unlogged_ending(trace: &Trace, after: u64) -> [Frame; 2] {
     let Trace { trace_id, message_id, conversation_id, .. } = *trace;
     [
         Frame::new(

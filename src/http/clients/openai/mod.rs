@@ -270,11 +270,8 @@ pub async fn retrieve(
     // Read right after its stream ended, on any replica, the response is the one the stream
     // ended with (its log's last events are written a moment after).
     let (trace, whole) = state.chat.whole_log(trace).await?;
-    let last = whole.last().map_or(0, |e| e.seq as u64);
-    // An ended run whose log has no `done`: its process died first, and a follower is told
-    // the contract's ending in its place.
-    let unlogged = (!trace.status.is_going() && whole.last().is_none_or(|e| e.kind != "done"))
-        .then(|| crate::chat::unlogged_ending(&trace, last));
+    // An ended run whose process died before it logged its end ends as its followers hear.
+    let unlogged = crate::chat::ending_never_logged(&trace, &whole);
     let (events, logged) = response_events(&trace, from, whole)?;
     let ending = unlogged.iter().flatten().filter_map(crate::chat::Frame::event);
     Ok(Json(replay(events, logged.iter().filter_map(|e| e.event.as_ref()).chain(ending))).into_response())
